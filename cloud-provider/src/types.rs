@@ -1,0 +1,157 @@
+//! Values that providers return: instance metadata, routes and zones, built on k8s-openapi types.
+
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::NodeAddress;
+
+/// What the cloud knows about the instance behind a Node, as returned by
+/// [`InstancesV2::instance_metadata`](crate::InstancesV2::instance_metadata).
+///
+/// The cloud-node controller maps it onto the Node: `spec.providerID`, `status.addresses`, and
+/// the GA and beta labels for instance type, zone and region. Empty strings mean "unknown" and
+/// set no label.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct InstanceMetadata {
+    /// The provider ID, `<provider-name>://<instance identity>`.
+    pub provider_id: String,
+    /// The instance type, e.g. `m5.large`.
+    pub instance_type: String,
+    /// The instance's addresses (InternalIP, ExternalIP, InternalDNS, ExternalDNS, Hostname).
+    pub node_addresses: Vec<NodeAddress>,
+    /// The zone (failure domain), e.g. `us-east-1a`.
+    pub zone: String,
+    /// The region, e.g. `us-east-1`.
+    pub region: String,
+    /// Extra labels for the Node. Keys under `kubernetes.io` and `k8s.io` are dropped by the
+    /// controller, and labels already on the Node are never overwritten.
+    pub additional_labels: BTreeMap<String, String>,
+}
+
+impl InstanceMetadata {
+    /// Metadata with a provider ID and nothing else; fill the rest with the `with_*` builders.
+    ///
+    /// ```
+    /// use cloud_provider::{node_address, InstanceMetadata};
+    ///
+    /// let meta = InstanceMetadata::new("fake://i-1")
+    ///     .with_instance_type("fake.large")
+    ///     .with_zone("zone-a", "region-1")
+    ///     .with_addresses(vec![node_address("InternalIP", "10.0.0.1")]);
+    /// assert_eq!(meta.region, "region-1");
+    /// ```
+    pub fn new(provider_id: impl Into<String>) -> Self {
+        InstanceMetadata {
+            provider_id: provider_id.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Sets the instance type.
+    pub fn with_instance_type(mut self, instance_type: impl Into<String>) -> Self {
+        self.instance_type = instance_type.into();
+        self
+    }
+
+    /// Sets the zone and region.
+    pub fn with_zone(mut self, zone: impl Into<String>, region: impl Into<String>) -> Self {
+        self.zone = zone.into();
+        self.region = region.into();
+        self
+    }
+
+    /// Sets the addresses.
+    pub fn with_addresses(mut self, addresses: Vec<NodeAddress>) -> Self {
+        self.node_addresses = addresses;
+        self
+    }
+
+    /// Adds one additional label.
+    pub fn with_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.additional_labels.insert(key.into(), value.into());
+        self
+    }
+}
+
+/// A route in the cloud's route table: traffic for `destination_cidr` goes to `target_node`.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Route {
+    /// The provider's name for the route. Ignored by [`Routes::create_route`](crate::Routes::create_route),
+    /// which names it from the hint.
+    pub name: String,
+    /// The Node the traffic goes to. Empty when the cloud no longer knows the target.
+    pub target_node: String,
+    /// Set by the provider when it fills `target_node_addresses`: the route controller then
+    /// compares them with the Node's addresses and recreates the route when they differ.
+    pub enable_node_addresses: bool,
+    /// The target Node's addresses, when `enable_node_addresses` is set.
+    pub target_node_addresses: Vec<NodeAddress>,
+    /// The pod CIDR this route serves.
+    pub destination_cidr: IpNet,
+    /// The route points at a target that no longer exists.
+    pub blackhole: bool,
+}
+
+impl Route {
+    /// A route for `destination_cidr` to `target_node`.
+    pub fn new(target_node: impl Into<String>, destination_cidr: IpNet) -> Self {
+        Route {
+            name: String::new(),
+            target_node: target_node.into(),
+            enable_node_addresses: false,
+            target_node_addresses: Vec::new(),
+            destination_cidr,
+            blackhole: false,
+        }
+    }
+
+    /// Sets the provider's name.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Marks the route as a blackhole.
+    pub fn with_blackhole(mut self, blackhole: bool) -> Self {
+        self.blackhole = blackhole;
+        self
+    }
+
+    /// Fills the target addresses and sets `enable_node_addresses`.
+    pub fn with_target_addresses(mut self, addresses: Vec<NodeAddress>) -> Self {
+        self.enable_node_addresses = true;
+        self.target_node_addresses = addresses;
+        self
+    }
+}
+
+/// Where an instance runs: its failure domain (zone) and region.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Zone {
+    /// The zone, e.g. `us-east-1a`.
+    pub failure_domain: String,
+    /// The region, e.g. `us-east-1`.
+    pub region: String,
+}
+
+impl Zone {
+    /// A zone in a region.
+    pub fn new(failure_domain: impl Into<String>, region: impl Into<String>) -> Self {
+        Zone {
+            failure_domain: failure_domain.into(),
+            region: region.into(),
+        }
+    }
+}
+
+/// A [`NodeAddress`] from its type (`InternalIP`, `ExternalIP`, `InternalDNS`, `ExternalDNS`,
+/// `Hostname`) and value.
+pub fn node_address(type_: &str, address: impl Into<String>) -> NodeAddress {
+    NodeAddress {
+        type_: type_.to_owned(),
+        address: address.into(),
+    }
+}
