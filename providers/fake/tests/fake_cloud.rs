@@ -1,0 +1,521 @@
+//! Behaviour of the fake cloud, through the provider traits as the controllers use them.
+
+use std::{sync::Arc, time::Duration};
+
+use cloud_provider::{
+    CloudConfig, CloudProvider, ErrorKind, InstancesV2, LoadBalancer, Registry, Route, Routes,
+    conformance::ConformanceKit,
+};
+use cloud_provider_fake::{
+    Call, FakeCloud, FakeInstance, FakeRoute, Fault, FaultRule, InstanceState, Method,
+};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Service, ServicePort, ServiceSpec};
+
+fn node(name: &str) -> Node {
+    let mut n = Node::default();
+    n.metadata.name = Some(name.into());
+    n
+}
+
+fn node_with_provider_id(name: &str, provider_id: &str) -> Node {
+    let mut n = node(name);
+    n.spec = Some(NodeSpec {
+        provider_id: Some(provider_id.into()),
+        ..Default::default()
+    });
+    n
+}
+
+fn service(uid: &str, node_port: Option<i32>) -> Service {
+    let mut s = Service::default();
+    s.metadata.name = Some("web".into());
+    s.metadata.namespace = Some("shop".into());
+    s.metadata.uid = Some(uid.into());
+    s.spec = Some(ServiceSpec {
+        type_: Some("LoadBalancer".into()),
+        ports: Some(vec![ServicePort {
+            port: 443,
+            protocol: Some("TCP".into()),
+            node_port,
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    s
+}
+
+fn three_instances() -> FakeCloud {
+    FakeCloud::builder()
+        .instance(FakeInstance::new("i-a", "node-a").with_internal_ip("10.0.0.1".parse().unwrap()))
+        .instance(
+            FakeInstance::new("i-b", "node-b")
+                .with_internal_ip("10.0.0.2".parse().unwrap())
+                .with_state(InstanceState::Stopped),
+        )
+        .instance(
+            FakeInstance::new("i-c", "node-c")
+                .in_zone("fake-zone-c", "fake-region-1")
+                .with_internal_ip("fd00::3".parse().unwrap()),
+        )
+        .build()
+}
+
+#[tokio::test]
+async fn fake_passes_the_conformance_kit() {
+    let cloud = three_instances();
+    let fixture = cloud.conformance_fixture("kubernetes");
+    let report = ConformanceKit::new(Arc::new(cloud.clone()), fixture)
+        .run()
+        .await;
+    assert!(report.is_success(), "{report}");
+    // Nothing the kit created is left behind.
+    assert!(cloud.load_balancers().is_empty());
+    assert!(cloud.routes("kubernetes").is_empty());
+}
+
+#[tokio::test]
+async fn instance_states_follow_cloud_semantics() {
+    let cloud = three_instances();
+    let v2 = cloud.instances_v2().unwrap();
+    // Running: exists, not shut down; found by name without a provider ID.
+    assert!(v2.instance_exists(&node("node-a")).await.unwrap());
+    assert!(!v2.instance_shutdown(&node("node-a")).await.unwrap());
+    // Stopped: exists and shut down.
+    assert!(v2.instance_exists(&node("node-b")).await.unwrap());
+    assert!(v2.instance_shutdown(&node("node-b")).await.unwrap());
+    // Terminated while running: gone, and metadata says InstanceNotFound.
+    assert!(cloud.terminate_instance("i-c"));
+    assert!(!v2.instance_exists(&node("node-c")).await.unwrap());
+    let err = v2.instance_metadata(&node("node-c")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InstanceNotFound);
+    // Provider ID lookups win over names.
+    let by_id = node_with_provider_id("renamed", "fake://i-a");
+    let meta = v2.instance_metadata(&by_id).await.unwrap().unwrap();
+    assert_eq!(meta.provider_id, "fake://i-a");
+    // A malformed provider ID is a clear error, not "not found".
+    let bad = node_with_provider_id("x", "aws:///us-east-1a/i-1");
+    let err = v2.instance_exists(&bad).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Other);
+    assert!(err.to_string().contains("invalid provider ID"), "{err}");
+}
+
+#[tokio::test]
+async fn instances_can_be_added_stopped_and_removed_while_running() {
+    let cloud = FakeCloud::new();
+    let handle: Arc<dyn CloudProvider> = Arc::new(cloud.clone());
+    let v2 = handle.instances_v2().unwrap();
+    assert!(!v2.instance_exists(&node("late")).await.unwrap());
+    cloud.add_instance(FakeInstance::new("i-late", "late"));
+    assert!(v2.instance_exists(&node("late")).await.unwrap());
+    cloud.stop_instance("i-late");
+    assert!(v2.instance_shutdown(&node("late")).await.unwrap());
+    cloud.start_instance("i-late");
+    assert!(!v2.instance_shutdown(&node("late")).await.unwrap());
+    assert!(cloud.remove_instance("i-late").is_some());
+    assert!(!v2.instance_exists(&node("late")).await.unwrap());
+    assert!(!cloud.stop_instance("i-late"));
+}
+
+#[tokio::test]
+async fn metadata_carries_everything_the_instance_has() {
+    let cloud = FakeCloud::builder()
+        .instance(
+            FakeInstance::new("i-1", "node-1")
+                .in_zone("z1", "r1")
+                .with_type("fake.xlarge")
+                .with_internal_ip("10.1.0.1".parse().unwrap())
+                .with_internal_ip("fd00:1::1".parse().unwrap())
+                .with_external_ip("203.0.113.9".parse().unwrap())
+                .with_label("example.com/rack", "r7"),
+        )
+        .build();
+    let meta = cloud
+        .instance_metadata(&node("node-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(meta.instance_type, "fake.xlarge");
+    assert_eq!((meta.zone.as_str(), meta.region.as_str()), ("z1", "r1"));
+    let addresses: Vec<(&str, &str)> = meta
+        .node_addresses
+        .iter()
+        .map(|a| (a.type_.as_str(), a.address.as_str()))
+        .collect();
+    assert_eq!(
+        addresses,
+        [
+            ("Hostname", "node-1"),
+            ("InternalIP", "10.1.0.1"),
+            ("InternalIP", "fd00:1::1"),
+            ("ExternalIP", "203.0.113.9"),
+        ]
+    );
+    assert_eq!(meta.additional_labels["example.com/rack"], "r7");
+}
+
+#[tokio::test]
+async fn batched_metadata_is_one_call_and_unbatched_is_one_per_node() {
+    let nodes: Vec<Node> = (0..50).map(|i| node(&format!("n{i}"))).collect();
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let instances = (0..49).map(|i| FakeInstance::new(format!("i-{i}"), format!("n{i}")));
+
+    let batched = FakeCloud::builder().instances(instances.clone()).build();
+    let results = batched.instance_metadata_batch(&refs).await;
+    assert_eq!(results.len(), 50);
+    assert!(results[..49].iter().all(|r| r.as_ref().unwrap().is_some()));
+    // The one node without an instance fails alone.
+    assert_eq!(
+        results[49].as_ref().unwrap_err().kind(),
+        ErrorKind::InstanceNotFound
+    );
+    assert_eq!(batched.total_calls(), 1);
+    assert_eq!(batched.call_count(Method::InstanceMetadataBatch), 1);
+
+    let unbatched = FakeCloud::builder()
+        .instances(instances)
+        .batching(false)
+        .build();
+    let results = unbatched.instance_metadata_batch(&refs).await;
+    assert_eq!(results.len(), 50);
+    assert_eq!(unbatched.call_count(Method::InstanceMetadata), 50);
+}
+
+#[tokio::test]
+async fn calls_are_recorded_with_their_arguments() {
+    let cloud = three_instances();
+    let svc = service("11111111-2222-3333-4444-555555555555", Some(30443));
+    cloud.instance_exists(&node("node-a")).await.unwrap();
+    cloud
+        .ensure_load_balancer("k", &svc, &[node("node-b"), node("node-a")])
+        .await
+        .unwrap();
+    cloud.list_routes("k").await.unwrap();
+    assert_eq!(
+        cloud.take_calls(),
+        vec![
+            Call::InstanceExists {
+                node: "node-a".into()
+            },
+            Call::EnsureLoadBalancer {
+                cluster: "k".into(),
+                service: "shop/web".into(),
+                hosts: vec!["node-b".into(), "node-a".into()],
+            },
+            Call::ListRoutes {
+                cluster: "k".into()
+            },
+        ]
+    );
+    assert!(cloud.calls().is_empty());
+}
+
+#[tokio::test]
+async fn injected_faults_return_the_given_errors() {
+    let cloud = three_instances();
+    cloud.inject(
+        FaultRule::always(Fault::InstanceNotFound)
+            .on(Method::InstanceMetadata)
+            .times(1),
+    );
+    cloud.inject(
+        FaultRule::always(Fault::RetryAfter {
+            after: Duration::from_secs(42),
+            message: "quota".into(),
+        })
+        .on(Method::EnsureLoadBalancer),
+    );
+    cloud.inject(FaultRule::always(Fault::Error("boom".into())).on(Method::ListRoutes));
+    cloud.inject(FaultRule::always(Fault::NotImplemented).on(Method::InstanceShutdown));
+
+    let err = cloud.instance_metadata(&node("node-a")).await.unwrap_err();
+    assert!(err.is_instance_not_found());
+    // `times(1)`: the next call succeeds.
+    assert!(
+        cloud
+            .instance_metadata(&node("node-a"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    let svc = service("u1", Some(30000));
+    let err = cloud
+        .ensure_load_balancer("k", &svc, &[])
+        .await
+        .unwrap_err();
+    assert_eq!(err.retry_after_delay(), Some(Duration::from_secs(42)));
+    assert!(
+        cloud.load_balancers().is_empty(),
+        "a failed ensure creates nothing"
+    );
+
+    let err = cloud.list_routes("k").await.unwrap_err();
+    assert_eq!(err.to_string(), "injected fault in list-routes: boom");
+    assert!(
+        cloud
+            .instance_shutdown(&node("node-a"))
+            .await
+            .unwrap_err()
+            .is_not_implemented()
+    );
+
+    cloud.clear_faults();
+    assert!(cloud.list_routes("k").await.is_ok());
+}
+
+#[tokio::test]
+async fn error_rate_is_deterministic_for_a_seed() {
+    async fn run(seed: u64) -> Vec<bool> {
+        let cloud = FakeCloud::builder()
+            .seed(seed)
+            .fault(FaultRule::always(Fault::Error("flaky".into())).with_probability(0.3))
+            .build();
+        let mut failures = Vec::new();
+        for _ in 0..500 {
+            failures.push(cloud.list_routes("k").await.is_err());
+        }
+        failures
+    }
+    let a = run(99).await;
+    assert_eq!(a, run(99).await);
+    assert_ne!(a, run(100).await);
+    let rate = a.iter().filter(|f| **f).count() as f64 / a.len() as f64;
+    assert!((0.22..0.38).contains(&rate), "error rate {rate}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn latency_is_added_in_tokio_time() {
+    let cloud = three_instances();
+    cloud.set_latency(Duration::from_millis(20));
+    cloud.set_method_latency(Method::ListRoutes, Duration::from_secs(3));
+    let start = tokio::time::Instant::now();
+    cloud.instance_exists(&node("node-a")).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(20));
+    cloud.list_routes("k").await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(3020));
+    // A batch pays the latency once.
+    let nodes: Vec<Node> = (0..100).map(|i| node(&format!("n{i}"))).collect();
+    let refs: Vec<&Node> = nodes.iter().collect();
+    cloud.instance_metadata_batch(&refs).await;
+    assert_eq!(start.elapsed(), Duration::from_millis(3040));
+}
+
+#[tokio::test]
+async fn a_call_hook_can_hold_a_call() {
+    let cloud = three_instances();
+    let (release_tx, release_rx) = tokio::sync::watch::channel(false);
+    cloud.set_call_hook(Some(Arc::new(move |call: Call| {
+        let mut rx = release_rx.clone();
+        Box::pin(async move {
+            if call.method() == Method::ListRoutes {
+                let _ = rx.wait_for(|released| *released).await;
+            }
+        })
+    })));
+    let held = tokio::spawn({
+        let cloud = cloud.clone();
+        async move { cloud.list_routes("k").await }
+    });
+    tokio::task::yield_now().await;
+    // Other calls go through while one is held.
+    assert!(cloud.instance_exists(&node("node-a")).await.unwrap());
+    assert!(!held.is_finished());
+    release_tx.send(true).unwrap();
+    assert!(held.await.unwrap().is_ok());
+}
+
+#[tokio::test]
+async fn load_balancer_lifecycle() {
+    let cloud = three_instances();
+    let mut svc = service("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", Some(31443));
+    svc.spec.as_mut().unwrap().external_traffic_policy = Some("Local".into());
+    svc.spec.as_mut().unwrap().health_check_node_port = Some(32000);
+    svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["10.0.0.0/8".into()]);
+
+    assert!(cloud.get_load_balancer("k", &svc).await.unwrap().is_none());
+    let status = cloud
+        .ensure_load_balancer("k", &svc, &[node("node-a"), node("node-c")])
+        .await
+        .unwrap();
+    let ingress = &status.ingress.as_ref().unwrap()[0];
+    let ip = ingress.ip.clone().unwrap();
+    assert!(ip.starts_with("198.18."), "{ip}");
+
+    let lb = cloud.load_balancer_of(&svc).unwrap();
+    assert_eq!(lb.name, "aaaaaaaaabbbbccccddddeeeeeeeeeee"); // "a" + UID without dashes, 32 chars
+    assert_eq!(lb.service, "shop/web");
+    assert_eq!(lb.hosts, ["node-a", "node-c"]);
+    assert_eq!(
+        (lb.listeners[0].port, lb.listeners[0].node_port),
+        (443, 31443)
+    );
+    assert_eq!(lb.health_check, Some(("/healthz".into(), 32000)));
+    assert_eq!(lb.source_ranges[0].to_string(), "10.0.0.0/8");
+
+    // Idempotent: same IP on re-ensure.
+    let again = cloud
+        .ensure_load_balancer("k", &svc, &[node("node-a")])
+        .await
+        .unwrap();
+    assert_eq!(again, status);
+    cloud
+        .update_load_balancer("k", &svc, &[node("node-c")])
+        .await
+        .unwrap();
+    assert_eq!(cloud.load_balancer_of(&svc).unwrap().hosts, ["node-c"]);
+
+    cloud.ensure_load_balancer_deleted("k", &svc).await.unwrap();
+    assert!(cloud.load_balancer_of(&svc).is_none());
+    // Deleting an absent load balancer succeeds; updating one fails.
+    cloud.ensure_load_balancer_deleted("k", &svc).await.unwrap();
+    assert!(cloud.update_load_balancer("k", &svc, &[]).await.is_err());
+}
+
+#[tokio::test]
+async fn load_balancer_rejects_what_a_cloud_cannot_serve() {
+    let cloud = three_instances();
+    let err = cloud
+        .ensure_load_balancer("k", &service("u-noport", None), &[])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no node port"), "{err}");
+
+    let mut bad_range = service("u-range", Some(30001));
+    bad_range.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["10.0.0.0/99".into()]);
+    let err = cloud
+        .ensure_load_balancer("k", &bad_range, &[])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("10.0.0.0/99"), "{err}");
+
+    let mut pinned = service("u-pinned", Some(30002));
+    pinned.spec.as_mut().unwrap().load_balancer_ip = Some("192.0.2.10".into());
+    let status = cloud.ensure_load_balancer("k", &pinned, &[]).await.unwrap();
+    assert_eq!(status.ingress.unwrap()[0].ip.as_deref(), Some("192.0.2.10"));
+    assert_eq!(
+        cloud.load_balancers().len(),
+        1,
+        "failed ensures created nothing"
+    );
+}
+
+#[tokio::test]
+async fn routes_lifecycle_and_blackholes() {
+    let cloud = three_instances();
+    let v4: ipnet::IpNet = "10.244.1.0/24".parse().unwrap();
+    let v6: ipnet::IpNet = "fd00:244:1::/64".parse().unwrap();
+    cloud
+        .create_route("k", "uid-a", &Route::new("node-a", v4))
+        .await
+        .unwrap();
+    cloud
+        .create_route("k", "uid-a", &Route::new("node-a", v6))
+        .await
+        .unwrap();
+    let names: Vec<String> = cloud.routes("k").iter().map(|r| r.name.clone()).collect();
+    assert_eq!(names.len(), 2);
+    assert_ne!(
+        names[0], names[1],
+        "dual-stack routes with one hint get distinct names"
+    );
+
+    let err = cloud
+        .create_route("k", "uid-a", &Route::new("node-a", v4))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+    let err = cloud
+        .create_route(
+            "k",
+            "uid-x",
+            &Route::new("no-such-node", "10.244.9.0/24".parse().unwrap()),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_instance_not_found(), "{err}");
+
+    // Other clusters' routes are invisible.
+    cloud.add_route(FakeRoute::new(
+        "other",
+        "h",
+        "10.9.0.0/24".parse().unwrap(),
+        "node-a",
+    ));
+    assert_eq!(cloud.list_routes("k").await.unwrap().len(), 2);
+
+    // The target's instance goes away: its routes become blackholes.
+    cloud.terminate_instance("i-a");
+    let listed = cloud.list_routes("k").await.unwrap();
+    assert!(listed.iter().all(|r| r.blackhole), "{listed:?}");
+
+    for route in &listed {
+        cloud.delete_route("k", route).await.unwrap();
+    }
+    assert!(cloud.list_routes("k").await.unwrap().is_empty());
+    assert!(cloud.delete_route("k", &listed[0]).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn safe_under_concurrency() {
+    let cloud = FakeCloud::builder()
+        .instances((0..64).map(|i| FakeInstance::new(format!("i-{i}"), format!("n{i}"))))
+        .build();
+    let mut tasks = Vec::new();
+    for i in 0..64u8 {
+        let cloud = cloud.clone();
+        tasks.push(tokio::spawn(async move {
+            let name = format!("n{i}");
+            let cidr = format!("10.100.{i}.0/24").parse().unwrap();
+            cloud
+                .create_route("k", &name, &Route::new(name.clone(), cidr))
+                .await
+                .unwrap();
+            for _ in 0..10 {
+                cloud
+                    .instance_metadata(&node(&name))
+                    .await
+                    .unwrap()
+                    .unwrap();
+            }
+            if i % 2 == 0 {
+                cloud.stop_instance(&format!("i-{i}"));
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(cloud.routes("k").len(), 64);
+    assert_eq!(cloud.call_count(Method::InstanceMetadata), 640);
+    assert_eq!(cloud.call_count(Method::CreateRoute), 64);
+    let stopped = cloud
+        .instances()
+        .iter()
+        .filter(|i| i.state == InstanceState::Stopped)
+        .count();
+    assert_eq!(stopped, 32);
+}
+
+#[test]
+fn registered_as_fake_and_built_from_a_config_file() {
+    let registry = Registry::global().unwrap();
+    assert!(registry.contains("fake"), "{:?}", registry.names());
+    let cloud = registry.create("fake", None).unwrap();
+    assert_eq!(cloud.provider_name(), "fake");
+
+    let config = CloudConfig::new(
+        "/etc/fake.toml",
+        "[[instances]]\nid = \"i-1\"\nname = \"node-1\"\ninternal_ips = [\"10.0.0.1\"]\n",
+    );
+    assert!(registry.create("fake", Some(&config)).is_ok());
+
+    // A malformed config: the error names the provider, the path, the line and the column.
+    let config = CloudConfig::new("/etc/fake.toml", "seed = 1\n[[instances]]\nid = 7\n");
+    let err = registry
+        .create("fake", Some(&config))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("\"fake\""), "{err}");
+    assert!(err.contains("/etc/fake.toml:3:6"), "{err}");
+}
