@@ -246,7 +246,11 @@ impl fmt::Display for Report {
                 Outcome::Failed(why) => ("FAIL", format!("  {why}")),
                 Outcome::Skipped(why) => ("SKIP", format!("  {why}")),
             };
-            writeln!(f, "  {status}  {:width$}{detail}", check.name)?;
+            if detail.is_empty() {
+                writeln!(f, "  {status}  {}", check.name)?;
+            } else {
+                writeln!(f, "  {status}  {:width$}{detail}", check.name)?;
+            }
         }
         write!(
             f,

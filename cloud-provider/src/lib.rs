@@ -50,6 +50,11 @@ pub use provider::{
 pub use registry::{CloudConfig, ProviderFactory, Registry, RegistryError, init_cloud_provider};
 pub use types::{InstanceMetadata, Route, Zone, node_address};
 
+/// The README's Rust examples, compiled and run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
 /// Re-exports for the macros. Not public API.
 #[doc(hidden)]
 pub mod __private {

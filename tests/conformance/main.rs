@@ -1,0 +1,9 @@
+//! Conformance tests: the SDK, the providers and the kit, used as an outside user uses them.
+
+// Link the providers, as a ccm binary would.
+use cloud_provider_fake as _;
+use hello_cloud_provider as _;
+
+mod batching;
+mod provider_kit;
+mod registry;
