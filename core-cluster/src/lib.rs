@@ -1,18 +1,22 @@
-//! The core of a Kubernetes-compatible API server.
+//! # core-cluster: the node side of a Kubernetes control plane
 //!
-//! For now this crate holds the storage layer, [`store`]: a versioned key-value store
-//! with the semantics the API server needs from etcd — one global, monotonic revision
-//! (the `resourceVersion`), optimistic concurrency on a key's modification revision,
-//! paginated lists served at one consistent revision, and watches that replay history
-//! from a revision and report "too old" (HTTP 410 Gone) when that history is gone.
+//! A Kubernetes-compatible API server core that kubectl and kube-rs use unchanged:
 //!
-//! Two backends implement the [`store::Store`] trait:
+//! - [`store`]: the versioned key-value store (one global revision = resourceVersion,
+//!   optimistic concurrency, consistent paging, watch from a revision with 410 when too old),
+//!   durable on SQLite (WAL, group commit) or in memory for tests;
+//! - [`registry`]: the served resources, one definition each (scope, subresources,
+//!   defaulting, validation, table columns, field selectors), Service IP/port allocation;
+//! - [`patch`]: JSON, merge, strategic-merge patches and server-side apply;
+//! - [`api`]: the REST surface (discovery, CRUD, watch, tables, Status errors, metrics);
+//! - [`serve`]: serving on a socket and writing a kubeconfig.
 //!
-//! * [`store::SqliteStore`], the durable default: SQLite in WAL mode with
-//!   `synchronous=FULL`, one writer thread doing group commit, reads on separate
-//!   connections.
-//! * [`store::MemoryStore`], a `BTreeMap` for tests.
-//!
-//! The store deals in keys and bytes only; it knows nothing of Kubernetes types.
+//! In-process use, with no TCP: kube 5's `Client::new(server.router(), "default")`.
 
+pub mod api;
+pub mod patch;
+pub mod registry;
+pub mod serve;
 pub mod store;
+
+pub use api::{ApiServer, ApiServerConfig};

@@ -1,0 +1,249 @@
+//! Discovery: `/version`, `/api`, `/api/v1`, `/apis`, `/apis/<group>[/<version>]`, and the
+//! aggregated form (`apidiscovery.k8s.io/v2`) that kubectl and kube-rs prefer.
+
+use serde_json::{Value, json};
+
+use crate::registry::{Registry, ResourceDef};
+
+/// The Kubernetes version this server presents (within kubectl v1.32's ±1 skew).
+pub const KUBERNETES_MAJOR: &str = "1";
+/// Minor version.
+pub const KUBERNETES_MINOR: &str = "33";
+
+/// The body of `/version`.
+pub fn version() -> Value {
+    json!({
+        "major": KUBERNETES_MAJOR,
+        "minor": KUBERNETES_MINOR,
+        "gitVersion": format!("v{KUBERNETES_MAJOR}.{KUBERNETES_MINOR}.0+ccm-rs.{}", env!("CARGO_PKG_VERSION")),
+        "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "n/a (Rust)",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+    })
+}
+
+fn verbs(def: &ResourceDef) -> Vec<&'static str> {
+    vec!["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+        .into_iter()
+        .filter(|v| def.plural != "namespaces" || *v != "deletecollection")
+        .collect()
+}
+
+fn subresource_verbs(sub: &str) -> Vec<&'static str> {
+    match sub {
+        "status" => vec!["get", "patch", "update"],
+        "finalize" => vec!["update"],
+        _ => vec!["create"],
+    }
+}
+
+fn subresource_kind(def: &ResourceDef, sub: &str) -> (&'static str, &'static str, &'static str) {
+    match sub {
+        "binding" => ("", "v1", "Binding"),
+        "eviction" => ("policy", "v1", "Eviction"),
+        _ => ("", "", def.kind),
+    }
+}
+
+/// The `APIResourceList` of one group-version.
+pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<Value> {
+    let defs: Vec<&ResourceDef> = registry
+        .all()
+        .iter()
+        .copied()
+        .filter(|d| d.group == group && d.version == version)
+        .collect();
+    if defs.is_empty() {
+        return None;
+    }
+    let mut resources = Vec::new();
+    for def in &defs {
+        let mut r = json!({
+            "name": def.plural,
+            "singularName": def.singular,
+            "namespaced": def.namespaced,
+            "kind": def.kind,
+            "verbs": verbs(def),
+        });
+        if !def.short_names.is_empty() {
+            r["shortNames"] = json!(def.short_names);
+        }
+        if !def.categories.is_empty() {
+            r["categories"] = json!(def.categories);
+        }
+        resources.push(r);
+        let subs = def.status.then_some("status").into_iter().chain(def.extra_subresources.iter().copied());
+        for sub in subs {
+            let (g, v, kind) = subresource_kind(def, sub);
+            let mut r = json!({
+                "name": format!("{}/{}", def.plural, sub),
+                "singularName": "",
+                "namespaced": def.namespaced,
+                "kind": kind,
+                "verbs": subresource_verbs(sub),
+            });
+            if !g.is_empty() || !v.is_empty() {
+                r["group"] = json!(g);
+                r["version"] = json!(v);
+            }
+            resources.push(r);
+        }
+    }
+    let group_version = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(json!({
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
+        "resources": resources,
+    }))
+}
+
+/// The body of `/api` (legacy form).
+pub fn core_versions() -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
+    })
+}
+
+fn group_json(group: &str, versions: &[&str]) -> Value {
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v}))
+        .collect();
+    json!({
+        "name": group,
+        "versions": vs,
+        "preferredVersion": vs[0],
+    })
+}
+
+fn groups(registry: &Registry) -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut out: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (g, v) in registry.group_versions() {
+        if g.is_empty() {
+            continue;
+        }
+        match out.iter_mut().find(|(name, _)| *name == g) {
+            Some((_, vs)) => vs.push(v),
+            None => out.push((g, vec![v])),
+        }
+    }
+    out
+}
+
+/// The body of `/apis` (legacy form).
+pub fn group_list(registry: &Registry) -> Value {
+    json!({
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": groups(registry).iter().map(|(g, vs)| group_json(g, vs)).collect::<Vec<_>>(),
+    })
+}
+
+/// The body of `/apis/<group>`.
+pub fn group(registry: &Registry, name: &str) -> Option<Value> {
+    groups(registry).into_iter().find(|(g, _)| *g == name).map(|(g, vs)| {
+        let mut body = group_json(g, &vs);
+        body["kind"] = json!("APIGroup");
+        body["apiVersion"] = json!("v1");
+        body
+    })
+}
+
+fn aggregated_version(registry: &Registry, group: &str, version: &str) -> Value {
+    let resources: Vec<Value> = registry
+        .all()
+        .iter()
+        .filter(|d| d.group == group && d.version == version)
+        .map(|def| {
+            let subs: Vec<Value> = def
+                .status
+                .then_some("status")
+                .into_iter()
+                .chain(def.extra_subresources.iter().copied())
+                .map(|sub| {
+                    let (g, v, kind) = subresource_kind(def, sub);
+                    json!({
+                        "subresource": sub,
+                        "responseKind": {"group": g, "version": if v.is_empty() { version } else { v }, "kind": kind},
+                        "verbs": subresource_verbs(sub),
+                    })
+                })
+                .collect();
+            let mut r = json!({
+                "resource": def.plural,
+                "responseKind": {"group": group, "version": version, "kind": def.kind},
+                "scope": if def.namespaced { "Namespaced" } else { "Cluster" },
+                "singularResource": def.singular,
+                "verbs": verbs(def),
+                "subresources": subs,
+            });
+            if !def.short_names.is_empty() {
+                r["shortNames"] = json!(def.short_names);
+            }
+            if !def.categories.is_empty() {
+                r["categories"] = json!(def.categories);
+            }
+            r
+        })
+        .collect();
+    json!({"version": version, "resources": resources, "freshness": "Current"})
+}
+
+/// The aggregated discovery document of `/api` (`core`) or `/apis` (the groups).
+pub fn aggregated(registry: &Registry, core: bool) -> Value {
+    let items: Vec<Value> = if core {
+        vec![json!({
+            "metadata": {"creationTimestamp": null},
+            "versions": [aggregated_version(registry, "", "v1")],
+        })]
+    } else {
+        groups(registry)
+            .iter()
+            .map(|(g, vs)| {
+                json!({
+                    "metadata": {"name": g, "creationTimestamp": null},
+                    "versions": vs.iter().map(|v| aggregated_version(registry, g, v)).collect::<Vec<_>>(),
+                })
+            })
+            .collect()
+    };
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": "apidiscovery.k8s.io/v2",
+        "metadata": {},
+        "items": items,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_resource_list_has_subresources() {
+        let list = resource_list(&Registry::standard(), "", "v1").unwrap();
+        let names: Vec<&str> = list["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+        for want in ["nodes", "nodes/status", "pods", "pods/binding", "pods/eviction", "services/status", "events"] {
+            assert!(names.contains(&want), "{want} missing from {names:?}");
+        }
+    }
+
+    #[test]
+    fn groups_are_listed_once() {
+        let list = group_list(&Registry::standard());
+        let names: Vec<&str> = list["groups"].as_array().unwrap().iter().map(|g| g["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["coordination.k8s.io", "discovery.k8s.io", "events.k8s.io"]);
+        assert!(group(&Registry::standard(), "events.k8s.io").is_some());
+        assert!(group(&Registry::standard(), "apps").is_none());
+    }
+}

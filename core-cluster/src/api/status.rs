@@ -1,0 +1,418 @@
+//! API errors, answered as `meta/v1 Status` objects shaped exactly like kube-apiserver's.
+
+use axum::{
+    http::{HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde_json::{Value, json};
+
+use crate::store::StoreError;
+
+/// One field error of an `Invalid` (422) answer: upstream's `field.Error`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// `FieldValueInvalid`, `FieldValueRequired`, `FieldValueForbidden`, `FieldValueDuplicate`,
+    /// `FieldValueNotSupported`, `FieldValueTooLong`.
+    pub reason: &'static str,
+    /// The field path, e.g. `metadata.name`.
+    pub field: String,
+    /// The message, e.g. `Invalid value: "A": a lowercase RFC 1123 subdomain must ...`.
+    pub message: String,
+}
+
+impl FieldError {
+    /// `Invalid value: <value>: <detail>`.
+    pub fn invalid(field: impl Into<String>, value: &Value, detail: impl AsRef<str>) -> Self {
+        FieldError {
+            reason: "FieldValueInvalid",
+            field: field.into(),
+            message: format!("Invalid value: {}: {}", value, detail.as_ref()),
+        }
+    }
+
+    /// `Required value[: detail]`.
+    pub fn required(field: impl Into<String>, detail: &str) -> Self {
+        FieldError {
+            reason: "FieldValueRequired",
+            field: field.into(),
+            message: if detail.is_empty() {
+                "Required value".to_owned()
+            } else {
+                format!("Required value: {detail}")
+            },
+        }
+    }
+
+    /// `Forbidden: <detail>`.
+    pub fn forbidden(field: impl Into<String>, detail: &str) -> Self {
+        FieldError {
+            reason: "FieldValueForbidden",
+            field: field.into(),
+            message: format!("Forbidden: {detail}"),
+        }
+    }
+
+    /// `Unsupported value: <value>: supported values: ...`.
+    pub fn not_supported(field: impl Into<String>, value: &Value, supported: &[&str]) -> Self {
+        let quoted: Vec<String> = supported.iter().map(|s| format!("\"{s}\"")).collect();
+        FieldError {
+            reason: "FieldValueNotSupported",
+            field: field.into(),
+            message: format!(
+                "Unsupported value: {value}: supported values: {}",
+                quoted.join(", ")
+            ),
+        }
+    }
+
+    /// `Duplicate value: <value>`.
+    pub fn duplicate(field: impl Into<String>, value: &Value) -> Self {
+        FieldError {
+            reason: "FieldValueDuplicate",
+            field: field.into(),
+            message: format!("Duplicate value: {value}"),
+        }
+    }
+
+    fn full(&self) -> String {
+        format!("{}: {}", self.field, self.message)
+    }
+}
+
+/// The resource an error is about: group, plural, and name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Qualified {
+    /// API group, empty for core.
+    pub group: String,
+    /// Plural resource name (upstream puts it in `details.kind`).
+    pub resource: String,
+    /// Object name.
+    pub name: String,
+}
+
+impl Qualified {
+    /// A qualified resource.
+    pub fn new(group: &str, resource: &str, name: &str) -> Self {
+        Qualified {
+            group: group.to_owned(),
+            resource: resource.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// `nodes` or `leases.coordination.k8s.io`.
+    fn resource_name(&self) -> String {
+        if self.group.is_empty() {
+            self.resource.clone()
+        } else {
+            format!("{}.{}", self.resource, self.group)
+        }
+    }
+
+    fn details(&self) -> Value {
+        let mut d = json!({ "name": self.name, "kind": self.resource });
+        if !self.group.is_empty() {
+            d["group"] = json!(self.group);
+        }
+        d
+    }
+}
+
+/// An error answer of the API server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// HTTP status code.
+    pub code: u16,
+    /// Upstream's `StatusReason`.
+    pub reason: &'static str,
+    /// Human-readable message.
+    pub message: String,
+    /// `details`, if any.
+    pub details: Option<Value>,
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}): {}", self.code, self.reason, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl ApiError {
+    fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    /// 404 `<resource> "<name>" not found`.
+    pub fn not_found(q: &Qualified) -> Self {
+        ApiError {
+            details: Some(q.details()),
+            ..Self::new(404, "NotFound", format!("{} \"{}\" not found", q.resource_name(), q.name))
+        }
+    }
+
+    /// 404 for a path that names no resource.
+    pub fn no_route(path: &str) -> Self {
+        Self::new(404, "NotFound", format!("the server could not find the requested resource ({path})"))
+    }
+
+    /// 409 `<resource> "<name>" already exists`.
+    pub fn already_exists(q: &Qualified) -> Self {
+        ApiError {
+            details: Some(q.details()),
+            ..Self::new(
+                409,
+                "AlreadyExists",
+                format!("{} \"{}\" already exists", q.resource_name(), q.name),
+            )
+        }
+    }
+
+    /// 409 `Operation cannot be fulfilled on <resource> "<name>": <why>`.
+    pub fn conflict(q: &Qualified, why: &str) -> Self {
+        ApiError {
+            details: Some(q.details()),
+            ..Self::new(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {} \"{}\": {why}",
+                    q.resource_name(),
+                    q.name
+                ),
+            )
+        }
+    }
+
+    /// 409 for a stale resourceVersion, with upstream's exact wording.
+    pub fn modified(q: &Qualified) -> Self {
+        Self::conflict(
+            q,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        )
+    }
+
+    /// 422 `<Kind> "<name>" is invalid: <field errors>` with causes.
+    pub fn invalid(kind: &str, group: &str, name: &str, errors: Vec<FieldError>) -> Self {
+        let qualified_kind = if group.is_empty() {
+            kind.to_owned()
+        } else {
+            format!("{kind}.{group}")
+        };
+        let summary = match errors.as_slice() {
+            [one] => one.full(),
+            many => format!(
+                "[{}]",
+                many.iter().map(FieldError::full).collect::<Vec<_>>().join(", ")
+            ),
+        };
+        let causes: Vec<Value> = errors
+            .iter()
+            .map(|e| json!({"reason": e.reason, "message": e.message, "field": e.field}))
+            .collect();
+        let mut details = json!({ "name": name, "kind": kind, "causes": causes });
+        if !group.is_empty() {
+            details["group"] = json!(group);
+        }
+        ApiError {
+            details: Some(details),
+            ..Self::new(
+                422,
+                "Invalid",
+                format!("{qualified_kind} \"{name}\" is invalid: {summary}"),
+            )
+        }
+    }
+
+    /// 400 with a message.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    /// 403.
+    pub fn forbidden(q: &Qualified, why: &str) -> Self {
+        ApiError {
+            details: Some(q.details()),
+            ..Self::new(
+                403,
+                "Forbidden",
+                format!("{} \"{}\" is forbidden: {why}", q.resource_name(), q.name),
+            )
+        }
+    }
+
+    /// 405 `<verb> is not supported on resources of kind "<resource>"`.
+    pub fn method_not_allowed(verb: &str, resource: &str) -> Self {
+        Self::new(
+            405,
+            "MethodNotAllowed",
+            format!("{verb} is not supported on resources of kind \"{resource}\""),
+        )
+    }
+
+    /// 410 Expired.
+    pub fn expired(message: impl Into<String>) -> Self {
+        Self::new(410, "Expired", message)
+    }
+
+    /// 413.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            413,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {limit}"),
+        )
+    }
+
+    /// 415 for an unsupported patch or body content type.
+    pub fn unsupported_media_type(content_type: &str) -> Self {
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type:?})"),
+        )
+    }
+
+    /// 406 for an Accept header we cannot serve.
+    pub fn not_acceptable(accept: &str) -> Self {
+        Self::new(
+            406,
+            "NotAcceptable",
+            format!("only the following media types are accepted: application/json, application/yaml, application/vnd.kubernetes.protobuf (got {accept:?})"),
+        )
+    }
+
+    /// 504 for a resourceVersion newer than the store's.
+    pub fn too_large_resource_version(requested: u64, current: u64) -> Self {
+        ApiError {
+            details: Some(json!({
+                "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                "retryAfterSeconds": 1
+            })),
+            ..Self::new(
+                504,
+                "Timeout",
+                format!("Too large resource version: {requested}, current: {current}"),
+            )
+        }
+    }
+
+    /// 500.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, "InternalError", message)
+    }
+
+    /// A store error on the object `q`.
+    pub fn from_store(q: &Qualified, err: StoreError) -> Self {
+        match err {
+            StoreError::NotFound { .. } => Self::not_found(q),
+            StoreError::AlreadyExists { .. } => Self::already_exists(q),
+            StoreError::Conflict { .. } => Self::modified(q),
+            StoreError::Expired {
+                requested,
+                oldest_available,
+            } => Self::expired(format!(
+                "too old resource version: {requested} ({oldest_available})"
+            )),
+            StoreError::FutureRevision { requested, current } => {
+                Self::too_large_resource_version(requested, current)
+            }
+            other => Self::internal(format!("storage error: {other}")),
+        }
+    }
+
+    /// The `Status` object.
+    pub fn to_status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        });
+        if let Some(details) = &self.details {
+            status["details"] = details.clone();
+        }
+        status
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&self.to_status()).unwrap_or_default();
+        let mut response = (code, body).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+}
+
+/// A `Status` of success, as DELETE returns for an object removed at once.
+pub fn success_status(q: &Qualified, uid: Option<&str>) -> Value {
+    let mut details = q.details();
+    if let Some(uid) = uid {
+        details["uid"] = json!(uid);
+    }
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": details,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_found_matches_upstream() {
+        let e = ApiError::not_found(&Qualified::new("coordination.k8s.io", "leases", "n1"));
+        assert_eq!(
+            e.to_status(),
+            json!({
+                "kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",
+                "message":"leases.coordination.k8s.io \"n1\" not found","reason":"NotFound",
+                "details":{"name":"n1","group":"coordination.k8s.io","kind":"leases"},"code":404
+            })
+        );
+    }
+
+    #[test]
+    fn conflict_message_matches_upstream() {
+        let e = ApiError::modified(&Qualified::new("", "nodes", "n1"));
+        assert_eq!(e.code, 409);
+        assert_eq!(
+            e.message,
+            "Operation cannot be fulfilled on nodes \"n1\": the object has been modified; please apply your changes to the latest version and try again"
+        );
+    }
+
+    #[test]
+    fn invalid_lists_causes() {
+        let e = ApiError::invalid(
+            "Node",
+            "",
+            "Bad",
+            vec![FieldError::invalid("metadata.name", &json!("Bad"), "must be lowercase")],
+        );
+        assert_eq!(e.code, 422);
+        assert_eq!(
+            e.message,
+            "Node \"Bad\" is invalid: metadata.name: Invalid value: \"Bad\": must be lowercase"
+        );
+        assert_eq!(e.details.unwrap()["causes"][0]["field"], "metadata.name");
+    }
+}
