@@ -99,6 +99,16 @@ struct Inner {
     max_idle_readers: usize,
 }
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing connections is SQLite work: keep it off the async worker threads.
+        let readers = std::mem::take(self.readers.get_mut());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            drop(runtime.spawn_blocking(move || drop(readers)));
+        }
+    }
+}
+
 enum WriteOp {
     Create {
         key: String,
@@ -210,7 +220,10 @@ impl SqliteStore {
     /// closed the database and released the directory, so it can be opened again.
     /// Later writes on any handle fail with [`StoreError::Closed`].
     pub async fn close(&self) -> Result<(), StoreError> {
-        self.inner.readers.lock().clear();
+        let readers = std::mem::take(&mut *self.inner.readers.lock());
+        tokio::task::spawn_blocking(move || drop(readers))
+            .await
+            .map_err(|e| StoreError::backend("closing readers", e))?;
         match self.submit(WriteOp::Shutdown).await {
             Ok(_) | Err(StoreError::Closed) => Ok(()),
             Err(e) => Err(e),
@@ -445,6 +458,8 @@ impl Writer {
             let _ = request.reply.send(Err(StoreError::Closed));
         }
         tracing::info!(revision = self.revision, "sqlite writer stopped");
+        // No more events will come: end the watchers rather than leave them hanging.
+        self.window.close();
         drop(self);
         for reply in shutdown {
             let _ = reply.send(Ok(WriteOutcome::Done));
@@ -732,11 +747,17 @@ mod tests {
             SqliteStore::open(dir.path(), SqliteOptions::default()).await,
             Err(StoreError::Io { .. })
         ));
+        let mut watcher = store.watch("/", 3).await.unwrap();
         store.close().await.unwrap();
         assert!(matches!(
             store.create("/b", value("1")).await,
             Err(StoreError::Closed)
         ));
+        assert!(matches!(
+            futures::StreamExt::next(&mut watcher).await,
+            Some(Err(StoreError::Closed))
+        ));
+        assert!(matches!(store.watch("/", 3).await, Err(StoreError::Closed)));
 
         let store = SqliteStore::open(dir.path(), SqliteOptions::default())
             .await
