@@ -152,9 +152,17 @@ async fn bench_updates(
     Ok(sample)
 }
 
+struct Fanout {
+    /// Events delivered per second, summed over the watchers that kept up.
+    delivered_per_sec: f64,
+    /// Writes per second while the watchers were attached.
+    writes_per_sec: f64,
+    /// Watchers ended with `WatcherLagged`.
+    lagged: usize,
+}
+
 /// 64 writers update objects while `WATCHERS` watchers each receive every event.
-/// Returns (events delivered per second summed over all watchers, writes per second).
-async fn bench_fanout(store: Arc<dyn Store>, events: usize) -> anyhow::Result<(f64, f64)> {
+async fn bench_fanout(store: Arc<dyn Store>, events: usize) -> anyhow::Result<Fanout> {
     const TASKS: usize = 64;
     let per_task = events.div_ceil(TASKS);
     let total = per_task * TASKS;
@@ -172,11 +180,12 @@ async fn bench_fanout(store: Arc<dyn Store>, events: usize) -> anyhow::Result<(f
             while seen < total {
                 match stream.next().await {
                     Some(Ok(_)) => seen += 1,
+                    Some(Err(StoreError::WatcherLagged { .. })) => return Ok((None, seen)),
                     Some(Err(e)) => bail!("watcher ended after {seen} events: {e}"),
                     None => bail!("watch ended after {seen} events"),
                 }
             }
-            anyhow::Ok(Instant::now())
+            anyhow::Ok((Some(Instant::now()), seen))
         }));
     }
     let start = Instant::now();
@@ -192,14 +201,26 @@ async fn bench_fanout(store: Arc<dyn Store>, events: usize) -> anyhow::Result<(f
     .await?;
     let writes_done = start.elapsed();
     let mut last = start;
+    let mut delivered = 0;
+    let mut lagged = 0;
     for watcher in watchers {
-        last = last.max(watcher.await??);
+        match watcher.await?? {
+            (Some(done), seen) => {
+                last = last.max(done);
+                delivered += seen;
+            }
+            (None, _) => lagged += 1,
+        }
     }
-    let elapsed = last - start;
-    Ok((
-        (total * WATCHERS) as f64 / elapsed.as_secs_f64(),
-        total as f64 / writes_done.as_secs_f64(),
-    ))
+    Ok(Fanout {
+        delivered_per_sec: if delivered == 0 {
+            0.0
+        } else {
+            delivered as f64 / (last - start).as_secs_f64()
+        },
+        writes_per_sec: total as f64 / writes_done.as_secs_f64(),
+        lagged,
+    })
 }
 
 async fn run(scale: Scale, root: &std::path::Path) -> anyhow::Result<()> {
@@ -239,32 +260,40 @@ async fn run(scale: Scale, root: &std::path::Path) -> anyhow::Result<()> {
         );
     }
 
-    let fanout_config = WatchConfig {
+    // Fan-out with buffers big enough to hold a whole run: how fast the window
+    // delivers. Then the same load with the default buffer: how many watchers keep up.
+    let roomy = WatchConfig {
         window_capacity: 10_000,
-        watcher_buffer: 1_024,
+        watcher_buffer: scale.fanout_events * 2,
     };
     let mut durable = Vec::new();
-    let mut durable_writes = Vec::new();
     let mut memory = Vec::new();
+    let mut default_buffer = Vec::new();
     for _ in 0..scale.runs {
-        let (store, _dir) = open_sqlite(root, fanout_config).await?;
+        let (store, _dir) = open_sqlite(root, roomy).await?;
         let store = Arc::new(store);
-        let (delivered, writes) = bench_fanout(store.clone(), scale.fanout_events).await?;
+        durable.push(bench_fanout(store.clone(), scale.fanout_events).await?);
         store.close().await?;
-        durable.push(delivered);
-        durable_writes.push(writes);
-        let store = Arc::new(MemoryStore::with_watch_config(fanout_config));
-        memory.push(bench_fanout(store, scale.fanout_events).await?.0);
+        let store = Arc::new(MemoryStore::with_watch_config(roomy));
+        memory.push(bench_fanout(store, scale.fanout_events).await?);
+        let (store, _dir) = open_sqlite(root, WatchConfig::default()).await?;
+        let store = Arc::new(store);
+        default_buffer.push(bench_fanout(store.clone(), scale.fanout_events).await?);
+        store.close().await?;
     }
-    println!(
-        "watch fan-out, {WATCHERS} watchers, SqliteStore: {:>10.0} events/s delivered ({:.0} writes/s)",
-        median(durable),
-        median(durable_writes)
-    );
-    println!(
-        "watch fan-out, {WATCHERS} watchers, MemoryStore: {:>10.0} events/s delivered",
-        median(memory)
-    );
+    for (name, results) in [
+        ("SqliteStore, roomy buffers", durable),
+        ("MemoryStore, roomy buffers", memory),
+        ("SqliteStore, default 1024 buffer", default_buffer),
+    ] {
+        let lagged: Vec<String> = results.iter().map(|r| r.lagged.to_string()).collect();
+        println!(
+            "watch fan-out, {WATCHERS} watchers, {name:<33} {:>10.0} events/s delivered, {:>7.0} writes/s, watchers lagged per run: {}",
+            median(results.iter().map(|r| r.delivered_per_sec).collect()),
+            median(results.iter().map(|r| r.writes_per_sec).collect()),
+            lagged.join(", ")
+        );
+    }
     Ok(())
 }
 

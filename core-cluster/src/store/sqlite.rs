@@ -99,6 +99,16 @@ struct Inner {
     max_idle_readers: usize,
 }
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing connections is SQLite work: keep it off the async worker threads.
+        let readers = std::mem::take(self.readers.get_mut());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            drop(runtime.spawn_blocking(move || drop(readers)));
+        }
+    }
+}
+
 enum WriteOp {
     Create {
         key: String,
@@ -210,7 +220,10 @@ impl SqliteStore {
     /// closed the database and released the directory, so it can be opened again.
     /// Later writes on any handle fail with [`StoreError::Closed`].
     pub async fn close(&self) -> Result<(), StoreError> {
-        self.inner.readers.lock().clear();
+        let readers = std::mem::take(&mut *self.inner.readers.lock());
+        tokio::task::spawn_blocking(move || drop(readers))
+            .await
+            .map_err(|e| StoreError::backend("closing readers", e))?;
         match self.submit(WriteOp::Shutdown).await {
             Ok(_) | Err(StoreError::Closed) => Ok(()),
             Err(e) => Err(e),
@@ -445,6 +458,8 @@ impl Writer {
             let _ = request.reply.send(Err(StoreError::Closed));
         }
         tracing::info!(revision = self.revision, "sqlite writer stopped");
+        // No more events will come: end the watchers rather than leave them hanging.
+        self.window.close();
         drop(self);
         for reply in shutdown {
             let _ = reply.send(Ok(WriteOutcome::Done));
@@ -732,11 +747,17 @@ mod tests {
             SqliteStore::open(dir.path(), SqliteOptions::default()).await,
             Err(StoreError::Io { .. })
         ));
+        let mut watcher = store.watch("/", 3).await.unwrap();
         store.close().await.unwrap();
         assert!(matches!(
             store.create("/b", value("1")).await,
             Err(StoreError::Closed)
         ));
+        assert!(matches!(
+            futures::StreamExt::next(&mut watcher).await,
+            Some(Err(StoreError::Closed))
+        ));
+        assert!(matches!(store.watch("/", 3).await, Err(StoreError::Closed)));
 
         let store = SqliteStore::open(dir.path(), SqliteOptions::default())
             .await
@@ -761,6 +782,123 @@ mod tests {
         ));
         assert!(store.watch("/", 3).await.is_ok());
         store.close().await.unwrap();
+    }
+
+    /// A writer on a fresh database in `dir`, outside any runtime.
+    fn test_writer(dir: &Path) -> Writer {
+        let mut conn = Connection::open(dir.join(DB_FILE)).unwrap();
+        configure_writer(&conn).unwrap();
+        let (revision, compacted) = init_schema(&mut conn).unwrap();
+        Writer {
+            conn,
+            revision,
+            compacted,
+            window: Arc::new(WatchWindow::new(WatchConfig::default(), revision)),
+            shared_revision: Arc::new(AtomicU64::new(revision)),
+            max_batch: 64,
+            _lock: File::create(dir.join(LOCK_FILE)).unwrap(),
+        }
+    }
+
+    fn request(
+        op: WriteOp,
+    ) -> (
+        WriteRequest,
+        oneshot::Receiver<Result<WriteOutcome, StoreError>>,
+    ) {
+        let (reply, rx) = oneshot::channel();
+        (WriteRequest { op, reply }, rx)
+    }
+
+    fn put(key: &str) -> WriteOp {
+        WriteOp::Create {
+            key: key.into(),
+            value: value("v"),
+        }
+    }
+
+    #[test]
+    fn each_request_in_a_batch_gets_its_own_outcome() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = test_writer(dir.path());
+        let (a, rx_a) = request(put("/a"));
+        let (dup, rx_dup) = request(put("/a"));
+        let (stale, rx_stale) = request(WriteOp::Update {
+            key: "/a".into(),
+            value: value("x"),
+            expected: Some(99),
+        });
+        let (fresh, rx_fresh) = request(WriteOp::Update {
+            key: "/a".into(),
+            value: value("y"),
+            expected: Some(1),
+        });
+        let (missing, rx_missing) = request(WriteOp::Delete {
+            key: "/nope".into(),
+            expected: None,
+        });
+        let (b, rx_b) = request(put("/b"));
+        let mut batch = vec![a, dup, stale, fresh, missing, b];
+        assert!(writer.commit_batch(&mut batch));
+        assert!(matches!(
+            rx_a.blocking_recv().unwrap(),
+            Ok(WriteOutcome::Put(1))
+        ));
+        assert!(matches!(
+            rx_dup.blocking_recv().unwrap(),
+            Err(StoreError::AlreadyExists { .. })
+        ));
+        assert!(matches!(
+            rx_stale.blocking_recv().unwrap(),
+            Err(StoreError::Conflict {
+                expected: 99,
+                actual: 1,
+                ..
+            })
+        ));
+        // Sees the earlier, still uncommitted write of the same batch.
+        assert!(matches!(
+            rx_fresh.blocking_recv().unwrap(),
+            Ok(WriteOutcome::Put(2))
+        ));
+        assert!(matches!(
+            rx_missing.blocking_recv().unwrap(),
+            Err(StoreError::NotFound { .. })
+        ));
+        assert!(matches!(
+            rx_b.blocking_recv().unwrap(),
+            Ok(WriteOutcome::Put(3))
+        ));
+        assert_eq!(writer.shared_revision.load(Ordering::Acquire), 3);
+        assert_eq!(read_meta(&writer.conn, "revision").unwrap(), 3);
+    }
+
+    #[test]
+    fn a_failed_batch_fails_every_request_and_stops_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = test_writer(dir.path());
+        let (a, rx_a) = request(put("/a"));
+        let mut batch = vec![a];
+        assert!(writer.commit_batch(&mut batch));
+        assert!(rx_a.blocking_recv().unwrap().is_ok());
+
+        // Break the database under the writer: the next inserts fail.
+        writer.conn.execute_batch("DROP TABLE kv").unwrap();
+        let (b, rx_b) = request(put("/b"));
+        let (c, rx_c) = request(put("/c"));
+        let mut batch = vec![b, c];
+        assert!(!writer.commit_batch(&mut batch), "the writer must stop");
+        assert!(matches!(
+            rx_b.blocking_recv().unwrap(),
+            Err(StoreError::Backend { .. })
+        ));
+        assert!(matches!(
+            rx_c.blocking_recv().unwrap(),
+            Err(StoreError::Backend { .. })
+        ));
+        // Nothing of the failed batch counts.
+        assert_eq!(writer.revision, 1);
+        assert_eq!(writer.shared_revision.load(Ordering::Acquire), 1);
     }
 
     #[tokio::test]

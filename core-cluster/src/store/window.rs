@@ -41,6 +41,8 @@ struct State {
     /// `events`.
     floor: u64,
     watchers: Vec<Watcher>,
+    /// Set once the store behind the window stops: no more events will come.
+    closed: bool,
 }
 
 /// The bounded ring of recent events and the registered watchers.
@@ -63,6 +65,7 @@ impl WatchWindow {
                 events: VecDeque::with_capacity(config.window_capacity.min(65_536)),
                 floor: start_revision,
                 watchers: Vec::new(),
+                closed: false,
             }),
         }
     }
@@ -145,6 +148,9 @@ impl WatchWindow {
         from_revision: u64,
     ) -> Result<WatchStream, StoreError> {
         let mut state = self.state.lock();
+        if state.closed {
+            return Err(StoreError::Closed);
+        }
         if from_revision < state.floor {
             return Err(StoreError::Expired {
                 requested: from_revision,
@@ -179,19 +185,29 @@ impl WatchWindow {
             done: false,
         }))
     }
+
+    /// Ends every watcher with [`StoreError::Closed`] (after what it has buffered) and
+    /// refuses new watches: the store behind the window has stopped writing.
+    pub(crate) fn close(&self) {
+        let mut state = self.state.lock();
+        state.closed = true;
+        end_all(&mut state.watchers);
+    }
+}
+
+fn end_all(watchers: &mut Vec<Watcher>) {
+    for watcher in watchers.drain(..) {
+        // Lagged stays lagged: that is the more useful message.
+        let _ =
+            watcher
+                .end
+                .compare_exchange(END_NONE, END_CLOSED, Ordering::AcqRel, Ordering::Acquire);
+    }
 }
 
 impl Drop for WatchWindow {
     fn drop(&mut self) {
-        for watcher in self.state.get_mut().watchers.drain(..) {
-            // Lagged stays lagged: that is the more useful message.
-            let _ = watcher.end.compare_exchange(
-                END_NONE,
-                END_CLOSED,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
-        }
+        end_all(&mut self.state.get_mut().watchers);
     }
 }
 
@@ -298,6 +314,17 @@ mod tests {
         assert_eq!(stream.next().await.unwrap().unwrap().revision, 1);
         assert!(matches!(stream.next().await, Some(Err(StoreError::Closed))));
         assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn closing_ends_streams_and_refuses_new_watches() {
+        let window = WatchWindow::new(config(100, 8), 0);
+        let mut stream = window.watch("", 0).unwrap();
+        window.publish([put("/a", 1)]);
+        window.close();
+        assert_eq!(stream.next().await.unwrap().unwrap().revision, 1);
+        assert!(matches!(stream.next().await, Some(Err(StoreError::Closed))));
+        assert!(matches!(window.watch("", 1), Err(StoreError::Closed)));
     }
 
     #[tokio::test]
