@@ -14,5 +14,8 @@
 //! * [`store::MemoryStore`], a `BTreeMap` for tests.
 //!
 //! The store deals in keys and bytes only; it knows nothing of Kubernetes types.
+//!
+//! [`openapi`] builds the OpenAPI v3 documents (`/openapi/v3`) of the served resources.
 
+pub mod openapi;
 pub mod store;
