@@ -14,7 +14,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, Uri, header};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use core_cluster::openapi::{OpenApiDocuments, OpenApiResource, served_resources};
@@ -33,8 +33,10 @@ struct Server {
     documents: OpenApiDocuments,
     /// Every request, as `METHOD path?query`.
     requests: Mutex<Vec<String>>,
-    /// Bodies of the objects kubectl created, by path.
+    /// The objects kubectl created, by path.
     created: Mutex<BTreeMap<String, Value>>,
+    /// The `Content-Type` of every PATCH request.
+    patch_content_types: Mutex<Vec<String>>,
 }
 
 type Shared = Arc<Server>;
@@ -244,6 +246,51 @@ async fn create_configmap(
     json_response(StatusCode::CREATED, &object)
 }
 
+/// RFC 7386 merge of `patch` into `target`; for a ConfigMap's `data` and `metadata` this is
+/// also what a strategic merge patch does.
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(target), Value::Object(patch)) => {
+            for (key, value) in patch {
+                if value.is_null() {
+                    target.remove(key);
+                } else {
+                    merge(target.entry(key.clone()).or_insert(Value::Null), value);
+                }
+            }
+        }
+        (target, patch) => *target = patch.clone(),
+    }
+}
+
+/// The PATCH of a second `kubectl apply`.
+async fn patch_configmap(
+    State(server): State<Shared>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default();
+    server
+        .patch_content_types
+        .lock()
+        .push(content_type.to_owned());
+    let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+        return json_response(StatusCode::BAD_REQUEST, &json!({ "error": "not JSON" }));
+    };
+    let path = format!("/api/v1/namespaces/{namespace}/configmaps/{name}");
+    let mut created = server.created.lock();
+    let Some(object) = created.get_mut(&path) else {
+        return not_found(&format!("configmaps \"{name}\""));
+    };
+    merge(object, &patch);
+    object["metadata"]["resourceVersion"] = json!("2");
+    json_response(StatusCode::OK, object)
+}
+
 async fn fallback(uri: Uri) -> Response {
     not_found(&uri.to_string())
 }
@@ -262,6 +309,7 @@ async fn start() -> Shared {
         documents,
         requests: Mutex::new(Vec::new()),
         created: Mutex::new(BTreeMap::new()),
+        patch_content_types: Mutex::new(Vec::new()),
     });
     let log = Arc::clone(&server);
     let router = Router::new()
@@ -278,7 +326,7 @@ async fn start() -> Shared {
         )
         .route(
             "/api/v1/namespaces/{namespace}/configmaps/{name}",
-            get(configmap),
+            get(configmap).patch(patch_configmap),
         )
         .fallback(fallback)
         .layer(axum::middleware::from_fn(
@@ -349,7 +397,9 @@ async fn kubectl(server: &Shared, dir: &std::path::Path, args: &[&str]) -> Outpu
 
 /// Runs `kubectl explain <what>` and returns its output, failing with the server's log.
 async fn explain(server: &Shared, dir: &std::path::Path, what: &str) -> String {
-    let output = kubectl(server, dir, &["explain", what]).await;
+    let mut args = vec!["explain"];
+    args.extend(what.split_whitespace());
+    let output = kubectl(server, dir, &args).await;
     assert!(
         output.success,
         "kubectl explain {what} failed:\nstderr: {}\nstdout: {}\nrequests: {:#?}",
@@ -428,9 +478,50 @@ async fn kubectl_explain_and_apply_use_openapi_v3() {
         );
     }
 
+    let node = normalized(&explain(&server, dir.path(), "node --recursive").await);
+    for expected in [
+        "DESCRIPTION:\nNode is a worker node in Kubernetes.",
+        "metadata <ObjectMeta> -required-",
+        "taints <[]Taint>\neffect <string> -required-\nkey <string> -required-",
+        "conditions <[]NodeCondition>",
+    ] {
+        assert!(
+            node.contains(expected),
+            "`explain node --recursive` lacks {expected:?}:\n{node}"
+        );
+    }
+
+    let events =
+        normalized(&explain(&server, dir.path(), "events --api-version=events.k8s.io/v1").await);
+    for expected in [
+        "GROUP: events.k8s.io",
+        "KIND: Event",
+        "eventTime <string>\neventTime is the time when this Event was first observed.",
+        "regarding <ObjectReference>",
+    ] {
+        assert!(
+            events.contains(expected),
+            "`explain events --api-version=events.k8s.io/v1` lacks {expected:?}:\n{events}"
+        );
+    }
+
+    let endpoints = normalized(&explain(&server, dir.path(), "endpointslices.endpoints").await);
+    for expected in [
+        "GROUP: discovery.k8s.io",
+        "KIND: EndpointSlice",
+        "FIELD: endpoints <[]Endpoint>",
+        "addresses <[]string> -required-",
+    ] {
+        assert!(
+            endpoints.contains(expected),
+            "`explain endpointslices.endpoints` lacks {expected:?}:\n{endpoints}"
+        );
+    }
+
     // With default validation, kubectl apply asks the v3 document of api/v1 whether the
     // server validates fields; it must then send fieldValidation=Strict instead of asking
     // for /openapi/v2 and telling the user to turn validation off.
+    let before_apply = server.requests.lock().len();
     let manifest = dir.path().join("configmap.yaml");
     std::fs::write(
         &manifest,
@@ -443,7 +534,7 @@ async fn kubectl_explain_and_apply_use_openapi_v3() {
         &["apply", "-f", manifest.to_str().expect("UTF-8 path")],
     )
     .await;
-    let requests = server.requests.lock().clone();
+    let requests = server.requests.lock()[before_apply..].to_vec();
     assert!(
         apply.success,
         "kubectl apply failed:\nstderr: {}\nstdout: {}\nrequests: {requests:#?}",
@@ -474,7 +565,45 @@ async fn kubectl_explain_and_apply_use_openapi_v3() {
             .any(|request| request.contains("/openapi/v2")),
         "kubectl fell back to /openapi/v2: {requests:#?}"
     );
-    let created = server.created.lock();
-    let object = &created["/api/v1/namespaces/default/configmaps/hello"];
-    assert_eq!(object["data"]["greeting"], "hi");
+    assert_eq!(
+        server.created.lock()["/api/v1/namespaces/default/configmaps/hello"]["data"]["greeting"],
+        "hi"
+    );
+
+    // Applying a change patches the object; the PATCH also leaves validation to the server.
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: hello\ndata:\n  greeting: hello\n",
+    )
+    .expect("write manifest");
+    let before_patch = server.requests.lock().len();
+    let apply = kubectl(
+        &server,
+        dir.path(),
+        &["apply", "-f", manifest.to_str().expect("UTF-8 path")],
+    )
+    .await;
+    let requests = server.requests.lock()[before_patch..].to_vec();
+    assert!(
+        apply.success && apply.stdout.contains("configmap/hello configured"),
+        "second kubectl apply failed:\nstderr: {}\nstdout: {}\nrequests: {requests:#?}",
+        apply.stderr,
+        apply.stdout
+    );
+    let patch = requests
+        .iter()
+        .find(|request| request.starts_with("PATCH /api/v1/namespaces/default/configmaps/hello"))
+        .unwrap_or_else(|| panic!("no PATCH request in {requests:#?}"));
+    assert!(
+        patch.contains("fieldValidation=Strict"),
+        "the PATCH did not leave validation to the server: {patch}"
+    );
+    assert_eq!(
+        server.patch_content_types.lock().as_slice(),
+        ["application/strategic-merge-patch+json"]
+    );
+    assert_eq!(
+        server.created.lock()["/api/v1/namespaces/default/configmaps/hello"]["data"]["greeting"],
+        "hello"
+    );
 }
