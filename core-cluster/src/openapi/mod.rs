@@ -196,7 +196,7 @@ fn gvk_value(group: &str, version: &str, kind: &str) -> Value {
 /// Schemas collected for one document: the generator's definitions plus the ones built here.
 struct Components {
     generator: SchemaGenerator,
-    /// Definitions added outside the generator (lists, inline kinds), by name.
+    /// Definitions built here rather than by the generator (the lists), by name.
     extra: Map<String, Value>,
     /// GVKs to attach to definitions, by definition name.
     gvks: BTreeMap<String, Vec<Value>>,

@@ -293,3 +293,11 @@ fn ref_segments_are_decoded() {
     assert_eq!(decode_pointer_segment("100%"), "100%");
     assert_eq!(decode_pointer_segment("%zz"), "%zz");
 }
+
+#[test]
+fn hash_is_fnv1a_64() {
+    // Published FNV-1a test vectors: the hash must not depend on the platform or the build.
+    assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+    assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+    assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+}
