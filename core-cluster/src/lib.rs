@@ -11,9 +11,12 @@
 //! - [`api`]: the REST surface (discovery, CRUD, watch, tables, Status errors, metrics);
 //! - [`serve`]: serving on a socket and writing a kubeconfig.
 //!
+//! - [`openapi`]: the OpenAPI v3 documents (`/openapi/v3`) kubectl needs for `apply`
+//!   validation and `explain`;
 //! In-process use, with no TCP: kube 5's `Client::new(server.router(), "default")`.
 
 pub mod api;
+pub mod openapi;
 pub mod patch;
 pub mod registry;
 pub mod serve;

@@ -1,0 +1,97 @@
+//! The resources this API server serves, as [`OpenApiResource`]s.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount,
+};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::events::v1::Event as EventsV1Event;
+
+use super::{OpenApiResource, schema_of};
+
+/// A core (`""` group, `v1`) resource.
+const fn core(
+    kind: &'static str,
+    plural: &'static str,
+    namespaced: bool,
+    subresources: &'static [&'static str],
+    schema: fn(&mut schemars::SchemaGenerator) -> schemars::Schema,
+) -> OpenApiResource {
+    OpenApiResource {
+        group: "",
+        version: "v1",
+        kind,
+        plural,
+        namespaced,
+        subresources,
+        schema,
+    }
+}
+
+/// The resources the API server serves, in discovery order: core/v1 Namespace, Node, Pod,
+/// Service, Endpoints, Event, ServiceAccount, ConfigMap, Secret; `coordination.k8s.io/v1`
+/// Lease; `discovery.k8s.io/v1` EndpointSlice; `events.k8s.io/v1` Event.
+pub fn served_resources() -> Vec<OpenApiResource> {
+    vec![
+        core(
+            "Namespace",
+            "namespaces",
+            false,
+            &[],
+            schema_of::<Namespace>,
+        ),
+        core("Node", "nodes", false, &["status"], schema_of::<Node>),
+        core(
+            "Pod",
+            "pods",
+            true,
+            &["status", "binding", "eviction"],
+            schema_of::<Pod>,
+        ),
+        core(
+            "Service",
+            "services",
+            true,
+            &["status"],
+            schema_of::<Service>,
+        ),
+        core("Endpoints", "endpoints", true, &[], schema_of::<Endpoints>),
+        core("Event", "events", true, &[], schema_of::<Event>),
+        core(
+            "ServiceAccount",
+            "serviceaccounts",
+            true,
+            &[],
+            schema_of::<ServiceAccount>,
+        ),
+        core("ConfigMap", "configmaps", true, &[], schema_of::<ConfigMap>),
+        core("Secret", "secrets", true, &[], schema_of::<Secret>),
+        OpenApiResource {
+            group: "coordination.k8s.io",
+            version: "v1",
+            kind: "Lease",
+            plural: "leases",
+            namespaced: true,
+            subresources: &[],
+            schema: schema_of::<Lease>,
+        },
+        OpenApiResource {
+            group: "discovery.k8s.io",
+            version: "v1",
+            kind: "EndpointSlice",
+            plural: "endpointslices",
+            namespaced: true,
+            subresources: &[],
+            schema: schema_of::<EndpointSlice>,
+        },
+        OpenApiResource {
+            group: "events.k8s.io",
+            version: "v1",
+            kind: "Event",
+            plural: "events",
+            namespaced: true,
+            subresources: &[],
+            schema: schema_of::<EventsV1Event>,
+        },
+    ]
+}
