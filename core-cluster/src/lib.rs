@@ -14,5 +14,10 @@
 //! * [`store::MemoryStore`], a `BTreeMap` for tests.
 //!
 //! The store deals in keys and bytes only; it knows nothing of Kubernetes types.
+//!
+//! [`patch`] implements the PATCH verbs on objects held as JSON: JSON patch, JSON merge
+//! patch, strategic merge patch with per-kind list semantics, and server-side apply
+//! with `managedFields` ownership tracking.
 
+pub mod patch;
 pub mod store;
