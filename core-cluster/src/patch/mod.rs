@@ -12,6 +12,7 @@
 //! calls [`patch_object`] or, for apply, [`apply::apply`]. Errors say which HTTP status
 //! they stand for ([`PatchError::http_status`]).
 
+pub mod apply;
 pub mod json_patch;
 pub mod merge_patch;
 pub mod schema;
@@ -19,6 +20,7 @@ pub mod strategic;
 
 use serde_json::Value;
 
+pub use apply::{ApplyError, FieldSet, apply, record_update};
 pub use schema::{ListStrategy, TypeNode, schema_for};
 
 /// The patch formats, named by the request's `Content-Type`.
