@@ -181,6 +181,7 @@ fn pod_spec() -> TypeNode {
         ),
         ("schedulingGates", keyed("name", TypeNode::Any)),
         ("resourceClaims", keyed("name", TypeNode::Any)),
+        ("evictionResponders", keyed("name", TypeNode::Any)),
     ])
 }
 
@@ -193,6 +194,10 @@ fn pod_status() -> TypeNode {
         ("containerStatuses", atomic(TypeNode::Any)),
         ("ephemeralContainerStatuses", atomic(TypeNode::Any)),
         ("resourceClaimStatuses", keyed("name", TypeNode::Any)),
+        (
+            "nodeAllocatableResourceClaimStatuses",
+            keyed("resourceClaimName", TypeNode::Any),
+        ),
     ])
 }
 

@@ -15,14 +15,15 @@
 //! * `"$deleteFromPrimitiveList/<field>": [..]` removes those values from the list
 //!   of primitives in `<field>`.
 //! * `"$setElementOrder/<field>": [..]` orders the merged list `<field>`: by merge key
-//!   (`[{"type": "Ready"}, ...]`) for keyed lists, by value for sets. Elements the
-//!   order does not name (present only on the server) stay after the element they
-//!   followed.
+//!   (`[{"type": "Ready"}, ...]`) for keyed lists, by value for sets.
 //!
 //! Any other key starting with `$`, and any other `$patch` value, is an error.
 //!
-//! Merged lists keep the original order of existing elements and append new ones in
-//! patch order, unless `$setElementOrder` says otherwise.
+//! Merged lists are ordered as upstream orders them: the elements the patch names
+//! (or `$setElementOrder` names) in that order, the other elements in their server
+//! order, the two interleaved by server position. An element new to the server is
+//! therefore placed before the server-only elements that follow it: patching
+//! `[{"type": "New"}]` into `[A, B]` gives `[New, A, B]`.
 
 use serde_json::{Map, Value};
 
@@ -114,7 +115,11 @@ fn merge_map(
             let Value::Array(order) = value else {
                 return Err(malformed(format!("{key} must be a list")));
             };
-            orders.push((field, order));
+            let server = match original.get(field) {
+                Some(Value::Array(list)) => list.clone(),
+                _ => Vec::new(),
+            };
+            orders.push((field, order, server));
         } else if key.starts_with('$') && key != PATCH && key != RETAIN_KEYS {
             return Err(malformed(format!(
                 "unknown strategic merge patch directive {key:?}"
@@ -135,10 +140,21 @@ fn merge_map(
         *slot = merge_value(std::mem::take(slot), value, field)?;
     }
 
-    for (field, order) in orders {
+    for (field, order, server) in orders {
         let strategy = schema.field(field).list().0;
+        if strategy == ListStrategy::Replace {
+            continue;
+        }
+        let order = order_identities(order, strategy, field)?;
+        if let Some(Value::Array(patch_list)) = patch.get(field) {
+            check_patch_follows_order(patch_list, &order, strategy, field)?;
+        }
         if let Some(Value::Array(list)) = original.get_mut(field) {
-            set_element_order(list, order, strategy, field)?;
+            let server = server
+                .iter()
+                .filter_map(|v| identity(v, strategy))
+                .collect::<Vec<_>>();
+            *list = normalize_order(std::mem::take(list), &order, &server, strategy);
         }
     }
     Ok(original)
@@ -186,36 +202,43 @@ fn merge_list(
         ListStrategy::Set => {
             let (replace, rest) = special_elements(patch, false)?;
             let mut out = if replace { Vec::new() } else { original };
-            for v in rest {
+            let server = out.clone();
+            for v in &rest {
                 if !out.contains(v) {
-                    out.push(v.clone());
+                    out.push((*v).clone());
                 }
             }
-            Ok(out)
+            let order: Vec<Value> = rest.into_iter().cloned().collect();
+            Ok(normalize_order(out, &order, &server, ListStrategy::Set))
         }
         ListStrategy::MergeByKey(key) => {
             let (replace, rest) = special_elements(patch, true)?;
             let mut out = if replace { Vec::new() } else { original };
+            // Deletions first, so that the server order is that of what remains.
+            for element in &rest {
+                if element.get(PATCH).is_some() && !replace {
+                    let id = element.get(key).ok_or_else(|| missing_key(element, key))?;
+                    out.retain(|o| o.get(key) != Some(id));
+                }
+            }
+            let server: Vec<Value> = out.iter().filter_map(|v| v.get(key).cloned()).collect();
+            let mut order = Vec::new();
             for element in rest {
                 let Value::Object(element) = element else {
                     return Err(PatchError::Unprocessable(format!(
                         "list element {element} is not an object; the list merges on key {key:?}"
                     )));
                 };
-                let Some(id) = element.get(key) else {
-                    return Err(PatchError::Unprocessable(format!(
-                        "list element {} does not contain the merge key {key:?}",
-                        Value::Object(element.clone())
-                    )));
-                };
-                let found = out.iter().position(|o| o.get(key) == Some(id));
                 if element.get(PATCH).is_some() {
-                    // The only directive `special_elements` lets through here is delete.
-                    if !replace {
-                        out.retain(|o| o.get(key) != Some(id));
-                    }
+                    // A delete (the only directive `special_elements` lets through),
+                    // done above.
                     continue;
                 }
+                let Some(id) = element.get(key) else {
+                    return Err(missing_key(&Value::Object(element.clone()), key));
+                };
+                order.push(id.clone());
+                let found = out.iter().position(|o| o.get(key) == Some(id));
                 match found {
                     Some(i) => {
                         let existing = match std::mem::take(&mut out[i]) {
@@ -227,52 +250,106 @@ fn merge_list(
                     None => out.push(Value::Object(merge_map(Map::new(), element, item)?)),
                 }
             }
-            Ok(out)
+            Ok(normalize_order(out, &order, &server, strategy))
         }
     }
 }
 
-fn set_element_order(
-    list: &mut Vec<Value>,
+fn missing_key(element: &Value, key: &str) -> PatchError {
+    PatchError::Unprocessable(format!(
+        "list element {element} does not contain the merge key {key:?}"
+    ))
+}
+
+/// What identifies a list element for ordering: its merge key's value, or for sets
+/// the element itself.
+fn identity(element: &Value, strategy: ListStrategy) -> Option<Value> {
+    match strategy {
+        ListStrategy::MergeByKey(key) => element.get(key).cloned(),
+        _ => Some(element.clone()),
+    }
+}
+
+/// The identities a `$setElementOrder` list names.
+fn order_identities(
+    order: &[Value],
+    strategy: ListStrategy,
+    field: &str,
+) -> Result<Vec<Value>, PatchError> {
+    order
+        .iter()
+        .map(|o| {
+            identity(o, strategy).ok_or_else(|| {
+                malformed(format!(
+                    "$setElementOrder/{field}: element {o} does not contain the merge key"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// The elements the patch sets must appear in `$setElementOrder`, in the same order.
+fn check_patch_follows_order(
+    patch: &[Value],
     order: &[Value],
     strategy: ListStrategy,
     field: &str,
 ) -> Result<(), PatchError> {
-    let identity = |v: &Value| -> Option<Value> {
-        match strategy {
-            ListStrategy::MergeByKey(key) => v.get(key).cloned(),
-            _ => Some(v.clone()),
+    let mut rest = order.iter();
+    for element in patch.iter().filter(|e| e.get(PATCH).is_none()) {
+        let Some(id) = identity(element, strategy) else {
+            continue;
+        };
+        if !rest.any(|o| *o == id) {
+            return Err(malformed(format!(
+                "the order of {field} in the patch does not match $setElementOrder/{field}"
+            )));
         }
-    };
-    let order = match strategy {
-        ListStrategy::Replace => return Ok(()),
-        ListStrategy::Set => order.to_vec(),
-        ListStrategy::MergeByKey(key) => order
-            .iter()
-            .map(|o| {
-                o.get(key).cloned().ok_or_else(|| {
-                    malformed(format!("$setElementOrder/{field}: element {o} does not contain the merge key {key:?}"))
-                })
-            })
-            .collect::<Result<_, _>>()?,
-    };
-    let mut head = Vec::new();
-    let mut listed: Vec<(usize, Value, Vec<Value>)> = Vec::new();
-    for v in list.drain(..) {
-        let pos = identity(&v).and_then(|id| order.iter().position(|o| *o == id));
-        match (pos, listed.last_mut()) {
-            (Some(p), _) => listed.push((p, v, Vec::new())),
-            (None, Some(last)) => last.2.push(v),
-            (None, None) => head.push(v),
-        }
-    }
-    listed.sort_by_key(|(p, _, _)| *p);
-    list.extend(head);
-    for (_, v, followers) in listed {
-        list.push(v);
-        list.extend(followers);
     }
     Ok(())
+}
+
+/// Orders a merged list as the upstream API server does: the elements named by
+/// `order` (the patch list, or `$setElementOrder`) come in that order, the others
+/// keep the order they had on the server (`server`, identities of the list before the
+/// merge), and the two sequences are interleaved by their positions on the server.
+/// An element new to the server goes before the server-only elements that follow.
+fn normalize_order(
+    merged: Vec<Value>,
+    order: &[Value],
+    server: &[Value],
+    strategy: ListStrategy,
+) -> Vec<Value> {
+    let position = |list: &[Value], v: &Value| {
+        identity(v, strategy).and_then(|id| list.iter().position(|o| *o == id))
+    };
+    let (mut named, mut server_only): (Vec<Value>, Vec<Value>) = merged
+        .into_iter()
+        .partition(|v| position(order, v).is_some());
+    named.sort_by_key(|v| position(order, v));
+    server_only.sort_by_key(|v| position(server, v).unwrap_or(usize::MAX));
+
+    let mut out = Vec::with_capacity(named.len() + server_only.len());
+    let mut named = named.into_iter().peekable();
+    let mut server_only = server_only.into_iter().peekable();
+    loop {
+        let take_server_only = match (server_only.peek(), named.peek()) {
+            (None, None) => break,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(s), Some(n)) => matches!(
+                (position(server, s), position(server, n)),
+                (Some(a), Some(b)) if a < b
+            ),
+        };
+        let next = if take_server_only {
+            server_only.next()
+        } else {
+            named.next()
+        };
+        out.extend(next);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -347,7 +424,9 @@ mod tests {
                 {"type": "DiskPressure", "status": "False"}
             ])
         );
-        // A new condition is appended; a null field inside an element is removed.
+        // A new condition; a null field inside an element is removed. As upstream
+        // orders it, patch elements keep patch order and are interleaved with the
+        // others by their server positions, so the new one goes first.
         let out = smp(
             &node(),
             json!({"status": {"conditions": [
@@ -358,10 +437,10 @@ mod tests {
         assert_eq!(
             out["status"]["conditions"],
             json!([
+                {"type": "PIDPressure", "status": "False"},
                 {"type": "MemoryPressure", "status": "False"},
                 {"type": "Ready", "status": "True", "reason": "KubeletReady"},
-                {"type": "DiskPressure", "status": "False"},
-                {"type": "PIDPressure", "status": "False"}
+                {"type": "DiskPressure", "status": "False"}
             ])
         );
     }
@@ -423,8 +502,9 @@ mod tests {
             &node(),
             json!({"metadata": {"finalizers": ["f2", "f1"]}, "spec": {"podCIDRs": ["fd00::/64"]}}),
         );
-        assert_eq!(out["metadata"]["finalizers"], json!(["f1", "f2"]));
-        assert_eq!(out["spec"]["podCIDRs"], json!(["10.0.0.0/24", "fd00::/64"]));
+        // Patch order wins for the elements the patch names.
+        assert_eq!(out["metadata"]["finalizers"], json!(["f2", "f1"]));
+        assert_eq!(out["spec"]["podCIDRs"], json!(["fd00::/64", "10.0.0.0/24"]));
         let out = smp(
             &out,
             json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["f1"]}}),
@@ -447,10 +527,11 @@ mod tests {
             .iter()
             .map(|c| c["type"].as_str().unwrap())
             .collect();
-        // DiskPressure, unnamed by the order, stays after the element it followed.
+        // DiskPressure, unnamed by the order, comes after MemoryPressure, which
+        // preceded it on the server.
         assert_eq!(
             types,
-            ["Ready", "DiskPressure", "PIDPressure", "MemoryPressure"]
+            ["Ready", "PIDPressure", "MemoryPressure", "DiskPressure"]
         );
 
         let out = smp(
@@ -458,6 +539,75 @@ mod tests {
             json!({"metadata": {"$setElementOrder/finalizers": ["f0", "f1"], "finalizers": ["f0"]}}),
         );
         assert_eq!(out["metadata"]["finalizers"], json!(["f0", "f1"]));
+    }
+
+    fn list(types: &[&str]) -> Value {
+        Value::Array(types.iter().map(|t| json!({"type": t})).collect())
+    }
+
+    fn conditions_after(current: &[&str], patch: Value) -> Vec<String> {
+        let node = json!({"kind": "Node", "status": {"conditions": list(current)}});
+        let out = smp(&node, json!({"status": patch}));
+        out["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// Cases from upstream's strategic merge patch tests, on our own schema.
+    #[test]
+    fn ordering_matches_upstream() {
+        // "preserve the order from the patch in a merging list 2"
+        assert_eq!(
+            conditions_after(&["1", "2", "3"], json!({"conditions": list(&["3", "1"])})),
+            ["2", "3", "1"]
+        );
+        // Without $setElementOrder a new element goes before the server-only ones.
+        assert_eq!(
+            conditions_after(&["A", "B"], json!({"conditions": list(&["New"])})),
+            ["New", "A", "B"]
+        );
+        // "set elements order in a list with server-only items"
+        assert_eq!(
+            conditions_after(
+                &["1", "3", "4", "2", "9"],
+                json!({"$setElementOrder/conditions": list(&["4", "2", "3", "1"])})
+            ),
+            ["4", "2", "3", "1", "9"]
+        );
+        // "set elements order in a list with server-only items 2"
+        assert_eq!(
+            conditions_after(
+                &["1", "2", "9", "3", "4"],
+                json!({"$setElementOrder/conditions": list(&["2", "1", "4", "3"])})
+            ),
+            ["2", "1", "9", "4", "3"]
+        );
+        // "add an item in a list and preserve order"
+        assert_eq!(
+            conditions_after(
+                &["1", "2"],
+                json!({"$setElementOrder/conditions": list(&["3", "1", "2"]), "conditions": list(&["3"])})
+            ),
+            ["3", "1", "2"]
+        );
+        // "merge lists of scalars", on a set
+        let node = json!({"kind": "Node", "metadata": {"finalizers": ["1", "2", "4"]}});
+        let out = smp(
+            &node,
+            json!({"metadata": {"$setElementOrder/finalizers": ["1", "2", "3"], "finalizers": ["3"]}}),
+        );
+        assert_eq!(out["metadata"]["finalizers"], json!(["1", "2", "3", "4"]));
+        // The patch list must follow $setElementOrder.
+        let err = strategic_merge(
+            &node,
+            &json!({"metadata": {"$setElementOrder/finalizers": ["1", "3"], "finalizers": ["3", "1"]}}),
+            schema_for("", "Node"),
+        )
+        .unwrap_err();
+        assert!(matches!(err, PatchError::Malformed(_)), "{err}");
     }
 
     #[test]
@@ -511,7 +661,7 @@ mod tests {
             json!({
                 "containers": [
                     {"name": "app", "image": "app:2",
-                     "ports": [{"containerPort": 80, "name": "http"}, {"containerPort": 443, "name": "https"}],
+                     "ports": [{"containerPort": 443, "name": "https"}, {"containerPort": 80, "name": "http"}],
                      "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "3"}],
                      "volumeMounts": [{"mountPath": "/data", "name": "data", "readOnly": true}]},
                     {"name": "sidecar", "image": "side:1"}
