@@ -609,7 +609,10 @@ pub fn apply(
     // Parents (list elements) sort before their fields: an element nobody else
     // needs goes whole, and the fields of one that stays never include its key.
     for path in previous.0.difference(&applied_fields.0) {
-        if !is_key_field(path) && !others.iter().any(|e| e.fields.covers(path)) {
+        if !is_key_field(path)
+            && !applied_fields.covers(path)
+            && !others.iter().any(|e| e.fields.covers(path))
+        {
             remove_at(&mut out, path);
         }
     }
@@ -980,6 +983,31 @@ mod tests {
             T1,
         );
         assert_eq!(again.unwrap()["metadata"]["labels"]["app"], json!("z"));
+    }
+
+    #[test]
+    fn an_owned_empty_map_filled_in_keeps_unowned_entries() {
+        // The manager once applied `labels: {}`, owning the map itself.
+        let mut empty = cm(json!({}), json!({}));
+        empty["metadata"]["labels"] = json!({});
+        let first = apply(None, &empty, "m", false, cm_schema(), T0).unwrap();
+        // Someone adds a label without being tracked (the request dropped managedFields
+        // handling); then m applies one label of its own.
+        let mut live = first.clone();
+        live["metadata"]["labels"]["untracked"] = json!("1");
+        let out = apply(
+            Some(&live),
+            &cm(json!({"app": "web"}), json!({})),
+            "m",
+            false,
+            cm_schema(),
+            T1,
+        )
+        .unwrap();
+        assert_eq!(
+            out["metadata"]["labels"],
+            json!({"untracked": "1", "app": "web"})
+        );
     }
 
     #[test]

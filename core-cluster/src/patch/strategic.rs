@@ -92,8 +92,9 @@ fn merge_map(
             })
             .collect::<Result<Vec<_>, _>>()?;
         if let Some(k) = patch
-            .keys()
-            .find(|k| !k.starts_with('$') && !keys.contains(&k.as_str()))
+            .iter()
+            .find(|(k, v)| !k.starts_with('$') && !v.is_null() && !keys.contains(&k.as_str()))
+            .map(|(k, _)| k)
         {
             return Err(malformed(format!(
                 "the patch sets {k:?}, which is not in $retainKeys"
@@ -623,6 +624,13 @@ mod tests {
             out["spec"]["volumes"],
             json!([{"name": "v", "emptyDir": {}}])
         );
+        // Null values (deletions) need not be listed.
+        let with_host = json!({"kind": "Pod", "spec": {"hostname": "h0", "subdomain": "s"}});
+        let out = smp(
+            &with_host,
+            json!({"spec": {"$retainKeys": ["hostname"], "hostname": "h1", "dnsPolicy": null}}),
+        );
+        assert_eq!(out, json!({"kind": "Pod", "spec": {"hostname": "h1"}}));
         let err = strategic_merge(
             &pod,
             &json!({"spec": {"$retainKeys": ["volumes"], "hostname": "h"}}),
