@@ -25,7 +25,7 @@
 //!   list a set where strategic merge replaces it.
 //! * No defaulting, conversion or validation happens here; managers are identified by
 //!   name and operation only (not by `apiVersion`, not by subresource), and conflict
-//!   messages name the manager without the " using <apiVersion>" suffix.
+//!   messages name the manager without the ` using <apiVersion>` suffix.
 //! * `status` gets no special treatment: the caller decides which fields of a request
 //!   to a subresource are kept before calling in.
 //! * Merged keyed lists keep the live order and append new elements in applied order;

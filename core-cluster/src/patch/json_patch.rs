@@ -406,6 +406,16 @@ mod tests {
         // The same patch again must fail: the finalizers are no longer null.
         assert!(json_patch(&with, &add_first).is_err());
 
+        // Adding to an existing list: test the whole list, then append.
+        let appended = ok(
+            with.clone(),
+            json!([
+                {"op":"test","path":"/metadata/finalizers","value":["x"]},
+                {"op":"add","path":"/metadata/finalizers/-","value":"y"}
+            ]),
+        );
+        assert_eq!(appended["metadata"]["finalizers"], json!(["x", "y"]));
+
         let two = json!({"metadata":{"name":"x","finalizers":["a","x"]}});
         let remove_x = json!([
             {"op":"test","path":"/metadata/finalizers/1","value":"x"},

@@ -4,12 +4,12 @@
 //! * [`json_patch`]: RFC 6902 JSON patch, with RFC 6901 pointers.
 //! * [`merge_patch`]: RFC 7386 JSON merge patch.
 //! * [`strategic`]: strategic merge patch, driven by the per-kind [`schema`].
-//! * [`apply`]: server-side apply and the `metadata.managedFields` bookkeeping that
+//! * [`mod@apply`]: server-side apply and the `metadata.managedFields` bookkeeping that
 //!   plain writes need too ([`apply::record_update`]).
 //!
 //! The request layer picks the kind with [`PatchType::from_content_type`] (answering
 //! 415 Unsupported Media Type on `None`), decodes the body with [`decode_body`], and
-//! calls [`patch_object`] or, for apply, [`apply::apply`]. Errors say which HTTP status
+//! calls [`patch_object`] or, for apply, [`fn@apply`]. Errors say which HTTP status
 //! they stand for ([`PatchError::http_status`]).
 
 pub mod apply;
@@ -107,7 +107,7 @@ pub fn decode_body(patch_type: PatchType, body: &[u8]) -> Result<Value, PatchErr
 /// patched object. `schema` is used by strategic merge patch only.
 ///
 /// Server-side apply needs a field manager and ownership bookkeeping, so it goes
-/// through [`apply::apply`]; passing [`PatchType::ApplyPatch`] here is an error.
+/// through [`fn@apply`]; passing [`PatchType::ApplyPatch`] here is an error.
 pub fn patch_object(
     original: &Value,
     patch_type: PatchType,
@@ -188,6 +188,17 @@ mod tests {
     fn patch_object_dispatches_by_type() {
         let node = json!({"kind":"Node","spec":{"unschedulable":true,"taints":[{"key":"a"}]}});
         let schema = schema_for("", "Node");
+        let cordoned = patch_object(
+            &json!({"kind":"Node","spec":{}}),
+            PatchType::MergePatch,
+            &json!({"spec":{"unschedulable":true}}),
+            schema,
+        )
+        .unwrap();
+        assert_eq!(
+            cordoned,
+            json!({"kind":"Node","spec":{"unschedulable":true}})
+        );
         let out = patch_object(
             &node,
             PatchType::MergePatch,
