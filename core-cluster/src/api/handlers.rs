@@ -546,7 +546,7 @@ pub(crate) async fn create_object(
     }
     let allocation = allocate(state, def, &mut obj, None, &probe_name)?;
     let dry_run = query.get("dryRun").is_some_and(|d| d == "All");
-    record_manager(&mut obj, None, query, "Update");
+    record_manager(def, &mut obj, None, query);
     for attempt in 0..GENERATE_NAME_ATTEMPTS {
         let name = if given_name.is_empty() {
             if attempt == 0 { probe_name.clone() } else { meta::generate_name(&generate) }
@@ -610,11 +610,12 @@ fn commit(state: &ServerState, allocation: &Option<Allocation>) {
 }
 
 /// Records the writer in `metadata.managedFields` (field manager from the query).
-fn record_manager(obj: &mut Value, old: Option<&Value>, query: &Query, operation: &str) {
+fn record_manager(def: &ResourceDef, obj: &mut Value, old: Option<&Value>, query: &Query) {
     let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()) else {
         return;
     };
-    patch::record_update(obj, old, manager, operation, &meta::now_rfc3339());
+    let schema = patch::schema_for(def.group, def.kind);
+    *obj = patch::record_update(old, obj, manager, schema, &meta::now_rfc3339());
 }
 
 // ------------------------------------------------------------------ update
@@ -752,7 +753,7 @@ async fn commit_update(
         return Err(invalid(def, name, errors));
     }
     let allocation = if sub.is_none() { allocate(state, def, &mut new, Some(current), name)? } else { None };
-    record_manager(&mut new, Some(current), query, "Update");
+    record_manager(def, &mut new, Some(current), query);
     let mut unchanged = current.clone();
     meta_mut(&mut unchanged).remove("resourceVersion");
     if new == unchanged {
@@ -825,7 +826,7 @@ async fn patch_object(
     if manager.chars().count() > 128 {
         return Err(ApiError::invalid("PatchOptions", "meta.k8s.io", "", vec![FieldError { reason: "FieldValueTooLong", field: "fieldManager".into(), message: "Too long: may not be more than 128 bytes".into() }]));
     }
-    let patch_doc = patch::parse_patch_body(patch_type, body).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let patch_doc = patch::decode_body(patch_type, body).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let schema = patch::schema_for(def.group, def.kind);
     for _ in 0..MAX_WRITE_ATTEMPTS {
         let current = match get_object(state, def, ns, name).await {
@@ -835,7 +836,7 @@ async fn patch_object(
         };
         let Some((kv, current)) = current else {
             let mut obj = patch::apply(None, &patch_doc, &manager, force, schema, &meta::now_rfc3339())
-                .map_err(|e| patch_error(def, name, e))?;
+                .map_err(|e| apply_error(def, name, e))?;
             if let Some(o) = obj.as_object_mut() {
                 o.entry("apiVersion").or_insert(json!(def.api_version()));
                 o.entry("kind").or_insert(json!(def.kind));
@@ -846,10 +847,10 @@ async fn patch_object(
             return Ok((StatusCode::CREATED, created));
         };
         let patched = match patch_type {
-            patch::PatchType::ApplyPatch => patch::apply(Some(&current), &patch_doc, &manager, force, schema, &meta::now_rfc3339()),
-            other => patch::patch(other, &current, &patch_doc, schema),
-        }
-        .map_err(|e| patch_error(def, name, e))?;
+            patch::PatchType::ApplyPatch => patch::apply(Some(&current), &patch_doc, &manager, force, schema, &meta::now_rfc3339())
+                .map_err(|e| apply_error(def, name, e))?,
+            other => patch::patch_object(&current, other, &patch_doc, schema).map_err(|e| patch_error(def, name, e))?,
+        };
         let precondition = str_at(&patched, &["metadata", "resourceVersion"]).map(str::to_owned);
         let explicit = precondition.as_deref().is_some_and(|rv| rv != kv.mod_revision.to_string());
         if explicit {
@@ -879,10 +880,17 @@ async fn patch_object(
 }
 
 fn patch_error(def: &ResourceDef, name: &str, e: patch::PatchError) -> ApiError {
-    match e {
-        patch::PatchError::Conflict { message, causes } => {
-            let mut err = ApiError::conflict(&qualified(def, name), &message);
-            err.message = message;
+    match e.http_status() {
+        422 => ApiError::invalid(def.kind, def.group, name, vec![FieldError { reason: "FieldValueInvalid", field: "patch".into(), message: e.to_string() }]),
+        _ => ApiError::bad_request(e.to_string()),
+    }
+}
+
+fn apply_error(def: &ResourceDef, name: &str, e: patch::ApplyError) -> ApiError {
+    match &e {
+        patch::ApplyError::Conflict { causes } => {
+            let mut err = ApiError::conflict(&qualified(def, name), "");
+            err.message = e.to_string();
             if let Some(d) = err.details.as_mut() {
                 d["causes"] = json!(causes
                     .iter()
@@ -891,8 +899,7 @@ fn patch_error(def: &ResourceDef, name: &str, e: patch::PatchError) -> ApiError 
             }
             err
         }
-        patch::PatchError::Invalid(message) => ApiError::invalid(def.kind, def.group, name, vec![FieldError { reason: "FieldValueInvalid", field: "patch".into(), message }]),
-        other => ApiError::bad_request(other.to_string()),
+        patch::ApplyError::Invalid(_) => ApiError::bad_request(e.to_string()),
     }
 }
 

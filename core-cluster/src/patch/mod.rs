@@ -1,87 +1,226 @@
-//! TEMPORARY shim until the patch module lands: merge and JSON patch only.
+//! The four kinds of PATCH the API server accepts, on objects held as
+//! [`serde_json::Value`] (the full JSON of a Kubernetes object, as stored).
+//!
+//! * [`json_patch`]: RFC 6902 JSON patch, with RFC 6901 pointers.
+//! * [`merge_patch`]: RFC 7386 JSON merge patch.
+//! * [`strategic`]: strategic merge patch, driven by the per-kind [`schema`].
+//! * [`mod@apply`]: server-side apply and the `metadata.managedFields` bookkeeping that
+//!   plain writes need too ([`apply::record_update`]).
+//!
+//! The request layer picks the kind with [`PatchType::from_content_type`] (answering
+//! 415 Unsupported Media Type on `None`), decodes the body with [`decode_body`], and
+//! calls [`patch_object`] or, for apply, [`fn@apply`]. Errors say which HTTP status
+//! they stand for ([`PatchError::http_status`]).
+
+pub mod apply;
+pub mod json_patch;
+pub mod merge_patch;
+pub mod schema;
+pub mod strategic;
 
 use serde_json::Value;
 
-/// Patch content types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub use apply::{ApplyError, FieldSet, apply, record_update};
+pub use schema::{ListStrategy, TypeNode, schema_for};
+
+/// The patch formats, named by the request's `Content-Type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PatchType {
-    /// RFC 6902.
+    /// `application/json-patch+json` (RFC 6902).
     JsonPatch,
-    /// RFC 7386.
+    /// `application/merge-patch+json` (RFC 7386).
     MergePatch,
-    /// Strategic merge patch.
+    /// `application/strategic-merge-patch+json`.
     StrategicMergePatch,
-    /// Server-side apply.
+    /// `application/apply-patch+yaml` (server-side apply; the body is YAML or JSON).
     ApplyPatch,
 }
 
 impl PatchType {
-    /// From a Content-Type.
-    pub fn from_content_type(ct: &str) -> Option<Self> {
-        match ct {
-            "application/json-patch+json" => Some(PatchType::JsonPatch),
-            "application/merge-patch+json" => Some(PatchType::MergePatch),
-            "application/strategic-merge-patch+json" => Some(PatchType::StrategicMergePatch),
-            "application/apply-patch+yaml" => Some(PatchType::ApplyPatch),
+    /// The patch type for a `Content-Type` header value, ignoring parameters such as
+    /// `; charset=utf-8` and letter case; `None` for anything else (answer 415).
+    pub fn from_content_type(content_type: &str) -> Option<Self> {
+        let media = content_type
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match media.as_str() {
+            "application/json-patch+json" => Some(Self::JsonPatch),
+            "application/merge-patch+json" => Some(Self::MergePatch),
+            "application/strategic-merge-patch+json" => Some(Self::StrategicMergePatch),
+            "application/apply-patch+yaml" => Some(Self::ApplyPatch),
             _ => None,
         }
     }
-}
 
-/// Schema placeholder.
-#[derive(Debug)]
-pub struct TypeNode;
-
-static GENERIC: TypeNode = TypeNode;
-
-/// Schema for a kind.
-pub fn schema_for(_group: &str, _kind: &str) -> &'static TypeNode {
-    &GENERIC
-}
-
-/// Patch errors.
-#[derive(Debug, thiserror::Error)]
-pub enum PatchError {
-    /// Malformed.
-    #[error("{0}")]
-    Malformed(String),
-    /// Invalid.
-    #[error("{0}")]
-    Invalid(String),
-    /// Apply conflict.
-    #[error("{message}")]
-    Conflict {
-        /// Message.
-        message: String,
-        /// Causes.
-        causes: Vec<(String, String)>,
-    },
-}
-
-/// Parses a patch body.
-pub fn parse_patch_body(_t: PatchType, body: &[u8]) -> Result<Value, PatchError> {
-    serde_json::from_slice(body).map_err(|e| PatchError::Malformed(e.to_string()))
-}
-
-/// Applies a non-apply patch.
-pub fn patch(t: PatchType, current: &Value, doc: &Value, _schema: &TypeNode) -> Result<Value, PatchError> {
-    let mut out = current.clone();
-    match t {
-        PatchType::JsonPatch => {
-            let p: json_patch::Patch = serde_json::from_value(doc.clone()).map_err(|e| PatchError::Malformed(e.to_string()))?;
-            json_patch::patch(&mut out, &p).map_err(|e| PatchError::Invalid(e.to_string()))?;
+    /// The canonical media type.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Self::JsonPatch => "application/json-patch+json",
+            Self::MergePatch => "application/merge-patch+json",
+            Self::StrategicMergePatch => "application/strategic-merge-patch+json",
+            Self::ApplyPatch => "application/apply-patch+yaml",
         }
-        _ => json_patch::merge(&mut out, doc),
     }
-    Ok(out)
 }
 
-/// Server-side apply.
-pub fn apply(live: Option<&Value>, applied: &Value, _manager: &str, _force: bool, _schema: &TypeNode, _now: &str) -> Result<Value, PatchError> {
-    let mut out = live.cloned().unwrap_or(Value::Object(Default::default()));
-    json_patch::merge(&mut out, applied);
-    Ok(out)
+/// Why a patch could not be decoded or applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatchError {
+    /// The body is not valid JSON (or YAML, for apply). HTTP 400.
+    #[error("the body of the request could not be decoded: {0}")]
+    Decode(String),
+    /// The patch document is not a valid patch of its type: an unknown JSON patch op,
+    /// a bad pointer, an unknown or malformed strategic merge directive. HTTP 400.
+    #[error("invalid patch: {0}")]
+    Malformed(String),
+    /// The patch is well formed but does not apply to this object: a failed `test`,
+    /// a path that does not exist, a list element without its merge key. HTTP 422.
+    #[error("the patch could not be applied: {0}")]
+    Unprocessable(String),
 }
 
-/// Records a manager.
-pub fn record_update(_obj: &mut Value, _old: Option<&Value>, _manager: &str, _operation: &str, _now: &str) {}
+impl PatchError {
+    /// The HTTP status the API server answers with for this error.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            PatchError::Decode(_) | PatchError::Malformed(_) => 400,
+            PatchError::Unprocessable(_) => 422,
+        }
+    }
+}
+
+/// Decodes a PATCH body. JSON for every type; for [`PatchType::ApplyPatch`] YAML as
+/// well (JSON is tried first, since it is by far the most common and is valid YAML).
+pub fn decode_body(patch_type: PatchType, body: &[u8]) -> Result<Value, PatchError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(v) => Ok(v),
+        Err(_) if patch_type == PatchType::ApplyPatch => serde_norway::from_slice::<Value>(body)
+            .map_err(|e| PatchError::Decode(format!("invalid YAML: {e}"))),
+        Err(e) => Err(PatchError::Decode(format!("invalid JSON: {e}"))),
+    }
+}
+
+/// Applies a JSON, merge or strategic merge patch to `original` and returns the
+/// patched object. `schema` is used by strategic merge patch only.
+///
+/// Server-side apply needs a field manager and ownership bookkeeping, so it goes
+/// through [`fn@apply`]; passing [`PatchType::ApplyPatch`] here is an error.
+pub fn patch_object(
+    original: &Value,
+    patch_type: PatchType,
+    patch: &Value,
+    schema: &TypeNode,
+) -> Result<Value, PatchError> {
+    match patch_type {
+        PatchType::JsonPatch => json_patch::json_patch(original, patch),
+        PatchType::MergePatch => {
+            if !patch.is_object() {
+                return Err(PatchError::Malformed(
+                    "a merge patch of an object must be a JSON object".into(),
+                ));
+            }
+            let mut out = original.clone();
+            merge_patch::merge_patch(&mut out, patch);
+            Ok(out)
+        }
+        PatchType::StrategicMergePatch => strategic::strategic_merge(original, patch, schema),
+        PatchType::ApplyPatch => Err(PatchError::Malformed(
+            "server-side apply needs a field manager: use apply::apply".into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn content_types_map_to_patch_types() {
+        assert_eq!(
+            PatchType::from_content_type("application/json-patch+json"),
+            Some(PatchType::JsonPatch)
+        );
+        assert_eq!(
+            PatchType::from_content_type("application/merge-patch+json; charset=utf-8"),
+            Some(PatchType::MergePatch)
+        );
+        assert_eq!(
+            PatchType::from_content_type("Application/Strategic-Merge-Patch+JSON"),
+            Some(PatchType::StrategicMergePatch)
+        );
+        assert_eq!(
+            PatchType::from_content_type("application/apply-patch+yaml"),
+            Some(PatchType::ApplyPatch)
+        );
+        assert_eq!(PatchType::from_content_type("application/json"), None);
+        assert_eq!(PatchType::from_content_type("application/yaml"), None);
+        for t in [
+            PatchType::JsonPatch,
+            PatchType::MergePatch,
+            PatchType::StrategicMergePatch,
+            PatchType::ApplyPatch,
+        ] {
+            assert_eq!(PatchType::from_content_type(t.content_type()), Some(t));
+        }
+    }
+
+    #[test]
+    fn apply_bodies_may_be_yaml_others_must_be_json() {
+        let yaml = b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\ndata:\n  a: \"1\"\n";
+        let v = decode_body(PatchType::ApplyPatch, yaml).unwrap();
+        assert_eq!(
+            v,
+            json!({"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"},"data":{"a":"1"}})
+        );
+        let v = decode_body(PatchType::ApplyPatch, br#"{"kind":"ConfigMap"}"#).unwrap();
+        assert_eq!(v, json!({"kind":"ConfigMap"}));
+        let err = decode_body(PatchType::MergePatch, yaml).unwrap_err();
+        assert_eq!(err.http_status(), 400);
+        let err = decode_body(PatchType::ApplyPatch, b"a: [unclosed").unwrap_err();
+        assert!(matches!(err, PatchError::Decode(_)));
+    }
+
+    #[test]
+    fn patch_object_dispatches_by_type() {
+        let node = json!({"kind":"Node","spec":{"unschedulable":true,"taints":[{"key":"a"}]}});
+        let schema = schema_for("", "Node");
+        let cordoned = patch_object(
+            &json!({"kind":"Node","spec":{}}),
+            PatchType::MergePatch,
+            &json!({"spec":{"unschedulable":true}}),
+            schema,
+        )
+        .unwrap();
+        assert_eq!(
+            cordoned,
+            json!({"kind":"Node","spec":{"unschedulable":true}})
+        );
+        let out = patch_object(
+            &node,
+            PatchType::MergePatch,
+            &json!({"spec":{"unschedulable":null}}),
+            schema,
+        )
+        .unwrap();
+        assert_eq!(out, json!({"kind":"Node","spec":{"taints":[{"key":"a"}]}}));
+        let out = patch_object(
+            &node,
+            PatchType::JsonPatch,
+            &json!([{"op":"remove","path":"/spec/taints/0"}]),
+            schema,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            json!({"kind":"Node","spec":{"unschedulable":true,"taints":[]}})
+        );
+        let err = patch_object(&node, PatchType::MergePatch, &json!([1]), schema).unwrap_err();
+        assert_eq!(err.http_status(), 400);
+        let err = patch_object(&node, PatchType::ApplyPatch, &json!({}), schema).unwrap_err();
+        assert!(matches!(err, PatchError::Malformed(_)));
+    }
+}
