@@ -25,6 +25,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run core-cluster's Kubernetes API server (kubectl and kube-rs work against it).
+    Apiserver(crate::apiserver::ApiServerArgs),
     /// List the cloud providers linked into this binary.
     Providers,
     /// Run the provider conformance kit against a cloud provider and print the report.
@@ -62,10 +64,11 @@ pub(crate) fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
     let result = match cli.command {
+        Command::Apiserver(args) => apiserver(args),
         Command::Providers => providers(),
         Command::Conformance(args) => conformance(args),
     };
@@ -76,6 +79,15 @@ pub(crate) fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn apiserver(args: crate::apiserver::ApiServerArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(crate::apiserver::run(args))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn providers() -> anyhow::Result<ExitCode> {

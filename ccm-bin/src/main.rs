@@ -1,11 +1,14 @@
 //! `ccm`: the cloud-controller-manager binary, with the `fake` provider linked in.
 //!
 //! Subcommands:
+//! - `ccm apiserver`: core-cluster's Kubernetes API server on a durable data directory;
 //! - `ccm providers`: the providers linked into this binary;
 //! - `ccm conformance`: the provider conformance kit against a provider, by default the fake
 //!   on a built-in demo cloud.
 
+mod apiserver;
 mod cli;
+mod signals;
 
 // Link the providers so that their registrations run (a crate only listed in Cargo.toml is
 // not linked; see the README). `cli` uses the fake directly too, but this line states the

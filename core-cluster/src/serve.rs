@@ -35,10 +35,12 @@ pub enum ServeError {
 
 /// Binds `addr` (port 0 picks a free port) and returns the listener and its address.
 pub async fn bind(addr: &str) -> Result<(TcpListener, SocketAddr), ServeError> {
-    let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind {
-        addr: addr.to_owned(),
-        source,
-    })?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: addr.to_owned(),
+            source,
+        })?;
     let local = listener.local_addr()?;
     Ok((listener, local))
 }

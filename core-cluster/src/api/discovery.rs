@@ -26,10 +26,19 @@ pub fn version() -> Value {
 }
 
 fn verbs(def: &ResourceDef) -> Vec<&'static str> {
-    vec!["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
-        .into_iter()
-        .filter(|v| def.plural != "namespaces" || *v != "deletecollection")
-        .collect()
+    vec![
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch",
+    ]
+    .into_iter()
+    .filter(|v| def.plural != "namespaces" || *v != "deletecollection")
+    .collect()
 }
 
 fn subresource_verbs(sub: &str) -> Vec<&'static str> {
@@ -75,7 +84,11 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
             r["categories"] = json!(def.categories);
         }
         resources.push(r);
-        let subs = def.status.then_some("status").into_iter().chain(def.extra_subresources.iter().copied());
+        let subs = def
+            .status
+            .then_some("status")
+            .into_iter()
+            .chain(def.extra_subresources.iter().copied());
         for sub in subs {
             let (g, v, kind) = subresource_kind(def, sub);
             let mut r = json!({
@@ -151,12 +164,15 @@ pub fn group_list(registry: &Registry) -> Value {
 
 /// The body of `/apis/<group>`.
 pub fn group(registry: &Registry, name: &str) -> Option<Value> {
-    groups(registry).into_iter().find(|(g, _)| *g == name).map(|(g, vs)| {
-        let mut body = group_json(g, &vs);
-        body["kind"] = json!("APIGroup");
-        body["apiVersion"] = json!("v1");
-        body
-    })
+    groups(registry)
+        .into_iter()
+        .find(|(g, _)| *g == name)
+        .map(|(g, vs)| {
+            let mut body = group_json(g, &vs);
+            body["kind"] = json!("APIGroup");
+            body["apiVersion"] = json!("v1");
+            body
+        })
 }
 
 fn aggregated_version(registry: &Registry, group: &str, version: &str) -> Value {
@@ -232,8 +248,21 @@ mod tests {
     #[test]
     fn core_resource_list_has_subresources() {
         let list = resource_list(&Registry::standard(), "", "v1").unwrap();
-        let names: Vec<&str> = list["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
-        for want in ["nodes", "nodes/status", "pods", "pods/binding", "pods/eviction", "services/status", "events"] {
+        let names: Vec<&str> = list["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        for want in [
+            "nodes",
+            "nodes/status",
+            "pods",
+            "pods/binding",
+            "pods/eviction",
+            "services/status",
+            "events",
+        ] {
             assert!(names.contains(&want), "{want} missing from {names:?}");
         }
     }
@@ -241,8 +270,16 @@ mod tests {
     #[test]
     fn groups_are_listed_once() {
         let list = group_list(&Registry::standard());
-        let names: Vec<&str> = list["groups"].as_array().unwrap().iter().map(|g| g["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["coordination.k8s.io", "discovery.k8s.io", "events.k8s.io"]);
+        let names: Vec<&str> = list["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["coordination.k8s.io", "discovery.k8s.io", "events.k8s.io"]
+        );
         assert!(group(&Registry::standard(), "events.k8s.io").is_some());
         assert!(group(&Registry::standard(), "apps").is_none());
     }

@@ -68,8 +68,33 @@ pub(crate) async fn handle(
     let limit = state.config.max_request_bytes;
     let body = match axum::body::to_bytes(request.into_body(), limit).await {
         Ok(b) => b,
-        Err(_) => return (method.to_string(), ApiError::too_large(limit).into_response()),
+        Err(_) => {
+            return (
+                method.to_string(),
+                ApiError::too_large(limit).into_response(),
+            );
+        }
     };
+    // Bodies are JSON (apply patches may be YAML). Protobuf and CBOR get 415, which makes
+    // client-go retry the request as JSON.
+    if !body.is_empty() && method != Method::PATCH {
+        let content_type = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json");
+        let media = content_type
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        if !matches!(media.as_str(), "application/json" | "" | "*/*") {
+            return (
+                method.to_string(),
+                ApiError::unsupported_media_type(content_type).into_response(),
+            );
+        }
+    }
     let def = target.def;
     let ns = target.namespace.as_deref();
     let name = target.name.as_deref();
@@ -156,14 +181,27 @@ fn representation(headers: &HeaderMap) -> Result<Representation, ApiError> {
     negotiate::representation(headers).map_err(|accept| ApiError::not_acceptable(&accept))
 }
 
-fn render_one(def: &ResourceDef, obj: &Value, headers: &HeaderMap, code: StatusCode) -> Result<Response, ApiError> {
+fn render_one(
+    def: &ResourceDef,
+    obj: &Value,
+    headers: &HeaderMap,
+    code: StatusCode,
+) -> Result<Response, ApiError> {
     Ok(match representation(headers)? {
         Representation::Object => json_response(code, obj, "application/json"),
         Representation::Table => {
             let rv = str_at(obj, &["metadata", "resourceVersion"]).unwrap_or("");
-            json_response(code, &table::table(def, std::slice::from_ref(obj), rv, None, true), negotiate::TABLE_CONTENT_TYPE)
+            json_response(
+                code,
+                &table::table(def, std::slice::from_ref(obj), rv, None, true),
+                negotiate::TABLE_CONTENT_TYPE,
+            )
         }
-        Representation::PartialMetadata => json_response(code, &table::partial_metadata(obj), negotiate::PARTIAL_CONTENT_TYPE),
+        Representation::PartialMetadata => json_response(
+            code,
+            &table::partial_metadata(obj),
+            negotiate::PARTIAL_CONTENT_TYPE,
+        ),
     })
 }
 
@@ -172,10 +210,15 @@ fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
     if body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
     }
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}")))?;
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the body of the request could not be decoded as JSON: {e}"
+        ))
+    })?;
     if !value.is_object() {
-        return Err(ApiError::bad_request("the body of the request must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the body of the request must be a JSON object",
+        ));
     }
     Ok(value)
 }
@@ -228,7 +271,13 @@ struct ContinueToken {
 }
 
 fn encode_continue(rv: u64, start: &str) -> String {
-    URL_SAFE_NO_PAD.encode(serde_json::to_vec(&ContinueToken { rv, start: start.to_owned() }).unwrap_or_default())
+    URL_SAFE_NO_PAD.encode(
+        serde_json::to_vec(&ContinueToken {
+            rv,
+            start: start.to_owned(),
+        })
+        .unwrap_or_default(),
+    )
 }
 
 fn decode_continue(token: &str) -> Result<ContinueToken, ApiError> {
@@ -236,7 +285,11 @@ fn decode_continue(token: &str) -> Result<ContinueToken, ApiError> {
         .decode(token)
         .ok()
         .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .ok_or_else(|| ApiError::bad_request("continue key is not valid: illegal base64 data or unknown format"))
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "continue key is not valid: illegal base64 data or unknown format",
+            )
+        })
 }
 
 /// Parsed list options.
@@ -262,15 +315,25 @@ impl ListOptions {
         }
         let limit = match query.get("limit") {
             None => None,
-            Some(l) => Some(l.parse::<usize>().map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?).filter(|l| *l > 0),
+            Some(l) => Some(
+                l.parse::<usize>()
+                    .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
+            )
+            .filter(|l| *l > 0),
         };
         Ok(ListOptions {
             labels,
             fields,
             limit,
             continue_token: query.get("continue").filter(|c| !c.is_empty()).cloned(),
-            resource_version: query.get("resourceVersion").filter(|v| !v.is_empty()).cloned(),
-            resource_version_match: query.get("resourceVersionMatch").filter(|v| !v.is_empty()).cloned(),
+            resource_version: query
+                .get("resourceVersion")
+                .filter(|v| !v.is_empty())
+                .cloned(),
+            resource_version_match: query
+                .get("resourceVersionMatch")
+                .filter(|v| !v.is_empty())
+                .cloned(),
         })
     }
 
@@ -292,7 +355,11 @@ pub(crate) async fn list_objects(
     opts: &ListOptions,
 ) -> Result<(Vec<Value>, u64, Option<String>), ApiError> {
     let q = qualified(def, "");
-    let current = state.store.current_revision().await.map_err(|e| ApiError::from_store(&q, e))?;
+    let current = state
+        .store
+        .current_revision()
+        .await
+        .map_err(|e| ApiError::from_store(&q, e))?;
     let (mut at, mut cursor) = match &opts.continue_token {
         Some(token) => {
             let t = decode_continue(token)?;
@@ -348,7 +415,11 @@ pub(crate) async fn list_objects(
         }
     }
     let revision = revision.unwrap_or(current);
-    Ok((items, revision, continue_from.map(|c| encode_continue(revision, &c))))
+    Ok((
+        items,
+        revision,
+        continue_from.map(|c| encode_continue(revision, &c)),
+    ))
 }
 
 /// Every object of a resource (in one namespace or all), unfiltered.
@@ -380,9 +451,11 @@ async fn list(
     let (items, revision, cont) = list_objects(state, def, ns, &opts).await?;
     let rv = revision.to_string();
     Ok(match repr {
-        Representation::Table => {
-            json_response(StatusCode::OK, &table::table(def, &items, &rv, cont.as_deref(), true), negotiate::TABLE_CONTENT_TYPE)
-        }
+        Representation::Table => json_response(
+            StatusCode::OK,
+            &table::table(def, &items, &rv, cont.as_deref(), true),
+            negotiate::TABLE_CONTENT_TYPE,
+        ),
         Representation::PartialMetadata => {
             let mut metadata = json!({"resourceVersion": rv});
             if let Some(c) = &cont {
@@ -438,10 +511,16 @@ fn check_body(def: &ResourceDef, obj: &Value, query: &Query) -> Result<(), ApiEr
     let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
     let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     if kind.is_empty() {
-        return Err(ApiError::bad_request(format!("Object 'Kind' is missing in '{}'", truncate(obj))));
+        return Err(ApiError::bad_request(format!(
+            "Object 'Kind' is missing in '{}'",
+            truncate(obj)
+        )));
     }
     if api_version.is_empty() {
-        return Err(ApiError::bad_request(format!("Object 'apiVersion' is missing in '{}'", truncate(obj))));
+        return Err(ApiError::bad_request(format!(
+            "Object 'apiVersion' is missing in '{}'",
+            truncate(obj)
+        )));
     }
     if kind != def.kind || api_version != def.api_version() {
         return Err(ApiError::bad_request(format!(
@@ -450,12 +529,23 @@ fn check_body(def: &ResourceDef, obj: &Value, query: &Query) -> Result<(), ApiEr
             def.kind
         )));
     }
-    let normalized = (def.typed)(obj).map_err(|e| ApiError::bad_request(format!("{} in version \"{}\" cannot be handled as a {}: {e}", def.kind, def.version, def.kind)))?;
+    let normalized = (def.typed)(obj).map_err(|e| {
+        ApiError::bad_request(format!(
+            "{} in version \"{}\" cannot be handled as a {}: {e}",
+            def.kind, def.version, def.kind
+        ))
+    })?;
     if field_validation(query)? == FieldValidation::Strict {
         let unknown = unknown_fields(obj, &normalized);
         if !unknown.is_empty() {
-            let list: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();
-            return Err(ApiError::bad_request(format!("strict decoding error: {}", list.join(", "))));
+            let list: Vec<String> = unknown
+                .iter()
+                .map(|f| format!("unknown field \"{f}\""))
+                .collect();
+            return Err(ApiError::bad_request(format!(
+                "strict decoding error: {}",
+                list.join(", ")
+            )));
         }
     }
     Ok(())
@@ -470,14 +560,24 @@ fn invalid(def: &ResourceDef, name: &str, errors: Vec<FieldError>) -> ApiError {
     ApiError::invalid(def.kind, def.group, name, errors)
 }
 
-async fn check_namespace(state: &ServerState, def: &ResourceDef, ns: &str, name: &str) -> Result<(), ApiError> {
-    let namespaces = state.registry.find("", "v1", "namespaces").expect("namespaces are served");
+async fn check_namespace(
+    state: &ServerState,
+    def: &ResourceDef,
+    ns: &str,
+    name: &str,
+) -> Result<(), ApiError> {
+    let namespaces = state
+        .registry
+        .find("", "v1", "namespaces")
+        .expect("namespaces are served");
     match get_object(state, namespaces, None, ns).await {
         Ok((_, namespace)) => {
             if !namespace["metadata"]["deletionTimestamp"].is_null() {
                 return Err(ApiError::forbidden(
                     &qualified(def, name),
-                    &format!("unable to create new content in namespace {ns} because it is being terminated"),
+                    &format!(
+                        "unable to create new content in namespace {ns} because it is being terminated"
+                    ),
                 ));
             }
             Ok(())
@@ -498,7 +598,9 @@ pub(crate) async fn create_object(
     check_body(def, &obj, query)?;
     let meta = meta_mut(&mut obj);
     if def.namespaced {
-        let ns = ns.ok_or_else(|| ApiError::bad_request("the namespace of the object must be set on the request"))?;
+        let ns = ns.ok_or_else(|| {
+            ApiError::bad_request("the namespace of the object must be set on the request")
+        })?;
         match meta.get("namespace").and_then(Value::as_str) {
             Some(given) if !given.is_empty() && given != ns => {
                 return Err(ApiError::bad_request(
@@ -512,15 +614,48 @@ pub(crate) async fn create_object(
     } else {
         meta.remove("namespace");
     }
-    let given_name = meta.get("name").and_then(Value::as_str).unwrap_or("").to_owned();
-    let generate = meta.get("generateName").and_then(Value::as_str).unwrap_or("").to_owned();
+    let given_name = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let generate = meta
+        .get("generateName")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
     if given_name.is_empty() && generate.is_empty() {
-        return Err(invalid(def, "", vec![FieldError::required("metadata.name", "name or generateName is required")]));
+        return Err(invalid(
+            def,
+            "",
+            vec![FieldError::required(
+                "metadata.name",
+                "name or generateName is required",
+            )],
+        ));
     }
-    let probe_name = if given_name.is_empty() { meta::generate_name(&generate) } else { given_name.clone() };
+    let probe_name = if given_name.is_empty() {
+        meta::generate_name(&generate)
+    } else {
+        given_name.clone()
+    };
     let mut errors: Vec<FieldError> = meta::validate_name(&probe_name, def.name_rule)
         .into_iter()
-        .map(|e| FieldError::invalid(if given_name.is_empty() { "metadata.generateName" } else { "metadata.name" }, &json!(if given_name.is_empty() { &generate } else { &given_name }), e))
+        .map(|e| {
+            FieldError::invalid(
+                if given_name.is_empty() {
+                    "metadata.generateName"
+                } else {
+                    "metadata.name"
+                },
+                &json!(if given_name.is_empty() {
+                    &generate
+                } else {
+                    &given_name
+                }),
+                e,
+            )
+        })
         .collect();
     if !errors.is_empty() {
         return Err(invalid(def, &given_name, errors));
@@ -530,12 +665,20 @@ pub(crate) async fn create_object(
     }
     // System fields: never taken from the client.
     let meta = meta_mut(&mut obj);
-    for field in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "selfLink", "generation"] {
+    for field in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "resourceVersion",
+        "selfLink",
+        "generation",
+    ] {
         meta.remove(field);
     }
     meta.insert("uid".into(), json!(meta::new_uid()));
     meta.insert("creationTimestamp".into(), json!(meta::now_rfc3339()));
-    if obj.get("spec").is_some() {
+    if def.generation {
         meta_mut(&mut obj).insert("generation".into(), json!(1));
     }
     (def.prepare_create)(&mut obj);
@@ -549,7 +692,11 @@ pub(crate) async fn create_object(
     record_manager(def, &mut obj, None, query);
     for attempt in 0..GENERATE_NAME_ATTEMPTS {
         let name = if given_name.is_empty() {
-            if attempt == 0 { probe_name.clone() } else { meta::generate_name(&generate) }
+            if attempt == 0 {
+                probe_name.clone()
+            } else {
+                meta::generate_name(&generate)
+            }
         } else {
             given_name.clone()
         };
@@ -558,17 +705,27 @@ pub(crate) async fn create_object(
             rollback(state, &allocation);
             return Ok(obj);
         }
-        match state.store.create(&def.key(ns, &name), encode(def, &obj)).await {
+        match state
+            .store
+            .create(&def.key(ns, &name), encode(def, &obj))
+            .await
+        {
             Ok(revision) => {
                 meta_mut(&mut obj).insert("resourceVersion".into(), json!(revision.to_string()));
                 return Ok(obj);
             }
-            Err(StoreError::AlreadyExists { .. }) if given_name.is_empty() && attempt + 1 < GENERATE_NAME_ATTEMPTS => continue,
+            Err(StoreError::AlreadyExists { .. })
+                if given_name.is_empty() && attempt + 1 < GENERATE_NAME_ATTEMPTS =>
+            {
+                continue;
+            }
             Err(StoreError::AlreadyExists { .. }) => {
                 rollback(state, &allocation);
                 let mut e = ApiError::already_exists(&qualified(def, &name));
                 if given_name.is_empty() {
-                    e.message.push_str(", the server was not able to generate a unique name for the object");
+                    e.message.push_str(
+                        ", the server was not able to generate a unique name for the object",
+                    );
                     if let Some(d) = e.details.as_mut() {
                         d["retryAfterSeconds"] = json!(1);
                     }
@@ -585,7 +742,13 @@ pub(crate) async fn create_object(
 }
 
 /// Service admission: ClusterIP and NodePort allocation.
-fn allocate(state: &ServerState, def: &ResourceDef, obj: &mut Value, old: Option<&Value>, name: &str) -> Result<Option<Allocation>, ApiError> {
+fn allocate(
+    state: &ServerState,
+    def: &ResourceDef,
+    obj: &mut Value,
+    old: Option<&Value>,
+    name: &str,
+) -> Result<Option<Allocation>, ApiError> {
     if def.group != "" || def.plural != "services" {
         return Ok(None);
     }
@@ -718,7 +881,15 @@ async fn commit_update(
     // System metadata is immutable.
     let old_meta = current["metadata"].clone();
     let meta = meta_mut(&mut new);
-    for field in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "name", "namespace", "generation"] {
+    for field in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "name",
+        "namespace",
+        "generation",
+    ] {
         match old_meta.get(field) {
             Some(v) => {
                 meta.insert(field.into(), v.clone());
@@ -729,14 +900,17 @@ async fn commit_update(
         }
     }
     meta.remove("resourceVersion");
-    if sub.is_none() && differs(&new, current, "spec") {
+    if def.generation && sub.is_none() && differs(&new, current, "spec") {
         let generation = old_meta["generation"].as_i64().unwrap_or(0) + 1;
         meta_mut(&mut new).insert("generation".into(), json!(generation));
     }
     let deleting = !old_meta["deletionTimestamp"].is_null();
     let mut errors = meta::validate_object_meta(&new);
     if deleting {
-        let old_f: Vec<&Value> = old_meta["finalizers"].as_array().map(|a| a.iter().collect()).unwrap_or_default();
+        let old_f: Vec<&Value> = old_meta["finalizers"]
+            .as_array()
+            .map(|a| a.iter().collect())
+            .unwrap_or_default();
         let added: Vec<&Value> = new["metadata"]["finalizers"]
             .as_array()
             .map(|a| a.iter().filter(|f| !old_f.contains(f)).collect())
@@ -752,7 +926,11 @@ async fn commit_update(
     if !errors.is_empty() {
         return Err(invalid(def, name, errors));
     }
-    let allocation = if sub.is_none() { allocate(state, def, &mut new, Some(current), name)? } else { None };
+    let allocation = if sub.is_none() {
+        allocate(state, def, &mut new, Some(current), name)?
+    } else {
+        None
+    };
     record_manager(def, &mut new, Some(current), query);
     let mut unchanged = current.clone();
     meta_mut(&mut unchanged).remove("resourceVersion");
@@ -764,9 +942,17 @@ async fn commit_update(
         rollback(state, &allocation);
         return Ok(new);
     }
-    let finalizers_empty = new["metadata"]["finalizers"].as_array().is_none_or(Vec::is_empty);
-    let grace_done = new["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) == 0;
-    let spec_finalizers_empty = def.plural != "namespaces" || new["spec"]["finalizers"].as_array().is_none_or(Vec::is_empty);
+    let finalizers_empty = new["metadata"]["finalizers"]
+        .as_array()
+        .is_none_or(Vec::is_empty);
+    let grace_done = new["metadata"]["deletionGracePeriodSeconds"]
+        .as_i64()
+        .unwrap_or(0)
+        == 0;
+    let spec_finalizers_empty = def.plural != "namespaces"
+        || new["spec"]["finalizers"]
+            .as_array()
+            .is_none_or(Vec::is_empty);
     if deleting && finalizers_empty && grace_done && spec_finalizers_empty {
         // The last finalizer is gone: the object goes now (ShouldDeleteDuringUpdate).
         let (revision, _) = state
@@ -778,7 +964,11 @@ async fn commit_update(
         meta_mut(&mut new).insert("resourceVersion".into(), json!(revision.to_string()));
         return Ok(new);
     }
-    match state.store.update(&def.key(ns, name), encode(def, &new), Some(kv.mod_revision)).await {
+    match state
+        .store
+        .update(&def.key(ns, name), encode(def, &new), Some(kv.mod_revision))
+        .await
+    {
         Ok(revision) => {
             commit(state, &allocation);
             meta_mut(&mut new).insert("resourceVersion".into(), json!(revision.to_string()));
@@ -818,15 +1008,42 @@ async fn patch_object(
     let manager = query.get("fieldManager").cloned().unwrap_or_default();
     let force = flag(query, "force");
     if !is_apply && query.contains_key("force") {
-        return Err(ApiError::invalid("PatchOptions", "meta.k8s.io", "", vec![FieldError::invalid("force", &json!(force), "may not be specified for non-apply patch")]));
+        return Err(ApiError::invalid(
+            "PatchOptions",
+            "meta.k8s.io",
+            "",
+            vec![FieldError::invalid(
+                "force",
+                &json!(force),
+                "may not be specified for non-apply patch",
+            )],
+        ));
     }
     if is_apply && manager.is_empty() {
-        return Err(ApiError::invalid("PatchOptions", "meta.k8s.io", "", vec![FieldError::required("fieldManager", "is required for apply patch")]));
+        return Err(ApiError::invalid(
+            "PatchOptions",
+            "meta.k8s.io",
+            "",
+            vec![FieldError::required(
+                "fieldManager",
+                "is required for apply patch",
+            )],
+        ));
     }
     if manager.chars().count() > 128 {
-        return Err(ApiError::invalid("PatchOptions", "meta.k8s.io", "", vec![FieldError { reason: "FieldValueTooLong", field: "fieldManager".into(), message: "Too long: may not be more than 128 bytes".into() }]));
+        return Err(ApiError::invalid(
+            "PatchOptions",
+            "meta.k8s.io",
+            "",
+            vec![FieldError {
+                reason: "FieldValueTooLong",
+                field: "fieldManager".into(),
+                message: "Too long: may not be more than 128 bytes".into(),
+            }],
+        ));
     }
-    let patch_doc = patch::decode_body(patch_type, body).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let patch_doc =
+        patch::decode_body(patch_type, body).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let schema = patch::schema_for(def.group, def.kind);
     for _ in 0..MAX_WRITE_ATTEMPTS {
         let current = match get_object(state, def, ns, name).await {
@@ -835,8 +1052,15 @@ async fn patch_object(
             Err(e) => return Err(e),
         };
         let Some((kv, current)) = current else {
-            let mut obj = patch::apply(None, &patch_doc, &manager, force, schema, &meta::now_rfc3339())
-                .map_err(|e| apply_error(def, name, e))?;
+            let mut obj = patch::apply(
+                None,
+                &patch_doc,
+                &manager,
+                force,
+                schema,
+                &meta::now_rfc3339(),
+            )
+            .map_err(|e| apply_error(def, name, e))?;
             if let Some(o) = obj.as_object_mut() {
                 o.entry("apiVersion").or_insert(json!(def.api_version()));
                 o.entry("kind").or_insert(json!(def.kind));
@@ -847,12 +1071,22 @@ async fn patch_object(
             return Ok((StatusCode::CREATED, created));
         };
         let patched = match patch_type {
-            patch::PatchType::ApplyPatch => patch::apply(Some(&current), &patch_doc, &manager, force, schema, &meta::now_rfc3339())
-                .map_err(|e| apply_error(def, name, e))?,
-            other => patch::patch_object(&current, other, &patch_doc, schema).map_err(|e| patch_error(def, name, e))?,
+            patch::PatchType::ApplyPatch => patch::apply(
+                Some(&current),
+                &patch_doc,
+                &manager,
+                force,
+                schema,
+                &meta::now_rfc3339(),
+            )
+            .map_err(|e| apply_error(def, name, e))?,
+            other => patch::patch_object(&current, other, &patch_doc, schema)
+                .map_err(|e| patch_error(def, name, e))?,
         };
         let precondition = str_at(&patched, &["metadata", "resourceVersion"]).map(str::to_owned);
-        let explicit = precondition.as_deref().is_some_and(|rv| rv != kv.mod_revision.to_string());
+        let explicit = precondition
+            .as_deref()
+            .is_some_and(|rv| rv != kv.mod_revision.to_string());
         if explicit {
             return Err(ApiError::modified(&qualified(def, name)));
         }
@@ -881,7 +1115,16 @@ async fn patch_object(
 
 fn patch_error(def: &ResourceDef, name: &str, e: patch::PatchError) -> ApiError {
     match e.http_status() {
-        422 => ApiError::invalid(def.kind, def.group, name, vec![FieldError { reason: "FieldValueInvalid", field: "patch".into(), message: e.to_string() }]),
+        422 => ApiError::invalid(
+            def.kind,
+            def.group,
+            name,
+            vec![FieldError {
+                reason: "FieldValueInvalid",
+                field: "patch".into(),
+                message: e.to_string(),
+            }],
+        ),
         _ => ApiError::bad_request(e.to_string()),
     }
 }
@@ -921,14 +1164,21 @@ impl DeleteOptions {
             grace_period_seconds: body["gracePeriodSeconds"].as_i64(),
             propagation_policy: body["propagationPolicy"].as_str().map(str::to_owned),
             precondition_uid: body["preconditions"]["uid"].as_str().map(str::to_owned),
-            precondition_rv: body["preconditions"]["resourceVersion"].as_str().map(str::to_owned),
-            dry_run: body["dryRun"].as_array().is_some_and(|d| d.iter().any(|v| v == "All")),
+            precondition_rv: body["preconditions"]["resourceVersion"]
+                .as_str()
+                .map(str::to_owned),
+            dry_run: body["dryRun"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|v| v == "All")),
         };
         if body["orphanDependents"].as_bool() == Some(true) {
             o.propagation_policy.get_or_insert_with(|| "Orphan".into());
         }
         if let Some(g) = query.get("gracePeriodSeconds") {
-            o.grace_period_seconds = Some(g.parse().map_err(|_| ApiError::bad_request(format!("invalid gracePeriodSeconds {g:?}")))?);
+            o.grace_period_seconds =
+                Some(g.parse().map_err(|_| {
+                    ApiError::bad_request(format!("invalid gracePeriodSeconds {g:?}"))
+                })?);
         }
         if let Some(p) = query.get("propagationPolicy") {
             o.propagation_policy = Some(p.clone());
@@ -942,7 +1192,16 @@ impl DeleteOptions {
         if let Some(p) = &o.propagation_policy
             && !matches!(p.as_str(), "Orphan" | "Background" | "Foreground")
         {
-            return Err(ApiError::invalid("DeleteOptions", "meta.k8s.io", "", vec![FieldError::not_supported("propagationPolicy", &json!(p), &["Background", "Foreground", "Orphan"])]));
+            return Err(ApiError::invalid(
+                "DeleteOptions",
+                "meta.k8s.io",
+                "",
+                vec![FieldError::not_supported(
+                    "propagationPolicy",
+                    &json!(p),
+                    &["Background", "Foreground", "Orphan"],
+                )],
+            ));
         }
         if o.grace_period_seconds.is_some_and(|g| g < 0) {
             o.grace_period_seconds = Some(0);
@@ -971,23 +1230,33 @@ pub(crate) async fn delete_object(
         if let Some(uid) = &options.precondition_uid
             && meta["uid"].as_str() != Some(uid)
         {
-            return Err(ApiError::conflict(&q, &format!(
-                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                meta["uid"].as_str().unwrap_or("")
-            )));
+            return Err(ApiError::conflict(
+                &q,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta["uid"].as_str().unwrap_or("")
+                ),
+            ));
         }
         if let Some(rv) = &options.precondition_rv
             && *rv != kv.mod_revision.to_string()
         {
-            return Err(ApiError::conflict(&q, &format!(
-                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                kv.mod_revision
-            )));
+            return Err(ApiError::conflict(
+                &q,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    kv.mod_revision
+                ),
+            ));
         }
         let already_deleting = !meta["deletionTimestamp"].is_null();
         let mut finalizers: Vec<String> = meta["finalizers"]
             .as_array()
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
             .unwrap_or_default();
         if !already_deleting {
             match options.propagation_policy.as_deref() {
@@ -1003,14 +1272,21 @@ pub(crate) async fn delete_object(
                         finalizers.push("foregroundDeletion".into());
                     }
                 }
-                Some("Background") => finalizers.retain(|f| f != "orphan" && f != "foregroundDeletion"),
+                Some("Background") => {
+                    finalizers.retain(|f| f != "orphan" && f != "foregroundDeletion")
+                }
                 _ => {}
             }
         }
         // Graceful deletion: a pod on a node waits for its kubelet.
         let grace = if def.group.is_empty() && def.plural == "pods" {
-            let terminal = matches!(current["status"]["phase"].as_str(), Some("Succeeded" | "Failed"));
-            let scheduled = current["spec"]["nodeName"].as_str().is_some_and(|n| !n.is_empty());
+            let terminal = matches!(
+                current["status"]["phase"].as_str(),
+                Some("Succeeded" | "Failed")
+            );
+            let scheduled = current["spec"]["nodeName"]
+                .as_str()
+                .is_some_and(|n| !n.is_empty());
             if terminal || !scheduled {
                 0
             } else {
@@ -1022,16 +1298,24 @@ pub(crate) async fn delete_object(
         } else {
             0
         };
-        let namespace_pending = def.plural == "namespaces" && current["spec"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
+        let namespace_pending = def.plural == "namespaces"
+            && current["spec"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty());
         if options.dry_run {
             return Ok((StatusCode::OK, current));
         }
         if finalizers.is_empty() && grace == 0 && !namespace_pending {
-            match state.store.delete(&def.key(ns, name), Some(kv.mod_revision)).await {
+            match state
+                .store
+                .delete(&def.key(ns, name), Some(kv.mod_revision))
+                .await
+            {
                 Ok((revision, _)) => {
                     released(state, def, &current);
                     let mut deleted = current.clone();
-                    meta_mut(&mut deleted).insert("resourceVersion".into(), json!(revision.to_string()));
+                    meta_mut(&mut deleted)
+                        .insert("resourceVersion".into(), json!(revision.to_string()));
                     // Pods return the deleted object; everything else a Status.
                     return Ok(if def.plural == "pods" {
                         (StatusCode::OK, deleted)
@@ -1046,10 +1330,14 @@ pub(crate) async fn delete_object(
         // Mark as deleting and keep the object.
         let mut marked = current.clone();
         let now = jiff::Timestamp::now().as_second();
-        let deletion_at = jiff::Timestamp::from_second(now + grace).map(|t| t.to_string()).unwrap_or_else(|_| meta::now_rfc3339());
+        let deletion_at = jiff::Timestamp::from_second(now + grace)
+            .map(|t| t.to_string())
+            .unwrap_or_else(|_| meta::now_rfc3339());
         let m = meta_mut(&mut marked);
         let keep_earlier = already_deleting
-            && m.get("deletionGracePeriodSeconds").and_then(Value::as_i64).is_some_and(|g| g <= grace);
+            && m.get("deletionGracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .is_some_and(|g| g <= grace);
         if !keep_earlier {
             m.insert("deletionTimestamp".into(), json!(deletion_at));
             m.insert("deletionGracePeriodSeconds".into(), json!(grace));
@@ -1070,7 +1358,15 @@ pub(crate) async fn delete_object(
         } {
             return Ok((StatusCode::OK, current));
         }
-        match state.store.update(&def.key(ns, name), encode(def, &marked), Some(kv.mod_revision)).await {
+        match state
+            .store
+            .update(
+                &def.key(ns, name),
+                encode(def, &marked),
+                Some(kv.mod_revision),
+            )
+            .await
+        {
             Ok(revision) => {
                 meta_mut(&mut marked).insert("resourceVersion".into(), json!(revision.to_string()));
                 if def.plural == "namespaces" && !already_deleting {
@@ -1095,7 +1391,9 @@ async fn delete_collection(
     let opts = ListOptions::parse(def, query)?;
     let (items, _, _) = list_objects(state, def, ns, &opts).await?;
     for item in items {
-        let name = str_at(&item, &["metadata", "name"]).unwrap_or("").to_owned();
+        let name = str_at(&item, &["metadata", "name"])
+            .unwrap_or("")
+            .to_owned();
         let item_ns = str_at(&item, &["metadata", "namespace"]).map(str::to_owned);
         let opts = DeleteOptions {
             grace_period_seconds: options.grace_period_seconds,
@@ -1134,8 +1432,13 @@ fn spawn_namespace_cleanup(state: &ServerState, namespace: String) {
                 for item in items {
                     remaining += 1;
                     if item["metadata"]["deletionTimestamp"].is_null() {
-                        let name = str_at(&item, &["metadata", "name"]).unwrap_or("").to_owned();
-                        let options = DeleteOptions { grace_period_seconds: Some(0), ..DeleteOptions::default() };
+                        let name = str_at(&item, &["metadata", "name"])
+                            .unwrap_or("")
+                            .to_owned();
+                        let options = DeleteOptions {
+                            grace_period_seconds: Some(0),
+                            ..DeleteOptions::default()
+                        };
                         let _ = delete_object(&state, def, Some(&namespace), &name, options).await;
                     }
                 }
@@ -1145,14 +1448,29 @@ fn spawn_namespace_cleanup(state: &ServerState, namespace: String) {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        let namespaces = state.registry.find("", "v1", "namespaces").expect("namespaces are served");
+        let namespaces = state
+            .registry
+            .find("", "v1", "namespaces")
+            .expect("namespaces are served");
         for _ in 0..MAX_WRITE_ATTEMPTS {
             let Ok((kv, current)) = get_object(&state, namespaces, None, &namespace).await else {
                 return;
             };
             let mut finalized = current.clone();
             finalized["spec"]["finalizers"] = json!([]);
-            match commit_update(&state, namespaces, None, &namespace, Some("finalize"), &kv, &current, finalized, &Query::new()).await {
+            match commit_update(
+                &state,
+                namespaces,
+                None,
+                &namespace,
+                Some("finalize"),
+                &kv,
+                &current,
+                finalized,
+                &Query::new(),
+            )
+            .await
+            {
                 Err(e) if e.reason == "Conflict" => continue,
                 _ => return,
             }
@@ -1171,26 +1489,54 @@ async fn bind_pod(
 ) -> Result<(), ApiError> {
     let node = binding["target"]["name"].as_str().unwrap_or("").to_owned();
     if node.is_empty() {
-        return Err(ApiError::invalid("Binding", "", name, vec![FieldError::required("target.name", "")]));
+        return Err(ApiError::invalid(
+            "Binding",
+            "",
+            name,
+            vec![FieldError::required("target.name", "")],
+        ));
     }
     for _ in 0..MAX_WRITE_ATTEMPTS {
         let (kv, current) = get_object(state, def, ns, name).await?;
         if !current["metadata"]["deletionTimestamp"].is_null() {
-            return Err(ApiError::conflict(&qualified(def, name), "pod is being deleted, cannot be assigned to a host"));
+            return Err(ApiError::conflict(
+                &qualified(def, name),
+                "pod is being deleted, cannot be assigned to a host",
+            ));
         }
-        if let Some(existing) = current["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
-            return Err(ApiError::conflict(&qualified(def, name), &format!("pod {name} is already assigned to node \"{existing}\"")));
+        if let Some(existing) = current["spec"]["nodeName"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+        {
+            return Err(ApiError::conflict(
+                &qualified(def, name),
+                &format!("pod {name} is already assigned to node \"{existing}\""),
+            ));
         }
         let mut bound = current.clone();
         bound["spec"]["nodeName"] = json!(node);
         let mut scheduled = json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": meta::now_rfc3339()});
         scheduled["lastProbeTime"] = Value::Null;
-        let conditions = bound["status"]["conditions"].as_array().cloned().unwrap_or_default();
-        let mut conditions: Vec<Value> = conditions.into_iter().filter(|c| c["type"] != "PodScheduled").collect();
+        let conditions = bound["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let mut conditions: Vec<Value> = conditions
+            .into_iter()
+            .filter(|c| c["type"] != "PodScheduled")
+            .collect();
         conditions.push(scheduled);
         bound["status"]["conditions"] = json!(conditions);
         meta_mut(&mut bound).remove("resourceVersion");
-        match state.store.update(&def.key(ns, name), encode(def, &bound), Some(kv.mod_revision)).await {
+        match state
+            .store
+            .update(
+                &def.key(ns, name),
+                encode(def, &bound),
+                Some(kv.mod_revision),
+            )
+            .await
+        {
             Ok(_) => return Ok(()),
             Err(StoreError::Conflict { .. }) => continue,
             Err(e) => return Err(ApiError::from_store(&qualified(def, name), e)),

@@ -132,8 +132,18 @@ mod tests {
         m.observe("GET", "nodes", 200, 0.02);
         m.watch_delta(1);
         let text = m.render(&[("nodes".into(), 3)], 42);
-        assert!(text.contains("apiserver_request_total{verb=\"GET\",resource=\"nodes\",code=\"200\"} 2"), "{text}");
-        assert!(text.contains("apiserver_request_duration_seconds_count{verb=\"GET\",resource=\"nodes\"} 2"), "{text}");
+        assert!(
+            text.contains(
+                "apiserver_request_total{verb=\"GET\",resource=\"nodes\",code=\"200\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "apiserver_request_duration_seconds_count{verb=\"GET\",resource=\"nodes\"} 2"
+            ),
+            "{text}"
+        );
         assert!(text.contains("apiserver_longrunning_requests{verb=\"WATCH\"} 1"));
         assert!(text.contains("apiserver_storage_objects{resource=\"nodes\"} 3"));
         assert!(text.ends_with("# EOF\n"));

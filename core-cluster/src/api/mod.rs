@@ -74,6 +74,7 @@ pub(crate) struct ServerState {
     pub(crate) allocator: Mutex<ServiceAllocator>,
     pub(crate) config: ApiServerConfig,
     pub(crate) metrics: metrics::Metrics,
+    pub(crate) openapi: crate::openapi::OpenApiDocuments,
 }
 
 /// A Kubernetes-compatible API server over a [`Store`].
@@ -91,7 +92,8 @@ impl std::fmt::Debug for ApiServer {
 }
 
 /// The namespaces every cluster has.
-pub const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+pub const SYSTEM_NAMESPACES: [&str; 4] =
+    ["default", "kube-system", "kube-public", "kube-node-lease"];
 
 impl ApiServer {
     /// A server over `store`: creates the system namespaces and the `kubernetes` Service if
@@ -108,6 +110,7 @@ impl ApiServer {
             allocator: Mutex::new(allocator),
             config,
             metrics: metrics::Metrics::default(),
+            openapi: crate::openapi::OpenApiDocuments::new(&crate::openapi::served_resources()),
         });
         let server = ApiServer { state };
         server.bootstrap().await?;
@@ -126,7 +129,9 @@ impl ApiServer {
         let namespaces = self.def("", "namespaces");
         for ns in SYSTEM_NAMESPACES {
             let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-            match handlers::create_object(&self.state, namespaces, None, body, &HashMap::new()).await {
+            match handlers::create_object(&self.state, namespaces, None, body, &HashMap::new())
+                .await
+            {
                 Ok(_) => {}
                 Err(e) if e.reason == "AlreadyExists" => {}
                 Err(e) => return Err(e),
@@ -141,7 +146,15 @@ impl ApiServer {
                 "spec": {"clusterIP": ip.to_string(), "type": "ClusterIP",
                          "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]},
             });
-            match handlers::create_object(&self.state, services, Some("default"), body, &HashMap::new()).await {
+            match handlers::create_object(
+                &self.state,
+                services,
+                Some("default"),
+                body,
+                &HashMap::new(),
+            )
+            .await
+            {
                 Ok(_) => {}
                 Err(e) if e.reason == "AlreadyExists" || e.reason == "Invalid" => {}
                 Err(e) => return Err(e),
@@ -175,6 +188,8 @@ impl ApiServer {
             .route("/metrics", get(metrics_endpoint))
             .route("/api", get(api_root))
             .route("/apis", get(apis_root))
+            .route("/openapi/v3", get(openapi_index))
+            .route("/openapi/v3/{*path}", get(openapi_group_version))
             .fallback(dispatch)
             .with_state(self.state.clone())
     }
@@ -192,14 +207,20 @@ fn json_response(code: StatusCode, value: &Value, content_type: &'static str) ->
 async fn version(State(state): State<Arc<ServerState>>) -> Response {
     let started = tokio::time::Instant::now();
     let r = json_response(StatusCode::OK, &discovery::version(), "application/json");
-    state.metrics.observe("GET", "", 200, started.elapsed().as_secs_f64());
+    state
+        .metrics
+        .observe("GET", "", 200, started.elapsed().as_secs_f64());
     r
 }
 
 async fn health(State(state): State<Arc<ServerState>>, request: Request) -> Response {
     let verbose = request.uri().query().is_some_and(|q| q.contains("verbose"));
     match state.store.current_revision().await {
-        Ok(_) if verbose => (StatusCode::OK, "[+]ping ok\n[+]store ok\nhealthz check passed\n").into_response(),
+        Ok(_) if verbose => (
+            StatusCode::OK,
+            "[+]ping ok\n[+]store ok\nhealthz check passed\n",
+        )
+            .into_response(),
         Ok(_) => (StatusCode::OK, "ok").into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -247,6 +268,32 @@ async fn metrics_endpoint(State(state): State<Arc<ServerState>>) -> Response {
     response
 }
 
+async fn openapi_index(State(state): State<Arc<ServerState>>) -> Response {
+    let mut r = (StatusCode::OK, state.openapi.index().to_vec()).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+async fn openapi_group_version(
+    State(state): State<Arc<ServerState>>,
+    axum::extract::Path(path): axum::extract::Path<String>,
+) -> Response {
+    match state.openapi.group_version(&path) {
+        Some(doc) => {
+            let mut r = (StatusCode::OK, doc.to_vec()).into_response();
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        None => ApiError::no_route(&format!("/openapi/v3/{path}")).into_response(),
+    }
+}
+
 async fn api_root(State(state): State<Arc<ServerState>>, request: Request) -> Response {
     if negotiate::wants_aggregated_discovery(request.headers()) {
         json_response(
@@ -255,7 +302,11 @@ async fn api_root(State(state): State<Arc<ServerState>>, request: Request) -> Re
             negotiate::AGGREGATED_DISCOVERY_CONTENT_TYPE,
         )
     } else {
-        json_response(StatusCode::OK, &discovery::core_versions(), "application/json")
+        json_response(
+            StatusCode::OK,
+            &discovery::core_versions(),
+            "application/json",
+        )
     }
 }
 
@@ -267,7 +318,11 @@ async fn apis_root(State(state): State<Arc<ServerState>>, request: Request) -> R
             negotiate::AGGREGATED_DISCOVERY_CONTENT_TYPE,
         )
     } else {
-        json_response(StatusCode::OK, &discovery::group_list(&state.registry), "application/json")
+        json_response(
+            StatusCode::OK,
+            &discovery::group_list(&state.registry),
+            "application/json",
+        )
     }
 }
 
@@ -320,7 +375,10 @@ fn parse_path(registry: &Registry, path: &str) -> Parsed {
     };
     let parsed = match rest {
         // /api/v1/namespaces/{ns}/{plural}[/{name}[/{sub}]]
-        ["namespaces", ns, plural, tail @ ..] if find(plural).is_some_and(|d| d.namespaced) && group_has_namespaces(registry, group, version, plural) => {
+        ["namespaces", ns, plural, tail @ ..]
+            if find(plural).is_some_and(|d| d.namespaced)
+                && group_has_namespaces(registry, group, version, plural) =>
+        {
             find(plural).and_then(|d| target(d, Some(ns), tail))
         }
         [plural, tail @ ..] => find(plural).and_then(|d| target(d, None, tail)),
@@ -382,21 +440,64 @@ mod tests {
 
     fn parse(path: &str) -> Option<(String, Option<String>, Option<String>, Option<String>)> {
         match parse_path(&Registry::standard(), path) {
-            Parsed::Resource(t) => Some((t.def.plural.to_owned(), t.namespace, t.name, t.subresource)),
+            Parsed::Resource(t) => {
+                Some((t.def.plural.to_owned(), t.namespace, t.name, t.subresource))
+            }
             _ => None,
         }
     }
 
     #[test]
     fn paths_resolve_to_resources() {
-        assert_eq!(parse("/api/v1/nodes"), Some(("nodes".into(), None, None, None)));
-        assert_eq!(parse("/api/v1/nodes/n1/status"), Some(("nodes".into(), None, Some("n1".into()), Some("status".into()))));
-        assert_eq!(parse("/api/v1/namespaces/default/pods/p"), Some(("pods".into(), Some("default".into()), Some("p".into()), None)));
-        assert_eq!(parse("/api/v1/pods"), Some(("pods".into(), None, None, None)));
+        assert_eq!(
+            parse("/api/v1/nodes"),
+            Some(("nodes".into(), None, None, None))
+        );
+        assert_eq!(
+            parse("/api/v1/nodes/n1/status"),
+            Some((
+                "nodes".into(),
+                None,
+                Some("n1".into()),
+                Some("status".into())
+            ))
+        );
+        assert_eq!(
+            parse("/api/v1/namespaces/default/pods/p"),
+            Some((
+                "pods".into(),
+                Some("default".into()),
+                Some("p".into()),
+                None
+            ))
+        );
+        assert_eq!(
+            parse("/api/v1/pods"),
+            Some(("pods".into(), None, None, None))
+        );
         // A namespace's own subresource is not a namespaced resource.
-        assert_eq!(parse("/api/v1/namespaces/ns1/status"), Some(("namespaces".into(), None, Some("ns1".into()), Some("status".into()))));
-        assert_eq!(parse("/api/v1/namespaces/ns1"), Some(("namespaces".into(), None, Some("ns1".into()), None)));
-        assert_eq!(parse("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1"), Some(("leases".into(), Some("kube-node-lease".into()), Some("n1".into()), None)));
+        assert_eq!(
+            parse("/api/v1/namespaces/ns1/status"),
+            Some((
+                "namespaces".into(),
+                None,
+                Some("ns1".into()),
+                Some("status".into())
+            ))
+        );
+        assert_eq!(
+            parse("/api/v1/namespaces/ns1"),
+            Some(("namespaces".into(), None, Some("ns1".into()), None))
+        );
+        assert_eq!(
+            parse("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1"),
+            Some((
+                "leases".into(),
+                Some("kube-node-lease".into()),
+                Some("n1".into()),
+                None
+            ))
+        );
         // A namespaced resource by name without a namespace is not a path.
         assert_eq!(parse("/api/v1/pods/p"), None);
         assert_eq!(parse("/api/v1/widgets"), None);

@@ -16,7 +16,8 @@ pub enum Representation {
 /// The `Content-Type` of a Table answer.
 pub const TABLE_CONTENT_TYPE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
 /// The `Content-Type` of a partial-metadata answer.
-pub const PARTIAL_CONTENT_TYPE: &str = "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io";
+pub const PARTIAL_CONTENT_TYPE: &str =
+    "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io";
 /// The `Content-Type` of a partial-metadata list.
 pub const PARTIAL_LIST_CONTENT_TYPE: &str =
     "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io";
@@ -62,7 +63,10 @@ pub fn representation(headers: &HeaderMap) -> Result<Representation, String> {
         return Ok(Representation::Object);
     }
     for (media, params) in &ranges {
-        let jsonish = matches!(media.as_str(), "application/json" | "*/*" | "application/*" | "application/yaml");
+        let jsonish = matches!(
+            media.as_str(),
+            "application/json" | "*/*" | "application/*" | "application/yaml"
+        );
         if !jsonish {
             continue;
         }
@@ -105,7 +109,9 @@ mod tests {
 
     #[test]
     fn kubectl_get_asks_for_a_table() {
-        let h = headers("application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json");
+        let h = headers(
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json",
+        );
         assert_eq!(representation(&h), Ok(Representation::Table));
     }
 
@@ -114,14 +120,19 @@ mod tests {
         let h = headers("application/vnd.kubernetes.protobuf,application/json");
         assert_eq!(representation(&h), Ok(Representation::Object));
         assert!(representation(&headers("application/vnd.kubernetes.protobuf")).is_err());
-        assert_eq!(representation(&HeaderMap::new()), Ok(Representation::Object));
+        assert_eq!(
+            representation(&HeaderMap::new()),
+            Ok(Representation::Object)
+        );
     }
 
     #[test]
     fn kube_rs_metadata_and_discovery() {
         let h = headers("application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1");
         assert_eq!(representation(&h), Ok(Representation::PartialMetadata));
-        let d = headers("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json");
+        let d = headers(
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
+        );
         assert!(wants_aggregated_discovery(&d));
         assert!(!wants_aggregated_discovery(&headers("application/json")));
     }

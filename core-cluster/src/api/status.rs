@@ -153,13 +153,21 @@ impl ApiError {
     pub fn not_found(q: &Qualified) -> Self {
         ApiError {
             details: Some(q.details()),
-            ..Self::new(404, "NotFound", format!("{} \"{}\" not found", q.resource_name(), q.name))
+            ..Self::new(
+                404,
+                "NotFound",
+                format!("{} \"{}\" not found", q.resource_name(), q.name),
+            )
         }
     }
 
     /// 404 for a path that names no resource.
     pub fn no_route(path: &str) -> Self {
-        Self::new(404, "NotFound", format!("the server could not find the requested resource ({path})"))
+        Self::new(
+            404,
+            "NotFound",
+            format!("the server could not find the requested resource ({path})"),
+        )
     }
 
     /// 409 `<resource> "<name>" already exists`.
@@ -209,7 +217,10 @@ impl ApiError {
             [one] => one.full(),
             many => format!(
                 "[{}]",
-                many.iter().map(FieldError::full).collect::<Vec<_>>().join(", ")
+                many.iter()
+                    .map(FieldError::full)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         };
         let causes: Vec<Value> = errors
@@ -270,12 +281,14 @@ impl ApiError {
         )
     }
 
-    /// 415 for an unsupported patch or body content type.
+    /// 415 for an unsupported body content type, worded as upstream.
     pub fn unsupported_media_type(content_type: &str) -> Self {
         Self::new(
             415,
             "UnsupportedMediaType",
-            format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type:?})"),
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type:?})"
+            ),
         )
     }
 
@@ -284,7 +297,9 @@ impl ApiError {
         Self::new(
             406,
             "NotAcceptable",
-            format!("only the following media types are accepted: application/json, application/yaml, application/vnd.kubernetes.protobuf (got {accept:?})"),
+            format!(
+                "only the following media types are accepted: application/json, application/yaml, application/vnd.kubernetes.protobuf (got {accept:?})"
+            ),
         )
     }
 
@@ -406,7 +421,11 @@ mod tests {
             "Node",
             "",
             "Bad",
-            vec![FieldError::invalid("metadata.name", &json!("Bad"), "must be lowercase")],
+            vec![FieldError::invalid(
+                "metadata.name",
+                &json!("Bad"),
+                "must be lowercase",
+            )],
         );
         assert_eq!(e.code, 422);
         assert_eq!(

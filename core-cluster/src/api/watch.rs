@@ -26,7 +26,8 @@ use crate::{
 
 /// Encodes one watch event as a line.
 fn line(event_type: &str, object: Value) -> Bytes {
-    let mut bytes = serde_json::to_vec(&json!({"type": event_type, "object": object})).unwrap_or_default();
+    let mut bytes =
+        serde_json::to_vec(&json!({"type": event_type, "object": object})).unwrap_or_default();
     bytes.push(b'\n');
     Bytes::from(bytes)
 }
@@ -53,7 +54,11 @@ fn bookmark(def: &ResourceDef, revision: u64, initial_events_end: bool) -> Value
 }
 
 /// What a store event means to a watcher with selectors: `None` to skip.
-fn translate(def: &ResourceDef, opts: &ListOptions, event: &WatchEvent) -> Result<Option<(&'static str, Value)>, ApiError> {
+fn translate(
+    def: &ResourceDef,
+    opts: &ListOptions,
+    event: &WatchEvent,
+) -> Result<Option<(&'static str, Value)>, ApiError> {
     match event.kind {
         EventKind::Delete => {
             let Some(prev) = &event.prev_value else {
@@ -69,7 +74,9 @@ fn translate(def: &ResourceDef, opts: &ListOptions, event: &WatchEvent) -> Resul
             let obj = decode(def, value, event.revision)?;
             let now = opts.matches(def, &obj);
             let before = match &event.prev_value {
-                Some(prev) if !event.is_create() => opts.matches(def, &decode(def, &prev.value, prev.mod_revision)?),
+                Some(prev) if !event.is_create() => {
+                    opts.matches(def, &decode(def, &prev.value, prev.mod_revision)?)
+                }
                 _ => false,
             };
             Ok(match (before, now) {
@@ -95,33 +102,58 @@ pub(crate) async fn watch(
     repr: Representation,
 ) -> Result<Response, ApiError> {
     let opts = ListOptions::parse(def, query)?;
-    let bookmarks = matches!(query.get("allowWatchBookmarks").map(String::as_str), Some("true" | "1"));
+    let bookmarks = matches!(
+        query.get("allowWatchBookmarks").map(String::as_str),
+        Some("true" | "1")
+    );
     let send_initial = query.get("sendInitialEvents").map(String::as_str) == Some("true");
     if send_initial && opts.resource_version_match.as_deref() != Some("NotOlderThan") {
-        return Err(ApiError::invalid("ListOptions", "meta.k8s.io", "", vec![super::status::FieldError::forbidden(
-            "resourceVersionMatch",
-            "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-        )]));
+        return Err(ApiError::invalid(
+            "ListOptions",
+            "meta.k8s.io",
+            "",
+            vec![super::status::FieldError::forbidden(
+                "resourceVersionMatch",
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            )],
+        ));
     }
     if send_initial && !bookmarks {
-        return Err(ApiError::invalid("ListOptions", "meta.k8s.io", "", vec![super::status::FieldError::forbidden(
-            "allowWatchBookmarks",
-            "sendInitialEvents requires setting allowWatchBookmarks to true",
-        )]));
+        return Err(ApiError::invalid(
+            "ListOptions",
+            "meta.k8s.io",
+            "",
+            vec![super::status::FieldError::forbidden(
+                "allowWatchBookmarks",
+                "sendInitialEvents requires setting allowWatchBookmarks to true",
+            )],
+        ));
     }
     let timeout = match query.get("timeoutSeconds") {
-        Some(t) => Duration::from_secs(t.parse().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?),
+        Some(t) => Duration::from_secs(
+            t.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?,
+        ),
         None => state.config.default_watch_timeout,
     };
     let rv = opts.resource_version.clone().unwrap_or_default();
     let q = Qualified::new(def.group, def.plural, "");
     // From "" or "0" (or with sendInitialEvents) the watch starts with the current state.
     let (initial, from_revision) = if rv.is_empty() || rv == "0" || send_initial {
-        let list_opts = ListOptions { continue_token: None, limit: None, resource_version: None, resource_version_match: None, ..opts_clone(&opts) };
-        let (items, revision, _) = list_objects(&state, def, namespace.as_deref(), &list_opts).await?;
+        let list_opts = ListOptions {
+            continue_token: None,
+            limit: None,
+            resource_version: None,
+            resource_version_match: None,
+            ..opts_clone(&opts)
+        };
+        let (items, revision, _) =
+            list_objects(&state, def, namespace.as_deref(), &list_opts).await?;
         (items, revision)
     } else {
-        let revision: u64 = rv.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version {rv:?}")))?;
+        let revision: u64 = rv
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid resource version {rv:?}")))?;
         (Vec::new(), revision)
     };
     let prefix = def.key_prefix(namespace.as_deref());
@@ -138,25 +170,40 @@ pub(crate) async fn watch(
         tokio::pin!(deadline);
         let mut events = match store_watch {
             Ok(events) => events,
-            Err(StoreError::Expired { requested, oldest_available }) => {
-                let _ = tx.send(expired_event(format!("too old resource version: {requested} ({oldest_available})"))).await;
+            Err(StoreError::Expired {
+                requested,
+                oldest_available,
+            }) => {
+                let _ = tx
+                    .send(expired_event(format!(
+                        "too old resource version: {requested} ({oldest_available})"
+                    )))
+                    .await;
                 state.metrics.watch_delta(-1);
                 return;
             }
             Err(e) => {
-                let _ = tx.send(line("ERROR", ApiError::from_store(&q, e).to_status())).await;
+                let _ = tx
+                    .send(line("ERROR", ApiError::from_store(&q, e).to_status()))
+                    .await;
                 state.metrics.watch_delta(-1);
                 return;
             }
         };
         for obj in &initial {
-            if tx.send(line("ADDED", render(def, repr, obj, &mut first))).await.is_err() {
+            if tx
+                .send(line("ADDED", render(def, repr, obj, &mut first)))
+                .await
+                .is_err()
+            {
                 state.metrics.watch_delta(-1);
                 return;
             }
         }
         if send_initial {
-            let _ = tx.send(line("BOOKMARK", bookmark(def, from_revision, true))).await;
+            let _ = tx
+                .send(line("BOOKMARK", bookmark(def, from_revision, true)))
+                .await;
         }
         let mut ticker = tokio::time::interval(state.config.bookmark_interval);
         ticker.tick().await;
@@ -201,7 +248,9 @@ pub(crate) async fn watch(
     });
 
     let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|bytes| (Ok::<_, Infallible>(bytes), rx))
+        rx.recv()
+            .await
+            .map(|bytes| (Ok::<_, Infallible>(bytes), rx))
     });
     let content_type = match repr {
         Representation::Table => negotiate::TABLE_CONTENT_TYPE,
@@ -209,7 +258,9 @@ pub(crate) async fn watch(
         Representation::Object => "application/json",
     };
     let mut response = (StatusCode::OK, Body::from_stream(stream)).into_response();
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     Ok(response)
 }
 

@@ -3,11 +3,7 @@
 //! `healthCheckNodePort` for LoadBalancer Services with `externalTrafficPolicy: Local`.
 //! Never two alike; released on delete; recovered from the stored Services at startup.
 
-use std::{
-    collections::HashSet,
-    net::IpAddr,
-    ops::RangeInclusive,
-};
+use std::{collections::HashSet, net::IpAddr, ops::RangeInclusive};
 
 use ipnet::IpNet;
 use serde_json::{Value, json};
@@ -59,9 +55,17 @@ fn family(ip: &IpAddr) -> &'static str {
 }
 
 fn wants_node_ports(spec: &Value) -> bool {
-    match spec.get("type").and_then(Value::as_str).unwrap_or("ClusterIP") {
+    match spec
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("ClusterIP")
+    {
         "NodePort" => true,
-        "LoadBalancer" => spec.get("allocateLoadBalancerNodePorts").and_then(Value::as_bool) != Some(false),
+        "LoadBalancer" => {
+            spec.get("allocateLoadBalancerNodePorts")
+                .and_then(Value::as_bool)
+                != Some(false)
+        }
         _ => false,
     }
 }
@@ -167,7 +171,11 @@ impl ServiceAllocator {
         let mut candidate = self.ip_cursor[range_index].clamp(first, last);
         for _ in 0..size.min(1 << 24) {
             let ip = u128_to_ip(candidate, v6);
-            candidate = if candidate >= last { first } else { candidate + 1 };
+            candidate = if candidate >= last {
+                first
+            } else {
+                candidate + 1
+            };
             if self.used_ips.insert(ip) {
                 self.ip_cursor[range_index] = candidate;
                 return Some(ip);
@@ -181,7 +189,11 @@ impl ServiceAllocator {
         let mut candidate = self.port_cursor.clamp(start, end);
         for _ in start..=end {
             let port = candidate;
-            candidate = if candidate >= end { start } else { candidate + 1 };
+            candidate = if candidate >= end {
+                start
+            } else {
+                candidate + 1
+            };
             if self.used_ports.insert(port) {
                 self.port_cursor = candidate;
                 return Some(port);
@@ -216,7 +228,11 @@ impl ServiceAllocator {
             .get_mut("spec")
             .filter(|s| s.is_object())
             .ok_or_else(|| vec![FieldError::required("spec", "")])?;
-        let type_ = spec.get("type").and_then(Value::as_str).unwrap_or("ClusterIP").to_owned();
+        let type_ = spec
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("ClusterIP")
+            .to_owned();
         let old_ips = cluster_ips(&old_spec);
         let old_ports = node_ports(&old_spec);
 
@@ -229,11 +245,19 @@ impl ServiceAllocator {
                 s.remove("ipFamilyPolicy");
             });
         } else {
-            let requested = spec.get("clusterIP").and_then(Value::as_str).unwrap_or("").to_owned();
+            let requested = spec
+                .get("clusterIP")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
             let mut requested_ips: Vec<String> = spec
                 .get("clusterIPs")
                 .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
                 .unwrap_or_default();
             if requested_ips.is_empty() && !requested.is_empty() {
                 requested_ips.push(requested.clone());
@@ -248,7 +272,10 @@ impl ServiceAllocator {
             if requested_ips.first().map(String::as_str) == Some("None") {
                 spec["clusterIP"] = json!("None");
                 spec["clusterIPs"] = json!(["None"]);
-                let fam = self.ranges.first().map_or("IPv4", |r| if r.addr().is_ipv6() { "IPv6" } else { "IPv4" });
+                let fam = self
+                    .ranges
+                    .first()
+                    .map_or("IPv4", |r| if r.addr().is_ipv6() { "IPv6" } else { "IPv4" });
                 if spec.get("ipFamilies").is_none_or(Value::is_null) {
                     spec["ipFamilies"] = json!([fam]);
                 }
@@ -286,20 +313,35 @@ impl ServiceAllocator {
                 for (i, text) in requested_ips.iter().enumerate() {
                     let field = format!("spec.clusterIPs[{i}]");
                     let ip: IpAddr = text.parse().map_err(|_| {
-                        vec![FieldError::invalid(&field, &json!(text), "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)")]
+                        vec![FieldError::invalid(
+                            &field,
+                            &json!(text),
+                            "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)",
+                        )]
                     })?;
                     if old_ips.contains(&ip) {
                         ips.push(ip);
                         continue;
                     }
                     if !old_ips.is_empty() {
-                        return Err(vec![FieldError::invalid(&field, &json!(text), "may not change once set")]);
+                        return Err(vec![FieldError::invalid(
+                            &field,
+                            &json!(text),
+                            "may not change once set",
+                        )]);
                     }
                     if !self.ranges.iter().any(|r| r.contains(&ip)) {
                         return Err(vec![FieldError::invalid(
                             "spec.clusterIPs",
                             &json!(requested_ips),
-                            format!("failed to allocate IP {ip}: the provided IP ({ip}) is not in the valid range. The range of valid IPs is {}", self.ranges.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")),
+                            format!(
+                                "failed to allocate IP {ip}: the provided IP ({ip}) is not in the valid range. The range of valid IPs is {}",
+                                self.ranges
+                                    .iter()
+                                    .map(ToString::to_string)
+                                    .collect::<Vec<_>>()
+                                    .join(",")
+                            ),
                         )]);
                     }
                     if !self.used_ips.insert(ip) {
@@ -312,7 +354,10 @@ impl ServiceAllocator {
                     alloc.ips.push(ip);
                     ips.push(ip);
                 }
-                if old.is_some() && !old_ips.is_empty() && ips.len() < old_ips.len().min(want_families) {
+                if old.is_some()
+                    && !old_ips.is_empty()
+                    && ips.len() < old_ips.len().min(want_families)
+                {
                     ips = old_ips.clone();
                 }
                 for range_index in 0..want_families {
@@ -324,7 +369,10 @@ impl ServiceAllocator {
                         vec![FieldError::invalid(
                             "spec.clusterIPs",
                             &Value::Null,
-                            format!("failed to allocate IP: range {} is full", self.ranges[range_index]),
+                            format!(
+                                "failed to allocate IP: range {} is full",
+                                self.ranges[range_index]
+                            ),
                         )]
                     })?;
                     alloc.ips.push(ip);
@@ -337,7 +385,11 @@ impl ServiceAllocator {
             }
         }
         let now_ips = cluster_ips(spec);
-        alloc.released_ips = old_ips.iter().filter(|ip| !now_ips.contains(ip)).copied().collect();
+        alloc.released_ips = old_ips
+            .iter()
+            .filter(|ip| !now_ips.contains(ip))
+            .copied()
+            .collect();
 
         // ----- NodePorts -----
         let need_node_ports = wants_node_ports(spec);
@@ -349,7 +401,10 @@ impl ServiceAllocator {
                     .filter_map(|p| {
                         Some((
                             p.get("port")?.as_i64()?,
-                            p.get("protocol").and_then(Value::as_str).unwrap_or("TCP").to_owned(),
+                            p.get("protocol")
+                                .and_then(Value::as_str)
+                                .unwrap_or("TCP")
+                                .to_owned(),
                             u16::try_from(p.get("nodePort")?.as_u64()?).ok()?,
                         ))
                     })
@@ -360,9 +415,16 @@ impl ServiceAllocator {
         if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
             for (i, port) in ports.iter_mut().enumerate() {
                 let field = format!("spec.ports[{i}].nodePort");
-                let given = port.get("nodePort").and_then(Value::as_i64).filter(|p| *p != 0);
+                let given = port
+                    .get("nodePort")
+                    .and_then(Value::as_i64)
+                    .filter(|p| *p != 0);
                 let number = port.get("port").and_then(Value::as_i64).unwrap_or(0);
-                let protocol = port.get("protocol").and_then(Value::as_str).unwrap_or("TCP").to_owned();
+                let protocol = port
+                    .get("protocol")
+                    .and_then(Value::as_str)
+                    .unwrap_or("TCP")
+                    .to_owned();
                 let previous = old_port_entries
                     .iter()
                     .find(|(p, proto, _)| *p == number && *proto == protocol)
@@ -396,14 +458,22 @@ impl ServiceAllocator {
                             alloc.ports.push(g16);
                             g16
                         } else {
-                            return Err(vec![FieldError::invalid(&field, &json!(g), "provided port is already allocated")]);
+                            return Err(vec![FieldError::invalid(
+                                &field,
+                                &json!(g),
+                                "provided port is already allocated",
+                            )]);
                         }
                     }
                     None => match previous {
                         Some(p) => p,
                         None => {
                             let p = self.take_port().ok_or_else(|| {
-                                vec![FieldError::invalid(&field, &Value::Null, "range of node ports is full")]
+                                vec![FieldError::invalid(
+                                    &field,
+                                    &Value::Null,
+                                    "range of node ports is full",
+                                )]
                             })?;
                             alloc.ports.push(p);
                             p
@@ -415,16 +485,33 @@ impl ServiceAllocator {
             }
         }
         if wants_health_check_port(spec) {
-            let given = spec.get("healthCheckNodePort").and_then(Value::as_i64).filter(|p| *p != 0);
-            let previous = old_spec.get("healthCheckNodePort").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok());
+            let given = spec
+                .get("healthCheckNodePort")
+                .and_then(Value::as_i64)
+                .filter(|p| *p != 0);
+            let previous = old_spec
+                .get("healthCheckNodePort")
+                .and_then(Value::as_u64)
+                .and_then(|p| u16::try_from(p).ok());
             let chosen = match (given, previous) {
                 (Some(g), Some(p)) if u16::try_from(g).ok() == Some(p) => p,
                 (Some(g), _) => {
-                    let g16 = u16::try_from(g).ok().filter(|p| self.ports.contains(p)).ok_or_else(|| {
-                        vec![FieldError::invalid("spec.healthCheckNodePort", &json!(g), "provided port is not in the valid range")]
-                    })?;
+                    let g16 = u16::try_from(g)
+                        .ok()
+                        .filter(|p| self.ports.contains(p))
+                        .ok_or_else(|| {
+                            vec![FieldError::invalid(
+                                "spec.healthCheckNodePort",
+                                &json!(g),
+                                "provided port is not in the valid range",
+                            )]
+                        })?;
                     if !self.used_ports.insert(g16) {
-                        return Err(vec![FieldError::invalid("spec.healthCheckNodePort", &json!(g), "provided port is already allocated")]);
+                        return Err(vec![FieldError::invalid(
+                            "spec.healthCheckNodePort",
+                            &json!(g),
+                            "provided port is already allocated",
+                        )]);
                     }
                     alloc.ports.push(g16);
                     g16
@@ -432,7 +519,11 @@ impl ServiceAllocator {
                 (None, Some(p)) => p,
                 (None, None) => {
                     let p = self.take_port().ok_or_else(|| {
-                        vec![FieldError::invalid("spec.healthCheckNodePort", &Value::Null, "range of node ports is full")]
+                        vec![FieldError::invalid(
+                            "spec.healthCheckNodePort",
+                            &Value::Null,
+                            "range of node ports is full",
+                        )]
                     })?;
                     alloc.ports.push(p);
                     p
@@ -443,7 +534,11 @@ impl ServiceAllocator {
             s.remove("healthCheckNodePort");
         }
         let now_ports = node_ports(spec);
-        alloc.released_ports = old_ports.iter().filter(|p| !now_ports.contains(p)).copied().collect();
+        alloc.released_ports = old_ports
+            .iter()
+            .filter(|p| !now_ports.contains(p))
+            .copied()
+            .collect();
         Ok(())
     }
 }
@@ -488,7 +583,12 @@ mod tests {
         let mut lb = svc("LoadBalancer", &[80, 443]);
         lb["spec"]["externalTrafficPolicy"] = json!("Local");
         let alloc = a.allocate(&mut lb, None).unwrap();
-        let ports: Vec<u64> = lb["spec"]["ports"].as_array().unwrap().iter().map(|p| p["nodePort"].as_u64().unwrap()).collect();
+        let ports: Vec<u64> = lb["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["nodePort"].as_u64().unwrap())
+            .collect();
         assert_eq!(ports.len(), 2);
         assert_ne!(ports[0], ports[1]);
         let hc = lb["spec"]["healthCheckNodePort"].as_u64().unwrap();
@@ -513,13 +613,24 @@ mod tests {
         let mut clash = svc("NodePort", &[80]);
         clash["spec"]["ports"][0]["nodePort"] = json!(30002);
         let err = a.allocate(&mut clash, None).unwrap_err();
-        assert_eq!(err[0].message, "Invalid value: 30002: provided port is already allocated");
+        assert_eq!(
+            err[0].message,
+            "Invalid value: 30002: provided port is already allocated"
+        );
         let mut out = svc("NodePort", &[80]);
         out["spec"]["ports"][0]["nodePort"] = json!(80);
-        assert!(a.allocate(&mut out, None).unwrap_err()[0].message.contains("valid range"));
+        assert!(
+            a.allocate(&mut out, None).unwrap_err()[0]
+                .message
+                .contains("valid range")
+        );
         let mut ip_clash = svc("ClusterIP", &[80]);
         ip_clash["spec"]["clusterIP"] = json!("10.96.0.5");
-        assert!(a.allocate(&mut ip_clash, None).unwrap_err()[0].message.contains("already allocated"));
+        assert!(
+            a.allocate(&mut ip_clash, None).unwrap_err()[0]
+                .message
+                .contains("already allocated")
+        );
     }
 
     #[test]
@@ -531,7 +642,10 @@ mod tests {
         // Re-sending the object without node ports keeps them.
         let mut again = svc("LoadBalancer", &[80]);
         let alloc = a.allocate(&mut again, Some(&old)).unwrap();
-        assert_eq!(again["spec"]["ports"][0]["nodePort"], old["spec"]["ports"][0]["nodePort"]);
+        assert_eq!(
+            again["spec"]["ports"][0]["nodePort"],
+            old["spec"]["ports"][0]["nodePort"]
+        );
         assert_eq!(again["spec"]["clusterIP"], old["spec"]["clusterIP"]);
         assert!(alloc.ips.is_empty() && alloc.ports.is_empty());
         // Turning it into ClusterIP drops and releases the node port.
@@ -545,6 +659,10 @@ mod tests {
         let mut changed = old.clone();
         changed["spec"]["clusterIP"] = json!("10.96.0.6");
         changed["spec"]["clusterIPs"] = json!(["10.96.0.6"]);
-        assert!(a.allocate(&mut changed, Some(&old)).unwrap_err()[0].message.contains("may not change"));
+        assert!(
+            a.allocate(&mut changed, Some(&old)).unwrap_err()[0]
+                .message
+                .contains("may not change")
+        );
     }
 }

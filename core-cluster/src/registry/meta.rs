@@ -54,7 +54,9 @@ pub fn validate_name(name: &str, rule: NameRule) -> Vec<String> {
         }
         NameRule::Label => {
             if name.len() > DNS1123_LABEL_MAX {
-                errors.push(format!("must be no more than {DNS1123_LABEL_MAX} characters"));
+                errors.push(format!(
+                    "must be no more than {DNS1123_LABEL_MAX} characters"
+                ));
             }
             if !is_label(&name[..name.len().min(DNS1123_LABEL_MAX)]) || name.contains('.') {
                 errors.push("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')".to_owned());
@@ -144,7 +146,9 @@ pub fn meta_mut(obj: &mut Value) -> &mut serde_json::Map<String, Value> {
     if !obj.get("metadata").is_some_and(Value::is_object) {
         obj["metadata"] = json!({});
     }
-    obj["metadata"].as_object_mut().expect("metadata is an object")
+    obj["metadata"]
+        .as_object_mut()
+        .expect("metadata is an object")
 }
 
 /// Checks the metadata rules that apply to every write: label keys and values, annotation
@@ -212,7 +216,12 @@ pub fn validate_object_meta(obj: &Value) -> Vec<FieldError> {
         let mut controllers = 0;
         for (i, owner) in owners.iter().enumerate() {
             for field in ["apiVersion", "kind", "name", "uid"] {
-                if owner.get(field).and_then(Value::as_str).unwrap_or("").is_empty() {
+                if owner
+                    .get(field)
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .is_empty()
+                {
                     errors.push(FieldError::required(
                         format!("metadata.ownerReferences[{i}].{field}"),
                         "",
@@ -287,8 +296,16 @@ mod tests {
             {"apiVersion": "v1", "kind": "Node", "name": "b", "uid": "", "controller": true}
         ]}});
         let errors = validate_object_meta(&obj);
-        assert!(errors.iter().any(|e| e.field == "metadata.ownerReferences[1].uid"));
-        assert!(errors.iter().any(|e| e.message.contains("Only one reference")));
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.field == "metadata.ownerReferences[1].uid")
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.message.contains("Only one reference"))
+        );
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub struct ResourceDef {
     /// Whether it has a `status` subresource (the main resource then ignores status
     /// changes, and the subresource ignores everything else).
     pub status: bool,
+    /// Whether `metadata.generation` counts spec changes. Upstream sets it for workloads and
+    /// pods, not for Nodes, Services and the other core objects served here.
+    pub generation: bool,
     /// Other subresources (`binding`, `eviction`).
     pub extra_subresources: &'static [&'static str],
     /// Storage location, `<group or core>/<plural>`. Two versions of one resource (core and
@@ -84,16 +87,26 @@ impl ResourceDef {
 
     /// The storage key of one object.
     pub fn key(&self, namespace: Option<&str>, name: &str) -> String {
-        format!("{}{}", self.key_prefix(namespace.filter(|_| self.namespaced)), name)
+        format!(
+            "{}{}",
+            self.key_prefix(namespace.filter(|_| self.namespaced)),
+            name
+        )
     }
 
     /// The value of a field-selector path on an object, or `None` if the path is not
     /// supported for this resource.
     pub fn field_value(&self, obj: &Value, path: &str) -> Option<String> {
         match path {
-            "metadata.name" => Some(meta::str_at(obj, &["metadata", "name"]).unwrap_or("").to_owned()),
+            "metadata.name" => Some(
+                meta::str_at(obj, &["metadata", "name"])
+                    .unwrap_or("")
+                    .to_owned(),
+            ),
             "metadata.namespace" => Some(
-                meta::str_at(obj, &["metadata", "namespace"]).unwrap_or("").to_owned(),
+                meta::str_at(obj, &["metadata", "namespace"])
+                    .unwrap_or("")
+                    .to_owned(),
             ),
             other => (self.field)(obj, other),
         }
@@ -193,7 +206,10 @@ mod tests {
     fn unknown_fields_are_found_at_any_depth() {
         let given = json!({"spec": {"a": 1, "bogus": 2, "list": [{"x": 1, "y": 2}]}, "gone": null});
         let known = json!({"spec": {"a": 1, "list": [{"x": 1}]}});
-        assert_eq!(unknown_fields(&given, &known), ["spec.bogus", "spec.list[0].y"]);
+        assert_eq!(
+            unknown_fields(&given, &known),
+            ["spec.bogus", "spec.list[0].y"]
+        );
     }
 
     #[test]

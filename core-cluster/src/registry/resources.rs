@@ -3,7 +3,9 @@
 
 use k8s_openapi::api::{
     coordination::v1::Lease,
-    core::v1::{ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount},
+    core::v1::{
+        ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount,
+    },
     discovery::v1::EndpointSlice,
     events::v1::Event as EventsV1Event,
 };
@@ -65,6 +67,7 @@ pub static NAMESPACES: ResourceDef = ResourceDef {
     categories: &[],
     namespaced: false,
     status: true,
+    generation: false,
     extra_subresources: &["finalize"],
     storage: "core/namespaces",
     name_rule: NameRule::Label,
@@ -120,9 +123,7 @@ fn node_roles(o: &Value) -> String {
                 .filter_map(|(k, v)| {
                     k.strip_prefix("node-role.kubernetes.io/")
                         .filter(|r| !r.is_empty())
-                        .or_else(|| {
-                            (k == "kubernetes.io/role").then(|| v.as_str().unwrap_or(""))
-                        })
+                        .or_else(|| (k == "kubernetes.io/role").then(|| v.as_str().unwrap_or("")))
                 })
                 .collect()
         })
@@ -244,25 +245,86 @@ pub static NODES: ResourceDef = ResourceDef {
     categories: &[],
     namespaced: false,
     status: true,
+    generation: false,
     extra_subresources: &[],
     storage: "core/nodes",
     name_rule: NameRule::Subdomain,
     typed: typed::<Node>,
     columns: &[
         NAME,
-        Column { name: "Status", type_: "string", format: "", description: "The status of the node", priority: 0, cell: |o, _| json!(node_ready(o)) },
-        Column { name: "Roles", type_: "string", format: "", description: "The roles of the node", priority: 0, cell: |o, _| json!(node_roles(o)) },
+        Column {
+            name: "Status",
+            type_: "string",
+            format: "",
+            description: "The status of the node",
+            priority: 0,
+            cell: |o, _| json!(node_ready(o)),
+        },
+        Column {
+            name: "Roles",
+            type_: "string",
+            format: "",
+            description: "The roles of the node",
+            priority: 0,
+            cell: |o, _| json!(node_roles(o)),
+        },
         AGE,
-        Column { name: "Version", type_: "string", format: "", description: "Kubelet Version reported by the node.", priority: 0, cell: |o, _| json!(s(o, &["status", "nodeInfo", "kubeletVersion"])) },
-        Column { name: "Internal-IP", type_: "string", format: "", description: "List of addresses reachable to the node.", priority: 1, cell: |o, _| node_address(o, "InternalIP") },
-        Column { name: "External-IP", type_: "string", format: "", description: "List of addresses reachable to the node.", priority: 1, cell: |o, _| node_address(o, "ExternalIP") },
-        Column { name: "OS-Image", type_: "string", format: "", description: "OS Image reported by the node from /etc/os-release.", priority: 1, cell: |o, _| node_info("osImage")(o) },
-        Column { name: "Kernel-Version", type_: "string", format: "", description: "Kernel Version reported by the node.", priority: 1, cell: |o, _| node_info("kernelVersion")(o) },
-        Column { name: "Container-Runtime", type_: "string", format: "", description: "Container Runtime Version reported by the node.", priority: 1, cell: |o, _| node_info("containerRuntimeVersion")(o) },
+        Column {
+            name: "Version",
+            type_: "string",
+            format: "",
+            description: "Kubelet Version reported by the node.",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["status", "nodeInfo", "kubeletVersion"])),
+        },
+        Column {
+            name: "Internal-IP",
+            type_: "string",
+            format: "",
+            description: "List of addresses reachable to the node.",
+            priority: 1,
+            cell: |o, _| node_address(o, "InternalIP"),
+        },
+        Column {
+            name: "External-IP",
+            type_: "string",
+            format: "",
+            description: "List of addresses reachable to the node.",
+            priority: 1,
+            cell: |o, _| node_address(o, "ExternalIP"),
+        },
+        Column {
+            name: "OS-Image",
+            type_: "string",
+            format: "",
+            description: "OS Image reported by the node from /etc/os-release.",
+            priority: 1,
+            cell: |o, _| node_info("osImage")(o),
+        },
+        Column {
+            name: "Kernel-Version",
+            type_: "string",
+            format: "",
+            description: "Kernel Version reported by the node.",
+            priority: 1,
+            cell: |o, _| node_info("kernelVersion")(o),
+        },
+        Column {
+            name: "Container-Runtime",
+            type_: "string",
+            format: "",
+            description: "Container Runtime Version reported by the node.",
+            priority: 1,
+            cell: |o, _| node_info("containerRuntimeVersion")(o),
+        },
     ],
     field: |o, p| {
-        (p == "spec.unschedulable")
-            .then(|| o["spec"]["unschedulable"].as_bool().unwrap_or(false).to_string())
+        (p == "spec.unschedulable").then(|| {
+            o["spec"]["unschedulable"]
+                .as_bool()
+                .unwrap_or(false)
+                .to_string()
+        })
     },
     field_paths: &["spec.unschedulable"],
     prepare_create: no_defaults,
@@ -279,7 +341,10 @@ fn add_default_tolerations(spec: &mut Value) {
         spec["tolerations"] = json!([]);
     }
     let tolerations = spec["tolerations"].as_array_mut().expect("array");
-    for key in ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"] {
+    for key in [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ] {
         let tolerated = tolerations.iter().any(|t| {
             let effect = t["effect"].as_str().unwrap_or("");
             (t["key"] == key || (t["key"].is_null() && t["operator"] == "Exists"))
@@ -314,7 +379,8 @@ fn prepare_pod(o: &mut Value) {
             for c in containers {
                 let image = c["image"].as_str().unwrap_or("").to_owned();
                 if c["imagePullPolicy"].is_null() {
-                    let latest = image.ends_with(":latest") || !image.rsplit('/').next().unwrap_or("").contains(':');
+                    let latest = image.ends_with(":latest")
+                        || !image.rsplit('/').next().unwrap_or("").contains(':');
                     c["imagePullPolicy"] = json!(if latest { "Always" } else { "IfNotPresent" });
                 }
                 if c["terminationMessagePath"].is_null() {
@@ -327,9 +393,10 @@ fn prepare_pod(o: &mut Value) {
         }
         add_default_tolerations(spec);
     }
-    let has_resources = o["spec"]["containers"]
-        .as_array()
-        .is_some_and(|cs| cs.iter().any(|c| c["resources"].as_object().is_some_and(|r| !r.is_empty())));
+    let has_resources = o["spec"]["containers"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["resources"].as_object().is_some_and(|r| !r.is_empty()))
+    });
     o["status"] = json!({
         "phase": "Pending",
         "qosClass": if has_resources { "Burstable" } else { "BestEffort" },
@@ -343,10 +410,16 @@ fn validate_pod(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
         Some(cs) if !cs.is_empty() => {
             for (i, c) in cs.iter().enumerate() {
                 if c["name"].as_str().unwrap_or("").is_empty() {
-                    errors.push(FieldError::required(format!("spec.containers[{i}].name"), ""));
+                    errors.push(FieldError::required(
+                        format!("spec.containers[{i}].name"),
+                        "",
+                    ));
                 }
                 if c["image"].as_str().unwrap_or("").is_empty() {
-                    errors.push(FieldError::required(format!("spec.containers[{i}].image"), ""));
+                    errors.push(FieldError::required(
+                        format!("spec.containers[{i}].image"),
+                        "",
+                    ));
                 }
             }
         }
@@ -381,9 +454,11 @@ fn pod_status(o: &Value, _: i64) -> Value {
 }
 
 fn pod_restarts(o: &Value, _: i64) -> Value {
-    json!(o["status"]["containerStatuses"]
-        .as_array()
-        .map_or(0, |cs| cs.iter().map(|c| c["restartCount"].as_i64().unwrap_or(0)).sum::<i64>()))
+    json!(o["status"]["containerStatuses"].as_array().map_or(0, |cs| {
+        cs.iter()
+            .map(|c| c["restartCount"].as_i64().unwrap_or(0))
+            .sum::<i64>()
+    }))
 }
 
 /// core/v1 pods.
@@ -397,27 +472,82 @@ pub static PODS: ResourceDef = ResourceDef {
     categories: &["all"],
     namespaced: true,
     status: true,
+    generation: true,
     extra_subresources: &["binding", "eviction"],
     storage: "core/pods",
     name_rule: NameRule::Subdomain,
     typed: typed::<Pod>,
     columns: &[
         NAME,
-        Column { name: "Ready", type_: "string", format: "", description: "The aggregate readiness state of this pod for accepting traffic.", priority: 0, cell: pod_ready },
-        Column { name: "Status", type_: "string", format: "", description: "The aggregate status of the containers in this pod.", priority: 0, cell: pod_status },
-        Column { name: "Restarts", type_: "string", format: "", description: "The number of times the containers in this pod have been restarted.", priority: 0, cell: pod_restarts },
+        Column {
+            name: "Ready",
+            type_: "string",
+            format: "",
+            description: "The aggregate readiness state of this pod for accepting traffic.",
+            priority: 0,
+            cell: pod_ready,
+        },
+        Column {
+            name: "Status",
+            type_: "string",
+            format: "",
+            description: "The aggregate status of the containers in this pod.",
+            priority: 0,
+            cell: pod_status,
+        },
+        Column {
+            name: "Restarts",
+            type_: "string",
+            format: "",
+            description: "The number of times the containers in this pod have been restarted.",
+            priority: 0,
+            cell: pod_restarts,
+        },
         AGE,
-        Column { name: "IP", type_: "string", format: "", description: "IP address allocated to the pod.", priority: 1, cell: |o, _| none_if_empty(s(o, &["status", "podIP"])) },
-        Column { name: "Node", type_: "string", format: "", description: "Name of the Node this pod is assigned to.", priority: 1, cell: |o, _| none_if_empty(s(o, &["spec", "nodeName"])) },
-        Column { name: "Nominated Node", type_: "string", format: "", description: "Name of the Node this pod is nominated to.", priority: 1, cell: |o, _| none_if_empty(s(o, &["status", "nominatedNodeName"])) },
-        Column { name: "Readiness Gates", type_: "string", format: "", description: "Readiness gates.", priority: 1, cell: |_, _| json!("<none>") },
+        Column {
+            name: "IP",
+            type_: "string",
+            format: "",
+            description: "IP address allocated to the pod.",
+            priority: 1,
+            cell: |o, _| none_if_empty(s(o, &["status", "podIP"])),
+        },
+        Column {
+            name: "Node",
+            type_: "string",
+            format: "",
+            description: "Name of the Node this pod is assigned to.",
+            priority: 1,
+            cell: |o, _| none_if_empty(s(o, &["spec", "nodeName"])),
+        },
+        Column {
+            name: "Nominated Node",
+            type_: "string",
+            format: "",
+            description: "Name of the Node this pod is nominated to.",
+            priority: 1,
+            cell: |o, _| none_if_empty(s(o, &["status", "nominatedNodeName"])),
+        },
+        Column {
+            name: "Readiness Gates",
+            type_: "string",
+            format: "",
+            description: "Readiness gates.",
+            priority: 1,
+            cell: |_, _| json!("<none>"),
+        },
     ],
     field: |o, p| match p {
         "spec.nodeName" => Some(s(o, &["spec", "nodeName"])),
         "spec.restartPolicy" => Some(s(o, &["spec", "restartPolicy"])),
         "spec.schedulerName" => Some(s(o, &["spec", "schedulerName"])),
         "spec.serviceAccountName" => Some(s(o, &["spec", "serviceAccountName"])),
-        "spec.hostNetwork" => Some(o["spec"]["hostNetwork"].as_bool().unwrap_or(false).to_string()),
+        "spec.hostNetwork" => Some(
+            o["spec"]["hostNetwork"]
+                .as_bool()
+                .unwrap_or(false)
+                .to_string(),
+        ),
         "status.phase" => Some(s(o, &["status", "phase"])),
         "status.podIP" => Some(s(o, &["status", "podIP"])),
         "status.nominatedNodeName" => Some(s(o, &["status", "nominatedNodeName"])),
@@ -475,7 +605,10 @@ fn validate_service(new: &Value, _old: Option<&Value>) -> Vec<FieldError> {
     let mut errors = Vec::new();
     let spec = &new["spec"];
     let type_ = spec["type"].as_str().unwrap_or("ClusterIP");
-    if !matches!(type_, "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName") {
+    if !matches!(
+        type_,
+        "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName"
+    ) {
         errors.push(FieldError::not_supported(
             "spec.type",
             &spec["type"],
@@ -492,21 +625,35 @@ fn validate_service(new: &Value, _old: Option<&Value>) -> Vec<FieldError> {
     for (i, p) in ports.iter().enumerate() {
         let port = p["port"].as_i64().unwrap_or(0);
         if !(1..=65535).contains(&port) {
-            errors.push(FieldError::invalid(format!("spec.ports[{i}].port"), &p["port"], "must be between 1 and 65535, inclusive"));
+            errors.push(FieldError::invalid(
+                format!("spec.ports[{i}].port"),
+                &p["port"],
+                "must be between 1 and 65535, inclusive",
+            ));
         }
         let protocol = p["protocol"].as_str().unwrap_or("TCP");
         if !matches!(protocol, "TCP" | "UDP" | "SCTP") {
-            errors.push(FieldError::not_supported(format!("spec.ports[{i}].protocol"), &p["protocol"], &["SCTP", "TCP", "UDP"]));
+            errors.push(FieldError::not_supported(
+                format!("spec.ports[{i}].protocol"),
+                &p["protocol"],
+                &["SCTP", "TCP", "UDP"],
+            ));
         }
         if seen.contains(&(port, protocol)) {
-            errors.push(FieldError::duplicate(format!("spec.ports[{i}]"), &json!({"port": port, "protocol": protocol})));
+            errors.push(FieldError::duplicate(
+                format!("spec.ports[{i}]"),
+                &json!({"port": port, "protocol": protocol}),
+            ));
         }
         seen.push((port, protocol));
         let name = p["name"].as_str().unwrap_or("");
         if ports.len() > 1 && name.is_empty() {
             errors.push(FieldError::required(format!("spec.ports[{i}].name"), ""));
         } else if !name.is_empty() && names.contains(&name) {
-            errors.push(FieldError::duplicate(format!("spec.ports[{i}].name"), &json!(name)));
+            errors.push(FieldError::duplicate(
+                format!("spec.ports[{i}].name"),
+                &json!(name),
+            ));
         }
         names.push(name);
     }
@@ -527,7 +674,11 @@ fn service_external_ip(o: &Value, _: i64) -> Value {
         })
         .unwrap_or_default();
     if let Some(external) = o["spec"]["externalIPs"].as_array() {
-        ips.extend(external.iter().filter_map(|v| v.as_str().map(str::to_owned)));
+        ips.extend(
+            external
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_owned)),
+        );
     }
     match (ips.is_empty(), o["spec"]["type"].as_str()) {
         (false, _) => json!(ips.join(",")),
@@ -559,7 +710,11 @@ fn service_ports(o: &Value, _: i64) -> Value {
 fn service_selector(o: &Value, _: i64) -> Value {
     let sel: Vec<String> = o["spec"]["selector"]
         .as_object()
-        .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect())
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect()
+        })
         .unwrap_or_default();
     none_if_empty(sel.join(","))
 }
@@ -575,18 +730,54 @@ pub static SERVICES: ResourceDef = ResourceDef {
     categories: &["all"],
     namespaced: true,
     status: true,
+    generation: false,
     extra_subresources: &[],
     storage: "core/services",
     name_rule: NameRule::Label,
     typed: typed::<Service>,
     columns: &[
         NAME,
-        Column { name: "Type", type_: "string", format: "", description: "The type of the service.", priority: 0, cell: |o, _| json!(s(o, &["spec", "type"])) },
-        Column { name: "Cluster-IP", type_: "string", format: "", description: "The cluster IP of the service.", priority: 0, cell: |o, _| none_if_empty(s(o, &["spec", "clusterIP"])) },
-        Column { name: "External-IP", type_: "string", format: "", description: "The external IP of the service.", priority: 0, cell: service_external_ip },
-        Column { name: "Port(s)", type_: "string", format: "", description: "The ports of the service.", priority: 0, cell: service_ports },
+        Column {
+            name: "Type",
+            type_: "string",
+            format: "",
+            description: "The type of the service.",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["spec", "type"])),
+        },
+        Column {
+            name: "Cluster-IP",
+            type_: "string",
+            format: "",
+            description: "The cluster IP of the service.",
+            priority: 0,
+            cell: |o, _| none_if_empty(s(o, &["spec", "clusterIP"])),
+        },
+        Column {
+            name: "External-IP",
+            type_: "string",
+            format: "",
+            description: "The external IP of the service.",
+            priority: 0,
+            cell: service_external_ip,
+        },
+        Column {
+            name: "Port(s)",
+            type_: "string",
+            format: "",
+            description: "The ports of the service.",
+            priority: 0,
+            cell: service_ports,
+        },
         AGE,
-        Column { name: "Selector", type_: "string", format: "", description: "The selector of the service.", priority: 1, cell: service_selector },
+        Column {
+            name: "Selector",
+            type_: "string",
+            format: "",
+            description: "The selector of the service.",
+            priority: 1,
+            cell: service_selector,
+        },
     ],
     field: |o, p| match p {
         "spec.clusterIP" => Some(s(o, &["spec", "clusterIP"])),
@@ -613,6 +804,7 @@ pub static ENDPOINTS: ResourceDef = ResourceDef {
     categories: &[],
     namespaced: true,
     status: false,
+    generation: false,
     extra_subresources: &[],
     storage: "core/endpoints",
     name_rule: NameRule::Subdomain,
@@ -669,7 +861,6 @@ fn event_last_seen(o: &Value, now: i64) -> Value {
     json!(age(o, &["metadata", "creationTimestamp"], now))
 }
 
-
 fn event_object_cell(r: &Value) -> Value {
     json!(format!(
         "{}/{}",
@@ -683,8 +874,11 @@ fn event_field(reference: &str, o: &Value, p: &str) -> Option<String> {
         .strip_prefix(reference)
         .and_then(|rest| rest.strip_prefix('.'))
     {
-        return matches!(sub, "kind" | "namespace" | "name" | "uid" | "apiVersion" | "resourceVersion" | "fieldPath")
-            .then(|| o[reference][sub].as_str().unwrap_or("").to_owned());
+        return matches!(
+            sub,
+            "kind" | "namespace" | "name" | "uid" | "apiVersion" | "resourceVersion" | "fieldPath"
+        )
+        .then(|| o[reference][sub].as_str().unwrap_or("").to_owned());
     }
     match p {
         "reason" | "type" | "reportingComponent" | "reportingController" => {
@@ -696,8 +890,22 @@ fn event_field(reference: &str, o: &Value, p: &str) -> Option<String> {
 }
 
 const EVENT_COLUMNS: [Column; 2] = [
-    Column { name: "Last Seen", type_: "string", format: "", description: "Time since the event was last seen.", priority: 0, cell: event_last_seen },
-    Column { name: "Type", type_: "string", format: "", description: "Type of this event.", priority: 0, cell: |o, _| json!(s(o, &["type"])) },
+    Column {
+        name: "Last Seen",
+        type_: "string",
+        format: "",
+        description: "Time since the event was last seen.",
+        priority: 0,
+        cell: event_last_seen,
+    },
+    Column {
+        name: "Type",
+        type_: "string",
+        format: "",
+        description: "Type of this event.",
+        priority: 0,
+        cell: |o, _| json!(s(o, &["type"])),
+    },
 ];
 
 /// core/v1 events (stored form of both event APIs).
@@ -711,6 +919,7 @@ pub static EVENTS: ResourceDef = ResourceDef {
     categories: &[],
     namespaced: true,
     status: false,
+    generation: false,
     extra_subresources: &[],
     storage: "core/events",
     name_rule: NameRule::Subdomain,
@@ -718,15 +927,44 @@ pub static EVENTS: ResourceDef = ResourceDef {
     columns: &[
         EVENT_COLUMNS[0],
         EVENT_COLUMNS[1],
-        Column { name: "Reason", type_: "string", format: "", description: "Reason", priority: 0, cell: |o, _| json!(s(o, &["reason"])) },
-        Column { name: "Object", type_: "string", format: "", description: "The object this event is about.", priority: 0, cell: |o, _| event_object_cell(&o["involvedObject"]) },
-        Column { name: "Message", type_: "string", format: "", description: "Message", priority: 0, cell: |o, _| json!(s(o, &["message"])) },
+        Column {
+            name: "Reason",
+            type_: "string",
+            format: "",
+            description: "Reason",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["reason"])),
+        },
+        Column {
+            name: "Object",
+            type_: "string",
+            format: "",
+            description: "The object this event is about.",
+            priority: 0,
+            cell: |o, _| event_object_cell(&o["involvedObject"]),
+        },
+        Column {
+            name: "Message",
+            type_: "string",
+            format: "",
+            description: "Message",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["message"])),
+        },
     ],
     field: |o, p| event_field("involvedObject", o, p),
     field_paths: &[
-        "involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
-        "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath",
-        "reason", "type", "reportingComponent", "source",
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "type",
+        "reportingComponent",
+        "source",
     ],
     prepare_create: |o| {
         if o["count"].is_null() {
@@ -735,7 +973,15 @@ pub static EVENTS: ResourceDef = ResourceDef {
     },
     validate: |o, _| {
         let mut errors = Vec::new();
-        if o["involvedObject"]["name"].as_str().unwrap_or("").is_empty() && o["involvedObject"]["kind"].as_str().unwrap_or("").is_empty() {
+        if o["involvedObject"]["name"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty()
+            && o["involvedObject"]["kind"]
+                .as_str()
+                .unwrap_or("")
+                .is_empty()
+        {
             errors.push(FieldError::required("involvedObject", ""));
         }
         errors
@@ -755,6 +1001,7 @@ pub static EVENTS_V1: ResourceDef = ResourceDef {
     categories: &[],
     namespaced: true,
     status: false,
+    generation: false,
     extra_subresources: &[],
     storage: "core/events",
     name_rule: NameRule::Subdomain,
@@ -762,15 +1009,43 @@ pub static EVENTS_V1: ResourceDef = ResourceDef {
     columns: &[
         EVENT_COLUMNS[0],
         EVENT_COLUMNS[1],
-        Column { name: "Reason", type_: "string", format: "", description: "Reason", priority: 0, cell: |o, _| json!(s(o, &["reason"])) },
-        Column { name: "Object", type_: "string", format: "", description: "The object this event is about.", priority: 0, cell: |o, _| event_object_cell(&o["regarding"]) },
-        Column { name: "Message", type_: "string", format: "", description: "Message", priority: 0, cell: |o, _| json!(s(o, &["note"])) },
+        Column {
+            name: "Reason",
+            type_: "string",
+            format: "",
+            description: "Reason",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["reason"])),
+        },
+        Column {
+            name: "Object",
+            type_: "string",
+            format: "",
+            description: "The object this event is about.",
+            priority: 0,
+            cell: |o, _| event_object_cell(&o["regarding"]),
+        },
+        Column {
+            name: "Message",
+            type_: "string",
+            format: "",
+            description: "Message",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["note"])),
+        },
     ],
     field: |o, p| event_field("regarding", o, p),
     field_paths: &[
-        "regarding.kind", "regarding.namespace", "regarding.name", "regarding.uid",
-        "regarding.apiVersion", "regarding.resourceVersion", "regarding.fieldPath",
-        "reason", "type", "reportingController",
+        "regarding.kind",
+        "regarding.namespace",
+        "regarding.name",
+        "regarding.uid",
+        "regarding.apiVersion",
+        "regarding.resourceVersion",
+        "regarding.fieldPath",
+        "reason",
+        "type",
+        "reportingController",
     ],
     prepare_create: no_defaults,
     validate: |o, _| {
@@ -797,13 +1072,21 @@ pub static SERVICE_ACCOUNTS: ResourceDef = ResourceDef {
     categories: &[],
     namespaced: true,
     status: false,
+    generation: false,
     extra_subresources: &[],
     storage: "core/serviceaccounts",
     name_rule: NameRule::Subdomain,
     typed: typed::<ServiceAccount>,
     columns: &[
         NAME,
-        Column { name: "Secrets", type_: "integer", format: "", description: "Secrets", priority: 0, cell: |o, _| json!(o["secrets"].as_array().map_or(0, Vec::len)) },
+        Column {
+            name: "Secrets",
+            type_: "integer",
+            format: "",
+            description: "Secrets",
+            priority: 0,
+            cell: |o, _| json!(o["secrets"].as_array().map_or(0, Vec::len)),
+        },
         AGE,
     ],
     field: no_fields,
@@ -815,7 +1098,8 @@ pub static SERVICE_ACCOUNTS: ResourceDef = ResourceDef {
 };
 
 fn data_count(o: &Value) -> usize {
-    o["data"].as_object().map_or(0, |m| m.len()) + o["binaryData"].as_object().map_or(0, |m| m.len())
+    o["data"].as_object().map_or(0, |m| m.len())
+        + o["binaryData"].as_object().map_or(0, |m| m.len())
 }
 
 /// core/v1 configmaps.
@@ -829,13 +1113,21 @@ pub static CONFIG_MAPS: ResourceDef = ResourceDef {
     categories: &[],
     namespaced: true,
     status: false,
+    generation: false,
     extra_subresources: &[],
     storage: "core/configmaps",
     name_rule: NameRule::Subdomain,
     typed: typed::<ConfigMap>,
     columns: &[
         NAME,
-        Column { name: "Data", type_: "integer", format: "", description: "Number of entries", priority: 0, cell: |o, _| json!(data_count(o)) },
+        Column {
+            name: "Data",
+            type_: "integer",
+            format: "",
+            description: "Number of entries",
+            priority: 0,
+            cell: |o, _| json!(data_count(o)),
+        },
         AGE,
     ],
     field: no_fields,
@@ -857,14 +1149,29 @@ pub static SECRETS: ResourceDef = ResourceDef {
     categories: &[],
     namespaced: true,
     status: false,
+    generation: false,
     extra_subresources: &[],
     storage: "core/secrets",
     name_rule: NameRule::Subdomain,
     typed: typed::<Secret>,
     columns: &[
         NAME,
-        Column { name: "Type", type_: "string", format: "", description: "The type of the secret", priority: 0, cell: |o, _| json!(s(o, &["type"])) },
-        Column { name: "Data", type_: "integer", format: "", description: "Number of entries", priority: 0, cell: |o, _| json!(data_count(o)) },
+        Column {
+            name: "Type",
+            type_: "string",
+            format: "",
+            description: "The type of the secret",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["type"])),
+        },
+        Column {
+            name: "Data",
+            type_: "integer",
+            format: "",
+            description: "Number of entries",
+            priority: 0,
+            cell: |o, _| json!(data_count(o)),
+        },
         AGE,
     ],
     field: |o, p| (p == "type").then(|| s(o, &["type"])),
@@ -890,13 +1197,21 @@ pub static LEASES: ResourceDef = ResourceDef {
     categories: &[],
     namespaced: true,
     status: false,
+    generation: false,
     extra_subresources: &[],
     storage: "coordination.k8s.io/leases",
     name_rule: NameRule::Subdomain,
     typed: typed::<Lease>,
     columns: &[
         NAME,
-        Column { name: "Holder", type_: "string", format: "", description: "The holder of the lease", priority: 0, cell: |o, _| json!(s(o, &["spec", "holderIdentity"])) },
+        Column {
+            name: "Holder",
+            type_: "string",
+            format: "",
+            description: "The holder of the lease",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["spec", "holderIdentity"])),
+        },
         AGE,
     ],
     field: no_fields,
@@ -907,7 +1222,11 @@ pub static LEASES: ResourceDef = ResourceDef {
         if let Some(d) = o["spec"]["leaseDurationSeconds"].as_i64()
             && d <= 0
         {
-            errors.push(FieldError::invalid("spec.leaseDurationSeconds", &json!(d), "must be greater than 0"));
+            errors.push(FieldError::invalid(
+                "spec.leaseDurationSeconds",
+                &json!(d),
+                "must be greater than 0",
+            ));
         }
         errors
     },
@@ -926,20 +1245,60 @@ pub static ENDPOINT_SLICES: ResourceDef = ResourceDef {
     categories: &[],
     namespaced: true,
     status: false,
+    generation: false,
     extra_subresources: &[],
     storage: "discovery.k8s.io/endpointslices",
     name_rule: NameRule::Subdomain,
     typed: typed::<EndpointSlice>,
     columns: &[
         NAME,
-        Column { name: "AddressType", type_: "string", format: "", description: "Type of address", priority: 0, cell: |o, _| json!(s(o, &["addressType"])) },
         Column {
-            name: "Ports", type_: "string", format: "", description: "Ports", priority: 0,
-            cell: |o, _| none_if_empty(o["ports"].as_array().map(|a| a.iter().map(|p| p["port"].to_string()).collect::<Vec<_>>().join(",")).unwrap_or_default()),
+            name: "AddressType",
+            type_: "string",
+            format: "",
+            description: "Type of address",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["addressType"])),
         },
         Column {
-            name: "Endpoints", type_: "string", format: "", description: "Endpoints", priority: 0,
-            cell: |o, _| none_if_empty(o["endpoints"].as_array().map(|a| a.iter().filter_map(|e| e["addresses"][0].as_str()).collect::<Vec<_>>().join(",")).unwrap_or_default()),
+            name: "Ports",
+            type_: "string",
+            format: "",
+            description: "Ports",
+            priority: 0,
+            cell: |o, _| {
+                none_if_empty(
+                    o["ports"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .map(|p| p["port"].to_string())
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        })
+                        .unwrap_or_default(),
+                )
+            },
+        },
+        Column {
+            name: "Endpoints",
+            type_: "string",
+            format: "",
+            description: "Endpoints",
+            priority: 0,
+            cell: |o, _| {
+                none_if_empty(
+                    o["endpoints"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|e| e["addresses"][0].as_str())
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        })
+                        .unwrap_or_default(),
+                )
+            },
         },
         AGE,
     ],
@@ -950,7 +1309,11 @@ pub static ENDPOINT_SLICES: ResourceDef = ResourceDef {
         let mut errors = Vec::new();
         match o["addressType"].as_str() {
             Some("IPv4" | "IPv6" | "FQDN") => {}
-            _ => errors.push(FieldError::not_supported("addressType", &o["addressType"], &["FQDN", "IPv4", "IPv6"])),
+            _ => errors.push(FieldError::not_supported(
+                "addressType",
+                &o["addressType"],
+                &["FQDN", "IPv4", "IPv6"],
+            )),
         }
         errors
     },
@@ -979,7 +1342,10 @@ mod tests {
         prepare_pod(&mut pod);
         let tolerations = pod["spec"]["tolerations"].as_array().unwrap();
         assert_eq!(tolerations.len(), 2);
-        assert_eq!(tolerations[0]["tolerationSeconds"], 10, "an existing toleration is kept");
+        assert_eq!(
+            tolerations[0]["tolerationSeconds"], 10,
+            "an existing toleration is kept"
+        );
         assert_eq!(tolerations[1]["key"], "node.kubernetes.io/not-ready");
         assert_eq!(tolerations[1]["tolerationSeconds"], 300);
         assert_eq!(pod["status"]["phase"], "Pending");

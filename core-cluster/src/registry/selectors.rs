@@ -92,10 +92,16 @@ impl LabelSelector {
             } else if let Some((k, v)) = part.split_once(" in ") {
                 LabelRequirement::In(check_key(k)?, parse_set(v)?)
             } else if let Some((k, v)) = part.split_once('>') {
-                let n = v.trim().parse().map_err(|_| SelectorError(format!("{v:?} is not an integer")))?;
+                let n = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| SelectorError(format!("{v:?} is not an integer")))?;
                 LabelRequirement::GreaterThan(check_key(k)?, n)
             } else if let Some((k, v)) = part.split_once('<') {
-                let n = v.trim().parse().map_err(|_| SelectorError(format!("{v:?} is not an integer")))?;
+                let n = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| SelectorError(format!("{v:?} is not an integer")))?;
                 LabelRequirement::LessThan(check_key(k)?, n)
             } else {
                 LabelRequirement::Exists(check_key(part)?)
@@ -121,12 +127,12 @@ impl LabelSelector {
             LabelRequirement::NotIn(k, set) => get(k).is_none_or(|v| !set.contains(v)),
             LabelRequirement::Exists(k) => get(k).is_some(),
             LabelRequirement::DoesNotExist(k) => get(k).is_none(),
-            LabelRequirement::GreaterThan(k, n) => {
-                get(k).and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v > *n)
-            }
-            LabelRequirement::LessThan(k, n) => {
-                get(k).and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v < *n)
-            }
+            LabelRequirement::GreaterThan(k, n) => get(k)
+                .and_then(|v| v.parse::<i64>().ok())
+                .is_some_and(|v| v > *n),
+            LabelRequirement::LessThan(k, n) => get(k)
+                .and_then(|v| v.parse::<i64>().ok())
+                .is_some_and(|v| v < *n),
         })
     }
 
@@ -244,7 +250,11 @@ mod tests {
             ("zone in (b, c),tier", false),
             ("", true),
         ] {
-            assert_eq!(LabelSelector::parse(sel).unwrap().matches(&o), want, "{sel}");
+            assert_eq!(
+                LabelSelector::parse(sel).unwrap().matches(&o),
+                want,
+                "{sel}"
+            );
         }
         assert!(LabelSelector::parse("a=b=c").is_err());
         assert!(LabelSelector::parse("zone in a").is_err());
@@ -253,10 +263,9 @@ mod tests {
 
     #[test]
     fn field_selector_terms() {
-        let sel = FieldSelector::parse(
-            "spec.nodeName=n1,status.phase!=Succeeded,status.phase!=Failed",
-        )
-        .unwrap();
+        let sel =
+            FieldSelector::parse("spec.nodeName=n1,status.phase!=Succeeded,status.phase!=Failed")
+                .unwrap();
         let value = |phase: &'static str| {
             move |p: &str| match p {
                 "spec.nodeName" => Some("n1".to_owned()),
