@@ -84,12 +84,13 @@ pub(crate) async fn run(args: ApiServerArgs) -> anyhow::Result<()> {
         None => Arc::new(MemoryStore::new()),
     };
     let server = ApiServer::new(store, config).await?;
+    let shutdown = CancellationToken::new();
+    server.spawn_compactor(std::time::Duration::from_secs(300), shutdown.clone());
     let (listener, addr): (_, SocketAddr) = core_cluster::serve::bind(&args.listen).await?;
     if let Some(path) = &args.write_kubeconfig {
         core_cluster::serve::write_kubeconfig(path, addr)?;
     }
     println!("serving the Kubernetes API on http://{addr}");
-    let shutdown = CancellationToken::new();
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {

@@ -12,7 +12,8 @@
 //! - [`serve`]: serving on a socket and writing a kubeconfig.
 //!
 //! - [`openapi`]: the OpenAPI v3 documents (`/openapi/v3`) kubectl needs for `apply`
-//!   validation and `explain`;
+//!   validation and `explain`.
+//!
 //! In-process use, with no TCP: kube 5's `Client::new(server.router(), "default")`.
 
 pub mod api;

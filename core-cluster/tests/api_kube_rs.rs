@@ -1051,3 +1051,39 @@ async fn discovery_tables_and_metrics() {
         "{text}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_compactor_keeps_one_interval_of_history() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let server = ApiServer::new(store.clone(), ApiServerConfig::default())
+        .await
+        .unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    server.spawn_compactor(Duration::from_secs(300), shutdown.clone());
+    let client = Client::new(server.router(), "default");
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    cms.create(&PostParams::default(), &configmap("old"))
+        .await
+        .unwrap();
+    let early = store.current_revision().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(301)).await;
+    cms.create(&PostParams::default(), &configmap("new"))
+        .await
+        .unwrap();
+    // One interval later the history up to the first tick is compacted.
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    let err = store
+        .list("/registry/core/configmaps/", None, None, Some(early - 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, core_cluster::store::StoreError::Expired { .. }),
+        "{err:?}"
+    );
+    // Current data is untouched.
+    assert_eq!(
+        cms.list(&ListParams::default()).await.unwrap().items.len(),
+        2
+    );
+    shutdown.cancel();
+}

@@ -749,7 +749,7 @@ fn allocate(
     old: Option<&Value>,
     name: &str,
 ) -> Result<Option<Allocation>, ApiError> {
-    if def.group != "" || def.plural != "services" {
+    if !def.group.is_empty() || def.plural != "services" {
         return Ok(None);
     }
     state

@@ -173,6 +173,37 @@ impl ApiServer {
             .expect("standard resource")
     }
 
+    /// Compacts the store's history every `interval`, keeping about one interval of it, as
+    /// kube-apiserver compacts etcd every 5 minutes. Watches and continue tokens older than
+    /// that get 410 Expired and relist. Stops when `shutdown` is cancelled.
+    pub fn spawn_compactor(
+        &self,
+        interval: Duration,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let store = self.state.store.clone();
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            let mut previous: Option<u64> = None;
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = ticker.tick() => {}
+                }
+                let Ok(current) = store.current_revision().await else {
+                    continue;
+                };
+                if let Some(revision) = previous.filter(|r| *r > 0) {
+                    match store.compact(revision).await {
+                        Ok(()) => tracing::debug!(revision, "compacted the store"),
+                        Err(e) => tracing::warn!(revision, error = %e, "compaction failed"),
+                    }
+                }
+                previous = Some(current);
+            }
+        })
+    }
+
     /// The store behind the server.
     pub fn store(&self) -> Arc<dyn Store> {
         self.state.store.clone()
@@ -240,20 +271,15 @@ async fn metrics_endpoint(State(state): State<Arc<ServerState>>) -> Response {
         seen.push(def.storage);
         let mut count = 0;
         let mut start: Option<String> = None;
-        loop {
-            match state
-                .store
-                .list(&def.key_prefix(None), start.as_deref(), Some(1000), None)
-                .await
-            {
-                Ok(page) => {
-                    count += page.items.len();
-                    start = page.items.last().map(|kv| kv.key.clone());
-                    if !page.more {
-                        break;
-                    }
-                }
-                Err(_) => break,
+        while let Ok(page) = state
+            .store
+            .list(&def.key_prefix(None), start.as_deref(), Some(1000), None)
+            .await
+        {
+            count += page.items.len();
+            start = page.items.last().map(|kv| kv.key.clone());
+            if !page.more {
+                break;
             }
         }
         counts.push((def.plural.to_owned(), count));
@@ -438,7 +464,10 @@ pub fn now() -> String {
 mod tests {
     use super::*;
 
-    fn parse(path: &str) -> Option<(String, Option<String>, Option<String>, Option<String>)> {
+    /// (plural, namespace, name, subresource)
+    type Parts = (String, Option<String>, Option<String>, Option<String>);
+
+    fn parse(path: &str) -> Option<Parts> {
         match parse_path(&Registry::standard(), path) {
             Parsed::Resource(t) => {
                 Some((t.def.plural.to_owned(), t.namespace, t.name, t.subresource))

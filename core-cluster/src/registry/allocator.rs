@@ -238,12 +238,11 @@ impl ServiceAllocator {
 
         // ----- ClusterIPs -----
         if type_ == "ExternalName" {
-            spec.as_object_mut().map(|s| {
-                s.remove("clusterIP");
-                s.remove("clusterIPs");
-                s.remove("ipFamilies");
-                s.remove("ipFamilyPolicy");
-            });
+            if let Some(s) = spec.as_object_mut() {
+                for field in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
+                    s.remove(field);
+                }
+            }
         } else {
             let requested = spec
                 .get("clusterIP")

@@ -1,0 +1,152 @@
+//! Starting `ccm apiserver` as a process, and running kubectl against it.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::Duration,
+};
+
+/// A running `ccm apiserver`, killed on drop.
+pub struct ApiServerProcess {
+    pub child: Child,
+    pub addr: String,
+    pub dir: PathBuf,
+}
+
+impl ApiServerProcess {
+    /// Starts `ccm apiserver` on a free loopback port with its store in `dir/data`.
+    pub fn start(dir: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ccm"))
+            .args(["apiserver", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.join("data"))
+            .arg("--write-kubeconfig")
+            .arg(dir.join("kubeconfig"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start ccm apiserver");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the serving line");
+        let addr = line
+            .trim()
+            .rsplit("http://")
+            .next()
+            .filter(|a| a.contains(':'))
+            .unwrap_or_else(|| panic!("unexpected first line from ccm apiserver: {line:?}"))
+            .to_owned();
+        ApiServerProcess {
+            child,
+            addr,
+            dir: dir.to_owned(),
+        }
+    }
+
+    /// The kubeconfig the server wrote.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    /// Runs kubectl against this server.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        kubectl_cmd(&self.kubeconfig(), &self.dir)
+            .args(args)
+            .output()
+            .expect("run kubectl")
+    }
+
+    /// Runs kubectl and returns stdout, failing the test on a non-zero exit.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs kubectl with `stdin` as the manifest (`-f -`).
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
+        use std::io::Write;
+        let mut child = kubectl_cmd(&self.kubeconfig(), &self.dir)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run kubectl");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ApiServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn kubectl_cmd(kubeconfig: &Path, dir: &Path) -> Command {
+    let mut cmd = Command::new("kubectl");
+    cmd.env("KUBECONFIG", kubeconfig)
+        .arg("--cache-dir")
+        .arg(dir.join("kubectl-cache"))
+        .arg("--request-timeout=20s");
+    cmd
+}
+
+/// Fails with a plain message unless kubectl v1.32 or newer is on PATH.
+pub fn require_kubectl() {
+    let out = Command::new("kubectl")
+        .args(["version", "--client", "-o", "json"])
+        .output();
+    let Ok(out) = out else {
+        panic!(
+            "kubectl v1.32 is required on PATH for these tests (Debian's kubernetes-client 1.20 is too old); it is part of the machine image"
+        );
+    };
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let minor: u32 = v["clientVersion"]["minor"]
+        .as_str()
+        .unwrap_or("0")
+        .trim_end_matches('+')
+        .parse()
+        .unwrap_or(0);
+    assert!(
+        minor >= 32,
+        "kubectl v1.32 or newer is required, found {}",
+        v["clientVersion"]["gitVersion"]
+    );
+}
+
+/// Polls `f` until it is true or `timeout` passes. Real processes run on the real clock, so
+/// this one waits in wall time on purpose.
+#[allow(clippy::disallowed_types, clippy::disallowed_methods)]
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
