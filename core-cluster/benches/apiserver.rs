@@ -1,0 +1,192 @@
+//! API server benchmark over real HTTP on loopback, on the durable SQLite store: durable
+//! create and update (Lease renewal) throughput with 1 and 64 concurrent clients, and watch
+//! fan-out to 100 watchers. Not a test: figures go to BENCHMARKS.md.
+//!
+//! `cargo bench -p core-cluster --bench apiserver` (optionally `-- --seconds 3 --runs 3`).
+
+#![allow(missing_docs, clippy::disallowed_types)]
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use core_cluster::{
+    ApiServer, ApiServerConfig,
+    store::{SqliteOptions, SqliteStore, Store},
+};
+use futures::StreamExt;
+use k8s_openapi::{
+    api::coordination::v1::Lease,
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+};
+use kube::{
+    Api, Client, Config,
+    api::{PostParams, WatchEvent, WatchParams},
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn lease(name: &str) -> Lease {
+    serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": name, "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": name, "leaseDurationSeconds": 40}
+    }))
+    .unwrap()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Creates as many Leases as it can in `seconds`, with `clients` concurrent tasks.
+async fn creates(api: &Api<Lease>, clients: usize, seconds: u64, run: usize) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let (api, stop, done) = (api.clone(), stop.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    api.create(&PostParams::default(), &lease(&format!("c{clients}-r{run}-{c}-{i}"))).await.unwrap();
+                    done.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Renews `clients` Leases (one per client, as a kubelet does: PUT with the cached object)
+/// as fast as possible for `seconds`.
+async fn renewals(api: &Api<Lease>, clients: usize, seconds: u64) -> (f64, Vec<f64>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let (api, stop) = (api.clone(), stop.clone());
+            tokio::spawn(async move {
+                let name = format!("renew-{c}");
+                let mut current = match api.get_opt(&name).await.unwrap() {
+                    Some(l) => l,
+                    None => api.create(&PostParams::default(), &lease(&name)).await.unwrap(),
+                };
+                let mut latencies = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    current.spec.as_mut().unwrap().renew_time = Some(MicroTime(jiff::Timestamp::now()));
+                    let t = Instant::now();
+                    current = api.replace(&name, &PostParams::default(), &current).await.unwrap();
+                    latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+                latencies
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let rate = all.len() as f64 / start.elapsed().as_secs_f64();
+    all.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (rate, all)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p) as usize]
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let seconds = arg("--seconds", 3);
+    let runs = arg("--runs", 3) as usize;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path(), SqliteOptions::default()).await.unwrap());
+    let server = ApiServer::new(store, ApiServerConfig::default()).await.unwrap();
+    let (listener, addr) = core_cluster::serve::bind("127.0.0.1:0").await.unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(core_cluster::serve::serve(server, listener, shutdown.clone()));
+    let config = Config::new(format!("http://{addr}").parse().unwrap());
+    let client = Client::try_from(config).unwrap();
+    let api: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+
+    println!("durable API server benchmark: HTTP/1.1 on loopback, SqliteStore (WAL, synchronous=FULL, group commit), {runs} runs of {seconds}s, median");
+    for clients in [1usize, 64] {
+        let mut rates = Vec::new();
+        for run in 0..runs {
+            rates.push(creates(&api, clients, seconds, run).await);
+        }
+        println!("create  clients={clients:>2}  {:>8.0} objects/s", median(rates));
+    }
+    for clients in [1usize, 64] {
+        let mut rates = Vec::new();
+        let mut p50 = Vec::new();
+        let mut p99 = Vec::new();
+        for _ in 0..runs {
+            let (rate, lat) = renewals(&api, clients, seconds).await;
+            rates.push(rate);
+            p50.push(pct(&lat, 0.5));
+            p99.push(pct(&lat, 0.99));
+        }
+        println!(
+            "update  clients={clients:>2}  {:>8.0} lease renewals/s  (p50 {:.2} ms, p99 {:.2} ms)",
+            median(rates),
+            median(p50),
+            median(p99)
+        );
+    }
+
+    // Watch fan-out: 100 watchers on all Leases while 64 clients renew.
+    let rv = api.list(&Default::default()).await.unwrap().metadata.resource_version.unwrap();
+    let received = Arc::new(AtomicU64::new(0));
+    let mut watchers = Vec::new();
+    for _ in 0..100 {
+        let (api, received, rv) = (api.clone(), received.clone(), rv.clone());
+        watchers.push(tokio::spawn(async move {
+            let mut stream = api.watch(&WatchParams::default().timeout(120), &rv).await.unwrap().boxed();
+            while let Some(Ok(event)) = stream.next().await {
+                if matches!(event, WatchEvent::Modified(_) | WatchEvent::Added(_)) {
+                    received.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let start = Instant::now();
+    let before = received.load(Ordering::Relaxed);
+    let (rate, _) = renewals(&api, 64, seconds).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let delivered = received.load(Ordering::Relaxed) - before;
+    println!(
+        "watch   100 watchers, 64 writers: {rate:.0} writes/s, {:.0} events/s delivered in all ({:.1}% of writes x watchers)",
+        delivered as f64 / start.elapsed().as_secs_f64(),
+        100.0 * delivered as f64 / (rate * seconds as f64 * 100.0)
+    );
+    for w in watchers {
+        w.abort();
+    }
+    shutdown.cancel();
+}
