@@ -19,10 +19,7 @@ use core_cluster::{
     store::{SqliteOptions, SqliteStore, Store},
 };
 use futures::StreamExt;
-use k8s_openapi::{
-    api::coordination::v1::Lease,
-    apimachinery::pkg::apis::meta::v1::MicroTime,
-};
+use k8s_openapi::{api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime};
 use kube::{
     Api, Client, Config,
     api::{PostParams, WatchEvent, WatchParams},
@@ -64,7 +61,12 @@ async fn creates(api: &Api<Lease>, clients: usize, seconds: u64, run: usize) -> 
             tokio::spawn(async move {
                 let mut i = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    api.create(&PostParams::default(), &lease(&format!("c{clients}-r{run}-{c}-{i}"))).await.unwrap();
+                    api.create(
+                        &PostParams::default(),
+                        &lease(&format!("c{clients}-r{run}-{c}-{i}")),
+                    )
+                    .await
+                    .unwrap();
                     done.fetch_add(1, Ordering::Relaxed);
                     i += 1;
                 }
@@ -91,13 +93,20 @@ async fn renewals(api: &Api<Lease>, clients: usize, seconds: u64) -> (f64, Vec<f
                 let name = format!("renew-{c}");
                 let mut current = match api.get_opt(&name).await.unwrap() {
                     Some(l) => l,
-                    None => api.create(&PostParams::default(), &lease(&name)).await.unwrap(),
+                    None => api
+                        .create(&PostParams::default(), &lease(&name))
+                        .await
+                        .unwrap(),
                 };
                 let mut latencies = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
-                    current.spec.as_mut().unwrap().renew_time = Some(MicroTime(jiff::Timestamp::now()));
+                    current.spec.as_mut().unwrap().renew_time =
+                        Some(MicroTime(jiff::Timestamp::now()));
                     let t = Instant::now();
-                    current = api.replace(&name, &PostParams::default(), &current).await.unwrap();
+                    current = api
+                        .replace(&name, &PostParams::default(), &current)
+                        .await
+                        .unwrap();
                     latencies.push(t.elapsed().as_secs_f64() * 1000.0);
                 }
                 latencies
@@ -124,22 +133,37 @@ async fn main() {
     let seconds = arg("--seconds", 3);
     let runs = arg("--runs", 3) as usize;
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path(), SqliteOptions::default()).await.unwrap());
-    let server = ApiServer::new(store, ApiServerConfig::default()).await.unwrap();
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(dir.path(), SqliteOptions::default())
+            .await
+            .unwrap(),
+    );
+    let server = ApiServer::new(store, ApiServerConfig::default())
+        .await
+        .unwrap();
     let (listener, addr) = core_cluster::serve::bind("127.0.0.1:0").await.unwrap();
     let shutdown = CancellationToken::new();
-    tokio::spawn(core_cluster::serve::serve(server, listener, shutdown.clone()));
+    tokio::spawn(core_cluster::serve::serve(
+        server,
+        listener,
+        shutdown.clone(),
+    ));
     let config = Config::new(format!("http://{addr}").parse().unwrap());
     let client = Client::try_from(config).unwrap();
     let api: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
 
-    println!("durable API server benchmark: HTTP/1.1 on loopback, SqliteStore (WAL, synchronous=FULL, group commit), {runs} runs of {seconds}s, median");
+    println!(
+        "durable API server benchmark: HTTP/1.1 on loopback, SqliteStore (WAL, synchronous=FULL, group commit), {runs} runs of {seconds}s, median"
+    );
     for clients in [1usize, 64] {
         let mut rates = Vec::new();
         for run in 0..runs {
             rates.push(creates(&api, clients, seconds, run).await);
         }
-        println!("create  clients={clients:>2}  {:>8.0} objects/s", median(rates));
+        println!(
+            "create  clients={clients:>2}  {:>8.0} objects/s",
+            median(rates)
+        );
     }
     for clients in [1usize, 64] {
         let mut rates = Vec::new();
@@ -160,13 +184,23 @@ async fn main() {
     }
 
     // Watch fan-out: 100 watchers on all Leases while 64 clients renew.
-    let rv = api.list(&Default::default()).await.unwrap().metadata.resource_version.unwrap();
+    let rv = api
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
     let received = Arc::new(AtomicU64::new(0));
     let mut watchers = Vec::new();
     for _ in 0..100 {
         let (api, received, rv) = (api.clone(), received.clone(), rv.clone());
         watchers.push(tokio::spawn(async move {
-            let mut stream = api.watch(&WatchParams::default().timeout(120), &rv).await.unwrap().boxed();
+            let mut stream = api
+                .watch(&WatchParams::default().timeout(120), &rv)
+                .await
+                .unwrap()
+                .boxed();
             while let Some(Ok(event)) = stream.next().await {
                 if matches!(event, WatchEvent::Modified(_) | WatchEvent::Added(_)) {
                     received.fetch_add(1, Ordering::Relaxed);

@@ -75,6 +75,7 @@ pub(crate) struct ServerState {
     pub(crate) config: ApiServerConfig,
     pub(crate) metrics: metrics::Metrics,
     pub(crate) openapi: crate::openapi::OpenApiDocuments,
+    pub(crate) event_cache: watch::EventCache,
 }
 
 /// A Kubernetes-compatible API server over a [`Store`].
@@ -111,6 +112,7 @@ impl ApiServer {
             config,
             metrics: metrics::Metrics::default(),
             openapi: crate::openapi::OpenApiDocuments::new(&crate::openapi::served_resources()),
+            event_cache: watch::EventCache::default(),
         });
         let server = ApiServer { state };
         server.bootstrap().await?;

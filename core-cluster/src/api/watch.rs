@@ -2,7 +2,12 @@
 //! bookmarks, `sendInitialEvents`, selector transitions, and a 410 `ERROR` event inside the
 //! 200 stream when the version is too old, as kube-apiserver does.
 
-use std::{convert::Infallible, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, VecDeque},
+    convert::Infallible,
+    sync::Arc,
+    time::Duration,
+};
 
 use axum::{
     body::{Body, Bytes},
@@ -53,40 +58,118 @@ fn bookmark(def: &ResourceDef, revision: u64, initial_events_end: bool) -> Value
     json!({"kind": def.kind, "apiVersion": def.api_version(), "metadata": metadata})
 }
 
+/// A store event decoded once and shared by every watcher of the resource.
+pub(crate) struct DecodedEvent {
+    /// The object after the change (for a delete: its last state, at the delete revision).
+    object: Value,
+    /// The object before the change, for modifications (selector transitions need it).
+    previous: Option<Value>,
+    /// `object` serialized, so watchers without a special representation only frame it.
+    object_json: Bytes,
+}
+
+/// Decoded events shared by watchers, keyed by resource and revision: with many watchers on
+/// one resource, each event is decoded and encoded once, not once per watcher.
+#[derive(Default)]
+pub(crate) struct EventCache {
+    entries: parking_lot::Mutex<(
+        HashMap<(usize, u64), Arc<DecodedEvent>>,
+        VecDeque<(usize, u64)>,
+    )>,
+}
+
+/// How many decoded events the cache keeps.
+const EVENT_CACHE_CAPACITY: usize = 4096;
+
+impl EventCache {
+    fn get_or_decode(
+        &self,
+        def: &'static ResourceDef,
+        event: &WatchEvent,
+    ) -> Result<Option<Arc<DecodedEvent>>, ApiError> {
+        let key = (std::ptr::from_ref(def) as usize, event.revision);
+        if let Some(hit) = self.entries.lock().0.get(&key) {
+            return Ok(Some(hit.clone()));
+        }
+        let decoded = match event.kind {
+            EventKind::Delete => match &event.prev_value {
+                Some(prev) => DecodedEvent::new(decode(def, &prev.value, event.revision)?, None),
+                None => return Ok(None),
+            },
+            EventKind::Put => {
+                let Some(value) = &event.value else {
+                    return Ok(None);
+                };
+                let previous = match &event.prev_value {
+                    Some(prev) if !event.is_create() => {
+                        Some(decode(def, &prev.value, prev.mod_revision)?)
+                    }
+                    _ => None,
+                };
+                DecodedEvent::new(decode(def, value, event.revision)?, previous)
+            }
+        };
+        let decoded = Arc::new(decoded);
+        let mut entries = self.entries.lock();
+        let (map, order) = &mut *entries;
+        if map.insert(key, decoded.clone()).is_none() {
+            order.push_back(key);
+            while order.len() > EVENT_CACHE_CAPACITY {
+                if let Some(old) = order.pop_front() {
+                    map.remove(&old);
+                }
+            }
+        }
+        Ok(Some(decoded))
+    }
+}
+
+impl DecodedEvent {
+    fn new(object: Value, previous: Option<Value>) -> Self {
+        let object_json = Bytes::from(serde_json::to_vec(&object).unwrap_or_default());
+        DecodedEvent {
+            object,
+            previous,
+            object_json,
+        }
+    }
+}
+
 /// What a store event means to a watcher with selectors: `None` to skip.
 fn translate(
     def: &ResourceDef,
     opts: &ListOptions,
     event: &WatchEvent,
-) -> Result<Option<(&'static str, Value)>, ApiError> {
+    decoded: &DecodedEvent,
+) -> Option<&'static str> {
+    let selecting = !opts.labels.is_empty() || !opts.fields.is_empty();
+    let now = !selecting || opts.matches(def, &decoded.object);
     match event.kind {
-        EventKind::Delete => {
-            let Some(prev) = &event.prev_value else {
-                return Ok(None);
-            };
-            let obj = decode(def, &prev.value, event.revision)?;
-            Ok(opts.matches(def, &obj).then_some(("DELETED", obj)))
-        }
+        EventKind::Delete => now.then_some("DELETED"),
         EventKind::Put => {
-            let Some(value) = &event.value else {
-                return Ok(None);
+            let before = match &decoded.previous {
+                Some(prev) => !selecting || opts.matches(def, prev),
+                None => false,
             };
-            let obj = decode(def, value, event.revision)?;
-            let now = opts.matches(def, &obj);
-            let before = match &event.prev_value {
-                Some(prev) if !event.is_create() => {
-                    opts.matches(def, &decode(def, &prev.value, prev.mod_revision)?)
-                }
-                _ => false,
-            };
-            Ok(match (before, now) {
-                (false, true) => Some(("ADDED", obj)),
-                (true, true) => Some(("MODIFIED", obj)),
-                (true, false) => Some(("DELETED", obj)),
+            match (before, now) {
+                (false, true) => Some("ADDED"),
+                (true, true) => Some("MODIFIED"),
+                (true, false) => Some("DELETED"),
                 (false, false) => None,
-            })
+            }
         }
     }
+}
+
+/// Frames an already-encoded object as a watch event line.
+fn framed(event_type: &str, object_json: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(object_json.len() + 32);
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(event_type.as_bytes());
+    out.extend_from_slice(b"\",\"object\":");
+    out.extend_from_slice(object_json);
+    out.extend_from_slice(b"}\n");
+    Bytes::from(out)
 }
 
 fn expired_event(message: String) -> Bytes {
@@ -220,17 +303,23 @@ pub(crate) async fn watch(
                     match next {
                         Some(Ok(event)) => {
                             last_revision = event.revision;
-                            match translate(def, &opts, &event) {
-                                Ok(Some((kind, obj))) => {
-                                    if tx.send(line(kind, render(def, repr, &obj, &mut first))).await.is_err() {
-                                        break;
-                                    }
-                                }
-                                Ok(None) => {}
+                            let decoded = match state.event_cache.get_or_decode(def, &event) {
+                                Ok(Some(decoded)) => decoded,
+                                Ok(None) => continue,
                                 Err(e) => {
                                     let _ = tx.send(line("ERROR", e.to_status())).await;
                                     break;
                                 }
+                            };
+                            let Some(kind) = translate(def, &opts, &event, &decoded) else {
+                                continue;
+                            };
+                            let out = match repr {
+                                Representation::Object => framed(kind, &decoded.object_json),
+                                other => line(kind, render(def, other, &decoded.object, &mut first)),
+                            };
+                            if tx.send(out).await.is_err() {
+                                break;
                             }
                         }
                         Some(Err(StoreError::Expired { requested, oldest_available })) => {
@@ -272,5 +361,20 @@ fn opts_clone(opts: &ListOptions) -> ListOptions {
         continue_token: opts.continue_token.clone(),
         resource_version: opts.resource_version.clone(),
         resource_version_match: opts.resource_version_match.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framed_lines_match_serde() {
+        let obj = json!({"kind": "Lease", "metadata": {"name": "a\"b"}});
+        let bytes = serde_json::to_vec(&obj).unwrap();
+        let framed = framed("MODIFIED", &bytes);
+        let parsed: Value = serde_json::from_slice(&framed[..framed.len() - 1]).unwrap();
+        assert_eq!(parsed, json!({"type": "MODIFIED", "object": obj}));
+        assert_eq!(framed.last(), Some(&b'\n'));
     }
 }
