@@ -17,6 +17,7 @@
 //! In-process use, with no TCP: kube 5's `Client::new(server.router(), "default")`.
 
 pub mod api;
+pub mod controllers;
 pub mod openapi;
 pub mod patch;
 pub mod registry;
