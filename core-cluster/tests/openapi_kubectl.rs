@@ -1,350 +1,83 @@
 //! kubectl v1.32 against the OpenAPI v3 documents of [`core_cluster::openapi`].
 //!
-//! A tiny axum server serves `/version`, legacy discovery (`/api`, `/api/v1`, `/apis`,
-//! `/apis/<group>/<version>`) and `/openapi/v3`, and the machine's `kubectl` runs
+//! The real API server serves discovery and `/openapi/v3` on loopback, and the machine's
+//! `kubectl` runs
 //! `explain` (which reads schemas from `/openapi/v3`) and `apply` (which, with the default
 //! validation, must find the PATCH operation's GVK and `fieldValidation` parameter there to
 //! leave validation to the server instead of asking for `/openapi/v2`).
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, Uri, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use core_cluster::openapi::{OpenApiDocuments, OpenApiResource, served_resources};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    APIGroup, APIGroupList, APIResource, APIResourceList, APIVersions, GroupVersionForDiscovery,
-    ServerAddressByClientCIDR,
-};
-use k8s_openapi::apimachinery::pkg::version::Info;
+use core_cluster::{ApiServer, ApiServerConfig, store::MemoryStore};
 use parking_lot::Mutex;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-/// What the fake server serves, and what it saw.
+/// The real API server on loopback, with a log of what kubectl asked.
 struct Server {
     addr: SocketAddr,
-    resources: Vec<OpenApiResource>,
-    documents: OpenApiDocuments,
+    api: ApiServer,
     /// Every request, as `METHOD path?query`.
     requests: Mutex<Vec<String>>,
-    /// The objects kubectl created, by path.
-    created: Mutex<BTreeMap<String, Value>>,
     /// The `Content-Type` of every PATCH request.
     patch_content_types: Mutex<Vec<String>>,
 }
 
 type Shared = Arc<Server>;
 
-fn json_response(status: StatusCode, value: &impl k8s_openapi::serde::Serialize) -> Response {
-    let body = serde_json::to_vec(value).expect("serializable");
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-}
-
-fn not_found(what: &str) -> Response {
-    json_response(
-        StatusCode::NOT_FOUND,
-        &json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": format!("{what} not found"),
-            "reason": "NotFound",
-            "code": 404,
-        }),
-    )
-}
-
-fn resource_list(server: &Server, group: &str, version: &str) -> Option<APIResourceList> {
-    let mut resources = Vec::new();
-    for resource in server
-        .resources
-        .iter()
-        .filter(|r| r.group == group && r.version == version)
-    {
-        let verbs = [
-            "create",
-            "delete",
-            "deletecollection",
-            "get",
-            "list",
-            "patch",
-            "update",
-            "watch",
-        ];
-        resources.push(APIResource {
-            name: resource.plural.to_owned(),
-            singular_name: resource.kind.to_lowercase(),
-            namespaced: resource.namespaced,
-            kind: resource.kind.to_owned(),
-            verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
-            ..Default::default()
-        });
-        for subresource in resource.subresources {
-            let (kind, group, version, verbs): (&str, Option<&str>, Option<&str>, &[&str]) =
-                match *subresource {
-                    "binding" => ("Binding", None, None, &["create"]),
-                    "eviction" => ("Eviction", Some("policy"), Some("v1"), &["create"]),
-                    _ => (resource.kind, None, None, &["get", "patch", "update"]),
-                };
-            resources.push(APIResource {
-                name: format!("{}/{subresource}", resource.plural),
-                namespaced: resource.namespaced,
-                kind: kind.to_owned(),
-                group: group.map(str::to_owned),
-                version: version.map(str::to_owned),
-                verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
-                ..Default::default()
-            });
-        }
-    }
-    (!resources.is_empty()).then(|| APIResourceList {
-        group_version: if group.is_empty() {
-            version.to_owned()
-        } else {
-            format!("{group}/{version}")
-        },
-        resources,
-    })
-}
-
-async fn version() -> Response {
-    json_response(
-        StatusCode::OK,
-        &Info {
-            git_version: "v1.33.0".to_owned(),
-            major: "1".to_owned(),
-            minor: "33".to_owned(),
-            platform: "linux/amd64".to_owned(),
-            ..Default::default()
-        },
-    )
-}
-
-async fn api(State(server): State<Shared>) -> Response {
-    json_response(
-        StatusCode::OK,
-        &APIVersions {
-            versions: vec!["v1".to_owned()],
-            server_address_by_client_cidrs: vec![ServerAddressByClientCIDR {
-                client_cidr: "0.0.0.0/0".to_owned(),
-                server_address: server.addr.to_string(),
-            }],
-        },
-    )
-}
-
-async fn api_v1(State(server): State<Shared>) -> Response {
-    match resource_list(&server, "", "v1") {
-        Some(list) => json_response(StatusCode::OK, &list),
-        None => not_found("v1"),
-    }
-}
-
-async fn apis(State(server): State<Shared>) -> Response {
-    let mut groups: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for resource in server.resources.iter().filter(|r| !r.group.is_empty()) {
-        let versions = groups.entry(resource.group).or_default();
-        if !versions.contains(&resource.version) {
-            versions.push(resource.version);
-        }
-    }
-    let groups = groups
-        .into_iter()
-        .map(|(name, versions)| {
-            let versions: Vec<GroupVersionForDiscovery> = versions
-                .into_iter()
-                .map(|version| GroupVersionForDiscovery {
-                    group_version: format!("{name}/{version}"),
-                    version: version.to_owned(),
-                })
-                .collect();
-            APIGroup {
-                name: name.to_owned(),
-                preferred_version: versions.first().cloned(),
-                server_address_by_client_cidrs: None,
-                versions,
-            }
-        })
-        .collect();
-    json_response(StatusCode::OK, &APIGroupList { groups })
-}
-
-async fn apis_group_version(
-    State(server): State<Shared>,
-    Path((group, version)): Path<(String, String)>,
-) -> Response {
-    match resource_list(&server, &group, &version) {
-        Some(list) => json_response(StatusCode::OK, &list),
-        None => not_found(&format!("{group}/{version}")),
-    }
-}
-
-fn raw_json(body: &[u8]) -> Response {
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_vec(),
-    )
-        .into_response()
-}
-
-async fn openapi_index(State(server): State<Shared>) -> Response {
-    raw_json(server.documents.index())
-}
-
-async fn openapi_document(State(server): State<Shared>, Path(path): Path<String>) -> Response {
-    match server.documents.group_version(&path) {
-        Some(body) => raw_json(body),
-        None => not_found(&path),
-    }
-}
-
-/// `kubectl apply` of a ConfigMap: the GET finds nothing, the POST creates it.
-async fn configmap(
-    State(server): State<Shared>,
-    Path((namespace, name)): Path<(String, String)>,
-) -> Response {
-    let path = format!("/api/v1/namespaces/{namespace}/configmaps/{name}");
-    match server.created.lock().get(&path) {
-        Some(object) => json_response(StatusCode::OK, object),
-        None => not_found(&format!("configmaps \"{name}\"")),
-    }
-}
-
-async fn create_configmap(
-    State(server): State<Shared>,
-    Path(namespace): Path<String>,
-    body: Bytes,
-) -> Response {
-    let mut object: Value = match serde_json::from_slice(&body) {
-        Ok(object) => object,
-        Err(error) => {
-            return json_response(
-                StatusCode::BAD_REQUEST,
-                &json!({ "error": error.to_string() }),
-            );
-        }
-    };
-    let name = object["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    object["metadata"]["namespace"] = json!(namespace);
-    object["metadata"]["resourceVersion"] = json!("1");
-    object["metadata"]["uid"] = json!("6a1c0d3e-0000-4000-8000-000000000001");
-    server.created.lock().insert(
-        format!("/api/v1/namespaces/{namespace}/configmaps/{name}"),
-        object.clone(),
-    );
-    json_response(StatusCode::CREATED, &object)
-}
-
-/// RFC 7386 merge of `patch` into `target`; for a ConfigMap's `data` and `metadata` this is
-/// also what a strategic merge patch does.
-fn merge(target: &mut Value, patch: &Value) {
-    match (target, patch) {
-        (Value::Object(target), Value::Object(patch)) => {
-            for (key, value) in patch {
-                if value.is_null() {
-                    target.remove(key);
-                } else {
-                    merge(target.entry(key.clone()).or_insert(Value::Null), value);
-                }
-            }
-        }
-        (target, patch) => *target = patch.clone(),
-    }
-}
-
-/// The PATCH of a second `kubectl apply`.
-async fn patch_configmap(
-    State(server): State<Shared>,
-    Path((namespace, name)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or_default();
-    server
-        .patch_content_types
-        .lock()
-        .push(content_type.to_owned());
-    let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
-        return json_response(StatusCode::BAD_REQUEST, &json!({ "error": "not JSON" }));
-    };
-    let path = format!("/api/v1/namespaces/{namespace}/configmaps/{name}");
-    let mut created = server.created.lock();
-    let Some(object) = created.get_mut(&path) else {
-        return not_found(&format!("configmaps \"{name}\""));
-    };
-    merge(object, &patch);
-    object["metadata"]["resourceVersion"] = json!("2");
-    json_response(StatusCode::OK, object)
-}
-
-async fn fallback(uri: Uri) -> Response {
-    not_found(&uri.to_string())
-}
-
-/// Starts the server on 127.0.0.1 (port 0) and returns its shared state.
 async fn start() -> Shared {
+    let api = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
+        .await
+        .expect("start the API server");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind 127.0.0.1:0");
     let addr = listener.local_addr().expect("local address");
-    let resources = served_resources();
-    let documents = OpenApiDocuments::new(&resources);
     let server = Arc::new(Server {
         addr,
-        resources,
-        documents,
+        api: api.clone(),
         requests: Mutex::new(Vec::new()),
-        created: Mutex::new(BTreeMap::new()),
         patch_content_types: Mutex::new(Vec::new()),
     });
     let log = Arc::clone(&server);
-    let router = Router::new()
-        .route("/version", get(version))
-        .route("/api", get(api))
-        .route("/api/v1", get(api_v1))
-        .route("/apis", get(apis))
-        .route("/apis/{group}/{version}", get(apis_group_version))
-        .route("/openapi/v3", get(openapi_index))
-        .route("/openapi/v3/{*path}", get(openapi_document))
-        .route(
-            "/api/v1/namespaces/{namespace}/configmaps",
-            axum::routing::post(create_configmap),
-        )
-        .route(
-            "/api/v1/namespaces/{namespace}/configmaps/{name}",
-            get(configmap).patch(patch_configmap),
-        )
-        .fallback(fallback)
-        .layer(axum::middleware::from_fn(
-            move |request: axum::extract::Request, next: axum::middleware::Next| {
-                let log = Arc::clone(&log);
-                async move {
-                    log.requests
-                        .lock()
-                        .push(format!("{} {}", request.method(), request.uri()));
-                    next.run(request).await
+    let router = api.router().layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let log = Arc::clone(&log);
+            async move {
+                log.requests
+                    .lock()
+                    .push(format!("{} {}", request.method(), request.uri()));
+                if request.method() == axum::http::Method::PATCH {
+                    let ct = request
+                        .headers()
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned();
+                    log.patch_content_types.lock().push(ct);
                 }
-            },
-        ))
-        .with_state(Arc::clone(&server));
+                next.run(request).await
+            }
+        },
+    ));
     tokio::spawn(async move {
         axum::serve(listener, router).await.expect("serve");
     });
     server
+}
+
+/// The `greeting` of ConfigMap `default/hello`, read through the API.
+async fn greeting(server: &Server) -> String {
+    let client = kube::Client::new(server.api.router(), "default");
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client, "default");
+    cms.get("hello")
+        .await
+        .expect("the applied ConfigMap exists")
+        .data
+        .unwrap_or_default()["greeting"]
+        .clone()
 }
 
 /// The output of one kubectl run.
@@ -565,10 +298,7 @@ async fn kubectl_explain_and_apply_use_openapi_v3() {
             .any(|request| request.contains("/openapi/v2")),
         "kubectl fell back to /openapi/v2: {requests:#?}"
     );
-    assert_eq!(
-        server.created.lock()["/api/v1/namespaces/default/configmaps/hello"]["data"]["greeting"],
-        "hi"
-    );
+    assert_eq!(greeting(&server).await, "hi");
 
     // Applying a change patches the object; the PATCH also leaves validation to the server.
     std::fs::write(
@@ -602,8 +332,5 @@ async fn kubectl_explain_and_apply_use_openapi_v3() {
         server.patch_content_types.lock().as_slice(),
         ["application/strategic-merge-patch+json"]
     );
-    assert_eq!(
-        server.created.lock()["/api/v1/namespaces/default/configmaps/hello"]["data"]["greeting"],
-        "hello"
-    );
+    assert_eq!(greeting(&server).await, "hello");
 }

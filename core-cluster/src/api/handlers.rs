@@ -82,13 +82,10 @@ pub(crate) async fn handle(
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("application/json");
-        let media = content_type
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        if !matches!(media.as_str(), "application/json" | "" | "*/*") {
+        if !matches!(
+            negotiate::media_type(content_type).as_str(),
+            "application/json" | "" | "*/*"
+        ) {
             return (
                 method.to_string(),
                 ApiError::unsupported_media_type(content_type).into_response(),
@@ -1001,8 +998,7 @@ async fn patch_object(
     body: &Bytes,
     query: &Query,
 ) -> Result<(StatusCode, Value), ApiError> {
-    let media = content_type.split(';').next().unwrap_or("").trim();
-    let patch_type = patch::PatchType::from_content_type(media)
+    let patch_type = patch::PatchType::from_content_type(content_type)
         .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
     let is_apply = patch_type == patch::PatchType::ApplyPatch;
     let manager = query.get("fieldManager").cloned().unwrap_or_default();

@@ -25,6 +25,16 @@ pub const PARTIAL_LIST_CONTENT_TYPE: &str =
 pub const AGGREGATED_DISCOVERY_CONTENT_TYPE: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 
+/// The media type of a `Content-Type` value, lower-cased, without parameters.
+pub fn media_type(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
 /// One media range of an Accept header, with its parameters.
 fn media_ranges(headers: &HeaderMap) -> Vec<(String, Vec<(String, String)>)> {
     let accept = headers
