@@ -68,14 +68,17 @@ pub(crate) struct DecodedEvent {
     object_json: Bytes,
 }
 
+/// The cached events by (resource, revision), and their insertion order for eviction.
+type CacheEntries = (
+    HashMap<(usize, u64), Arc<DecodedEvent>>,
+    VecDeque<(usize, u64)>,
+);
+
 /// Decoded events shared by watchers, keyed by resource and revision: with many watchers on
 /// one resource, each event is decoded and encoded once, not once per watcher.
 #[derive(Default)]
 pub(crate) struct EventCache {
-    entries: parking_lot::Mutex<(
-        HashMap<(usize, u64), Arc<DecodedEvent>>,
-        VecDeque<(usize, u64)>,
-    )>,
+    entries: parking_lot::Mutex<CacheEntries>,
 }
 
 /// How many decoded events the cache keeps.
