@@ -560,7 +560,7 @@ async fn watch_from_a_compacted_version_gets_a_410_error_event() {
         }
         other => panic!("expected a 410 ERROR event, got {other:?}"),
     }
-    // Bookmarks: asked for, they carry only the resource version.
+    // Live events after a list's resource version.
     let list = cms.list(&ListParams::default()).await.unwrap();
     let rv = list.metadata.resource_version.unwrap();
     let mut stream = cms
@@ -1086,4 +1086,55 @@ async fn the_compactor_keeps_one_interval_of_history() {
         2
     );
     shutdown.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn bookmarks_carry_only_the_resource_version_of_what_was_sent() {
+    let config = ApiServerConfig {
+        bookmark_interval: Duration::from_secs(5),
+        ..ApiServerConfig::default()
+    };
+    let server = ApiServer::new(Arc::new(MemoryStore::new()), config)
+        .await
+        .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(Client::new(server.router(), "default"), "default");
+    let rv = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = cms
+        .watch(&WatchParams::default().timeout(60), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let created = cms
+        .create(&PostParams::default(), &configmap("b1"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        stream.try_next().await.unwrap(),
+        Some(WatchEvent::Added(_))
+    ));
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    match stream.try_next().await.unwrap() {
+        Some(WatchEvent::Bookmark(b)) => {
+            assert_eq!(
+                b.metadata.resource_version,
+                created.resource_version().unwrap()
+            );
+            assert_eq!(b.types.kind, "ConfigMap");
+        }
+        other => panic!("expected a bookmark, got {other:?}"),
+    }
+    // The watch ends at its timeout, so clients re-watch.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let rest: Vec<_> = stream.collect().await;
+    assert!(
+        rest.iter()
+            .all(|e| matches!(e, Ok(WatchEvent::Bookmark(_)))),
+        "{rest:?}"
+    );
 }
