@@ -568,6 +568,11 @@ impl NodeIpamController {
             }
             return Ok(());
         }
+        if let Some(stale) = self.held.remove(name) {
+            // We allocated before but the Node shows none (say, recreated under the same
+            // name): free the old blocks before taking new ones.
+            self.release_cidrs(name, &stale);
+        }
         let mut proposal = Vec::with_capacity(self.sets.len());
         for i in 0..self.sets.len() {
             match self.sets[i].allocate_next() {
@@ -733,6 +738,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("must be less than or equal"), "{e}");
+    }
+
+    // node-lifecycle.md §7 row 51 (where we differ: bad CIDRs are skipped, not fatal)
+    #[tokio::test]
+    async fn bad_pod_cidrs_are_skipped_not_fatal() {
+        let server = crate::ApiServer::new(
+            std::sync::Arc::new(crate::store::MemoryStore::new()),
+            crate::ApiServerConfig::default(),
+        )
+        .await
+        .unwrap();
+        let client = Client::new(server.router(), "default");
+        let mut ctrl =
+            NodeIpamController::new(client, cfg(&["10.0.0.0/16", "fd00::/48"], 24, 64)).unwrap();
+        let mut queue = WorkQueue::new(Duration::from_millis(1), Duration::from_millis(1));
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n"},
+            "spec": {"podCIDR": "bogus", "podCIDRs": ["bogus", "fd00:0:0:5::/64", "10.9.0.0/24"]}
+        }))
+        .unwrap();
+        ctrl.observe(&node, &mut queue);
+        // Only the valid entry in the right slot is held; nothing queued, nothing panicked.
+        assert_eq!(ctrl.held["n"], vec![net("fd00:0:0:5::/64")]);
+        assert_eq!(ctrl.sets[0].allocated(), 0);
+        assert_eq!(ctrl.sets[1].allocated(), 1);
+        assert_eq!(queue.pop(), None);
+        ctrl.release_node("n", &node);
+        assert_eq!(ctrl.sets[1].allocated(), 0);
     }
 
     // node-lifecycle.md §7 rows 48, 49
