@@ -2,5 +2,7 @@
 //! like any other (they never touch the store): node lifecycle, taint eviction, node IPAM,
 //! garbage collection.
 
+pub mod garbage_collector;
 pub mod node_ipam;
+pub mod pod_gc;
 mod queue;
