@@ -558,6 +558,111 @@ async fn gc_owner_in_another_namespace_is_invalid() {
     stop.cancel();
 }
 
+// node-lifecycle.md §7 row 64 (a chain: the middle dependent is itself deleted Foreground)
+#[tokio::test(start_paused = true)]
+async fn gc_foreground_chain_deletes_dependents_first() {
+    let client = client().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let stop = start_gc(&client);
+    let top = cms
+        .create(&PostParams::default(), &cm("top"))
+        .await
+        .unwrap();
+    let mid = cms
+        .create(
+            &PostParams::default(),
+            &cm_owned(
+                "mid",
+                vec![owner_ref(
+                    "ConfigMap",
+                    "v1",
+                    "top",
+                    &top.uid().unwrap(),
+                    true,
+                )],
+            ),
+        )
+        .await
+        .unwrap();
+    let mut leaf = cm_owned(
+        "leaf",
+        vec![owner_ref(
+            "ConfigMap",
+            "v1",
+            "mid",
+            &mid.uid().unwrap(),
+            true,
+        )],
+    );
+    leaf.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    cms.create(&PostParams::default(), &leaf).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cms.delete("top", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    // mid is deleted in the foreground too, so it waits for leaf, and top waits for mid.
+    let m = eventually(60, "mid deleting in foreground", || async {
+        let m = cms.get("mid").await.unwrap();
+        m.metadata.deletion_timestamp.is_some().then_some(m)
+    })
+    .await;
+    assert!(m.finalizers().iter().any(|f| f == "foregroundDeletion"));
+    eventually(60, "leaf deleting", || async {
+        cms.get("leaf")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .map(|_| ())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!gone(&cms, "top").await && !gone(&cms, "mid").await);
+    cms.patch(
+        "leaf",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    wait_gone(&cms, "mid").await;
+    wait_gone(&cms, "top").await;
+    stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn gc_cluster_scoped_dependent_of_namespaced_owner_is_reported_not_deleted() {
+    let client = client().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let stop = start_gc(&client);
+    let owner = cms
+        .create(&PostParams::default(), &cm("owner"))
+        .await
+        .unwrap();
+    let uid = owner.uid().unwrap();
+    let mut n = node("n");
+    n.metadata.owner_references = Some(vec![
+        serde_json::from_value(owner_ref("ConfigMap", "v1", "owner", &uid, false)).unwrap(),
+    ]);
+    nodes.create(&PostParams::default(), &n).await.unwrap();
+    let ev = eventually(30, "OwnerRefInvalidNamespace event", || async {
+        events_for(&client, "n", "OwnerRefInvalidNamespace")
+            .await
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert_eq!(
+        ev.note.as_deref(),
+        Some(format!("ownerRef [v1/ConfigMap, namespace: , name: owner, uid: {uid}] does not exist in namespace \"\"").as_str())
+    );
+    // A permanent error: the Node stays.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!gone(&nodes, "n").await);
+    stop.cancel();
+}
+
 // ---------------------------------------------------------------- pod GC
 
 fn pod(name: &str, node: Option<&str>) -> Pod {
