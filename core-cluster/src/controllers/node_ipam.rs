@@ -142,32 +142,7 @@ impl NodeIpamConfig {
             more => return Err(NodeIpamConfigError::TooManyClusterCidrs(more.len())),
         }
         for cluster in &self.cluster_cidrs {
-            let node_mask = self.node_mask_for(cluster);
-            let (family, max) = match cluster {
-                IpNet::V4(_) => ("IPv4", 32),
-                IpNet::V6(_) => ("IPv6", 128),
-            };
-            if node_mask > max {
-                return Err(NodeIpamConfigError::MaskTooLong {
-                    mask: node_mask,
-                    family,
-                    max,
-                });
-            }
-            if cluster.prefix_len() > node_mask {
-                return Err(NodeIpamConfigError::ClusterMaskTooLong {
-                    cluster: *cluster,
-                    node_mask,
-                });
-            }
-            if matches!(cluster, IpNet::V6(_))
-                && node_mask - cluster.prefix_len() > IPV6_MAX_MASK_DIFF
-            {
-                return Err(NodeIpamConfigError::SubnetTooBig {
-                    cluster: *cluster,
-                    node_mask,
-                });
-            }
+            check_mask(cluster, self.node_mask_for(cluster))?;
         }
         Ok(())
     }
@@ -228,18 +203,19 @@ pub struct CidrSet {
 }
 
 impl CidrSet {
-    /// A set of `node_mask`-sized blocks of `cluster` (which must be valid: see
-    /// [`NodeIpamConfig::validate`]).
-    pub fn new(cluster: IpNet, node_mask: u8) -> Self {
+    /// A set of `node_mask`-sized blocks of `cluster`, refused as
+    /// [`NodeIpamConfig::validate`] would refuse it.
+    pub fn new(cluster: IpNet, node_mask: u8) -> Result<Self, NodeIpamConfigError> {
         let cluster = cluster.trunc();
-        let diff = u32::from(node_mask.saturating_sub(cluster.prefix_len()));
-        Self {
+        check_mask(&cluster, node_mask)?;
+        let diff = u32::from(node_mask - cluster.prefix_len());
+        Ok(Self {
             cluster,
             node_mask,
             max_cidrs: 1u64.checked_shl(diff).unwrap_or(u64::MAX),
             used: BTreeSet::new(),
             next_candidate: 0,
-        }
+        })
     }
 
     /// The cluster CIDR.
@@ -343,6 +319,35 @@ impl CidrSet {
     }
 }
 
+/// The mask rules of one cluster CIDR: node mask within the address, not shorter than the
+/// cluster mask, and for IPv6 at most [`IPV6_MAX_MASK_DIFF`] bits longer.
+fn check_mask(cluster: &IpNet, node_mask: u8) -> Result<(), NodeIpamConfigError> {
+    let (family, max) = match cluster {
+        IpNet::V4(_) => ("IPv4", 32),
+        IpNet::V6(_) => ("IPv6", 128),
+    };
+    if node_mask > max {
+        return Err(NodeIpamConfigError::MaskTooLong {
+            mask: node_mask,
+            family,
+            max,
+        });
+    }
+    if cluster.prefix_len() > node_mask {
+        return Err(NodeIpamConfigError::ClusterMaskTooLong {
+            cluster: *cluster,
+            node_mask,
+        });
+    }
+    if matches!(cluster, IpNet::V6(_)) && node_mask - cluster.prefix_len() > IPV6_MAX_MASK_DIFF {
+        return Err(NodeIpamConfigError::SubnetTooBig {
+            cluster: *cluster,
+            node_mask,
+        });
+    }
+    Ok(())
+}
+
 fn ip_to_u128(ip: IpAddr) -> u128 {
     match ip {
         IpAddr::V4(v4) => u128::from(u32::from(v4)),
@@ -379,7 +384,7 @@ impl NodeIpamController {
                 .cluster_cidrs
                 .iter()
                 .map(|c| CidrSet::new(*c, config.node_mask_for(c)))
-                .collect()
+                .collect::<Result<_, _>>()?
         } else {
             Vec::new()
         };
@@ -771,9 +776,12 @@ mod tests {
     // node-lifecycle.md §7 rows 48, 49
     #[test]
     fn cidrset_round_robin_and_capacity() {
-        let mut s = CidrSet::new(net("10.0.0.0/22"), 24);
+        let mut s = CidrSet::new(net("10.0.0.0/22"), 24).unwrap();
         assert_eq!(s.capacity(), 4);
-        assert_eq!(CidrSet::new(net("10.0.0.0/16"), 24).capacity(), 256);
+        assert_eq!(
+            CidrSet::new(net("10.0.0.0/16"), 24).unwrap().capacity(),
+            256
+        );
         let a: Vec<IpNet> = (0..3).map(|_| s.allocate_next().unwrap()).collect();
         assert_eq!(
             a,
@@ -789,13 +797,22 @@ mod tests {
         ));
         assert!(s.occupy(&net("10.1.0.0/24")).is_err());
         assert!(s.occupy(&net("fd00::/64")).is_err());
-        let mut v6 = CidrSet::new(net("fd00::/48"), 64);
+        let mut v6 = CidrSet::new(net("fd00::/48"), 64).unwrap();
         assert_eq!(v6.allocate_next().unwrap(), net("fd00::/64"));
         assert_eq!(v6.allocate_next().unwrap(), net("fd00:0:0:1::/64"));
         // Occupying a wider block takes every node block in it.
-        let mut w = CidrSet::new(net("10.0.0.0/16"), 24);
+        let mut w = CidrSet::new(net("10.0.0.0/16"), 24).unwrap();
         w.occupy(&net("10.0.0.0/23")).unwrap();
         assert_eq!(w.allocated(), 2);
         assert_eq!(w.allocate_next().unwrap(), net("10.0.2.0/24"));
+        // Bad masks are errors, not panics.
+        assert!(CidrSet::new(net("10.0.0.0/16"), 40).is_err());
+        assert!(CidrSet::new(net("10.0.0.0/16"), 8).is_err());
+        assert!(CidrSet::new(net("fd00::/32"), 64).is_err());
+        // A /32 node mask is fine (one address per node).
+        let mut tiny = CidrSet::new(net("10.0.0.0/31"), 32).unwrap();
+        assert_eq!(tiny.allocate_next().unwrap(), net("10.0.0.0/32"));
+        assert_eq!(tiny.allocate_next().unwrap(), net("10.0.0.1/32"));
+        assert!(tiny.allocate_next().is_err());
     }
 }
