@@ -317,16 +317,34 @@ impl GarbageCollector {
         let old = self.graph.upsert(
             key.clone(),
             Meta {
-                uid,
+                uid: uid.clone(),
                 owners: owners.clone(),
                 deleting,
             },
         );
+        // Like upstream's graph builder, react to changes only: a new object, changed owner
+        // references, or a change of deletion state (status updates of pods and the like
+        // cost nothing).
+        let changed = match &old {
+            None => true,
+            Some(m) => m.uid != uid || m.owners != owners || m.deleting != deleting,
+        };
+        if !changed {
+            return Some(key);
+        }
+        if let Some(m) = &old
+            && m.uid != uid
+        {
+            // Recreated under the same name: the old object's dependents lost their owner.
+            for dep in self.graph.dependents_of(&m.uid) {
+                queue.add(dep);
+            }
+        }
         if !owners.is_empty() || (deleting && has_gc_finalizer) {
             queue.add(key.clone());
         }
-        // Owners being deleted (waiting on their dependents) re-check when a dependent
-        // changes.
+        // Owners being deleted (waiting on their dependents) re-check when a dependent's
+        // references change.
         let old_owners = old.map(|m| m.owners).unwrap_or_default();
         for r in owners.iter().chain(old_owners.iter()) {
             self.requeue_deleting_owner(&r.uid, queue);
