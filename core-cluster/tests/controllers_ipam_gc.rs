@@ -558,6 +558,37 @@ async fn gc_owner_in_another_namespace_is_invalid() {
     stop.cancel();
 }
 
+#[tokio::test(start_paused = true)]
+async fn gc_keeps_dependents_of_unserved_owner_kinds() {
+    let client = client().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let stop = start_gc(&client);
+    let uid = "11111111-1111-1111-1111-111111111111";
+    cms.create(
+        &PostParams::default(),
+        &cm_owned(
+            "by-deploy",
+            vec![owner_ref("Deployment", "apps/v1", "web", uid, true)],
+        ),
+    )
+    .await
+    .unwrap();
+    // Control: the same reference to a served kind that is absent is collected.
+    cms.create(
+        &PostParams::default(),
+        &cm_owned(
+            "by-cm",
+            vec![owner_ref("ConfigMap", "v1", "web", uid, true)],
+        ),
+    )
+    .await
+    .unwrap();
+    wait_gone(&cms, "by-cm").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!gone(&cms, "by-deploy").await);
+    stop.cancel();
+}
+
 // node-lifecycle.md §7 row 64 (a chain: the middle dependent is itself deleted Foreground)
 #[tokio::test(start_paused = true)]
 async fn gc_foreground_chain_deletes_dependents_first() {
@@ -710,6 +741,24 @@ async fn pod_gc_deletes_pods_of_missing_nodes() {
             .is_some()
     );
 
+    // Record what happens to on-gone: upstream marks it Failed before deleting it.
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::<Pod>::new()));
+    {
+        let seen = seen.clone();
+        let stream = kube::runtime::watcher(
+            pods.clone(),
+            kube::runtime::watcher::Config::default().fields("metadata.name=on-gone"),
+        );
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(ev) = futures::StreamExt::next(&mut stream).await {
+                if let Ok(kube::runtime::watcher::Event::Apply(p)) = ev {
+                    seen.lock().push(p);
+                }
+            }
+        });
+    }
+
     let token = CancellationToken::new();
     let ctrl = PodGcController::new(client.clone(), Default::default());
     tokio::spawn(ctrl.run(token.clone()));
@@ -721,6 +770,24 @@ async fn pod_gc_deletes_pods_of_missing_nodes() {
     );
     wait_gone(&pods, "on-gone").await;
     wait_gone(&pods, "terminating").await;
+    let failed = seen
+        .lock()
+        .iter()
+        .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed"))
+        .cloned()
+        .expect("on-gone was marked Failed before deletion");
+    let cond = failed
+        .status
+        .unwrap()
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "DisruptionTarget")
+        .expect("DisruptionTarget condition");
+    assert_eq!(
+        (cond.status.as_str(), cond.reason.as_deref()),
+        ("True", Some("DeletionByPodGC"))
+    );
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert!(!gone(&pods, "on-here").await);
     assert!(!gone(&pods, "unscheduled").await);
