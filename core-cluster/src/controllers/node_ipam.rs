@@ -533,13 +533,14 @@ impl NodeIpamController {
     }
 
     fn release_node(&mut self, name: &str, node: &Node) {
-        let cidrs = match self.held.remove(name) {
-            Some(c) => c,
-            // Not seen before (say, deleted before our list): release what it carries, if it
-            // is ours to release. Nothing else can hold those blocks.
-            None => return debug!(node = name, podcidrs = ?pod_cidrs(node), "node was not tracked"),
-        };
-        self.release_cidrs(name, &cidrs);
+        // Only blocks we hold for this Node are freed: an untracked Node's podCIDRs (out of
+        // range, or never occupied) may belong to another Node we do track.
+        match self.held.remove(name) {
+            Some(cidrs) => self.release_cidrs(name, &cidrs),
+            None => {
+                debug!(node = name, podcidrs = ?pod_cidrs(node), "node was not tracked; nothing to release")
+            }
+        }
     }
 
     fn release_cidrs(&mut self, name: &str, cidrs: &[IpNet]) {
