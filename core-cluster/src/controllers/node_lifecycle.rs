@@ -339,7 +339,10 @@ impl ZoneTainter {
     }
 
     fn head(&self) -> Option<(Instant, String)> {
-        self.queue.iter().next().map(|((at, _), n)| (*at, n.clone()))
+        self.queue
+            .iter()
+            .next()
+            .map(|((at, _), n)| (*at, n.clone()))
     }
 }
 
@@ -528,7 +531,10 @@ impl MonitorCore {
             Some(c) => {
                 grace = self.config.node_monitor_grace_period;
                 observed = Some(ReadyStatus::parse(&c.status));
-                let times = (c.last_heartbeat_time.clone(), c.last_transition_time.clone());
+                let times = (
+                    c.last_heartbeat_time.clone(),
+                    c.last_transition_time.clone(),
+                );
                 match self.health.get_mut(&name) {
                     None => self.health.entry(name.clone()).or_insert(NodeHealth {
                         probe: now,
@@ -558,7 +564,10 @@ impl MonitorCore {
             }
         };
         if let Some(renew) = lease.and_then(|l| l.spec.as_ref()?.renew_time.as_ref())
-            && entry.lease_renew.as_ref().is_none_or(|saved| saved.0 < renew.0)
+            && entry
+                .lease_renew
+                .as_ref()
+                .is_none_or(|saved| saved.0 < renew.0)
         {
             entry.lease_renew = Some(renew.clone());
             entry.probe = now;
@@ -871,10 +880,7 @@ pub fn no_schedule_taint_diff(node: &Node) -> (Vec<Taint>, Vec<Taint>) {
         .and_then(|s| s.conditions.as_deref())
         .unwrap_or_default()
     {
-        if let Some((_, _, key)) = MAP
-            .iter()
-            .find(|(t, s, _)| *t == c.type_ && *s == c.status)
-        {
+        if let Some((_, _, key)) = MAP.iter().find(|(t, s, _)| *t == c.type_ && *s == c.status) {
             want.push(key);
         }
     }
@@ -937,7 +943,11 @@ pub async fn swap_node_taints(
             .unwrap_or_default();
         let mut new: Vec<Taint> = old
             .iter()
-            .filter(|t| !remove.iter().any(|r| r.key == t.key && r.effect == t.effect))
+            .filter(|t| {
+                !remove
+                    .iter()
+                    .any(|r| r.key == t.key && r.effect == t.effect)
+            })
             .cloned()
             .collect();
         for a in add {
@@ -1002,7 +1012,13 @@ fn node_ref(node: Option<&Node>, name: &str) -> ObjectReference {
 }
 
 impl Shared {
-    async fn event(&self, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
+    async fn event(
+        &self,
+        reference: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let ev = Event {
             type_,
             reason: reason.into(),
@@ -1177,9 +1193,8 @@ impl Shared {
     async fn monitor_pass(&self, leases: &Store<Lease>) {
         let nodes = self.node_store.state();
         let plan = {
-            let lookup = |name: &str| {
-                leases.get(&ObjectRef::new(name).within(NODE_LEASE_NAMESPACE))
-            };
+            let lookup =
+                |name: &str| leases.get(&ObjectRef::new(name).within(NODE_LEASE_NAMESPACE));
             self.core
                 .lock()
                 .monitor_pass(&nodes, &lookup, Instant::now(), Timestamp::now())
@@ -1319,7 +1334,8 @@ impl NodeLifecycleController {
         });
         {
             let shared = shared.clone();
-            let names = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|n| (n, rx)) });
+            let names =
+                stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|n| (n, rx)) });
             tasks.spawn(names.for_each_concurrent(NODE_UPDATE_WORKERS, move |name| {
                 let shared = shared.clone();
                 let pending = pending.clone();
@@ -1373,9 +1389,15 @@ mod tests {
         z.extend([Some(True), Some(True)]);
         assert_eq!(ready(&z), ZoneState::PartialDisruption);
         // node-lifecycle.md §7 row 22: 2 of 3 is Normal
-        assert_eq!(ready(&[Some(False), Some(False), Some(True)]), ZoneState::Normal);
+        assert_eq!(
+            ready(&[Some(False), Some(False), Some(True)]),
+            ZoneState::Normal
+        );
         // node-lifecycle.md §7 row 23: nil counts as not ready
-        assert_eq!(ready(&[None, None, None, Some(True)]), ZoneState::PartialDisruption);
+        assert_eq!(
+            ready(&[None, None, None, Some(True)]),
+            ZoneState::PartialDisruption
+        );
     }
 
     #[test]

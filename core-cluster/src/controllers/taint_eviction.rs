@@ -57,7 +57,9 @@ pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
         return false;
     }
     match toleration.operator.as_deref().unwrap_or("") {
-        "" | "Equal" => toleration.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or(""),
+        "" | "Equal" => {
+            toleration.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
+        }
         "Exists" => true,
         _ => false,
     }
@@ -120,15 +122,24 @@ struct PodInfo {
 
 #[derive(Debug, Clone, Copy)]
 enum Work {
-    Scheduled { created_at: Instant, fire_at: Instant },
+    Scheduled {
+        created_at: Instant,
+        fire_at: Instant,
+    },
     /// Fired: kept so the pod is not scheduled again until cancelled (upstream keeps a nil
     /// worker).
     Fired,
 }
 
 enum Job {
-    Delete { key: String, reference: ObjectReference },
-    Event { reference: ObjectReference, note: String },
+    Delete {
+        key: String,
+        reference: ObjectReference,
+    },
+    Event {
+        reference: ObjectReference,
+        note: String,
+    },
 }
 
 /// The state of the controller's loop.
@@ -161,7 +172,13 @@ impl State {
         if self.work.contains_key(key) {
             return;
         }
-        self.work.insert(key.to_string(), Work::Scheduled { created_at, fire_at });
+        self.work.insert(
+            key.to_string(),
+            Work::Scheduled {
+                created_at,
+                fire_at,
+            },
+        );
         self.timers.insert((fire_at, key.to_string()));
     }
 
@@ -192,7 +209,13 @@ impl State {
 
     /// Upstream `handleNodeUpdate` (for a changed NoExecute taint set).
     fn node_changed(&mut self, name: &str, taints: Vec<Taint>, now: Instant) {
-        if self.tainted.get(name).map(Vec::as_slice).unwrap_or_default() == taints.as_slice() {
+        if self
+            .tainted
+            .get(name)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            == taints.as_slice()
+        {
             return;
         }
         if taints.is_empty() {
@@ -308,10 +331,16 @@ impl TaintEvictionController {
 
     /// Runs until `shutdown` is cancelled.
     pub async fn run(self, shutdown: CancellationToken) {
-        let nodes = watcher(Api::<Node>::all(self.client.clone()), watcher::Config::default())
-            .default_backoff();
-        let pods = watcher(Api::<Pod>::all(self.client.clone()), watcher::Config::default())
-            .default_backoff();
+        let nodes = watcher(
+            Api::<Node>::all(self.client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff();
+        let pods = watcher(
+            Api::<Pod>::all(self.client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff();
         let recorder = Recorder::new(
             self.client.clone(),
             Reporter {
@@ -322,26 +351,34 @@ impl TaintEvictionController {
         let (job_tx, job_rx) = mpsc::unbounded_channel::<Job>();
         let (failed_tx, mut failed_rx) = mpsc::unbounded_channel::<String>();
         let client = self.client.clone();
-        let workers = stream::unfold(job_rx, |mut rx| async move { rx.recv().await.map(|j| (j, rx)) })
-            .for_each_concurrent(DELETION_WORKERS, move |job| {
-                let client = client.clone();
-                let recorder = recorder.clone();
-                let failed_tx = failed_tx.clone();
-                async move {
-                    match job {
-                        Job::Event { reference, note } => {
-                            publish(&recorder, &reference, note).await;
-                        }
-                        Job::Delete { key, reference } => {
-                            publish(&recorder, &reference, format!("Marking for deletion Pod {key}")).await;
-                            let span = info_span!("taint_eviction", pod = %key);
-                            if !delete_pod(&client, &reference).instrument(span).await {
-                                let _ = failed_tx.send(key);
-                            }
+        let workers = stream::unfold(
+            job_rx,
+            |mut rx| async move { rx.recv().await.map(|j| (j, rx)) },
+        )
+        .for_each_concurrent(DELETION_WORKERS, move |job| {
+            let client = client.clone();
+            let recorder = recorder.clone();
+            let failed_tx = failed_tx.clone();
+            async move {
+                match job {
+                    Job::Event { reference, note } => {
+                        publish(&recorder, &reference, note).await;
+                    }
+                    Job::Delete { key, reference } => {
+                        publish(
+                            &recorder,
+                            &reference,
+                            format!("Marking for deletion Pod {key}"),
+                        )
+                        .await;
+                        let span = info_span!("taint_eviction", pod = %key);
+                        if !delete_pod(&client, &reference).instrument(span).await {
+                            let _ = failed_tx.send(key);
                         }
                     }
                 }
-            });
+            }
+        });
         let mut workers = std::pin::pin!(workers);
         let mut nodes = std::pin::pin!(nodes);
         let mut pods = std::pin::pin!(pods);
@@ -493,15 +530,30 @@ mod tests {
     fn decisions() {
         // node-lifecycle.md §7 row 41: untolerated → now
         assert_eq!(eviction_decision(&[t("a")], &[]), EvictionDecision::Now);
-        assert_eq!(eviction_decision(&[t("a")], &[tol("b", None)]), EvictionDecision::Now);
+        assert_eq!(
+            eviction_decision(&[t("a")], &[tol("b", None)]),
+            EvictionDecision::Now
+        );
         // node-lifecycle.md §7 row 42: min seconds; ≤ 0 → now; nil on all → never
         assert_eq!(
-            eviction_decision(&[t("a"), t("b")], &[tol("a", Some(300)), tol("b", Some(30))]),
+            eviction_decision(
+                &[t("a"), t("b")],
+                &[tol("a", Some(300)), tol("b", Some(30))]
+            ),
             EvictionDecision::After(Duration::from_secs(30))
         );
-        assert_eq!(eviction_decision(&[t("a")], &[tol("a", Some(0))]), EvictionDecision::Now);
-        assert_eq!(eviction_decision(&[t("a")], &[tol("a", None)]), EvictionDecision::Keep);
+        assert_eq!(
+            eviction_decision(&[t("a")], &[tol("a", Some(0))]),
+            EvictionDecision::Now
+        );
+        assert_eq!(
+            eviction_decision(&[t("a")], &[tol("a", None)]),
+            EvictionDecision::Keep
+        );
         // an empty key with Exists tolerates every taint
-        assert_eq!(eviction_decision(&[t("x")], &[tol("", None)]), EvictionDecision::Keep);
+        assert_eq!(
+            eviction_decision(&[t("x")], &[tol("", None)]),
+            EvictionDecision::Keep
+        );
     }
 }
