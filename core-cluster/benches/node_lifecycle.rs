@@ -101,7 +101,7 @@ fn bench(n: usize, passes: usize) {
         renew += SignedDuration::from_secs(5);
         for (name, l) in leases.iter_mut() {
             let i: usize = name["node-".len()..].parse().unwrap();
-            if i % ZONES == 0 {
+            if i.is_multiple_of(ZONES) {
                 continue;
             }
             let mut new = (**l).clone();

@@ -682,3 +682,128 @@ async fn taint_eviction_toleration_seconds_and_cancel() {
     );
     sim.shutdown.cancel();
 }
+
+/// A node whose kubelet never posts status: Unknown after the 60 s startup grace with the
+/// never-posted reason; a deleted node gets a RemovingNode event.
+#[tokio::test(start_paused = true)]
+async fn never_posted_startup_grace_and_removal() {
+    let sim = Sim::new().await;
+    sim.add_node("ok", "a").await;
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "silent", "labels": {"topology.kubernetes.io/zone": "a"}},
+    }))
+    .unwrap();
+    sim.nodes()
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+    sim.start_lifecycle(NodeLifecycleConfig::default());
+    // node-lifecycle.md §7 row 3: not before the 60 s startup grace (counted on our clock)
+    sleep(Duration::from_secs(58)).await;
+    let conds = sim
+        .node("silent")
+        .await
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default();
+    assert!(conds.is_empty(), "{conds:?}");
+    // node-lifecycle.md §7 row 9: conditions appended as never posted
+    assert!(
+        wait_for(Duration::from_secs(10), async || {
+            sim.node("silent")
+                .await
+                .status
+                .and_then(|s| s.conditions)
+                .is_some_and(|c| !c.is_empty())
+        })
+        .await
+        .is_some()
+    );
+    for c in ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"] {
+        let (status, reason, message) = sim.condition("silent", c).await;
+        assert_eq!(status, "Unknown");
+        assert_eq!(reason.as_deref(), Some("NodeStatusNeverUpdated"));
+        assert_eq!(
+            message.as_deref(),
+            Some("Kubelet never posted node status.")
+        );
+    }
+    // node-lifecycle.md §7 row 10: NetworkUnavailable is not added
+    let n = sim.node("silent").await;
+    assert!(
+        !n.status
+            .unwrap()
+            .conditions
+            .unwrap()
+            .iter()
+            .any(|c| c.type_ == "NetworkUnavailable")
+    );
+    // then the unreachable taints, as for any Unknown node
+    assert!(
+        wait_for(Duration::from_secs(15), async || sim
+            .has_taint("silent", UR, "NoExecute")
+            .await)
+        .await
+        .is_some()
+    );
+    // node-lifecycle.md §7 row 17
+    sim.nodes()
+        .delete("silent", &Default::default())
+        .await
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), async || {
+            sim.events("RemovingNode")
+                .await
+                .iter()
+                .any(|e| e.message.as_deref() == Some("Removing Node silent from Controller"))
+        })
+        .await
+        .is_some()
+    );
+    sim.shutdown.cancel();
+}
+
+/// Leaving master disruption mode: once one zone has a Ready node again, the zones that
+/// are still fully disrupted get the normal rate back.
+#[tokio::test(start_paused = true)]
+async fn leaving_all_disrupted_resets_probes() {
+    let sim = Sim::new().await;
+    for z in ["a", "b"] {
+        for i in 0..2 {
+            sim.add_node(&format!("{z}{i}"), z).await;
+        }
+    }
+    sim.start_lifecycle(NodeLifecycleConfig::default());
+    sleep(Duration::from_secs(20)).await;
+    for n in ["a0", "a1", "b0", "b1"] {
+        sim.stop(n);
+    }
+    assert!(
+        wait_for(Duration::from_secs(90), async || sim
+            .count_taint(UR, "NoSchedule")
+            .await
+            == 4)
+        .await
+        .is_some()
+    );
+    sleep(Duration::from_secs(30)).await;
+    assert_eq!(sim.count_taint(UR, "NoExecute").await, 0);
+    // b0 comes back: zone b is no longer fully disrupted
+    sim.revive("b0").await;
+    // node-lifecycle.md §7 rows 27, 28: the Unknown nodes of zone a are then tainted under
+    // the normal rate (zone a is fully disrupted, zone b is not)
+    assert!(
+        wait_for(Duration::from_secs(30), async || sim
+            .count_taint(UR, "NoExecute")
+            .await
+            >= 1)
+        .await
+        .is_some(),
+        "no NoExecute taint after leaving master disruption"
+    );
+    assert!(!sim.has_taint("b0", UR, "NoExecute").await);
+    assert!(!sim.has_taint("b0", UR, "NoSchedule").await);
+    sim.shutdown.cancel();
+}

@@ -1413,6 +1413,128 @@ mod tests {
         assert!(!b.try_accept(t0 + Duration::from_secs(1000)));
     }
 
+    fn node(name: &str, zone: &str, ready: &str, heartbeat: i64) -> Arc<Node> {
+        let t = Time(Timestamp::from_second(heartbeat).unwrap());
+        let mut n = Node::default();
+        n.metadata.name = Some(name.into());
+        n.labels_mut().insert(ZONE_LABEL.into(), zone.into());
+        n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                last_heartbeat_time: Some(t.clone()),
+                last_transition_time: Some(t),
+                ..NodeCondition::default()
+            }]),
+            ..Default::default()
+        });
+        Arc::new(n)
+    }
+
+    fn status_writes(plan: &PassPlan) -> Vec<String> {
+        plan.nodes
+            .iter()
+            .filter(|p| {
+                p.actions
+                    .iter()
+                    .any(|a| matches!(a, NodeAction::UpdateStatus(_)))
+            })
+            .map(|p| p.name.clone())
+            .collect()
+    }
+
+    #[test]
+    fn restart_gives_full_grace_and_heartbeat_refreshes() {
+        let wall = Timestamp::now();
+        let none = |_: &str| None;
+        let t0 = Instant::now();
+        // node-lifecycle.md §7 row 7: a node first seen (e.g. after a restart) with an old
+        // heartbeat gets probe = now: no write until now + grace.
+        let mut core = MonitorCore::new(NodeLifecycleConfig::default());
+        let nodes = vec![node("n", "a", "True", 1)];
+        core.monitor_pass(&nodes, &none, t0, wall);
+        let plan = core.monitor_pass(&nodes, &none, t0 + Duration::from_secs(50), wall);
+        assert!(status_writes(&plan).is_empty());
+        // node-lifecycle.md §7 row 6: a new lastHeartbeatTime refreshes the probe
+        let nodes = vec![node("n", "a", "True", 2)];
+        core.monitor_pass(&nodes, &none, t0 + Duration::from_secs(50), wall);
+        let plan = core.monitor_pass(&nodes, &none, t0 + Duration::from_secs(100), wall);
+        assert!(status_writes(&plan).is_empty());
+        // node-lifecycle.md §7 rows 8, 11: strictly after probe + grace: one status write
+        let plan = core.monitor_pass(&nodes, &none, t0 + Duration::from_secs(101), wall);
+        assert_eq!(status_writes(&plan), vec!["n".to_string()]);
+    }
+
+    #[test]
+    fn lease_renewal_only_counts_forward() {
+        let wall = Timestamp::now();
+        let t0 = Instant::now();
+        let lease = |secs: i64| {
+            Arc::new(Lease {
+                spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                    renew_time: Some(MicroTime(Timestamp::from_second(secs).unwrap())),
+                    ..Default::default()
+                }),
+                ..Lease::default()
+            })
+        };
+        let mut core = MonitorCore::new(NodeLifecycleConfig::default());
+        let nodes = vec![node("n", "a", "True", 1)];
+        let l100 = lease(100);
+        core.monitor_pass(&nodes, &|_| Some(l100.clone()), t0, wall);
+        // node-lifecycle.md §7 row 4: a renewTime that moves back is not a heartbeat
+        let l50 = lease(50);
+        core.monitor_pass(
+            &nodes,
+            &|_| Some(l50.clone()),
+            t0 + Duration::from_secs(40),
+            wall,
+        );
+        let plan = core.monitor_pass(
+            &nodes,
+            &|_| Some(l50.clone()),
+            t0 + Duration::from_secs(51),
+            wall,
+        );
+        assert_eq!(status_writes(&plan), vec!["n".to_string()]);
+        // forward movement is
+        let mut core = MonitorCore::new(NodeLifecycleConfig::default());
+        core.monitor_pass(&nodes, &|_| Some(l100.clone()), t0, wall);
+        let l101 = lease(101);
+        core.monitor_pass(
+            &nodes,
+            &|_| Some(l101.clone()),
+            t0 + Duration::from_secs(40),
+            wall,
+        );
+        let plan = core.monitor_pass(
+            &nodes,
+            &|_| Some(l101.clone()),
+            t0 + Duration::from_secs(51),
+            wall,
+        );
+        assert!(status_writes(&plan).is_empty());
+    }
+
+    #[test]
+    fn excluded_nodes_stay_out_of_zone_state() {
+        // node-lifecycle.md §7 row 19: the Ready excluded node does not count, so the zone
+        // is fully disrupted (it would be Normal if it counted)
+        let wall = Timestamp::now();
+        let t0 = Instant::now();
+        let none = |_: &str| None;
+        let mut core = MonitorCore::new(NodeLifecycleConfig::default());
+        let mut ok = (*node("x", "a", "True", 1)).clone();
+        ok.labels_mut()
+            .insert(LABEL_EXCLUDE_DISRUPTION.into(), String::new());
+        let nodes = vec![node("n", "a", "False", 1), Arc::new(ok)];
+        core.monitor_pass(&nodes, &none, t0, wall);
+        assert_eq!(core.zone_state(":\x00:a"), Some(ZoneState::FullDisruption));
+        let nodes = vec![node("n", "a", "False", 1), node("x", "a", "True", 1)];
+        core.monitor_pass(&nodes, &none, t0 + Duration::from_secs(5), wall);
+        assert_eq!(core.zone_state(":\x00:a"), Some(ZoneState::Normal));
+    }
+
     #[test]
     fn zone_key_labels() {
         // node-lifecycle.md §7 row 18
