@@ -1,8 +1,10 @@
 //! The control-plane controllers of the node side, each a kube-rs client of the API server
 //! like any other (they never touch the store): node lifecycle, taint eviction, node IPAM,
-//! garbage collection.
+//! garbage collection, pod garbage collection.
 
 pub mod garbage_collector;
 pub mod node_ipam;
+pub mod node_lifecycle;
 pub mod pod_gc;
 mod queue;
+pub mod taint_eviction;
