@@ -498,9 +498,8 @@ async fn status_posted_on_change_and_every_5_minutes() {
     assert_eq!(h.sim.stats().status_posts, 0);
     sleep(Duration::from_secs(20)).await;
     assert_eq!(h.sim.stats().status_posts, 1);
-    let hb = condition(&nodes.get("n1").await.unwrap(), "Ready")
+    let before = condition(&nodes.get("n1").await.unwrap(), "Ready")
         .unwrap()
-        .last_heartbeat_time
         .clone();
 
     // The node lifecycle controller marks it Unknown, and adds NetworkUnavailable (kept).
@@ -520,7 +519,11 @@ async fn status_posted_on_change_and_every_5_minutes() {
     let n = nodes.get("n1").await.unwrap();
     let ready = condition(&n, "Ready").unwrap();
     assert_eq!(ready.status, "True");
-    assert!(ready.last_heartbeat_time > hb);
+    assert!(ready.last_heartbeat_time > before.last_heartbeat_time);
+    assert!(
+        ready.last_transition_time > before.last_transition_time,
+        "Unknown -> True is a transition"
+    );
     assert_eq!(condition(&n, "NetworkUnavailable").unwrap().status, "False");
     assert_eq!(h.sim.stats().status_posts, 2);
 }

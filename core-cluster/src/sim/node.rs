@@ -31,7 +31,7 @@ const MAX_UPDATE_RETRIES: usize = 5;
 const LEASE_BACKOFF_START: Duration = Duration::from_millis(200);
 /// kubelet's `maxBackoff`.
 const LEASE_BACKOFF_MAX: Duration = Duration::from_secs(7);
-/// `wait.JitterUntil` jitter factor of the lease controller.
+/// `wait.JitterUntil` jitter factor of the lease controller and the status loop.
 const LEASE_JITTER: f64 = 0.04;
 
 /// Ready message while a graceful shutdown runs.
@@ -319,7 +319,7 @@ impl Kubelet {
                 }
                 if now >= next_status {
                     self.sync_status().await;
-                    next_status = Instant::now() + update;
+                    next_status = Instant::now() + self.jittered(update);
                 }
             }
             if self.shutdown.is_cancelled() || self.node.ctl.lock().powered_off {
@@ -469,12 +469,22 @@ impl Kubelet {
             self.ready_since = now;
             self.last_ready_shutting_down = shutting_down;
         }
+        // Where the API shows another status (e.g. Unknown, set by the node lifecycle
+        // controller), posting ours is a transition, as in kubelet's setters.
+        let differs = |d: &NodeCondition| {
+            observed
+                .as_ref()
+                .is_some_and(|obs| !obs.iter().any(|(t, s)| *t == d.type_ && *s == d.status))
+        };
+        let draft = conditions(now, self.since, self.ready_since, shutting_down);
+        let changed = draft.iter().any(differs);
+        if draft.iter().any(|d| d.type_ == "Ready" && differs(d)) {
+            self.ready_since = now;
+        }
+        if draft.iter().any(|d| d.type_ != "Ready" && differs(d)) {
+            self.since = now;
+        }
         let desired = conditions(now, self.since, self.ready_since, shutting_down);
-        let changed = observed.is_some_and(|obs| {
-            desired
-                .iter()
-                .any(|d| !obs.iter().any(|(t, s)| *t == d.type_ && *s == d.status))
-        });
         let due = self.last_status_post.elapsed() >= self.config().node_status_report_frequency;
         if !changed && !due {
             return;
