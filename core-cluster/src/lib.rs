@@ -9,7 +9,9 @@
 //!   defaulting, validation, table columns, field selectors), Service IP/port allocation;
 //! - [`patch`]: JSON, merge, strategic-merge patches and server-side apply;
 //! - [`api`]: the REST surface (discovery, CRUD, watch, tables, Status errors, metrics);
-//! - [`serve`]: serving on a socket and writing a kubeconfig.
+//! - [`serve`]: serving on a socket and writing a kubeconfig;
+//! - [`sim`]: a kubelet stand-in simulating many nodes (registration, leases, pods,
+//!   graceful shutdown, fault injection), in the spirit of kwok.
 //!
 //! - [`openapi`]: the OpenAPI v3 documents (`/openapi/v3`) kubectl needs for `apply`
 //!   validation and `explain`.
@@ -22,6 +24,7 @@ pub mod openapi;
 pub mod patch;
 pub mod registry;
 pub mod serve;
+pub mod sim;
 pub mod store;
 
 pub use api::{ApiServer, ApiServerConfig};

@@ -1,0 +1,372 @@
+//! The pods of the simulated nodes: started, finished, shut down.
+
+use std::{
+    collections::HashSet,
+    net::{IpAddr, Ipv4Addr},
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
+    runtime::{WatchStreamExt, reflector, watcher},
+};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{NodeState, SimError, bump, node};
+use crate::sim::Shared;
+
+/// kubelet's graceful-shutdown pod status (v1.33 `nodeshutdown_manager`).
+pub(super) const SHUTDOWN_REASON: &str = "Terminated";
+/// kubelet's graceful-shutdown pod message.
+pub(super) const SHUTDOWN_MESSAGE: &str =
+    "Pod was terminated in response to imminent node shutdown.";
+/// Pod priority from which a pod is critical (`scheduling.SystemCriticalPriority`).
+const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// Pods being started or finished, by uid, so a pod is worked on once at a time.
+#[derive(Debug, Default)]
+pub(super) struct PodTracker {
+    starting: Mutex<HashSet<String>>,
+    finishing: Mutex<HashSet<String>>,
+}
+
+fn is_critical(pod: &Pod) -> bool {
+    let spec = pod.spec.as_ref();
+    spec.and_then(|s| s.priority)
+        .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
+        || matches!(
+            spec.and_then(|s| s.priority_class_name.as_deref()),
+            Some("system-node-critical" | "system-cluster-critical")
+        )
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
+}
+
+fn node_of(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .filter(|n| !n.is_empty())
+}
+
+/// Watches all pods and handles those bound to simulated nodes; re-examines a node's pods
+/// when its heartbeats resume.
+pub(super) async fn run_pods(
+    shared: Arc<Shared>,
+    mut resumed: mpsc::UnboundedReceiver<String>,
+    shutdown: CancellationToken,
+) {
+    let api: Api<Pod> = Api::all(shared.client.clone());
+    let (store, writer) = reflector::store();
+    let mut stream = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .boxed();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            Some(name) = resumed.recv() => {
+                for pod in store.state() {
+                    if node_of(&pod) == Some(name.as_str()) {
+                        handle_pod(&shared, &pod, &shutdown);
+                    }
+                }
+            }
+            e = stream.next() => match e {
+                Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => {
+                    handle_pod(&shared, &pod, &shutdown);
+                }
+                Some(Ok(watcher::Event::Delete(pod))) => {
+                    let uid = pod.uid().unwrap_or_default();
+                    shared.pods.starting.lock().remove(&uid);
+                    shared.pods.finishing.lock().remove(&uid);
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => tracing::debug!(error = %e, "pod watch error"),
+                None => return,
+            },
+        }
+    }
+}
+
+/// Decides what the kubelet of the pod's node does with it.
+fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
+    let Some(node_name) = node_of(pod) else {
+        return;
+    };
+    let Ok(node) = shared.node(node_name) else {
+        return;
+    };
+    if shared.heartbeat_stopped(&node) {
+        return;
+    }
+    let uid = pod.uid().unwrap_or_default();
+    let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+    if pod.metadata.deletion_timestamp.is_some() {
+        if !shared.pods.finishing.lock().insert(uid.clone()) {
+            return;
+        }
+        let grace = if shared.config.wait_pod_grace_period {
+            Duration::from_secs(
+                pod.metadata
+                    .deletion_grace_period_seconds
+                    .unwrap_or(0)
+                    .max(0) as u64,
+            )
+        } else {
+            Duration::ZERO
+        };
+        let (shared, shutdown) = (shared.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(grace) => {}
+            }
+            let Ok(_permit) = shared.pod_writes.acquire().await else {
+                return;
+            };
+            let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match api.delete(&name, &params).await {
+                Ok(_) => bump(&shared.counters.pods_finished),
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "finishing pod failed");
+                    shared.pods.finishing.lock().remove(&uid);
+                }
+            }
+        });
+        return;
+    }
+    if phase(pod) != "Pending" {
+        shared.pods.starting.lock().remove(&uid);
+        return;
+    }
+    if !shared.pods.starting.lock().insert(uid.clone()) {
+        return;
+    }
+    let shutting_down = node.ctl.lock().shutting_down;
+    let status = if shutting_down {
+        // The shutdown manager's admission handler rejects new pods.
+        json!({"status": {
+            "phase": "Failed",
+            "reason": "NodeShutdown",
+            "message": "Pod was rejected as the node is shutting down.",
+        }})
+    } else {
+        running_status(shared, &node, pod)
+    };
+    let (shared, node) = (shared.clone(), node.clone());
+    tokio::spawn(async move {
+        let Ok(_permit) = shared.pod_writes.acquire().await else {
+            return;
+        };
+        let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+        {
+            Ok(_) if !shutting_down => bump(&shared.counters.pods_started),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(node = %node.name, pod = %format!("{ns}/{name}"), error = %e, "pod status update failed");
+                shared.pods.starting.lock().remove(&uid);
+            }
+        }
+    });
+}
+
+/// The status of a pod whose containers all started and are ready.
+fn running_status(shared: &Shared, node: &NodeState, pod: &Pod) -> Value {
+    let now = shared.clock.now().to_string();
+    let spec = pod.spec.as_ref();
+    let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
+    let pod_ip = if host_network {
+        node.ip
+    } else {
+        // 10.128.0.0/9, one address per started pod.
+        let n = shared.pod_seq.fetch_add(1, Ordering::Relaxed) as u32;
+        IpAddr::V4(Ipv4Addr::from(
+            u32::from(Ipv4Addr::new(10, 128, 0, 1)) + (n & 0x7f_ffff),
+        ))
+    };
+    let uid = pod.uid().unwrap_or_default();
+    let containers: Vec<Value> = spec
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "image": c.image.clone().unwrap_or_default(),
+                "imageID": "",
+                "containerID": format!("sim://{uid}/{}", c.name),
+                "ready": true,
+                "started": true,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": now}},
+            })
+        })
+        .collect();
+    let init: Vec<Value> = spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "image": c.image.clone().unwrap_or_default(),
+                "imageID": "",
+                "containerID": format!("sim://{uid}/{}", c.name),
+                "ready": true,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}},
+            })
+        })
+        .collect();
+    let cond = |t: &str| json!({"type": t, "status": "True", "lastProbeTime": null, "lastTransitionTime": now});
+    let mut status = json!({
+        "phase": "Running",
+        "hostIP": node.ip.to_string(),
+        "hostIPs": [{"ip": node.ip.to_string()}],
+        "podIP": pod_ip.to_string(),
+        "podIPs": [{"ip": pod_ip.to_string()}],
+        "startTime": now,
+        "qosClass": "BestEffort",
+        "conditions": [
+            cond("PodReadyToStartContainers"),
+            cond("Initialized"),
+            cond("Ready"),
+            cond("ContainersReady"),
+            cond("PodScheduled"),
+        ],
+        "containerStatuses": containers,
+    });
+    if !init.is_empty() {
+        status["initContainerStatuses"] = json!(init);
+    }
+    json!({ "status": status })
+}
+
+/// The status kubelet's shutdown manager gives a pod it kills.
+fn shutdown_status(shared: &Shared, pod: &Pod) -> Value {
+    let now = shared.clock.now().to_string();
+    let uid = pod.uid().unwrap_or_default();
+    let containers: Vec<Value> = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "image": c.image.clone().unwrap_or_default(),
+                "imageID": "",
+                "containerID": format!("sim://{uid}/{}", c.name),
+                "ready": false,
+                "started": false,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": now}},
+            })
+        })
+        .collect();
+    let cond = |t: &str, s: &str| json!({"type": t, "status": s, "lastProbeTime": null, "lastTransitionTime": now});
+    let mut disruption = cond("DisruptionTarget", "True");
+    disruption["reason"] = json!("TerminationByKubelet");
+    disruption["message"] = json!(SHUTDOWN_MESSAGE);
+    json!({"status": {
+        "phase": "Failed",
+        "reason": SHUTDOWN_REASON,
+        "message": SHUTDOWN_MESSAGE,
+        "conditions": [
+            disruption,
+            cond("PodReadyToStartContainers", "False"),
+            cond("Initialized", "True"),
+            cond("Ready", "False"),
+            cond("ContainersReady", "False"),
+            cond("PodScheduled", "True"),
+        ],
+        "containerStatuses": containers,
+    }})
+}
+
+/// Graceful node shutdown: Ready=False, then regular pods, then critical pods, each group
+/// within its share of the grace period.
+#[tracing::instrument(name = "sim_shutdown", skip_all, fields(node = %node.name))]
+pub(super) async fn graceful_shutdown(
+    shared: &Arc<Shared>,
+    node: &Arc<NodeState>,
+) -> Result<(), SimError> {
+    shared.change(node, |c| c.shutting_down = true);
+    let now = shared.clock.now();
+    node::post_status(shared, &node.name, node::conditions(now, now, now, true)).await;
+
+    let api: Api<Pod> = Api::all(shared.client.clone());
+    let pods = api
+        .list(&ListParams::default().fields(&format!("spec.nodeName={}", node.name)))
+        .await?;
+    let active: Vec<Pod> = pods
+        .items
+        .into_iter()
+        .filter(|p| !matches!(phase(p), "Succeeded" | "Failed"))
+        .collect();
+    let (critical, regular): (Vec<Pod>, Vec<Pod>) = active.into_iter().partition(is_critical);
+    let config = &shared.config;
+    let critical_period = config
+        .shutdown_grace_period_critical_pods
+        .min(config.shutdown_grace_period);
+    let regular_period = config.shutdown_grace_period - critical_period;
+    tracing::info!(
+        regular = regular.len(),
+        critical = critical.len(),
+        "shutdown: terminating pods"
+    );
+    for (group, period) in [(regular, regular_period), (critical, critical_period)] {
+        let kills = group.iter().map(|pod| {
+            let api: Api<Pod> =
+                Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
+            let status = shutdown_status(shared, pod);
+            let name = pod.name_any();
+            async move {
+                match api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+                    .await
+                {
+                    Ok(_) => bump(&shared.counters.pods_shut_down),
+                    Err(e) => {
+                        tracing::warn!(pod = %name, error = %e, "shutdown: pod status failed")
+                    }
+                }
+            }
+        });
+        if tokio::time::timeout(period, futures::future::join_all(kills))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?period,
+                "shutdown: pods not terminated within their grace period"
+            );
+        }
+    }
+    Ok(())
+}
