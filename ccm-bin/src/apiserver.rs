@@ -34,8 +34,18 @@ pub(crate) struct ApiServerArgs {
 }
 
 pub(crate) fn parse_config(args: &ApiServerArgs) -> anyhow::Result<ApiServerConfig> {
-    let ranges: Vec<IpNet> = args
-        .service_cluster_ip_range
+    parse_config_from(
+        &args.service_cluster_ip_range,
+        &args.service_node_port_range,
+    )
+}
+
+/// The API server settings from `--service-cluster-ip-range` and `--service-node-port-range`.
+pub(crate) fn parse_config_from(
+    ip_range: &str,
+    port_range: &str,
+) -> anyhow::Result<ApiServerConfig> {
+    let ranges: Vec<IpNet> = ip_range
         .split(',')
         .map(|r| {
             r.trim()
@@ -50,8 +60,7 @@ pub(crate) fn parse_config(args: &ApiServerArgs) -> anyhow::Result<ApiServerConf
     {
         bail!("--service-cluster-ip-range takes one CIDR, or one IPv4 and one IPv6 CIDR");
     }
-    let (low, high) = args
-        .service_node_port_range
+    let (low, high) = port_range
         .split_once('-')
         .context("--service-node-port-range must be LOW-HIGH, e.g. 30000-32767")?;
     let low: u16 = low

@@ -17,10 +17,13 @@ const DEMO_STOPPED_NODE: &str = "node-c";
 
 /// The cloud-controller-manager.
 #[derive(Debug, Parser)]
-#[command(name = "ccm", version, about, arg_required_else_help = true)]
+#[command(name = "ccm", version, about, args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+    /// With no subcommand: the embedded cluster.
+    #[command(flatten)]
+    embedded: crate::embedded::EmbeddedArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -68,9 +71,10 @@ pub(crate) fn main() -> ExitCode {
         )
         .init();
     let result = match cli.command {
-        Command::Apiserver(args) => apiserver(args),
-        Command::Providers => providers(),
-        Command::Conformance(args) => conformance(args),
+        None => embedded(cli.embedded),
+        Some(Command::Apiserver(args)) => apiserver(args),
+        Some(Command::Providers) => providers(),
+        Some(Command::Conformance(args)) => conformance(args),
     };
     match result {
         Ok(code) => code,
@@ -79,6 +83,15 @@ pub(crate) fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn embedded(args: crate::embedded::EmbeddedArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(crate::embedded::run(args))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn apiserver(args: crate::apiserver::ApiServerArgs) -> anyhow::Result<ExitCode> {

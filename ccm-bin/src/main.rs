@@ -1,5 +1,9 @@
 //! `ccm`: the cloud-controller-manager binary, with the `fake` provider linked in.
 //!
+//! With no subcommand, `ccm` starts the embedded default: core-cluster's API server, the
+//! node-side controllers and simulated nodes (the cloud controllers join them with their
+//! own issue).
+//!
 //! Subcommands:
 //! - `ccm apiserver`: core-cluster's Kubernetes API server on a durable data directory;
 //! - `ccm providers`: the providers linked into this binary;
@@ -8,6 +12,8 @@
 
 mod apiserver;
 mod cli;
+mod embedded;
+mod flags;
 mod signals;
 
 // Link the providers so that their registrations run (a crate only listed in Cargo.toml is

@@ -169,10 +169,25 @@ fn bad_flags_are_refused_with_usage() {
     let out = ccm(&["conformance", "--no-such-flag"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("unexpected argument '--no-such-flag'"));
-    let out = ccm(&[]);
+    let out = ccm(&["--sim-zones", ""]);
     assert_eq!(
         out.status.code(),
-        Some(2),
-        "no subcommand prints help and exits 2"
+        Some(1),
+        "an empty zone list is refused before anything starts"
+    );
+    assert!(text(&out.stderr).contains("--sim-zones must name at least one zone"));
+    let out = ccm(&["--node-monitor-period", "5"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("missing unit"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = ccm(&["--cluster-cidr", "10.0.0.0/33"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("--cluster-cidr"),
+        "{}",
+        text(&out.stderr)
     );
 }
