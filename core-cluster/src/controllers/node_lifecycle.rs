@@ -697,14 +697,13 @@ impl MonitorCore {
                     }
                     ReadyStatus::True => actions.extend(self.mark_reachable(node, &zone, now)),
                 }
-                let needs_retry = self.nodes_to_retry.contains(&name);
+                // Taken out of the retry set now; a failed marking puts it back.
+                let needs_retry = self.nodes_to_retry.remove(&name);
                 if current != ReadyStatus::True && observed == Some(ReadyStatus::True) {
                     actions.push(NodeAction::NodeNotReadyEvent);
                     actions.push(NodeAction::MarkPodsNotReady);
                 } else if needs_retry && observed != Some(ReadyStatus::True) {
                     actions.push(NodeAction::MarkPodsNotReady);
-                } else {
-                    self.nodes_to_retry.remove(&name);
                 }
             }
             if !actions.is_empty() {
