@@ -1588,6 +1588,53 @@ mod tests {
     }
 
     #[test]
+    fn leaving_master_disruption_resets_probes() {
+        // node-lifecycle.md §7 row 29: on leaving "all zones down", every probe is reset to
+        // now. The excluded node x stops heartbeating at t0: without the reset it would be
+        // written Unknown at t0 + 51 s; with it, not before 50 s after the exit at t0 + 40 s.
+        let wall = Timestamp::now();
+        let t0 = Instant::now();
+        let none = |_: &str| None;
+        let s = Duration::from_secs;
+        let mut core = MonitorCore::new(NodeLifecycleConfig::default());
+        let mut x = (*node("x", "a", "True", 1)).clone();
+        x.labels_mut()
+            .insert(LABEL_EXCLUDE_DISRUPTION.into(), String::new());
+        let x = Arc::new(x);
+        let up = vec![
+            node("a0", "a", "True", 1),
+            node("b0", "b", "True", 1),
+            x.clone(),
+        ];
+        core.monitor_pass(&up, &none, t0, wall);
+        let down = vec![
+            node("a0", "a", "Unknown", 1),
+            node("b0", "b", "Unknown", 1),
+            x.clone(),
+        ];
+        core.monitor_pass(&down, &none, t0 + s(10), wall);
+        // node-lifecycle.md §7 row 28: every zone fully disrupted
+        assert_eq!(core.zone_state(":\x00:a"), Some(ZoneState::FullDisruption));
+        assert_eq!(core.zone_state(":\x00:b"), Some(ZoneState::FullDisruption));
+        let back = vec![
+            node("a0", "a", "Unknown", 1),
+            node("b0", "b", "True", 2),
+            x.clone(),
+        ];
+        core.monitor_pass(&back, &none, t0 + s(40), wall);
+        assert_eq!(core.zone_state(":\x00:b"), Some(ZoneState::Normal));
+        let writes = |p: &PassPlan| status_writes(p).contains(&"x".to_string());
+        let back2 = vec![
+            node("a0", "a", "Unknown", 1),
+            node("b0", "b", "True", 3),
+            x.clone(),
+        ];
+        assert!(!writes(&core.monitor_pass(&back2, &none, t0 + s(51), wall)));
+        assert!(!writes(&core.monitor_pass(&back2, &none, t0 + s(90), wall)));
+        assert!(writes(&core.monitor_pass(&back2, &none, t0 + s(91), wall)));
+    }
+
+    #[test]
     fn zone_key_labels() {
         // node-lifecycle.md §7 row 18
         let mut n = Node::default();
