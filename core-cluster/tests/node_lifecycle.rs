@@ -768,7 +768,7 @@ async fn never_posted_startup_grace_and_removal() {
 /// Leaving master disruption mode: once one zone has a Ready node again, the zones that
 /// are still fully disrupted get the normal rate back.
 #[tokio::test(start_paused = true)]
-async fn leaving_all_disrupted_resets_probes() {
+async fn leaving_all_disrupted_resumes_tainting() {
     let sim = Sim::new().await;
     for z in ["a", "b"] {
         for i in 0..2 {
@@ -805,5 +805,42 @@ async fn leaving_all_disrupted_resets_probes() {
     );
     assert!(!sim.has_taint("b0", UR, "NoExecute").await);
     assert!(!sim.has_taint("b0", UR, "NoSchedule").await);
+    sim.shutdown.cancel();
+}
+
+/// A taint patch built from a stale cached node meets a 409 (its resourceVersion is in the
+/// patch) and is redone on a fresh GET, so a taint added meanwhile by someone else stays.
+#[tokio::test(start_paused = true)]
+async fn taint_patch_carries_resource_version_and_retries() {
+    use core_cluster::controllers::node_lifecycle::swap_node_taints;
+    let sim = Sim::new().await;
+    sim.add_node("n1", "a").await;
+    let stale = sim.node("n1").await;
+    let other = json!({"spec": {"taints": [{"key": "example.com/x", "effect": "NoSchedule"}]}});
+    sim.nodes()
+        .patch("n1", &PatchParams::default(), &Patch::Strategic(other))
+        .await
+        .unwrap();
+    let add = [Taint {
+        key: UR.into(),
+        effect: "NoExecute".into(),
+        ..Taint::default()
+    }];
+    // node-lifecycle.md §7 rows 37, 36
+    let done = swap_node_taints(&sim.nodes(), Some(&stale), "n1", &add, &[])
+        .await
+        .unwrap();
+    assert!(done);
+    let taints = sim.taints("n1").await;
+    let keys: Vec<&str> = taints.iter().map(|t| t.key.as_str()).collect();
+    assert_eq!(keys, vec!["example.com/x", UR], "{taints:?}");
+    assert!(taints[1].time_added.is_some());
+    // and removal replaces the list whole
+    let done = swap_node_taints(&sim.nodes(), None, "n1", &[], &add)
+        .await
+        .unwrap();
+    assert!(done);
+    let keys: Vec<String> = sim.taints("n1").await.into_iter().map(|t| t.key).collect();
+    assert_eq!(keys, vec!["example.com/x".to_string()]);
     sim.shutdown.cancel();
 }

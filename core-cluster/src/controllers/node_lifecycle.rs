@@ -357,6 +357,10 @@ struct NodeHealth {
     saved_ready: Option<(Option<Time>, Option<Time>)>,
     /// The saved Lease renew time.
     lease_renew: Option<MicroTime>,
+    /// The last cached node object seen, with its zone key and exclusion label: the
+    /// reflector keeps the same `Arc` until the node changes, so these are recomputed only
+    /// then (fewer pointer chases per node and pass).
+    view: Option<(Arc<Node>, Arc<str>, bool)>,
 }
 
 /// One write decided by a monitor pass, carried out by a worker.
@@ -416,6 +420,18 @@ pub struct TaintDecision {
     pub remove: Taint,
 }
 
+/// What [`MonitorCore::update_health`] found for one node.
+struct HealthUpdate {
+    /// Ready before the update (`None`: never posted).
+    observed: Option<ReadyStatus>,
+    /// Ready after the update.
+    current: Option<ReadyStatus>,
+    /// The conditions to PUT when Ready changed.
+    conditions: Option<Vec<NodeCondition>>,
+    zone: Arc<str>,
+    excluded: bool,
+}
+
 /// The in-memory state and decisions of the controller, with no I/O: health map, zone
 /// states, zone queues. Public only for the benchmark.
 #[doc(hidden)]
@@ -471,14 +487,17 @@ impl MonitorCore {
 
     fn tainter(&mut self, zone: &str, now: Instant) -> &mut ZoneTainter {
         let qps = self.config.node_eviction_rate;
-        self.tainters
-            .entry(zone.to_string())
-            .or_insert_with(|| ZoneTainter::new(qps, now))
+        if !self.tainters.contains_key(zone) {
+            self.tainters
+                .insert(zone.to_string(), ZoneTainter::new(qps, now));
+        }
+        self.tainters.get_mut(zone).expect("inserted above")
     }
 
     /// Upstream `markNodeAsReachable`: remove both NoExecute taints, dequeue.
     fn mark_reachable(&mut self, node: &Node, zone: &str, now: Instant) -> Option<NodeAction> {
-        self.tainter(zone, now).remove(&node.name_any());
+        self.tainter(zone, now)
+            .remove(node.metadata.name.as_deref().unwrap_or_default());
         let remove: Vec<Taint> = [TAINT_UNREACHABLE, TAINT_NOT_READY]
             .into_iter()
             .filter(|k| has_taint(node, k, "NoExecute"))
@@ -494,16 +513,12 @@ impl MonitorCore {
     /// returns (observed Ready, current Ready after the update, new conditions to PUT).
     fn update_health(
         &mut self,
-        node: &Node,
+        node: &Arc<Node>,
         lease: Option<&Lease>,
         now: Instant,
         wall: Timestamp,
-    ) -> (
-        Option<ReadyStatus>,
-        Option<ReadyStatus>,
-        Option<Vec<NodeCondition>>,
-    ) {
-        let name = node.name_any();
+    ) -> HealthUpdate {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
         let ready = condition(node, "Ready");
         let grace;
         let observed;
@@ -514,11 +529,12 @@ impl MonitorCore {
                 // node on our own clock (a server timestamp is never compared with ours).
                 grace = self.config.node_startup_grace_period;
                 observed = None;
-                let e = self.health.entry(name.clone()).or_insert(NodeHealth {
+                let e = self.health.entry(name.to_string()).or_insert(NodeHealth {
                     probe: now,
                     ready_transition: now,
                     saved_ready: None,
                     lease_renew: None,
+                    view: None,
                 });
                 if e.saved_ready.is_some() {
                     // Ready removed: treat as new.
@@ -535,12 +551,13 @@ impl MonitorCore {
                     c.last_heartbeat_time.clone(),
                     c.last_transition_time.clone(),
                 );
-                match self.health.get_mut(&name) {
-                    None => self.health.entry(name.clone()).or_insert(NodeHealth {
+                match self.health.get_mut(name) {
+                    None => self.health.entry(name.to_string()).or_insert(NodeHealth {
                         probe: now,
                         ready_transition: now,
                         saved_ready: Some(times),
                         lease_renew: None,
+                        view: None,
                     }),
                     Some(e) => {
                         match &e.saved_ready {
@@ -563,6 +580,15 @@ impl MonitorCore {
                 }
             }
         };
+        let (zone, excluded) = match &entry.view {
+            Some((seen, zone, excluded)) if Arc::ptr_eq(seen, node) => (zone.clone(), *excluded),
+            _ => {
+                let zone: Arc<str> = zone_key(node).into();
+                let excluded = node.labels().contains_key(LABEL_EXCLUDE_DISRUPTION);
+                entry.view = Some((node.clone(), zone.clone(), excluded));
+                (zone, excluded)
+            }
+        };
         if let Some(renew) = lease.and_then(|l| l.spec.as_ref()?.renew_time.as_ref())
             && entry
                 .lease_renew
@@ -573,7 +599,13 @@ impl MonitorCore {
             entry.probe = now;
         }
         if now <= entry.probe + grace {
-            return (observed, observed, None);
+            return HealthUpdate {
+                observed,
+                current: observed,
+                conditions: None,
+                zone,
+                excluded,
+            };
         }
         // Stale: Ready, MemoryPressure, DiskPressure, PIDPressure to Unknown.
         let mut conditions = node
@@ -603,11 +635,17 @@ impl MonitorCore {
         }
         let new_ready = conditions.iter().find(|c| c.type_ == "Ready");
         let current = new_ready.map(|c| ReadyStatus::parse(&c.status));
-        if new_ready == ready {
-            return (observed, current, None);
+        let conditions = (new_ready != ready).then_some(conditions);
+        if conditions.is_some() {
+            entry.ready_transition = now;
         }
-        entry.ready_transition = now;
-        (observed, current, Some(conditions))
+        HealthUpdate {
+            observed,
+            current,
+            conditions,
+            zone,
+            excluded,
+        }
     }
 
     /// One monitor pass over the cached nodes (upstream `monitorNodeHealth` +
@@ -624,25 +662,32 @@ impl MonitorCore {
         let mut index: HashMap<String, usize> = HashMap::new();
 
         // classifyNodes: added and deleted.
-        let mut seen: HashSet<String> = HashSet::with_capacity(nodes.len());
         for node in nodes {
-            let name = node.name_any();
-            if !self.known.contains(&name) {
+            let name = node.metadata.name.as_deref().unwrap_or_default();
+            if !self.known.contains(name) {
                 let zone = zone_key(node);
                 let reach = self.mark_reachable(node, &zone, now);
-                let plan = plan_for(&mut plans, &mut index, &name, Some(node));
+                let plan = plan_for(&mut plans, &mut index, name, Some(node));
                 plan.actions.push(NodeAction::Registered);
                 plan.actions.extend(reach);
-                self.known.insert(name.clone());
+                self.known.insert(name.to_string());
             }
-            seen.insert(name);
         }
-        let deleted: Vec<String> = self
-            .known
-            .iter()
-            .filter(|n| !seen.contains(*n))
-            .cloned()
-            .collect();
+        // Every present node is known now, so some known node is gone only when there are
+        // more known nodes than present ones (the set of names is built only then).
+        let deleted: Vec<String> = if self.known.len() > nodes.len() {
+            let seen: HashSet<&str> = nodes
+                .iter()
+                .filter_map(|n| n.metadata.name.as_deref())
+                .collect();
+            self.known
+                .iter()
+                .filter(|n| !seen.contains(n.as_str()))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
         for name in deleted {
             self.known.remove(&name);
             self.health.remove(&name);
@@ -653,17 +698,24 @@ impl MonitorCore {
         }
 
         // Per node: health, zone statistics, taint-based eviction, pods.
-        let mut zone_conditions: HashMap<String, Vec<Option<ReadyStatus>>> = HashMap::new();
+        let mut zone_conditions: HashMap<Arc<str>, Vec<Option<ReadyStatus>>> = HashMap::new();
         for node in nodes {
-            let name = node.name_any();
-            let lease = lease(&name);
-            let (observed, current, update) = self.update_health(node, lease.as_deref(), now, wall);
-            let zone = zone_key(node);
-            if !node.labels().contains_key(LABEL_EXCLUDE_DISRUPTION) {
-                zone_conditions
-                    .entry(zone.clone())
-                    .or_default()
-                    .push(current);
+            let name = node.metadata.name.as_deref().unwrap_or_default();
+            let lease = lease(name);
+            let HealthUpdate {
+                observed,
+                current,
+                conditions: update,
+                zone,
+                excluded,
+            } = self.update_health(node, lease.as_deref(), now, wall);
+            if !excluded {
+                match zone_conditions.get_mut(&zone) {
+                    Some(v) => v.push(current),
+                    None => {
+                        zone_conditions.insert(zone.clone(), vec![current]);
+                    }
+                }
             }
             let mut actions = Vec::new();
             if let Some(conditions) = update {
@@ -688,27 +740,26 @@ impl MonitorCore {
                         } else {
                             let tainter = self.tainter(&zone, now);
                             if !has_taint(node, want, "NoExecute") {
-                                tainter.remove(&name);
+                                tainter.remove(name);
                             }
-                            if tainter.add(&name, now) {
+                            if tainter.add(name, now) {
                                 debug!(node = %name, "node not ready: queued for NoExecute taint");
                             }
                         }
                     }
                     ReadyStatus::True => actions.extend(self.mark_reachable(node, &zone, now)),
                 }
-                let needs_retry = self.nodes_to_retry.contains(&name);
+                // Taken out of the retry set now; a failed marking puts it back.
+                let needs_retry = self.nodes_to_retry.remove(name);
                 if current != ReadyStatus::True && observed == Some(ReadyStatus::True) {
                     actions.push(NodeAction::NodeNotReadyEvent);
                     actions.push(NodeAction::MarkPodsNotReady);
                 } else if needs_retry && observed != Some(ReadyStatus::True) {
                     actions.push(NodeAction::MarkPodsNotReady);
-                } else {
-                    self.nodes_to_retry.remove(&name);
                 }
             }
             if !actions.is_empty() {
-                plan_for(&mut plans, &mut index, &name, Some(node))
+                plan_for(&mut plans, &mut index, name, Some(node))
                     .actions
                     .extend(actions);
             }
@@ -735,7 +786,7 @@ impl MonitorCore {
 
     fn handle_disruption(
         &mut self,
-        zone_conditions: &HashMap<String, Vec<Option<ReadyStatus>>>,
+        zone_conditions: &HashMap<Arc<str>, Vec<Option<ReadyStatus>>>,
         nodes: &[Arc<Node>],
         now: Instant,
         plans: &mut Vec<NodePlan>,
@@ -748,14 +799,15 @@ impl MonitorCore {
             if state != ZoneState::FullDisruption {
                 all_are_fully_disrupted = false;
             }
-            new_states.insert(zone.clone(), state);
-            if !self.zone_states.contains_key(zone) {
-                self.zone_states.insert(zone.clone(), ZoneState::Initial);
+            new_states.insert(zone.to_string(), state);
+            if !self.zone_states.contains_key(&**zone) {
+                self.zone_states
+                    .insert(zone.to_string(), ZoneState::Initial);
                 self.tainter(zone, now);
             }
         }
         self.zone_states
-            .retain(|zone, _| zone_conditions.contains_key(zone));
+            .retain(|zone, _| zone_conditions.contains_key(zone.as_str()));
         let all_were_fully_disrupted = self
             .zone_states
             .values()
@@ -791,7 +843,7 @@ impl MonitorCore {
             let zones: Vec<String> = self.zone_states.keys().cloned().collect();
             for zone in zones {
                 let state = new_states[&zone];
-                self.set_limiter(&zone, zone_conditions[&zone].len(), state, now);
+                self.set_limiter(&zone, zone_conditions[zone.as_str()].len(), state, now);
                 self.zone_states.insert(zone, state);
             }
             return;
@@ -803,7 +855,7 @@ impl MonitorCore {
                 continue;
             }
             info!(zone = %zone.replace('\0', ""), ?state, "zone changed state");
-            self.set_limiter(&zone, zone_conditions[&zone].len(), state, now);
+            self.set_limiter(&zone, zone_conditions[zone.as_str()].len(), state, now);
             self.zone_states.insert(zone, state);
         }
     }
@@ -1533,6 +1585,53 @@ mod tests {
         let nodes = vec![node("n", "a", "False", 1), node("x", "a", "True", 1)];
         core.monitor_pass(&nodes, &none, t0 + Duration::from_secs(5), wall);
         assert_eq!(core.zone_state(":\x00:a"), Some(ZoneState::Normal));
+    }
+
+    #[test]
+    fn leaving_master_disruption_resets_probes() {
+        // node-lifecycle.md §7 row 29: on leaving "all zones down", every probe is reset to
+        // now. The excluded node x stops heartbeating at t0: without the reset it would be
+        // written Unknown at t0 + 51 s; with it, not before 50 s after the exit at t0 + 40 s.
+        let wall = Timestamp::now();
+        let t0 = Instant::now();
+        let none = |_: &str| None;
+        let s = Duration::from_secs;
+        let mut core = MonitorCore::new(NodeLifecycleConfig::default());
+        let mut x = (*node("x", "a", "True", 1)).clone();
+        x.labels_mut()
+            .insert(LABEL_EXCLUDE_DISRUPTION.into(), String::new());
+        let x = Arc::new(x);
+        let up = vec![
+            node("a0", "a", "True", 1),
+            node("b0", "b", "True", 1),
+            x.clone(),
+        ];
+        core.monitor_pass(&up, &none, t0, wall);
+        let down = vec![
+            node("a0", "a", "Unknown", 1),
+            node("b0", "b", "Unknown", 1),
+            x.clone(),
+        ];
+        core.monitor_pass(&down, &none, t0 + s(10), wall);
+        // node-lifecycle.md §7 row 28: every zone fully disrupted
+        assert_eq!(core.zone_state(":\x00:a"), Some(ZoneState::FullDisruption));
+        assert_eq!(core.zone_state(":\x00:b"), Some(ZoneState::FullDisruption));
+        let back = vec![
+            node("a0", "a", "Unknown", 1),
+            node("b0", "b", "True", 2),
+            x.clone(),
+        ];
+        core.monitor_pass(&back, &none, t0 + s(40), wall);
+        assert_eq!(core.zone_state(":\x00:b"), Some(ZoneState::Normal));
+        let writes = |p: &PassPlan| status_writes(p).contains(&"x".to_string());
+        let back2 = vec![
+            node("a0", "a", "Unknown", 1),
+            node("b0", "b", "True", 3),
+            x.clone(),
+        ];
+        assert!(!writes(&core.monitor_pass(&back2, &none, t0 + s(51), wall)));
+        assert!(!writes(&core.monitor_pass(&back2, &none, t0 + s(90), wall)));
+        assert!(writes(&core.monitor_pass(&back2, &none, t0 + s(91), wall)));
     }
 
     #[test]
