@@ -166,6 +166,7 @@ fn main() {
 
         let renewals = s1.lease_renewals - s0.lease_renewals;
         let expected = nodes as f64 / 10.0;
+        println!("renewals per second: {per_second:?}");
         per_second.sort_unstable();
         println!(
             "lease renewals over {window:.1} s: {renewals} = {:.0}/s (expected {expected:.0}/s, {:.1} %); per second min {} / median {} / max {}",

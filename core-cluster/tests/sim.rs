@@ -43,6 +43,8 @@ struct Harness {
     stop: CancellationToken,
     /// While set, every Lease request gets a 500.
     fail_leases: Arc<AtomicBool>,
+    /// While set, Lease requests wait (an API server stall).
+    stall_leases: Arc<AtomicBool>,
     lease_requests: Seen,
 }
 
@@ -58,13 +60,22 @@ async fn start(config: SimConfig, nodes: Vec<SimNode>) -> Harness {
         .unwrap();
     let router = server.router();
     let fail_leases = Arc::new(AtomicBool::new(false));
+    let stall_leases = Arc::new(AtomicBool::new(false));
     let lease_requests: Seen = Arc::default();
-    let (fail, seen) = (fail_leases.clone(), lease_requests.clone());
+    let (fail, stall, seen) = (
+        fail_leases.clone(),
+        stall_leases.clone(),
+        lease_requests.clone(),
+    );
     // A transport that can make the API fail Lease requests.
     let service = tower::service_fn(move |req: Request<kube::client::Body>| {
-        let (router, fail, seen) = (router.clone(), fail.clone(), seen.clone());
+        let (router, fail, stall, seen) =
+            (router.clone(), fail.clone(), stall.clone(), seen.clone());
         async move {
             if req.uri().path().contains("/leases") {
+                while stall.load(Ordering::SeqCst) {
+                    sleep(Duration::from_millis(10)).await;
+                }
                 seen.lock().push((req.method().to_string(), Instant::now()));
                 if fail.load(Ordering::SeqCst) {
                     let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
@@ -94,6 +105,7 @@ async fn start(config: SimConfig, nodes: Vec<SimNode>) -> Harness {
         sim,
         stop,
         fail_leases,
+        stall_leases,
         lease_requests,
     };
     let n = h.sim.node_names().len() as u64;
@@ -328,7 +340,38 @@ async fn lease_renewed_every_10s() {
     assert_eq!(puts, times.len());
 }
 
-/// Row 58 (and 60's counterpart): a deleted Lease is recreated by the next sync, with its
+/// Scale: after an API server stall the delayed renewals do not stay bunched; the nodes
+/// keep their phases, so renewals stay spread over the interval.
+#[tokio::test(start_paused = true)]
+async fn renewals_stay_spread_after_a_stall() {
+    let names: Vec<SimNode> = (0..200).map(|i| SimNode::new(format!("n{i}"))).collect();
+    let h = start(SimConfig::default(), names).await;
+    sleep(Duration::from_secs(20)).await;
+    h.stall_leases.store(true, Ordering::SeqCst);
+    sleep(Duration::from_secs(6)).await;
+    h.stall_leases.store(false, Ordering::SeqCst);
+    // The held-up renewals complete together at the release; look from 2 s later.
+    sleep(Duration::from_secs(2)).await;
+    h.lease_requests.lock().clear();
+    let from = Instant::now();
+    sleep(Duration::from_secs(30)).await;
+    let mut buckets = [0u32; 30];
+    for (m, t) in h.lease_requests.lock().iter() {
+        if m == "PUT" {
+            let s = (*t - from).as_secs() as usize;
+            if s < 30 {
+                buckets[s] += 1;
+            }
+        }
+    }
+    let total: u32 = buckets.iter().sum();
+    assert!((570..=610).contains(&total), "200 nodes, 30 s: {total}");
+    // 20/s on average; about 120 held-up nodes must not come back as one burst.
+    let max = *buckets.iter().max().unwrap();
+    assert!(max <= 40, "renewals per second after a stall: {buckets:?}");
+}
+
+/// Rows 58 (and 60's counterpart): a deleted Lease is recreated by the next sync, with its
 /// ownerReference.
 #[tokio::test(start_paused = true)]
 async fn deleted_lease_is_recreated() {
@@ -369,11 +412,8 @@ async fn lease_backoff_on_api_errors() {
     let before = h.sim.stats().lease_renewals;
     h.fail_leases.store(false, Ordering::SeqCst);
     sleep(Duration::from_secs(8)).await;
-    assert_eq!(
-        h.sim.stats().lease_renewals,
-        before + 1,
-        "renewed once back"
-    );
+    // Back within one backoff step (≤ 7 s), then on with the schedule.
+    assert!(h.sim.stats().lease_renewals > before, "renewed once back");
     let t = renew_time(&h.client, "n1").await;
     sleep(Duration::from_secs(11)).await;
     assert!(renew_time(&h.client, "n1").await > t, "renewals go on");

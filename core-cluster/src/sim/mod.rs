@@ -285,6 +285,7 @@ struct Shared {
     resumed_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
     registrations: Semaphore,
     pod_writes: Semaphore,
+    heartbeats: Semaphore,
     counters: Counters,
     node_seq: AtomicU64,
     pod_seq: AtomicU64,
@@ -350,6 +351,7 @@ impl NodeSimulator {
         let (resumed_tx, resumed_rx) = mpsc::unbounded_channel();
         let registrations = Semaphore::new(config.max_concurrent_registrations.max(1));
         let pod_writes = Semaphore::new(config.max_concurrent_pod_writes.max(1));
+        let heartbeats = Semaphore::new(config.max_concurrent_heartbeats.max(1));
         Self {
             shared: Arc::new(Shared {
                 client,
@@ -363,6 +365,7 @@ impl NodeSimulator {
                 resumed_rx: Mutex::new(Some(resumed_rx)),
                 registrations,
                 pod_writes,
+                heartbeats,
                 counters: Counters::default(),
                 node_seq: AtomicU64::new(0),
                 pod_seq: AtomicU64::new(0),

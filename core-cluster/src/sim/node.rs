@@ -315,11 +315,24 @@ impl Kubelet {
             if !stopped {
                 if now >= next_lease {
                     self.sync_lease().await;
-                    next_lease = Instant::now() + self.jittered(renew);
+                    // The next renewal counts from the scheduled time, not from when this
+                    // one finished (kubelet's JitterUntil is sliding): with thousands of
+                    // nodes in one process, a stall of the API server would otherwise line
+                    // up every delayed node on the same phase and the renewals would come
+                    // in bursts from then on. A node a whole interval behind is re-spread.
+                    let done = Instant::now();
+                    next_lease += self.jittered(renew);
+                    if next_lease <= done {
+                        next_lease = done + renew.mul_f64(fastrand::f64());
+                    }
                 }
                 if now >= next_status {
                     self.sync_status().await;
-                    next_status = Instant::now() + self.jittered(update);
+                    next_status += self.jittered(update);
+                    let done = Instant::now();
+                    if next_status <= done {
+                        next_status = done + update.mul_f64(fastrand::f64());
+                    }
                 }
             }
             if self.shutdown.is_cancelled() || self.node.ctl.lock().powered_off {
@@ -378,10 +391,12 @@ impl Kubelet {
             spec.holder_identity = Some(self.node.name.clone());
             spec.lease_duration_seconds = Some(self.config().node_lease_duration.as_secs() as i32);
             spec.renew_time = Some(MicroTime(self.shared.clock.now()));
-            match api
+            let permit = self.shared.heartbeats.acquire().await;
+            let result = api
                 .replace(&self.node.name, &PostParams::default(), &lease)
-                .await
-            {
+                .await;
+            drop(permit);
+            match result {
                 Ok(l) => {
                     bump(&self.shared.counters.lease_renewals);
                     return Some(l);
@@ -409,7 +424,10 @@ impl Kubelet {
             if self.shared.heartbeat_stopped(&self.node) {
                 return None;
             }
-            match self.ensure_lease().await {
+            let permit = self.shared.heartbeats.acquire().await;
+            let result = self.ensure_lease().await;
+            drop(permit);
+            match result {
                 Ok(r) => return Some(r),
                 Err(e) => {
                     bump(&self.shared.counters.lease_errors);
@@ -489,7 +507,10 @@ impl Kubelet {
         if !changed && !due {
             return;
         }
-        if post_status(&self.shared, &self.node.name, desired).await {
+        let permit = self.shared.heartbeats.acquire().await;
+        let posted = post_status(&self.shared, &self.node.name, desired).await;
+        drop(permit);
+        if posted {
             self.last_status_post = Instant::now();
         }
     }
