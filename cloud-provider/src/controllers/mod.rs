@@ -1,0 +1,52 @@
+//! The shared cloud controllers every provider gets: cloud-node, cloud-node-lifecycle, route
+//! and service. Each is a kube-rs client of the API server (any API server: a real cluster or
+//! core-cluster) and calls the provider through a [`ControllerContext`].
+
+pub mod rate_limit;
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::CloudProvider;
+pub use rate_limit::CloudRateLimiter;
+
+/// What every controller gets: the cluster, the cloud, and the shared limits.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct ControllerContext {
+    /// A client of the cluster's API server.
+    pub client: kube::Client,
+    /// The cloud.
+    pub cloud: Arc<dyn CloudProvider>,
+    /// `--cluster-name`, passed to load-balancer and route calls.
+    pub cluster_name: String,
+    /// One cloud-API rate limiter shared by every controller (beyond upstream).
+    pub cloud_limiter: Arc<CloudRateLimiter>,
+    /// Cancelled when the controllers must stop (shutdown or lost leadership).
+    pub shutdown: CancellationToken,
+}
+
+impl ControllerContext {
+    /// A context with an unlimited cloud rate limiter.
+    pub fn new(
+        client: kube::Client,
+        cloud: Arc<dyn CloudProvider>,
+        cluster_name: impl Into<String>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        ControllerContext {
+            client,
+            cloud,
+            cluster_name: cluster_name.into(),
+            cloud_limiter: Arc::new(CloudRateLimiter::unlimited()),
+            shutdown,
+        }
+    }
+
+    /// Replaces the shared cloud rate limiter.
+    pub fn with_cloud_limiter(mut self, limiter: Arc<CloudRateLimiter>) -> Self {
+        self.cloud_limiter = limiter;
+        self
+    }
+}
