@@ -2,7 +2,9 @@
 //! and service. Each is a kube-rs client of the API server (any API server: a real cluster or
 //! core-cluster) and calls the provider through a [`ControllerContext`].
 
+mod events;
 pub mod rate_limit;
+pub mod route;
 
 use std::sync::Arc;
 

@@ -1,0 +1,619 @@
+//! The route controller (upstream `node-route-controller`): one cloud route per Node pod CIDR.
+//!
+//! Every reconcile lists the cluster's routes and Nodes, then
+//! - creates a route for each pod CIDR without one (`name_hint` = the Node's UID; a dual-stack
+//!   Node gets two routes with the same hint);
+//! - deletes routes inside the cluster CIDRs that are blackholes, or whose Node or CIDR is
+//!   unknown; routes outside every cluster CIDR are never touched;
+//! - recreates a route whose target addresses differ from the Node's when the provider sets
+//!   [`Route::enable_node_addresses`] (deletes first, then creates);
+//! - sets the Node's `NetworkUnavailable` condition (`RouteCreated` / `NoRouteCreated`).
+//!
+//! At most [`MAX_CONCURRENT_ROUTE_OPERATIONS`] create/delete calls are in flight. The
+//! periodic mode reconciles every [`RouteConfig::reconcile_period`]; the watch-based mode
+//! (beyond upstream's alpha) reconciles on Node add/delete/pod-CIDR/address changes, at most
+//! once per period, and retries failed creates.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::join_all;
+use ipnet::IpNet;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, NodeAddress};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use tokio::sync::{Notify, Semaphore};
+use tracing::Instrument;
+
+use super::ControllerContext;
+use super::events::{EventType, record};
+use crate::{CloudError, Route, Routes};
+
+/// Upstream's cap on in-flight create/delete route calls.
+pub const MAX_CONCURRENT_ROUTE_OPERATIONS: usize = 200;
+
+/// The Node condition the controller writes.
+pub const CONDITION_NETWORK_UNAVAILABLE: &str = "NetworkUnavailable";
+
+const COMPONENT: &str = "route_controller";
+
+/// The route controller's settings.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RouteConfig {
+    /// `--cluster-cidr`: one or two CIDRs, at most one per IP family.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// `--route-reconciliation-period` (default 10 s). In watch mode, the minimum time
+    /// between two reconciles.
+    pub reconcile_period: Duration,
+    /// Reconcile on Node changes instead of every period (beyond upstream).
+    pub watch_based: bool,
+}
+
+impl RouteConfig {
+    /// Periodic reconcile every 10 s of `cluster_cidrs`.
+    pub fn new(cluster_cidrs: Vec<IpNet>) -> Self {
+        RouteConfig {
+            cluster_cidrs,
+            reconcile_period: Duration::from_secs(10),
+            watch_based: false,
+        }
+    }
+
+    /// Sets the reconcile period.
+    pub fn with_reconcile_period(mut self, period: Duration) -> Self {
+        self.reconcile_period = period;
+        self
+    }
+
+    /// Selects the watch-based mode.
+    pub fn with_watch_based(mut self, watch_based: bool) -> Self {
+        self.watch_based = watch_based;
+        self
+    }
+
+    /// Checks the cluster CIDRs: not empty, at most two, at most one per family.
+    pub fn validate(&self) -> Result<(), RouteConfigError> {
+        match self.cluster_cidrs.as_slice() {
+            [] => Err(RouteConfigError::NoClusterCidr),
+            [_] => Ok(()),
+            [a, b] => {
+                if matches!(
+                    (a, b),
+                    (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_))
+                ) {
+                    Err(RouteConfigError::NotDualStack)
+                } else {
+                    Ok(())
+                }
+            }
+            more => Err(RouteConfigError::TooMany(more.len())),
+        }
+    }
+}
+
+/// An invalid [`RouteConfig`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RouteConfigError {
+    /// No cluster CIDR.
+    #[error("the route controller needs at least one cluster CIDR")]
+    NoClusterCidr,
+    /// Two CIDRs of the same family.
+    #[error("two cluster CIDRs must be dual-stack (one IPv4, one IPv6)")]
+    NotDualStack,
+    /// More than two CIDRs.
+    #[error("at most two cluster CIDRs are supported, got {0}")]
+    TooMany(usize),
+}
+
+/// A reconcile that could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouteError {
+    /// `list_routes` failed.
+    #[error("listing routes: {0}")]
+    ListRoutes(#[source] CloudError),
+    /// Listing Nodes failed.
+    #[error("listing nodes: {0}")]
+    ListNodes(#[source] kube::Error),
+}
+
+/// What one reconcile did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RouteSyncReport {
+    /// Routes created.
+    pub created: usize,
+    /// Routes deleted.
+    pub deleted: usize,
+    /// Creates that failed.
+    pub failed_creates: usize,
+    /// Deletes that failed.
+    pub failed_deletes: usize,
+    /// Node conditions patched.
+    pub conditions_patched: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Keep,
+    Add,
+    Update,
+}
+
+/// The route controller.
+pub struct RouteController {
+    ctx: ControllerContext,
+    config: RouteConfig,
+    ops: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for RouteController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteController")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RouteController {
+    /// A route controller, or `Ok(None)` when the provider has no [`Routes`].
+    pub fn new(
+        ctx: ControllerContext,
+        config: RouteConfig,
+    ) -> Result<Option<Self>, RouteConfigError> {
+        config.validate()?;
+        if ctx.cloud.routes().is_none() {
+            tracing::warn!(
+                "the cloud provider does not support routes; route controller not started"
+            );
+            return Ok(None);
+        }
+        Ok(Some(RouteController {
+            ctx,
+            config,
+            ops: Arc::new(Semaphore::new(MAX_CONCURRENT_ROUTE_OPERATIONS)),
+        }))
+    }
+
+    fn routes(&self) -> &dyn Routes {
+        self.ctx.cloud.routes().expect("checked in new")
+    }
+
+    /// Runs until the context's shutdown token is cancelled.
+    pub async fn run(self) {
+        let shutdown = self.ctx.shutdown.clone();
+        if self.config.watch_based {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = self.run_watch_based() => {}
+            }
+        } else {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = self.run_periodic() => {}
+            }
+        }
+    }
+
+    async fn run_periodic(&self) {
+        let mut tick = tokio::time::interval(self.config.reconcile_period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(err) = self.reconcile().await {
+                tracing::warn!(%err, "route reconcile failed");
+            }
+        }
+    }
+
+    async fn run_watch_based(&self) {
+        let trigger = Arc::new(Notify::new());
+        let watch = watch_nodes(Api::all(self.ctx.client.clone()), trigger.clone());
+        let reconciles = async {
+            let mut last: Option<tokio::time::Instant> = None;
+            loop {
+                trigger.notified().await;
+                if let Some(last) = last {
+                    tokio::time::sleep_until(last + self.config.reconcile_period).await;
+                }
+                last = Some(tokio::time::Instant::now());
+                match self.reconcile().await {
+                    Ok(report) if report.failed_creates > 0 || report.failed_deletes > 0 => {
+                        trigger.notify_one();
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        tracing::warn!(%err, "route reconcile failed");
+                        trigger.notify_one();
+                    }
+                }
+            }
+        };
+        tokio::join!(watch, reconciles);
+    }
+
+    /// One full reconcile: list routes and Nodes, delete, create, write conditions.
+    pub async fn reconcile(&self) -> Result<RouteSyncReport, RouteError> {
+        self.ctx.cloud_limiter.acquire().await;
+        let routes = self
+            .routes()
+            .list_routes(&self.ctx.cluster_name)
+            .await
+            .map_err(RouteError::ListRoutes)?;
+        let nodes = Api::<Node>::all(self.ctx.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(RouteError::ListNodes)?
+            .items;
+        Ok(self.reconcile_with(&nodes, routes).await)
+    }
+
+    async fn reconcile_with(&self, nodes: &[Node], routes: Vec<Route>) -> RouteSyncReport {
+        let mut report = RouteSyncReport::default();
+        let sequenced = routes.first().is_some_and(|r| r.enable_node_addresses);
+
+        // Node name -> its routes (the entry exists for every Node with pod CIDRs too).
+        let mut route_map: HashMap<&str, Vec<&Route>> = HashMap::new();
+        for route in &routes {
+            if !route.target_node.is_empty() {
+                route_map
+                    .entry(route.target_node.as_str())
+                    .or_default()
+                    .push(route);
+            }
+        }
+        let mut actions: HashMap<(String, IpNet), Action> = HashMap::new();
+        for node in nodes {
+            let name = node.name_any();
+            let cidrs = pod_cidrs(node);
+            if cidrs.is_empty() {
+                continue;
+            }
+            let existing = route_map.get(name.as_str()).cloned().unwrap_or_default();
+            let addresses = node_addresses(node);
+            for cidr in cidrs {
+                let action = match existing.iter().find(|r| r.destination_cidr == cidr) {
+                    Some(r) if !r.enable_node_addresses => Action::Keep,
+                    Some(r) if address_set(&r.target_node_addresses) == address_set(&addresses) => {
+                        Action::Keep
+                    }
+                    Some(_) => Action::Update,
+                    None => Action::Add,
+                };
+                actions.insert((name.clone(), cidr), action);
+            }
+        }
+
+        // Deletes.
+        let to_delete: Vec<&Route> = routes
+            .iter()
+            .filter(|r| self.is_responsible_for(&r.destination_cidr))
+            .filter(|r| {
+                r.blackhole
+                    || !matches!(
+                        actions.get(&(r.target_node.clone(), r.destination_cidr)),
+                        Some(Action::Keep | Action::Add)
+                    )
+            })
+            .collect();
+        let deletes = join_all(to_delete.into_iter().map(|route| self.delete_route(route)));
+
+        // Creates.
+        let to_create: Vec<(&Node, IpNet)> = nodes
+            .iter()
+            .flat_map(|node| pod_cidrs(node).into_iter().map(move |cidr| (node, cidr)))
+            .filter(|(node, cidr)| {
+                matches!(
+                    actions.get(&(node.name_any(), *cidr)),
+                    Some(Action::Add | Action::Update)
+                )
+            })
+            .collect();
+        let creates = join_all(to_create.into_iter().map(|(node, cidr)| async move {
+            (node.name_any(), cidr, self.create_route(node, cidr).await)
+        }));
+        let (delete_results, create_results) = if sequenced {
+            let d = deletes.await;
+            (d, creates.await)
+        } else {
+            futures::join!(deletes, creates)
+        };
+        for ok in delete_results {
+            if ok {
+                report.deleted += 1;
+            } else {
+                report.failed_deletes += 1;
+            }
+        }
+        for (name, cidr, ok) in create_results {
+            if ok {
+                report.created += 1;
+                actions.insert((name, cidr), Action::Keep);
+            } else {
+                report.failed_creates += 1;
+            }
+        }
+
+        // Conditions.
+        let patches = nodes.iter().filter_map(|node| {
+            let name = node.name_any();
+            if !route_map.contains_key(name.as_str()) && pod_cidrs(node).is_empty() {
+                return None;
+            }
+            let node_actions: Vec<Action> = actions
+                .iter()
+                .filter(|((n, _), _)| *n == name)
+                .map(|(_, a)| *a)
+                .collect();
+            let unavailable =
+                node_actions.is_empty() || node_actions.iter().any(|a| *a != Action::Keep);
+            Some(self.update_network_condition(node, unavailable))
+        });
+        report.conditions_patched = join_all(patches).await.into_iter().filter(|p| *p).count();
+        report
+    }
+
+    fn is_responsible_for(&self, cidr: &IpNet) -> bool {
+        let (first, last) = (cidr.network(), cidr.broadcast());
+        self.config
+            .cluster_cidrs
+            .iter()
+            .any(|c| c.contains(&first) || c.contains(&last))
+    }
+
+    async fn delete_route(&self, route: &Route) -> bool {
+        let span = tracing::info_span!("delete_route", node = %route.target_node, cidr = %route.destination_cidr);
+        async {
+            let _permit = self.ops.acquire().await.expect("never closed");
+            self.ctx.cloud_limiter.acquire().await;
+            match self
+                .routes()
+                .delete_route(&self.ctx.cluster_name, route)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!("deleted route");
+                    true
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "could not delete route");
+                    false
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn create_route(&self, node: &Node, cidr: IpNet) -> bool {
+        let name = node.name_any();
+        let hint = node.uid().unwrap_or_default();
+        let span = tracing::info_span!("create_route", node = %name, cidr = %cidr);
+        async {
+            let mut route = Route::new(name.clone(), cidr);
+            route.target_node_addresses = node_addresses(node);
+            let started = tokio::time::Instant::now();
+            let result = {
+                let _permit = self.ops.acquire().await.expect("never closed");
+                self.ctx.cloud_limiter.acquire().await;
+                self.routes()
+                    .create_route(&self.ctx.cluster_name, &hint, &route)
+                    .await
+            };
+            match result {
+                Ok(()) => {
+                    tracing::info!("created route");
+                    true
+                }
+                Err(err) => {
+                    let message = format!(
+                        "Could not create route {hint} {cidr} for node {name} after {:?}: {err}",
+                        started.elapsed()
+                    );
+                    tracing::warn!("{message}");
+                    record(
+                        &self.ctx.client,
+                        COMPONENT,
+                        node,
+                        EventType::Warning,
+                        "FailedToCreateRoute",
+                        &message,
+                    )
+                    .await;
+                    false
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Writes `NetworkUnavailable` unless the status and reason already match; true if patched.
+    async fn update_network_condition(&self, node: &Node, unavailable: bool) -> bool {
+        let (status, reason, message) = if unavailable {
+            (
+                "True",
+                "NoRouteCreated",
+                "RouteController failed to create a route",
+            )
+        } else {
+            ("False", "RouteCreated", "RouteController created a route")
+        };
+        let current = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == CONDITION_NETWORK_UNAVAILABLE));
+        if current.is_some_and(|c| c.status == status && c.reason.as_deref() == Some(reason)) {
+            return false;
+        }
+        let now = Time(Timestamp::now());
+        let patch = serde_json::json!({
+            "status": { "conditions": [{
+                "type": CONDITION_NETWORK_UNAVAILABLE,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": now,
+                "lastHeartbeatTime": now,
+            }]}
+        });
+        let name = node.name_any();
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+        {
+            Ok(_) => true,
+            Err(err) => {
+                tracing::warn!(node = %name, %err, "could not update the NetworkUnavailable condition");
+                false
+            }
+        }
+    }
+}
+
+/// The Node's parsed pod CIDRs (`spec.podCIDRs`, else `spec.podCIDR`).
+fn pod_cidrs(node: &Node) -> Vec<IpNet> {
+    let Some(spec) = node.spec.as_ref() else {
+        return Vec::new();
+    };
+    let raw: Vec<&String> = match spec.pod_cidrs.as_ref() {
+        Some(list) if !list.is_empty() => list.iter().collect(),
+        _ => spec.pod_cidr.iter().collect(),
+    };
+    raw.into_iter()
+        .filter_map(|s| match s.parse::<IpNet>() {
+            Ok(net) => Some(net),
+            Err(err) => {
+                tracing::warn!(node = %node.name_any(), cidr = %s, %err, "invalid pod CIDR");
+                None
+            }
+        })
+        .collect()
+}
+
+fn node_addresses(node: &Node) -> Vec<NodeAddress> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.clone())
+        .unwrap_or_default()
+}
+
+fn address_set(addresses: &[NodeAddress]) -> BTreeSet<(&str, &str)> {
+    addresses
+        .iter()
+        .map(|a| (a.type_.as_str(), a.address.as_str()))
+        .collect()
+}
+
+/// What a Node change is compared on in watch mode.
+#[derive(PartialEq)]
+struct NodeKey {
+    pod_cidrs: Vec<IpNet>,
+    addresses: Vec<NodeAddress>,
+    resource_version: Option<String>,
+}
+
+impl NodeKey {
+    fn of(node: &Node) -> Self {
+        NodeKey {
+            pod_cidrs: pod_cidrs(node),
+            addresses: node_addresses(node),
+            resource_version: node.resource_version(),
+        }
+    }
+
+    /// Upstream's watch-mode trigger: pod CIDRs or addresses changed, or a resync (same version).
+    fn triggers(&self, new: &NodeKey) -> bool {
+        self.pod_cidrs != new.pod_cidrs
+            || self.addresses != new.addresses
+            || self.resource_version == new.resource_version
+    }
+}
+
+async fn watch_nodes(api: Api<Node>, trigger: Arc<Notify>) {
+    let mut known: BTreeMap<String, NodeKey> = BTreeMap::new();
+    let mut stream = watcher(api, watcher::Config::default()).boxed();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Apply(node)) | Ok(watcher::Event::InitApply(node)) => {
+                let key = NodeKey::of(&node);
+                let fire = known
+                    .get(&node.name_any())
+                    .is_none_or(|old| old.triggers(&key));
+                known.insert(node.name_any(), key);
+                if fire {
+                    trigger.notify_one();
+                }
+            }
+            Ok(watcher::Event::Delete(node)) => {
+                known.remove(&node.name_any());
+                trigger.notify_one();
+            }
+            Ok(watcher::Event::Init) => {}
+            Ok(watcher::Event::InitDone) => trigger.notify_one(),
+            Err(err) => {
+                tracing::warn!(%err, "node watch failed");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    /// Checklist row 41: CIDR validation.
+    #[test]
+    fn row41_cluster_cidr_validation() {
+        assert_eq!(
+            RouteConfig::new(vec![]).validate(),
+            Err(RouteConfigError::NoClusterCidr)
+        );
+        assert_eq!(
+            RouteConfig::new(vec![net("10.0.0.0/8"), net("192.168.0.0/16")]).validate(),
+            Err(RouteConfigError::NotDualStack)
+        );
+        assert_eq!(
+            RouteConfig::new(vec![net("10.0.0.0/8"), net("fd00::/48"), net("fd01::/48")])
+                .validate(),
+            Err(RouteConfigError::TooMany(3))
+        );
+        assert_eq!(
+            RouteConfig::new(vec![net("10.0.0.0/8"), net("fd00::/48")]).validate(),
+            Ok(())
+        );
+        assert_eq!(RouteConfig::new(vec![net("10.0.0.0/8")]).validate(), Ok(()));
+    }
+
+    /// Checklist row 54: watch-mode triggers.
+    #[test]
+    fn row54_watch_triggers() {
+        let mut node = Node::default();
+        node.metadata.resource_version = Some("1".into());
+        let old = NodeKey::of(&node);
+        // Resync: same resource version.
+        assert!(old.triggers(&NodeKey::of(&node)));
+        // Another update (labels, say): new version, same CIDRs and addresses.
+        node.metadata.resource_version = Some("2".into());
+        assert!(!old.triggers(&NodeKey::of(&node)));
+        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            pod_cidrs: Some(vec!["10.1.0.0/24".into()]),
+            ..Default::default()
+        });
+        assert!(old.triggers(&NodeKey::of(&node)));
+    }
+}
