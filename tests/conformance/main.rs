@@ -7,3 +7,5 @@ use hello_cloud_provider as _;
 mod batching;
 mod provider_kit;
 mod registry;
+mod route;
+mod service;

@@ -8,7 +8,6 @@ use kube::{Api, Resource, ResourceExt};
 
 /// `Normal` or `Warning`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(dead_code)]
 pub(crate) enum EventType {
     Normal,
     Warning,

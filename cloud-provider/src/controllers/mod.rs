@@ -5,6 +5,7 @@
 mod events;
 pub mod rate_limit;
 pub mod route;
+pub mod service;
 
 use std::sync::Arc;
 

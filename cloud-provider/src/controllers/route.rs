@@ -541,10 +541,11 @@ impl NodeKey {
 
 async fn watch_nodes(api: Api<Node>, trigger: Arc<Notify>) {
     let mut known: BTreeMap<String, NodeKey> = BTreeMap::new();
+    let mut listed = false;
     let mut stream = watcher(api, watcher::Config::default()).boxed();
     while let Some(event) = stream.next().await {
         match event {
-            Ok(watcher::Event::Apply(node)) | Ok(watcher::Event::InitApply(node)) => {
+            Ok(watcher::Event::Apply(node)) => {
                 let key = NodeKey::of(&node);
                 let fire = known
                     .get(&node.name_any())
@@ -554,12 +555,28 @@ async fn watch_nodes(api: Api<Node>, trigger: Arc<Notify>) {
                     trigger.notify_one();
                 }
             }
+            Ok(watcher::Event::InitApply(node)) => {
+                // A (re-)list after a watch restart: only real changes count.
+                let key = NodeKey::of(&node);
+                let fire = known.get(&node.name_any()).is_none_or(|old| {
+                    old.pod_cidrs != key.pod_cidrs || old.addresses != key.addresses
+                });
+                known.insert(node.name_any(), key);
+                if fire && listed {
+                    trigger.notify_one();
+                }
+            }
             Ok(watcher::Event::Delete(node)) => {
                 known.remove(&node.name_any());
                 trigger.notify_one();
             }
             Ok(watcher::Event::Init) => {}
-            Ok(watcher::Event::InitDone) => trigger.notify_one(),
+            Ok(watcher::Event::InitDone) => {
+                if !listed {
+                    listed = true;
+                    trigger.notify_one();
+                }
+            }
             Err(err) => {
                 tracing::warn!(%err, "node watch failed");
                 tokio::time::sleep(Duration::from_secs(1)).await;

@@ -1,0 +1,933 @@
+//! The service controller (upstream `service-lb-controller`): cloud load balancers for
+//! `type: LoadBalancer` Services without a `loadBalancerClass`.
+//!
+//! Ensure: event `EnsuringLoadBalancer` → finalizer → `EnsureLoadBalancer` → event
+//! `EnsuredLoadBalancer` → status patch if changed. Cleanup (type change, deletion): the load
+//! balancer is deleted if it exists, the finalizer removed, the status cleared and
+//! `DeletedLoadBalancer` recorded. `RetryAfter` errors requeue after exactly their delay;
+//! others back off from 5 s to 300 s.
+//!
+//! Beyond upstream: the finalizer is never added to a Service that is being deleted (the
+//! Service takes the cleanup path instead); a node change calls `UpdateLoadBalancer` only for
+//! the Services whose eligible node set changed; an optional periodic drift re-ensure.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tracing::Instrument;
+
+use super::ControllerContext;
+use super::events::{EventType, record};
+use crate::helpers::service::{
+    has_load_balancer_finalizer, load_balancer_status_equal, wants_load_balancer,
+};
+use crate::well_known::{
+    FINALIZER_LOAD_BALANCER_CLEANUP, LABEL_EXCLUDE_FROM_EXTERNAL_LOAD_BALANCERS,
+    TAINT_TO_BE_DELETED_BY_CLUSTER_AUTOSCALER,
+};
+use crate::{CloudError, LoadBalancer};
+
+const COMPONENT: &str = "service-controller";
+const BACKOFF_BASE: Duration = Duration::from_secs(5);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// The service controller's settings.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServiceConfig {
+    /// `--concurrent-service-syncs` (default 1, must be > 0).
+    pub concurrent_service_syncs: usize,
+    /// The full node sync period (upstream's 100 s node resync).
+    pub node_sync_period: Duration,
+    /// Re-ensure every load balancer this often (beyond upstream; `None` = never).
+    pub lb_drift_reensure_period: Option<Duration>,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            concurrent_service_syncs: 1,
+            node_sync_period: Duration::from_secs(100),
+            lb_drift_reensure_period: None,
+        }
+    }
+}
+
+impl ServiceConfig {
+    /// Sets `concurrent_service_syncs`.
+    pub fn with_concurrent_service_syncs(mut self, n: usize) -> Self {
+        self.concurrent_service_syncs = n;
+        self
+    }
+
+    /// Sets the drift re-ensure period.
+    pub fn with_lb_drift_reensure_period(mut self, period: Option<Duration>) -> Self {
+        self.lb_drift_reensure_period = period;
+        self
+    }
+}
+
+/// An invalid [`ServiceConfig`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServiceConfigError {
+    /// `concurrent_service_syncs` is 0.
+    #[error("concurrent-service-syncs must be greater than 0")]
+    NoWorkers,
+}
+
+/// Why a Service sync failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceSyncError {
+    /// A cloud call failed.
+    #[error("{0}")]
+    Cloud(#[from] CloudError),
+    /// An API call failed.
+    #[error("{0}")]
+    Api(#[from] kube::Error),
+}
+
+impl ServiceSyncError {
+    /// The delay a `RetryAfter` error asks for.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ServiceSyncError::Cloud(err) => err.retry_after_delay(),
+            ServiceSyncError::Api(_) => None,
+        }
+    }
+}
+
+/// Whether the Node passes the exclusion-label predicate: no label, or a value that parses
+/// (as Go's `strconv.ParseBool`) to false.
+pub fn node_included(node: &Node) -> bool {
+    match node
+        .labels()
+        .get(LABEL_EXCLUDE_FROM_EXTERNAL_LOAD_BALANCERS)
+    {
+        None => true,
+        Some(v) => matches!(v.as_str(), "0" | "f" | "F" | "false" | "FALSE" | "False"),
+    }
+}
+
+/// Upstream's stable node-set predicates: not being deleted, included, and without the
+/// cluster autoscaler's `ToBeDeletedByClusterAutoscaler` taint. Readiness is not checked.
+pub fn node_eligible(node: &Node) -> bool {
+    node.metadata.deletion_timestamp.is_none()
+        && node_included(node)
+        && !node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| {
+                ts.iter()
+                    .any(|t| t.key == TAINT_TO_BE_DELETED_BY_CLUSTER_AUTOSCALER)
+            })
+}
+
+/// Whether a Node update triggers a node sync: the exclusion predicate flipped or the
+/// `providerID` changed.
+pub fn should_sync_updated_node(old: &Node, new: &Node) -> bool {
+    node_included(old) != node_included(new) || provider_id(old) != provider_id(new)
+}
+
+fn provider_id(node: &Node) -> Option<&str> {
+    node.spec.as_ref().and_then(|s| s.provider_id.as_deref())
+}
+
+fn node_set(nodes: &[Node]) -> BTreeMap<String, Option<String>> {
+    nodes
+        .iter()
+        .map(|n| (n.name_any(), provider_id(n).map(str::to_owned)))
+        .collect()
+}
+
+/// Whether the Service has the finalizer and is being deleted or no longer a LoadBalancer.
+pub fn needs_cleanup(service: &Service) -> bool {
+    has_load_balancer_finalizer(service)
+        && (service.metadata.deletion_timestamp.is_some()
+            || service.spec.as_ref().and_then(|s| s.type_.as_deref()) != Some("LoadBalancer"))
+}
+
+/// Upstream's `needsUpdate`: whether a Service update concerns its load balancer.
+pub fn needs_update(old: &Service, new: &Service) -> bool {
+    let (ow, nw) = (wants_load_balancer(old), wants_load_balancer(new));
+    if !ow && !nw {
+        return false;
+    }
+    if ow != nw {
+        return true;
+    }
+    let default = Default::default();
+    let os = old.spec.as_ref().unwrap_or(&default);
+    let ns = new.spec.as_ref().unwrap_or(&default);
+    let ports_equal = {
+        let (a, b) = (
+            os.ports.as_deref().unwrap_or_default(),
+            ns.ports.as_deref().unwrap_or_default(),
+        );
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(x, y)| {
+                x.name == y.name
+                    && x.protocol == y.protocol
+                    && x.port == y.port
+                    && x.node_port == y.node_port
+                    && x.target_port == y.target_port
+                    && x.app_protocol == y.app_protocol
+            })
+    };
+    os.load_balancer_source_ranges != ns.load_balancer_source_ranges
+        || !ports_equal
+        || os.session_affinity != ns.session_affinity
+        || os.session_affinity_config != ns.session_affinity_config
+        || os.load_balancer_ip != ns.load_balancer_ip
+        || os.external_ips.as_deref().unwrap_or_default()
+            != ns.external_ips.as_deref().unwrap_or_default()
+        || old.metadata.annotations != new.metadata.annotations
+        || old.metadata.uid != new.metadata.uid
+        || os.external_traffic_policy != ns.external_traffic_policy
+        || os.health_check_node_port != ns.health_check_node_port
+        || os.ip_families.as_ref().map_or(0, Vec::len)
+            != ns.ip_families.as_ref().map_or(0, Vec::len)
+}
+
+fn key_of(service: &Service) -> String {
+    format!(
+        "{}/{}",
+        service.namespace().unwrap_or_default(),
+        service.name_any()
+    )
+}
+
+/// A work queue: a key is processed by one worker at a time; failures back off.
+#[derive(Default)]
+struct Queue {
+    inner: Mutex<QueueInner>,
+    notify: Notify,
+}
+
+#[derive(Default)]
+struct QueueInner {
+    queue: VecDeque<String>,
+    queued: HashSet<String>,
+    processing: HashSet<String>,
+    dirty: HashSet<String>,
+    failures: HashMap<String, u32>,
+}
+
+impl Queue {
+    fn add(&self, key: &str) {
+        let mut q = self.inner.lock();
+        if q.processing.contains(key) {
+            q.dirty.insert(key.to_owned());
+        } else if q.queued.insert(key.to_owned()) {
+            q.queue.push_back(key.to_owned());
+            drop(q);
+            self.notify.notify_waiters();
+        }
+    }
+
+    fn add_after(self: &Arc<Self>, key: &str, delay: Duration) {
+        let (queue, key) = (self.clone(), key.to_owned());
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            queue.add(&key);
+        });
+    }
+
+    fn add_rate_limited(self: &Arc<Self>, key: &str) {
+        let failures = {
+            let mut q = self.inner.lock();
+            let n = q.failures.entry(key.to_owned()).or_default();
+            *n += 1;
+            *n - 1
+        };
+        let delay = BACKOFF_BASE
+            .saturating_mul(2u32.saturating_pow(failures.min(16)))
+            .min(BACKOFF_MAX);
+        self.add_after(key, delay);
+    }
+
+    fn forget(&self, key: &str) {
+        self.inner.lock().failures.remove(key);
+    }
+
+    async fn get(&self) -> String {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut q = self.inner.lock();
+                if let Some(key) = q.queue.pop_front() {
+                    q.queued.remove(&key);
+                    q.processing.insert(key.clone());
+                    return key;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn done(&self, key: &str) {
+        let requeue = {
+            let mut q = self.inner.lock();
+            q.processing.remove(key);
+            q.dirty.remove(key)
+        };
+        if requeue {
+            self.add(key);
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Last seen Service per key (for deletions without a finalizer and UID changes).
+    cache: HashMap<String, Service>,
+    /// The nodes each Service's load balancer was last given.
+    last_synced_nodes: HashMap<String, Vec<Node>>,
+}
+
+/// The service controller.
+pub struct ServiceController {
+    ctx: ControllerContext,
+    config: ServiceConfig,
+    queue: Arc<Queue>,
+    state: Mutex<State>,
+    node_trigger: Notify,
+}
+
+impl std::fmt::Debug for ServiceController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceController")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServiceController {
+    /// A service controller, or `Ok(None)` when the provider has no [`LoadBalancer`].
+    pub fn new(
+        ctx: ControllerContext,
+        config: ServiceConfig,
+    ) -> Result<Option<Self>, ServiceConfigError> {
+        if config.concurrent_service_syncs == 0 {
+            return Err(ServiceConfigError::NoWorkers);
+        }
+        if ctx.cloud.load_balancer().is_none() {
+            tracing::warn!(
+                "the cloud provider does not support load balancers; service controller not started"
+            );
+            return Ok(None);
+        }
+        Ok(Some(ServiceController {
+            ctx,
+            config,
+            queue: Arc::default(),
+            state: Mutex::default(),
+            node_trigger: Notify::new(),
+        }))
+    }
+
+    fn lb(&self) -> &dyn LoadBalancer {
+        self.ctx.cloud.load_balancer().expect("checked in new")
+    }
+
+    /// Runs until the context's shutdown token is cancelled.
+    pub async fn run(self) {
+        let shutdown = self.ctx.shutdown.clone();
+        let this = &self;
+        let workers = futures::future::join_all(
+            (0..self.config.concurrent_service_syncs).map(|_| this.service_worker()),
+        );
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            _ = futures::future::join5(
+                workers,
+                this.watch_services(),
+                this.watch_nodes(),
+                this.node_worker(),
+                this.drift_reensure(),
+            ) => {}
+        }
+    }
+
+    async fn service_worker(&self) {
+        loop {
+            let key = self.queue.get().await;
+            let result = self
+                .sync_service(&key)
+                .instrument(tracing::info_span!("sync_service", service = %key))
+                .await;
+            match result {
+                Ok(()) => self.queue.forget(&key),
+                Err(err) => match err.retry_after() {
+                    Some(delay) => {
+                        tracing::info!(service = %key, ?delay, %err, "retrying after the delay asked for");
+                        self.queue.forget(&key);
+                        self.queue.add_after(&key, delay);
+                    }
+                    None => {
+                        tracing::warn!(service = %key, %err, "sync failed; backing off");
+                        self.queue.add_rate_limited(&key);
+                    }
+                },
+            }
+            self.queue.done(&key);
+        }
+    }
+
+    async fn watch_services(&self) {
+        let api: Api<Service> = Api::all(self.ctx.client.clone());
+        let mut seen: HashMap<String, Service> = HashMap::new();
+        let mut stream = watcher(api, watcher::Config::default()).boxed();
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Apply(svc)) | Ok(watcher::Event::InitApply(svc)) => {
+                    let key = key_of(&svc);
+                    let enqueue = match seen.get(&key) {
+                        None => wants_load_balancer(&svc) || needs_cleanup(&svc),
+                        Some(old) => needs_update(old, &svc) || needs_cleanup(&svc),
+                    };
+                    seen.insert(key.clone(), svc);
+                    if enqueue {
+                        self.queue.add(&key);
+                    }
+                }
+                Ok(watcher::Event::Delete(svc)) => {
+                    let key = key_of(&svc);
+                    seen.remove(&key);
+                    if self.state.lock().cache.contains_key(&key) {
+                        self.queue.add(&key);
+                    }
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(%err, "service watch failed");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    async fn watch_nodes(&self) {
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        let mut seen: HashMap<String, Node> = HashMap::new();
+        let mut initialised = false;
+        let mut stream = watcher(api, watcher::Config::default()).boxed();
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::InitApply(node)) => {
+                    let trigger = initialised
+                        && seen
+                            .get(&node.name_any())
+                            .is_none_or(|old| should_sync_updated_node(old, &node));
+                    seen.insert(node.name_any(), node);
+                    if trigger {
+                        self.node_trigger.notify_one();
+                    }
+                }
+                Ok(watcher::Event::InitDone) => initialised = true,
+                Ok(watcher::Event::Apply(node)) => {
+                    let trigger = seen
+                        .get(&node.name_any())
+                        .is_none_or(|old| should_sync_updated_node(old, &node));
+                    seen.insert(node.name_any(), node);
+                    if trigger {
+                        self.node_trigger.notify_one();
+                    }
+                }
+                Ok(watcher::Event::Delete(node)) => {
+                    seen.remove(&node.name_any());
+                    self.node_trigger.notify_one();
+                }
+                Ok(watcher::Event::Init) => {}
+                Err(err) => {
+                    tracing::warn!(%err, "node watch failed");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    async fn node_worker(&self) {
+        loop {
+            tokio::select! {
+                () = self.node_trigger.notified() => {}
+                () = tokio::time::sleep(self.config.node_sync_period) => {}
+            }
+            if let Err(err) = self.sync_nodes().await {
+                tracing::warn!(%err, "node sync failed");
+            }
+        }
+    }
+
+    async fn drift_reensure(&self) {
+        let Some(period) = self.config.lb_drift_reensure_period else {
+            return std::future::pending().await;
+        };
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        loop {
+            tick.tick().await;
+            let keys: Vec<String> = self
+                .state
+                .lock()
+                .cache
+                .iter()
+                .filter(|(_, s)| wants_load_balancer(s))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in keys {
+                self.queue.add(&key);
+            }
+        }
+    }
+
+    async fn eligible_nodes(&self) -> Result<Vec<Node>, kube::Error> {
+        let nodes = Api::<Node>::all(self.ctx.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        Ok(nodes.into_iter().filter(node_eligible).collect())
+    }
+
+    /// Updates the hosts of every cached load balancer whose eligible node set changed.
+    pub async fn sync_nodes(&self) -> Result<(), kube::Error> {
+        let nodes = self.eligible_nodes().await?;
+        let services: Vec<(String, Service)> = {
+            let state = self.state.lock();
+            state
+                .cache
+                .iter()
+                .filter(|(k, s)| wants_load_balancer(s) && state.last_synced_nodes.contains_key(*k))
+                .map(|(k, s)| (k.clone(), s.clone()))
+                .collect()
+        };
+        let nodes = &nodes;
+        futures::stream::iter(services)
+            .for_each_concurrent(
+                self.config.concurrent_service_syncs,
+                |(key, svc)| async move {
+                    let span = tracing::info_span!("node_sync", service = %key);
+                    self.node_sync_service(&key, &svc, nodes)
+                        .instrument(span)
+                        .await;
+                },
+            )
+            .await;
+        Ok(())
+    }
+
+    async fn node_sync_service(&self, key: &str, svc: &Service, nodes: &[Node]) {
+        let changed = {
+            let mut state = self.state.lock();
+            let old = state
+                .last_synced_nodes
+                .insert(key.to_owned(), nodes.to_vec())
+                .unwrap_or_default();
+            let old: Vec<Node> = old.into_iter().filter(node_eligible).collect();
+            node_set(&old) != node_set(nodes)
+        };
+        if !changed {
+            return;
+        }
+        self.ctx.cloud_limiter.acquire().await;
+        match self
+            .lb()
+            .update_load_balancer(&self.ctx.cluster_name, svc, nodes)
+            .await
+        {
+            Ok(()) => {
+                if nodes.is_empty() {
+                    self.event(
+                        svc,
+                        EventType::Warning,
+                        "UnAvailableLoadBalancer",
+                        "There are no available nodes for LoadBalancer",
+                    )
+                    .await;
+                } else {
+                    self.event(
+                        svc,
+                        EventType::Normal,
+                        "UpdatedLoadBalancer",
+                        "Updated load balancer with new hosts",
+                    )
+                    .await;
+                }
+            }
+            Err(err) if err.is_implemented_elsewhere() => {}
+            Err(err) => {
+                self.ctx.cloud_limiter.acquire().await;
+                if let Ok(None) = self
+                    .lb()
+                    .get_load_balancer(&self.ctx.cluster_name, svc)
+                    .await
+                {
+                    return;
+                }
+                let names: Vec<String> = nodes.iter().take(20).map(ResourceExt::name_any).collect();
+                let more = nodes.len().saturating_sub(20);
+                let list = if more > 0 {
+                    format!("{} and {more} more", names.join(", "))
+                } else {
+                    names.join(", ")
+                };
+                let message = format!(
+                    "Error updating load balancer with new hosts {list} [node names limited, total number of nodes: {}], error: {err}",
+                    nodes.len()
+                );
+                self.event(
+                    svc,
+                    EventType::Warning,
+                    "UpdateLoadBalancerFailed",
+                    &message,
+                )
+                .await;
+                self.queue.add(key);
+            }
+        }
+    }
+
+    async fn event(&self, svc: &Service, type_: EventType, reason: &str, message: &str) {
+        record(&self.ctx.client, COMPONENT, svc, type_, reason, message).await;
+    }
+
+    /// Syncs one Service by key (`namespace/name`).
+    pub async fn sync_service(&self, key: &str) -> Result<(), ServiceSyncError> {
+        let (ns, name) = key.split_once('/').unwrap_or(("default", key));
+        let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), ns);
+        match api.get_opt(name).await? {
+            None => self.process_deletion(key).await,
+            Some(svc) => self.process_create_or_update(key, svc).await,
+        }
+    }
+
+    async fn process_deletion(&self, key: &str) -> Result<(), ServiceSyncError> {
+        let cached = self.state.lock().cache.get(key).cloned();
+        let Some(svc) = cached.filter(wants_load_balancer) else {
+            self.forget_service(key);
+            return Ok(());
+        };
+        self.event(
+            &svc,
+            EventType::Normal,
+            "DeletingLoadBalancer",
+            "Deleting load balancer",
+        )
+        .await;
+        self.ctx.cloud_limiter.acquire().await;
+        if let Err(err) = self
+            .lb()
+            .ensure_load_balancer_deleted(&self.ctx.cluster_name, &svc)
+            .await
+        {
+            let message = format!("Error deleting load balancer: {err}");
+            self.event(
+                &svc,
+                EventType::Warning,
+                "DeleteLoadBalancerFailed",
+                &message,
+            )
+            .await;
+            return Err(err.into());
+        }
+        self.event(
+            &svc,
+            EventType::Normal,
+            "DeletedLoadBalancer",
+            "Deleted load balancer",
+        )
+        .await;
+        self.forget_service(key);
+        Ok(())
+    }
+
+    fn forget_service(&self, key: &str) {
+        let mut state = self.state.lock();
+        state.cache.remove(key);
+        state.last_synced_nodes.remove(key);
+    }
+
+    async fn process_create_or_update(
+        &self,
+        key: &str,
+        svc: Service,
+    ) -> Result<(), ServiceSyncError> {
+        let cached = self.state.lock().cache.get(key).cloned();
+        if let Some(old) =
+            cached.filter(|old| old.metadata.uid != svc.metadata.uid && wants_load_balancer(old))
+        {
+            self.ctx.cloud_limiter.acquire().await;
+            self.lb()
+                .ensure_load_balancer_deleted(&self.ctx.cluster_name, &old)
+                .await?;
+        }
+        self.state.lock().cache.insert(key.to_owned(), svc.clone());
+        match self.sync_load_balancer_if_needed(&svc).await {
+            Ok(deleted) => {
+                if deleted {
+                    self.forget_service(key);
+                }
+                Ok(())
+            }
+            Err(err) => {
+                let message = format!("Error syncing load balancer: {err}");
+                self.event(&svc, EventType::Warning, "SyncLoadBalancerFailed", &message)
+                    .await;
+                Err(err)
+            }
+        }
+    }
+
+    /// Returns whether the load balancer was deleted (the cleanup path).
+    async fn sync_load_balancer_if_needed(&self, svc: &Service) -> Result<bool, ServiceSyncError> {
+        let prev = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.clone())
+            .unwrap_or_default();
+        // Beyond upstream: a Service being deleted is cleaned up, never re-finalized.
+        let being_deleted = svc.metadata.deletion_timestamp.is_some();
+        if !wants_load_balancer(svc) || needs_cleanup(svc) || being_deleted {
+            self.ctx.cloud_limiter.acquire().await;
+            let existing = self
+                .lb()
+                .get_load_balancer(&self.ctx.cluster_name, svc)
+                .await?;
+            if existing.is_some() {
+                self.event(
+                    svc,
+                    EventType::Normal,
+                    "DeletingLoadBalancer",
+                    "Deleting load balancer",
+                )
+                .await;
+                self.ctx.cloud_limiter.acquire().await;
+                match self
+                    .lb()
+                    .ensure_load_balancer_deleted(&self.ctx.cluster_name, svc)
+                    .await
+                {
+                    Err(err) if !err.is_implemented_elsewhere() => return Err(err.into()),
+                    _ => {}
+                }
+            }
+            if has_load_balancer_finalizer(svc) {
+                self.patch_finalizer(svc, false).await?;
+            }
+            self.event(
+                svc,
+                EventType::Normal,
+                "DeletedLoadBalancer",
+                "Deleted load balancer",
+            )
+            .await;
+            self.patch_status(svc, &prev, &LoadBalancerStatus::default())
+                .await?;
+            return Ok(true);
+        }
+
+        self.event(
+            svc,
+            EventType::Normal,
+            "EnsuringLoadBalancer",
+            "Ensuring load balancer",
+        )
+        .await;
+        if !has_load_balancer_finalizer(svc) {
+            self.patch_finalizer(svc, true).await?;
+        }
+        let nodes = self.eligible_nodes().await?;
+        if nodes.is_empty() {
+            self.event(
+                svc,
+                EventType::Warning,
+                "UnAvailableLoadBalancer",
+                "There are no available nodes for LoadBalancer",
+            )
+            .await;
+        }
+        self.state
+            .lock()
+            .last_synced_nodes
+            .insert(key_of(svc), nodes.clone());
+        self.ctx.cloud_limiter.acquire().await;
+        let status = match self
+            .lb()
+            .ensure_load_balancer(&self.ctx.cluster_name, svc, &nodes)
+            .await
+        {
+            Ok(status) => status,
+            Err(err) if err.is_implemented_elsewhere() => return Ok(false),
+            Err(err) => return Err(err.into()),
+        };
+        self.event(
+            svc,
+            EventType::Normal,
+            "EnsuredLoadBalancer",
+            "Ensured load balancer",
+        )
+        .await;
+        self.patch_status(svc, &prev, &status).await?;
+        Ok(false)
+    }
+
+    async fn patch_finalizer(&self, svc: &Service, add: bool) -> Result<(), kube::Error> {
+        let patch = if add {
+            serde_json::json!({"metadata": {"finalizers": [FINALIZER_LOAD_BALANCER_CLEANUP]}})
+        } else {
+            serde_json::json!({"metadata": {
+                "$deleteFromPrimitiveList/finalizers": [FINALIZER_LOAD_BALANCER_CLEANUP]
+            }})
+        };
+        self.api(svc)
+            .patch(
+                &svc.name_any(),
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+            .map(drop)
+    }
+
+    async fn patch_status(
+        &self,
+        svc: &Service,
+        prev: &LoadBalancerStatus,
+        new: &LoadBalancerStatus,
+    ) -> Result<(), kube::Error> {
+        if load_balancer_status_equal(prev, new) {
+            return Ok(());
+        }
+        let ingress = match new.ingress.as_ref() {
+            Some(ingress) if !ingress.is_empty() => {
+                serde_json::to_value(ingress).unwrap_or_default()
+            }
+            _ => serde_json::Value::Null,
+        };
+        let patch = serde_json::json!({"status": {"loadBalancer": {"ingress": ingress}}});
+        match self
+            .api(svc)
+            .patch_status(
+                &svc.name_any(),
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn api(&self, svc: &Service) -> Api<Service> {
+        Api::namespaced(
+            self.ctx.client.clone(),
+            &svc.namespace().unwrap_or_else(|| "default".to_owned()),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeSpec, ServicePort, ServiceSpec, Taint};
+
+    fn node(labels: &[(&str, &str)]) -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some("n".into());
+        n.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        n
+    }
+
+    /// Checklist rows 73 and 74: node predicates.
+    #[test]
+    fn row73_74_node_predicates() {
+        let l = LABEL_EXCLUDE_FROM_EXTERNAL_LOAD_BALANCERS;
+        assert!(node_eligible(&node(&[])));
+        assert!(node_eligible(&node(&[(l, "false")])));
+        assert!(node_eligible(&node(&[(l, "0")])));
+        assert!(!node_eligible(&node(&[(l, "true")])));
+        assert!(!node_eligible(&node(&[(l, "")])));
+        assert!(!node_eligible(&node(&[(l, "garbage")])));
+        let mut tainted = node(&[]);
+        tainted.spec = Some(NodeSpec {
+            taints: Some(vec![Taint {
+                key: TAINT_TO_BE_DELETED_BY_CLUSTER_AUTOSCALER.into(),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        assert!(!node_eligible(&tainted));
+    }
+
+    /// Checklist row 75: only an exclusion flip or a providerID change triggers.
+    #[test]
+    fn row75_node_update_triggers() {
+        let l = LABEL_EXCLUDE_FROM_EXTERNAL_LOAD_BALANCERS;
+        let old = node(&[]);
+        assert!(!should_sync_updated_node(&old, &node(&[("other", "x")])));
+        assert!(should_sync_updated_node(&old, &node(&[(l, "true")])));
+        assert!(!should_sync_updated_node(&old, &node(&[(l, "false")])));
+        let mut with_id = node(&[]);
+        with_id.spec = Some(NodeSpec {
+            provider_id: Some("fake://1".into()),
+            ..Default::default()
+        });
+        assert!(should_sync_updated_node(&old, &with_id));
+    }
+
+    fn lb_service() -> Service {
+        Service {
+            spec: Some(ServiceSpec {
+                type_: Some("LoadBalancer".into()),
+                ports: Some(vec![ServicePort {
+                    port: 80,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// Checklist rows 68 and 69: needsUpdate triggers and non-triggers.
+    #[test]
+    fn row68_69_needs_update() {
+        let old = lb_service();
+        assert!(!needs_update(&old, &old.clone()), "resync");
+        let mut labels = old.clone();
+        labels.metadata.labels = Some([("a".to_owned(), "b".to_owned())].into());
+        assert!(!needs_update(&old, &labels));
+        let mut port = old.clone();
+        port.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].app_protocol = Some("http".into());
+        assert!(needs_update(&old, &port));
+        let mut ann = old.clone();
+        ann.metadata.annotations = Some([("a".to_owned(), "b".to_owned())].into());
+        assert!(needs_update(&old, &ann));
+        let mut etp = old.clone();
+        etp.spec.as_mut().unwrap().external_traffic_policy = Some("Local".into());
+        assert!(needs_update(&old, &etp));
+        let mut cip = old.clone();
+        cip.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
+        assert!(needs_update(&old, &cip));
+        assert!(!needs_update(&cip, &cip.clone()));
+    }
+}

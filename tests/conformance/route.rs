@@ -1,0 +1,305 @@
+//! The route controller against FakeCloud and the in-process API server (checklist §6 rows
+//! 40–54 of the upstream reference).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cloud_provider::controllers::ControllerContext;
+use cloud_provider::controllers::route::{RouteConfig, RouteController};
+use cloud_provider_fake::{Call, FakeCloud, FakeInstance, FakeRoute, Fault, FaultRule, Method};
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+
+const CLUSTER: &str = "kubernetes";
+
+async fn client() -> Client {
+    let server = core_cluster::ApiServer::new(
+        Arc::new(core_cluster::store::MemoryStore::new()),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    Client::new(server.router(), "default")
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+async fn add_node(client: &Client, name: &str, cidrs: &[&str]) -> Node {
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "spec": { "podCIDRs": cidrs, "podCIDR": cidrs.first() },
+    }))
+    .unwrap();
+    let api: Api<Node> = Api::all(client.clone());
+    let created = api.create(&PostParams::default(), &node).await.unwrap();
+    let status = serde_json::json!({"status": {"addresses": [{"type": "InternalIP", "address": format!("192.168.0.{}", name.len())}]}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let _ = created;
+    api.get(name).await.unwrap()
+}
+
+fn controller(client: &Client, cloud: &FakeCloud, cidrs: &[&str]) -> RouteController {
+    let ctx = ControllerContext::new(
+        client.clone(),
+        Arc::new(cloud.clone()),
+        CLUSTER,
+        CancellationToken::new(),
+    );
+    RouteController::new(
+        ctx,
+        RouteConfig::new(cidrs.iter().map(|c| net(c)).collect()),
+    )
+    .unwrap()
+    .unwrap()
+}
+
+fn cloud(nodes: &[&str]) -> FakeCloud {
+    FakeCloud::builder()
+        .instances(
+            nodes
+                .iter()
+                .map(|n| FakeInstance::new(format!("i-{n}"), *n)),
+        )
+        .build()
+}
+
+async fn condition(client: &Client, name: &str) -> Option<(String, String)> {
+    let node = Api::<Node>::all(client.clone()).get(name).await.unwrap();
+    node.status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == "NetworkUnavailable")
+        .map(|c| (c.status, c.reason.unwrap_or_default()))
+}
+
+/// Row 40: no Routes → not started; empty cluster CIDR → error.
+#[tokio::test(start_paused = true)]
+async fn row40_start_gating() {
+    let client = client().await;
+    let ctx = ControllerContext::new(
+        client,
+        Arc::new(cloud(&[])),
+        CLUSTER,
+        CancellationToken::new(),
+    );
+    assert!(RouteController::new(ctx, RouteConfig::new(vec![])).is_err());
+}
+
+/// Rows 42, 43, 49: one route per pod CIDR, same name hint (Node UID), condition RouteCreated.
+#[tokio::test(start_paused = true)]
+async fn row42_43_49_create_dual_stack_and_condition() {
+    let client = client().await;
+    let cloud = cloud(&["n1"]);
+    let node = add_node(&client, "n1", &["10.244.1.0/24", "fd00:1::/64"]).await;
+    let rc = controller(&client, &cloud, &["10.244.0.0/16", "fd00::/48"]);
+    let report = rc.reconcile().await.unwrap();
+    assert_eq!(report.created, 2);
+    let uid = node.metadata.uid.unwrap();
+    let hints: Vec<String> = cloud
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::CreateRoute {
+                name_hint,
+                target_node,
+                ..
+            } => {
+                assert_eq!(target_node, "n1");
+                Some(name_hint)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(hints, vec![uid.clone(), uid]);
+    assert_eq!(cloud.routes(CLUSTER).len(), 2);
+    assert_eq!(
+        condition(&client, "n1").await,
+        Some(("False".into(), "RouteCreated".into()))
+    );
+    // Second reconcile: nothing to create, condition unchanged (row 51: no patch).
+    let report = rc.reconcile().await.unwrap();
+    assert_eq!(
+        (report.created, report.deleted, report.conditions_patched),
+        (0, 0, 0)
+    );
+}
+
+/// Rows 44, 45, 46: stale and blackhole routes inside the cluster CIDR are deleted; foreign ones kept.
+#[tokio::test(start_paused = true)]
+async fn row44_45_46_stale_foreign_blackhole() {
+    let client = client().await;
+    let cloud = cloud(&["n1", "gone"]);
+    add_node(&client, "n1", &["10.244.1.0/24"]).await;
+    cloud.add_route(FakeRoute::new(CLUSTER, "x", net("10.244.9.0/24"), "gone"));
+    cloud.add_route(FakeRoute::new(CLUSTER, "y", net("172.16.0.0/24"), "gone"));
+    let mut hole = FakeRoute::new(CLUSTER, "z", net("10.244.1.0/24"), "n1");
+    hole.blackhole = true;
+    cloud.add_route(hole);
+    let rc = controller(&client, &cloud, &["10.244.0.0/16"]);
+    rc.reconcile().await.unwrap();
+    let deleted: Vec<IpNet> = cloud
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::DeleteRoute { cidr, .. } => Some(cidr),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        deleted.contains(&net("10.244.9.0/24")),
+        "stale route deleted"
+    );
+    assert!(deleted.contains(&net("10.244.1.0/24")), "blackhole deleted");
+    assert!(
+        !deleted.contains(&net("172.16.0.0/24")),
+        "foreign route kept"
+    );
+    assert!(
+        cloud
+            .routes(CLUSTER)
+            .iter()
+            .any(|r| r.cidr == net("172.16.0.0/24"))
+    );
+}
+
+/// Row 48: a Node without pod CIDR is skipped and gets no condition.
+#[tokio::test(start_paused = true)]
+async fn row48_no_pod_cidr_no_condition() {
+    let client = client().await;
+    let cloud = cloud(&["n1"]);
+    add_node(&client, "n1", &[]).await;
+    let rc = controller(&client, &cloud, &["10.244.0.0/16"]);
+    let report = rc.reconcile().await.unwrap();
+    assert_eq!(report.created, 0);
+    assert_eq!(cloud.call_count(Method::CreateRoute), 0);
+    assert_eq!(condition(&client, "n1").await, None);
+}
+
+/// Row 50: a failed create → NetworkUnavailable=True/NoRouteCreated and Warning FailedToCreateRoute.
+#[tokio::test(start_paused = true)]
+async fn row50_create_failure_condition_and_event() {
+    let client = client().await;
+    let cloud = cloud(&["n1"]);
+    add_node(&client, "n1", &["10.244.1.0/24"]).await;
+    cloud.inject(FaultRule::always(Fault::Error("quota".into())).on(Method::CreateRoute));
+    let rc = controller(&client, &cloud, &["10.244.0.0/16"]);
+    let report = rc.reconcile().await.unwrap();
+    assert_eq!(report.failed_creates, 1);
+    assert_eq!(
+        condition(&client, "n1").await,
+        Some(("True".into(), "NoRouteCreated".into()))
+    );
+    let events = Api::<Event>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("FailedToCreateRoute")
+                && e.type_.as_deref() == Some("Warning")
+                && e.involved_object.name.as_deref() == Some("n1"))
+    );
+}
+
+/// Row 51: same status with a foreign reason (CalicoIsUp) is overwritten.
+#[tokio::test(start_paused = true)]
+async fn row51_foreign_reason_is_overwritten() {
+    let client = client().await;
+    let cloud = cloud(&["n1"]);
+    add_node(&client, "n1", &["10.244.1.0/24"]).await;
+    let patch = serde_json::json!({"status": {"conditions": [{"type": "NetworkUnavailable", "status": "False", "reason": "CalicoIsUp", "message": "calico"}]}});
+    Api::<Node>::all(client.clone())
+        .patch_status("n1", &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .unwrap();
+    let rc = controller(&client, &cloud, &["10.244.0.0/16"]);
+    let report = rc.reconcile().await.unwrap();
+    assert_eq!(report.conditions_patched, 1);
+    assert_eq!(
+        condition(&client, "n1").await,
+        Some(("False".into(), "RouteCreated".into()))
+    );
+}
+
+/// Row 53: periodic mode lists routes every 10 s.
+#[tokio::test(start_paused = true)]
+async fn row53_periodic_every_10s() {
+    let client = client().await;
+    let cloud = cloud(&["n1"]);
+    add_node(&client, "n1", &["10.244.1.0/24"]).await;
+    let rc = controller(&client, &cloud, &["10.244.0.0/16"]);
+    let shutdown = CancellationToken::new();
+    let ctx_token = shutdown.clone();
+    let task = tokio::spawn(async move {
+        tokio::select! {
+            () = rc.run() => {}
+            () = ctx_token.cancelled() => {}
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(35_000)).await;
+    shutdown.cancel();
+    task.await.unwrap();
+    assert_eq!(
+        cloud.call_count(Method::ListRoutes),
+        4,
+        "at 0, 10, 20 and 30 s"
+    );
+}
+
+/// Row 54 (beyond upstream: failed creates are retried): watch mode reconciles on a new Node,
+/// at most once per period, and retries a failed create.
+#[tokio::test(start_paused = true)]
+async fn row54_watch_mode_and_retry() {
+    let client = client().await;
+    let cloud = cloud(&["n1", "n2"]);
+    add_node(&client, "n1", &["10.244.1.0/24"]).await;
+    let ctx = ControllerContext::new(
+        client.clone(),
+        Arc::new(cloud.clone()),
+        CLUSTER,
+        CancellationToken::new(),
+    );
+    let rc = RouteController::new(
+        ctx,
+        RouteConfig::new(vec![net("10.244.0.0/16")]).with_watch_based(true),
+    )
+    .unwrap()
+    .unwrap();
+    let token = CancellationToken::new();
+    let t = token.clone();
+    let task = tokio::spawn(async move {
+        tokio::select! {
+            () = rc.run() => {}
+            () = t.cancelled() => {}
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(cloud.call_count(Method::ListRoutes), 1);
+    // Nothing changes: no further reconcile.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(cloud.call_count(Method::ListRoutes), 1);
+    // A new Node whose first create fails: reconciled, then retried a period later.
+    cloud.inject(
+        FaultRule::always(Fault::Error("boom".into()))
+            .on(Method::CreateRoute)
+            .times(1),
+    );
+    add_node(&client, "n2", &["10.244.2.0/24"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(cloud.call_count(Method::ListRoutes), 2);
+    assert_eq!(cloud.routes(CLUSTER).len(), 1, "first create failed");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(cloud.call_count(Method::ListRoutes), 3);
+    assert_eq!(cloud.routes(CLUSTER).len(), 2, "retried");
+    token.cancel();
+    task.await.unwrap();
+}

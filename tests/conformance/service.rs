@@ -1,0 +1,390 @@
+//! The service controller against FakeCloud and the in-process API server (checklist §6 rows
+//! 55–79 of the upstream reference).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cloud_provider::controllers::ControllerContext;
+use cloud_provider::controllers::service::{ServiceConfig, ServiceController};
+use cloud_provider::well_known::FINALIZER_LOAD_BALANCER_CLEANUP;
+use cloud_provider_fake::{FakeCloud, FakeInstance, Fault, FaultRule, Method};
+use k8s_openapi::api::core::v1::{Event, Node, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const CLUSTER: &str = "kubernetes";
+
+struct Env {
+    client: Client,
+    cloud: FakeCloud,
+    token: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Env {
+    async fn new(nodes: &[&str]) -> Env {
+        let server = core_cluster::ApiServer::new(
+            Arc::new(core_cluster::store::MemoryStore::new()),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        let client = Client::new(server.router(), "default");
+        let cloud = FakeCloud::builder()
+            .instances(
+                nodes
+                    .iter()
+                    .map(|n| FakeInstance::new(format!("i-{n}"), *n)),
+            )
+            .build();
+        let env = Env {
+            client,
+            cloud,
+            token: CancellationToken::new(),
+            task: None,
+        };
+        for n in nodes {
+            env.add_node(n, serde_json::json!({})).await;
+        }
+        env
+    }
+
+    async fn add_node(&self, name: &str, labels: serde_json::Value) {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name, "labels": labels },
+            "spec": { "providerID": format!("fake://i-{name}") },
+        }))
+        .unwrap();
+        Api::<Node>::all(self.client.clone())
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap();
+    }
+
+    fn start(&mut self) {
+        let ctx = ControllerContext::new(
+            self.client.clone(),
+            Arc::new(self.cloud.clone()),
+            CLUSTER,
+            self.token.clone(),
+        );
+        let sc = ServiceController::new(ctx, ServiceConfig::default())
+            .unwrap()
+            .unwrap();
+        self.task = Some(tokio::spawn(sc.run()));
+    }
+
+    async fn stop(mut self) {
+        self.token.cancel();
+        if let Some(task) = self.task.take() {
+            task.await.unwrap();
+        }
+    }
+
+    fn services(&self) -> Api<Service> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    async fn create_service(&self, name: &str, extra: serde_json::Value) -> Service {
+        let mut svc = serde_json::json!({
+            "metadata": { "name": name },
+            "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }] },
+        });
+        merge(&mut svc, extra);
+        let svc: Service = serde_json::from_value(svc).unwrap();
+        self.services()
+            .create(&PostParams::default(), &svc)
+            .await
+            .unwrap()
+    }
+
+    async fn get(&self, name: &str) -> Option<Service> {
+        self.services().get_opt(name).await.unwrap()
+    }
+
+    async fn reasons(&self) -> Vec<String> {
+        let mut events = Api::<Event>::namespaced(self.client.clone(), "default")
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
+        events.sort_by_key(|e| {
+            e.metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+        });
+        events.into_iter().filter_map(|e| e.reason).collect()
+    }
+}
+
+fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+    match (a, b) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+fn finalized(svc: &Service) -> bool {
+    svc.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == FINALIZER_LOAD_BALANCER_CLEANUP))
+}
+
+fn ingress_ip(svc: &Service) -> Option<String> {
+    svc.status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?
+        .first()?
+        .ip
+        .clone()
+}
+
+async fn settle() {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// Rows 56 and 57: Ensuring → finalizer → Ensure → Ensured → status; a resync patches nothing.
+#[tokio::test(start_paused = true)]
+async fn row56_57_ensure_order_and_status() {
+    let mut env = Env::new(&["n1", "n2"]).await;
+    env.start();
+    let svc = env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    let got = env.get("web").await.unwrap();
+    assert!(finalized(&got));
+    let lb = env
+        .cloud
+        .load_balancer_of(&svc)
+        .expect("load balancer created");
+    assert_eq!(lb.hosts, vec!["n1".to_owned(), "n2".to_owned()]);
+    assert_eq!(ingress_ip(&got), Some(lb.ip.to_string()));
+    let reasons = env.reasons().await;
+    assert_eq!(reasons, vec!["EnsuringLoadBalancer", "EnsuredLoadBalancer"]);
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 1);
+    env.stop().await;
+}
+
+/// Row 55: a Service with a loadBalancerClass is not ours.
+#[tokio::test(start_paused = true)]
+async fn row55_load_balancer_class_is_ignored() {
+    let mut env = Env::new(&["n1"]).await;
+    env.start();
+    env.create_service(
+        "classy",
+        serde_json::json!({"spec": {"loadBalancerClass": "example.com/lb"}}),
+    )
+    .await;
+    settle().await;
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 0);
+    assert!(!finalized(&env.get("classy").await.unwrap()));
+    env.stop().await;
+}
+
+/// Rows 58 and 59: type change to ClusterIP cleans up; deletion then completes.
+#[tokio::test(start_paused = true)]
+async fn row58_59_cleanup_on_type_change_and_delete() {
+    let mut env = Env::new(&["n1"]).await;
+    env.start();
+    let svc = env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    assert!(env.cloud.load_balancer_of(&svc).is_some());
+    let patch = serde_json::json!({"spec": {"type": "ClusterIP", "ports": [{"port": 80, "protocol": "TCP", "nodePort": null}]}});
+    env.services()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    settle().await;
+    let got = env.get("web").await.unwrap();
+    assert!(env.cloud.load_balancer_of(&svc).is_none(), "LB deleted");
+    assert!(!finalized(&got), "finalizer removed");
+    assert_eq!(ingress_ip(&got), None, "status cleared");
+    assert!(
+        env.reasons()
+            .await
+            .contains(&"DeletedLoadBalancer".to_owned())
+    );
+
+    // Row 59: a LoadBalancer Service deleted while finalized is cleaned up and goes away.
+    let svc2 = env.create_service("web2", serde_json::json!({})).await;
+    settle().await;
+    assert!(env.cloud.load_balancer_of(&svc2).is_some());
+    env.services()
+        .delete("web2", &DeleteParams::default())
+        .await
+        .unwrap();
+    settle().await;
+    assert!(env.cloud.load_balancer_of(&svc2).is_none());
+    assert!(env.get("web2").await.is_none(), "garbage-collected");
+    env.stop().await;
+}
+
+/// Beyond upstream (cloud-provider-gcp #981): a Service being deleted without our finalizer is
+/// not re-finalized, and no load balancer is created for it.
+#[tokio::test(start_paused = true)]
+async fn deleting_service_without_finalizer_is_not_refinalized() {
+    let mut env = Env::new(&["n1"]).await;
+    env.create_service(
+        "held",
+        serde_json::json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+    )
+    .await;
+    env.services()
+        .delete("held", &DeleteParams::default())
+        .await
+        .unwrap();
+    let held = env.get("held").await.unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some());
+    env.start();
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let held = env.get("held").await.unwrap();
+    assert!(!finalized(&held));
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 0);
+    assert!(
+        !env.reasons()
+            .await
+            .contains(&"SyncLoadBalancerFailed".to_owned())
+    );
+    env.stop().await;
+}
+
+/// Row 64: RetryAfter requeues after exactly the delay, without backoff.
+#[tokio::test(start_paused = true)]
+async fn row64_retry_after_is_honoured() {
+    let mut env = Env::new(&["n1"]).await;
+    env.cloud.inject(
+        FaultRule::always(Fault::RetryAfter {
+            after: Duration::from_secs(42),
+            message: "busy".into(),
+        })
+        .on(Method::EnsureLoadBalancer)
+        .times(3),
+    );
+    env.start();
+    env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 1);
+    for n in 2..=4 {
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        assert_eq!(
+            env.cloud.call_count(Method::EnsureLoadBalancer),
+            n - 1,
+            "not before 42 s"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            env.cloud.call_count(Method::EnsureLoadBalancer),
+            n,
+            "after exactly 42 s"
+        );
+    }
+    assert!(env.get("web").await.unwrap().status.is_some());
+    env.stop().await;
+}
+
+/// Rows 64 and 65: other errors back off 5 s, 10 s, …; each failure records SyncLoadBalancerFailed.
+#[tokio::test(start_paused = true)]
+async fn row64_65_errors_back_off_and_warn() {
+    let mut env = Env::new(&["n1"]).await;
+    env.cloud.inject(
+        FaultRule::always(Fault::Error("quota".into()))
+            .on(Method::EnsureLoadBalancer)
+            .times(2),
+    );
+    env.start();
+    env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 1);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        env.cloud.call_count(Method::EnsureLoadBalancer),
+        2,
+        "after 5 s"
+    );
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        env.cloud.call_count(Method::EnsureLoadBalancer),
+        2,
+        "not before 10 s more"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 3);
+    let reasons = env.reasons().await;
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| *r == "SyncLoadBalancerFailed")
+            .count(),
+        2
+    );
+    env.stop().await;
+}
+
+/// Rows 73, 75, 76, 77: an excluded node joins nothing; an unrelated label change triggers no
+/// update; an added node updates the hosts with `UpdatedLoadBalancer`.
+#[tokio::test(start_paused = true)]
+async fn row73_75_76_77_node_changes() {
+    let mut env = Env::new(&["n1"]).await;
+    env.add_node(
+        "ex",
+        serde_json::json!({"node.kubernetes.io/exclude-from-external-load-balancers": "true"}),
+    )
+    .await;
+    env.start();
+    let svc = env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    assert_eq!(
+        env.cloud.load_balancer_of(&svc).unwrap().hosts,
+        vec!["n1".to_owned()]
+    );
+    // Unrelated label change: no update.
+    let patch = serde_json::json!({"metadata": {"labels": {"team": "a"}}});
+    Api::<Node>::all(env.client.clone())
+        .patch("n1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(env.cloud.call_count(Method::UpdateLoadBalancer), 0);
+    // A new node: hosts updated.
+    env.cloud.add_instance(FakeInstance::new("i-n2", "n2"));
+    env.add_node("n2", serde_json::json!({})).await;
+    settle().await;
+    assert_eq!(env.cloud.call_count(Method::UpdateLoadBalancer), 1);
+    assert_eq!(
+        env.cloud.load_balancer_of(&svc).unwrap().hosts,
+        vec!["n1".to_owned(), "n2".to_owned()]
+    );
+    assert!(
+        env.reasons()
+            .await
+            .contains(&"UpdatedLoadBalancer".to_owned())
+    );
+    env.stop().await;
+}
+
+/// Row 72: zero eligible nodes → Warning UnAvailableLoadBalancer, Ensure still called.
+#[tokio::test(start_paused = true)]
+async fn row72_no_nodes() {
+    let mut env = Env::new(&[]).await;
+    env.start();
+    env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 1);
+    assert!(
+        env.reasons()
+            .await
+            .contains(&"UnAvailableLoadBalancer".to_owned())
+    );
+    env.stop().await;
+}
