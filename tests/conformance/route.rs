@@ -303,3 +303,27 @@ async fn row54_watch_mode_and_retry() {
     token.cancel();
     task.await.unwrap();
 }
+
+/// Row 52: at most 200 create/delete calls in flight.
+#[tokio::test(start_paused = true)]
+async fn row52_concurrency_cap() {
+    let client = client().await;
+    let names: Vec<String> = (0..250).map(|i| format!("n{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let cloud = cloud(&refs);
+    for (i, name) in names.iter().enumerate() {
+        add_node(
+            &client,
+            name,
+            &[&format!("10.{}.{}.0/24", 100 + i / 256, i % 256)],
+        )
+        .await;
+    }
+    cloud.set_method_latency(Method::CreateRoute, Duration::from_secs(10));
+    let rc = controller(&client, &cloud, &["10.0.0.0/8"]);
+    let task = tokio::spawn(async move { rc.reconcile().await.unwrap() });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(cloud.call_count(Method::CreateRoute), 200, "capped at 200");
+    let report = task.await.unwrap();
+    assert_eq!(report.created, 250);
+}

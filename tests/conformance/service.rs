@@ -388,3 +388,32 @@ async fn row72_no_nodes() {
     );
     env.stop().await;
 }
+
+/// Row 71: a Service deleted without the finalizer → EnsureLoadBalancerDeleted from the cache,
+/// events DeletingLoadBalancer and DeletedLoadBalancer.
+#[tokio::test(start_paused = true)]
+async fn row71_deleted_without_finalizer() {
+    let mut env = Env::new(&["n1"]).await;
+    env.start();
+    let svc = env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    assert!(env.cloud.load_balancer_of(&svc).is_some());
+    let patch = serde_json::json!({"metadata": {"finalizers": null}});
+    env.services()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    settle().await;
+    env.services()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    settle().await;
+    assert!(env.get("web").await.is_none());
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancerDeleted), 1);
+    assert!(env.cloud.load_balancer_of(&svc).is_none());
+    let reasons = env.reasons().await;
+    assert!(reasons.contains(&"DeletingLoadBalancer".to_owned()));
+    assert!(reasons.contains(&"DeletedLoadBalancer".to_owned()));
+    env.stop().await;
+}
