@@ -4,11 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use cloud_provider::controllers::ControllerContext;
 use cloud_provider::controllers::service::{ServiceConfig, ServiceController};
 use cloud_provider::well_known::FINALIZER_LOAD_BALANCER_CLEANUP;
+use cloud_provider::{CloudError, CloudProvider, CloudResult, LoadBalancer};
 use cloud_provider_fake::{FakeCloud, FakeInstance, Fault, FaultRule, Method};
-use k8s_openapi::api::core::v1::{Event, Node, Service};
+use k8s_openapi::api::core::v1::{Event, LoadBalancerStatus, Node, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
@@ -64,15 +66,13 @@ impl Env {
     }
 
     fn start(&mut self) {
-        let ctx = ControllerContext::new(
-            self.client.clone(),
-            Arc::new(self.cloud.clone()),
-            CLUSTER,
-            self.token.clone(),
-        );
-        let sc = ServiceController::new(ctx, ServiceConfig::default())
-            .unwrap()
-            .unwrap();
+        let cloud: Arc<dyn CloudProvider> = Arc::new(self.cloud.clone());
+        self.start_with(cloud, ServiceConfig::default());
+    }
+
+    fn start_with(&mut self, cloud: Arc<dyn CloudProvider>, config: ServiceConfig) {
+        let ctx = ControllerContext::new(self.client.clone(), cloud, CLUSTER, self.token.clone());
+        let sc = ServiceController::new(ctx, config).unwrap().unwrap();
         self.task = Some(tokio::spawn(sc.run()));
     }
 
@@ -370,6 +370,9 @@ async fn row73_75_76_77_node_changes() {
             .await
             .contains(&"UpdatedLoadBalancer".to_owned())
     );
+    // The periodic node sync (100 s) finds no change: no further update.
+    tokio::time::sleep(Duration::from_secs(101)).await;
+    assert_eq!(env.cloud.call_count(Method::UpdateLoadBalancer), 1);
     env.stop().await;
 }
 
@@ -415,5 +418,109 @@ async fn row71_deleted_without_finalizer() {
     let reasons = env.reasons().await;
     assert!(reasons.contains(&"DeletingLoadBalancer".to_owned()));
     assert!(reasons.contains(&"DeletedLoadBalancer".to_owned()));
+    env.stop().await;
+}
+
+/// A cloud whose load balancers are implemented elsewhere (delegates the rest to FakeCloud).
+struct Elsewhere(FakeCloud);
+
+#[async_trait]
+impl LoadBalancer for Elsewhere {
+    async fn get_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
+        self.0
+            .load_balancer()
+            .unwrap()
+            .get_load_balancer(cluster_name, service)
+            .await
+            .map(|_| Some(LoadBalancerStatus::default()))
+    }
+    async fn ensure_load_balancer(
+        &self,
+        _cluster_name: &str,
+        _service: &Service,
+        _nodes: &[Node],
+    ) -> CloudResult<LoadBalancerStatus> {
+        Err(CloudError::context(
+            "ensure",
+            CloudError::ImplementedElsewhere,
+        ))
+    }
+    async fn update_load_balancer(
+        &self,
+        _cluster_name: &str,
+        _service: &Service,
+        _nodes: &[Node],
+    ) -> CloudResult<()> {
+        Err(CloudError::ImplementedElsewhere)
+    }
+    async fn ensure_load_balancer_deleted(
+        &self,
+        _cluster_name: &str,
+        _service: &Service,
+    ) -> CloudResult<()> {
+        Err(CloudError::ImplementedElsewhere)
+    }
+}
+
+impl CloudProvider for Elsewhere {
+    fn provider_name(&self) -> &str {
+        "elsewhere"
+    }
+    fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
+        Some(self)
+    }
+}
+
+/// Rows 61 and 62: ImplementedElsewhere (even wrapped) on ensure → success, finalizer kept, no
+/// status and no EnsuredLoadBalancer; on delete → ignored, finalizer removed.
+#[tokio::test(start_paused = true)]
+async fn row61_62_implemented_elsewhere() {
+    let mut env = Env::new(&["n1"]).await;
+    let cloud = Arc::new(Elsewhere(env.cloud.clone()));
+    env.start_with(cloud, ServiceConfig::default());
+    env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let got = env.get("web").await.unwrap();
+    assert!(finalized(&got));
+    assert_eq!(ingress_ip(&got), None);
+    let reasons = env.reasons().await;
+    assert_eq!(
+        reasons,
+        vec!["EnsuringLoadBalancer"],
+        "one sync, no retry, no Ensured"
+    );
+    env.services()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    settle().await;
+    assert!(env.get("web").await.is_none(), "finalizer removed");
+    assert!(
+        env.reasons()
+            .await
+            .contains(&"DeletedLoadBalancer".to_owned())
+    );
+    env.stop().await;
+}
+
+/// Beyond upstream: the optional drift re-ensure re-runs EnsureLoadBalancer every period.
+#[tokio::test(start_paused = true)]
+async fn drift_reensure_period() {
+    let mut env = Env::new(&["n1"]).await;
+    let cloud: Arc<dyn CloudProvider> = Arc::new(env.cloud.clone());
+    env.start_with(
+        cloud,
+        ServiceConfig::default().with_lb_drift_reensure_period(Some(Duration::from_secs(60))),
+    );
+    env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 1);
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 2);
     env.stop().await;
 }
