@@ -4,8 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use cloud_provider::controllers::ControllerContext;
 use cloud_provider::controllers::route::{RouteConfig, RouteController};
+use cloud_provider::{CloudProvider, CloudResult, Route, Routes};
 use cloud_provider_fake::{Call, FakeCloud, FakeInstance, FakeRoute, Fault, FaultRule, Method};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Event, Node};
@@ -326,4 +328,75 @@ async fn row52_concurrency_cap() {
     assert_eq!(cloud.call_count(Method::CreateRoute), 200, "capped at 200");
     let report = task.await.unwrap();
     assert_eq!(report.created, 250);
+}
+
+/// A Routes provider that reports target addresses (`enable_node_addresses`) and logs calls;
+/// deletes are slow, so an unsequenced create would finish first.
+struct AddressRoutes {
+    routes: parking_lot::Mutex<Vec<Route>>,
+    log: parking_lot::Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl Routes for AddressRoutes {
+    async fn list_routes(&self, _cluster_name: &str) -> CloudResult<Vec<Route>> {
+        Ok(self.routes.lock().clone())
+    }
+    async fn create_route(&self, _cluster: &str, _hint: &str, route: &Route) -> CloudResult<()> {
+        self.log
+            .lock()
+            .push(format!("create {}", route.destination_cidr));
+        Ok(())
+    }
+    async fn delete_route(&self, _cluster: &str, route: &Route) -> CloudResult<()> {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.log
+            .lock()
+            .push(format!("delete {}", route.destination_cidr));
+        Ok(())
+    }
+}
+
+impl CloudProvider for AddressRoutes {
+    fn provider_name(&self) -> &str {
+        "address-routes"
+    }
+    fn routes(&self) -> Option<&dyn Routes> {
+        Some(self)
+    }
+}
+
+/// Row 47: enable_node_addresses with different addresses → delete, then create (sequenced);
+/// equal addresses → kept.
+#[tokio::test(start_paused = true)]
+async fn row47_address_change_recreates_in_order() {
+    let client = client().await;
+    let node = add_node(&client, "n1", &["10.244.1.0/24"]).await;
+    let current = node.status.unwrap().addresses.unwrap();
+    let stale = Route::new("n1", net("10.244.1.0/24"))
+        .with_target_addresses(vec![cloud_provider::node_address("InternalIP", "10.9.9.9")]);
+    let cloud = Arc::new(AddressRoutes {
+        routes: parking_lot::Mutex::new(vec![stale]),
+        log: parking_lot::Mutex::default(),
+    });
+    let ctx = ControllerContext::new(
+        client.clone(),
+        cloud.clone(),
+        CLUSTER,
+        CancellationToken::new(),
+    );
+    let rc = RouteController::new(ctx, RouteConfig::new(vec![net("10.244.0.0/16")]))
+        .unwrap()
+        .unwrap();
+    rc.reconcile().await.unwrap();
+    assert_eq!(
+        *cloud.log.lock(),
+        vec!["delete 10.244.1.0/24", "create 10.244.1.0/24"]
+    );
+    // Same addresses: nothing to do.
+    *cloud.routes.lock() =
+        vec![Route::new("n1", net("10.244.1.0/24")).with_target_addresses(current)];
+    cloud.log.lock().clear();
+    rc.reconcile().await.unwrap();
+    assert!(cloud.log.lock().is_empty());
 }
