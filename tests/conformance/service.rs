@@ -524,3 +524,57 @@ async fn drift_reensure_period() {
     assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 2);
     env.stop().await;
 }
+
+/// Rows 74 and 77, and beyond upstream (only Services whose node set changed are updated):
+/// an excluded node joining changes no set → no UpdateLoadBalancer; excluding the only node
+/// updates with 0 hosts → Warning UnAvailableLoadBalancer; `=false` re-includes it.
+#[tokio::test(start_paused = true)]
+async fn row74_77_exclusion_flips_and_unchanged_sets() {
+    let label = "node.kubernetes.io/exclude-from-external-load-balancers";
+    let mut env = Env::new(&["n1"]).await;
+    env.start();
+    let a = env.create_service("a", serde_json::json!({})).await;
+    let b = env.create_service("b", serde_json::json!({})).await;
+    settle().await;
+    env.cloud.add_instance(FakeInstance::new("i-ex", "ex"));
+    env.add_node("ex", serde_json::json!({ label: "true" }))
+        .await;
+    settle().await;
+    assert_eq!(env.cloud.call_count(Method::UpdateLoadBalancer), 0);
+
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let exclude = serde_json::json!({"metadata": {"labels": { label: "true" }}});
+    nodes
+        .patch("n1", &PatchParams::default(), &Patch::Merge(&exclude))
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(
+        env.cloud.call_count(Method::UpdateLoadBalancer),
+        2,
+        "a and b"
+    );
+    assert!(env.cloud.load_balancer_of(&a).unwrap().hosts.is_empty());
+    assert!(env.cloud.load_balancer_of(&b).unwrap().hosts.is_empty());
+    let reasons = env.reasons().await;
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| *r == "UnAvailableLoadBalancer")
+            .count(),
+        2
+    );
+
+    let include = serde_json::json!({"metadata": {"labels": { label: "false" }}});
+    nodes
+        .patch("n1", &PatchParams::default(), &Patch::Merge(&include))
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(env.cloud.call_count(Method::UpdateLoadBalancer), 4);
+    assert_eq!(
+        env.cloud.load_balancer_of(&a).unwrap().hosts,
+        vec!["n1".to_owned()]
+    );
+    env.stop().await;
+}
