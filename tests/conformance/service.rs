@@ -578,3 +578,57 @@ async fn row74_77_exclusion_flips_and_unchanged_sets() {
     );
     env.stop().await;
 }
+
+/// Row 78: a failed host update on an existing LB → Warning UpdateLoadBalancerFailed and a full
+/// re-ensure through the service queue.
+#[tokio::test(start_paused = true)]
+async fn row78_update_failure_requeues_ensure() {
+    let mut env = Env::new(&["n1"]).await;
+    env.start();
+    let svc = env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 1);
+    env.cloud.inject(
+        FaultRule::always(Fault::Error("backend api down".into()))
+            .on(Method::UpdateLoadBalancer)
+            .times(1),
+    );
+    env.cloud.add_instance(FakeInstance::new("i-n2", "n2"));
+    env.add_node("n2", serde_json::json!({})).await;
+    settle().await;
+    assert!(
+        env.reasons()
+            .await
+            .contains(&"UpdateLoadBalancerFailed".to_owned())
+    );
+    assert_eq!(
+        env.cloud.call_count(Method::EnsureLoadBalancer),
+        2,
+        "re-ensured"
+    );
+    assert_eq!(
+        env.cloud.load_balancer_of(&svc).unwrap().hosts,
+        vec!["n1".to_owned(), "n2".to_owned()]
+    );
+    env.stop().await;
+}
+
+/// Row 57: a Service that already has the finalizer and an up-to-date status is not patched
+/// again on a later re-ensure (same resourceVersion).
+#[tokio::test(start_paused = true)]
+async fn row57_no_patch_when_unchanged() {
+    let mut env = Env::new(&["n1"]).await;
+    let cloud: Arc<dyn CloudProvider> = Arc::new(env.cloud.clone());
+    env.start_with(
+        cloud,
+        ServiceConfig::default().with_lb_drift_reensure_period(Some(Duration::from_secs(60))),
+    );
+    env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    let before = env.get("web").await.unwrap().metadata.resource_version;
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 2);
+    let after = env.get("web").await.unwrap().metadata.resource_version;
+    assert_eq!(before, after, "neither finalizer nor status patched");
+    env.stop().await;
+}
