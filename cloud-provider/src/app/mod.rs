@@ -1,0 +1,7 @@
+//! The `cloud-controller-manager` application: flags ([`options`]), leader election
+//! ([`leader`]), the health and metrics endpoints ([`serve`]) and the entry point a vendor's
+//! `main` calls ([`run()`]). Upstream's `k8s.io/cloud-provider/app` and `options`.
+
+pub mod options;
+
+pub use options::{CloudControllerManagerOptions, LogFormat, OptionsError};
