@@ -2,6 +2,8 @@
 //! ([`leader`]), the health and metrics endpoints ([`serve`]) and the entry point a vendor's
 //! `main` calls ([`run()`]). Upstream's `k8s.io/cloud-provider/app` and `options`.
 
+pub mod leader;
 pub mod options;
 
+pub use leader::{LeaderElectionConfig, LeaderElector, LeaderError, LeaderHealth};
 pub use options::{CloudControllerManagerOptions, LogFormat, OptionsError};
