@@ -4,6 +4,8 @@
 
 pub mod leader;
 pub mod options;
+pub mod serve;
 
 pub use leader::{LeaderElectionConfig, LeaderElector, LeaderError, LeaderHealth};
 pub use options::{CloudControllerManagerOptions, LogFormat, OptionsError};
+pub use serve::{HealthCheck, HealthChecks, Metrics};
