@@ -4,8 +4,13 @@
 
 pub mod leader;
 pub mod options;
+pub mod run;
 pub mod serve;
 
 pub use leader::{LeaderElectionConfig, LeaderElector, LeaderError, LeaderHealth};
 pub use options::{CloudControllerManagerOptions, LogFormat, OptionsError};
+pub use run::{
+    AppError, ControllerConstructor, ControllerFuture, ControllerRegistry, init_logging, run,
+    run_with,
+};
 pub use serve::{HealthCheck, HealthChecks, Metrics};
