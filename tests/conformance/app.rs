@@ -239,3 +239,202 @@ async fn never_two_leaders() {
         c.task.await.unwrap().unwrap();
     }
 }
+
+/// A cloud with nothing but a name; `tagged` is its cluster ID answer.
+struct TinyCloud {
+    tagged: bool,
+}
+
+impl cloud_provider::CloudProvider for TinyCloud {
+    fn provider_name(&self) -> &str {
+        "tiny"
+    }
+    fn has_cluster_id(&self) -> bool {
+        self.tagged
+    }
+}
+
+static STARTED_A: AtomicUsize = AtomicUsize::new(0);
+static STARTED_B: AtomicUsize = AtomicUsize::new(0);
+
+fn start_a(
+    ctx: cloud_provider::controllers::ControllerContext,
+    _: &cloud_provider::app::CloudControllerManagerOptions,
+) -> Result<Option<cloud_provider::app::ControllerFuture>, cloud_provider::BoxError> {
+    STARTED_A.fetch_add(1, Ordering::SeqCst);
+    Ok(Some(Box::pin(async move {
+        ctx.shutdown.cancelled().await;
+        Ok(())
+    })))
+}
+
+fn start_b(
+    ctx: cloud_provider::controllers::ControllerContext,
+    _: &cloud_provider::app::CloudControllerManagerOptions,
+) -> Result<Option<cloud_provider::app::ControllerFuture>, cloud_provider::BoxError> {
+    STARTED_B.fetch_add(1, Ordering::SeqCst);
+    Ok(Some(Box::pin(async move {
+        ctx.shutdown.cancelled().await;
+        Ok(())
+    })))
+}
+
+static STOPPED_C: AtomicUsize = AtomicUsize::new(0);
+
+fn start_c(
+    ctx: cloud_provider::controllers::ControllerContext,
+    _: &cloud_provider::app::CloudControllerManagerOptions,
+) -> Result<Option<cloud_provider::app::ControllerFuture>, cloud_provider::BoxError> {
+    Ok(Some(Box::pin(async move {
+        ctx.shutdown.cancelled().await;
+        STOPPED_C.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    })))
+}
+
+fn options(args: &[&str]) -> cloud_provider::app::CloudControllerManagerOptions {
+    let mut all = vec!["ccm", "--cloud-provider", "tiny", "--secure-port", "0"];
+    all.extend_from_slice(args);
+    cloud_provider::app::CloudControllerManagerOptions::try_parse_from(all).unwrap()
+}
+
+/// §3.2 and §3.3: `--controllers` decides which registered controllers start; healthz gets
+/// `leaderElection` and one check per started controller; shutdown ends `run_with` with Ok.
+/// (One test, since the dummy controllers count starts in statics.)
+#[tokio::test(start_paused = true)]
+async fn run_starts_the_enabled_controllers() {
+    use cloud_provider::app::{AppError, ControllerRegistry, HealthChecks, run_with};
+    let registry = || {
+        ControllerRegistry::new()
+            .with("a", start_a)
+            .with("b", start_b)
+    };
+    for (flags, expect_a, expect_b, checks_expected) in [
+        ("*,-b", 1, 0, vec!["leaderElection", "a"]),
+        ("b", 1, 1, vec!["leaderElection", "b"]),
+        ("*", 2, 2, vec!["leaderElection", "a", "b"]),
+    ] {
+        let client = client().await;
+        let shutdown = CancellationToken::new();
+        let checks = HealthChecks::new();
+        let app = tokio::spawn(run_with(
+            options(&["--controllers", flags]),
+            registry(),
+            Arc::new(TinyCloud { tagged: true }),
+            client.clone(),
+            shutdown.clone(),
+            checks.clone(),
+        ));
+        sleep(Duration::from_secs(5)).await;
+        assert_eq!(STARTED_A.load(Ordering::SeqCst), expect_a, "{flags}");
+        assert_eq!(STARTED_B.load(Ordering::SeqCst), expect_b, "{flags}");
+        assert_eq!(checks.names(), checks_expected, "{flags}");
+        assert!(
+            holder(&lease(&client).await.unwrap()).is_some(),
+            "leader elected"
+        );
+        shutdown.cancel();
+        app.await.unwrap().expect("graceful shutdown is Ok");
+    }
+    // Unknown controllers and untagged clouds are rejected before anything starts.
+    let client = client().await;
+    let err = run_with(
+        options(&["--controllers", "c"]),
+        registry(),
+        Arc::new(TinyCloud { tagged: true }),
+        client.clone(),
+        CancellationToken::new(),
+        HealthChecks::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("\"c\" is not in the list of known controllers"),
+        "{err}"
+    );
+    let err = run_with(
+        options(&[]),
+        registry(),
+        Arc::new(TinyCloud { tagged: false }),
+        client.clone(),
+        CancellationToken::new(),
+        HealthChecks::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, AppError::NoClusterId), "{err}");
+    assert!(
+        lease(&client).await.is_none(),
+        "no election after a fatal config error"
+    );
+    // --allow-untagged-cloud runs anyway, and without leader election starts at once.
+    let shutdown = CancellationToken::new();
+    let checks = HealthChecks::new();
+    let app = tokio::spawn(run_with(
+        options(&[
+            "--allow-untagged-cloud",
+            "--leader-elect=false",
+            "--controllers",
+            "a",
+        ]),
+        registry(),
+        Arc::new(TinyCloud { tagged: false }),
+        client.clone(),
+        shutdown.clone(),
+        checks.clone(),
+    ));
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(checks.names(), vec!["a"]);
+    assert!(
+        lease(&client).await.is_none(),
+        "no lease without --leader-elect"
+    );
+    shutdown.cancel();
+    app.await.unwrap().unwrap();
+}
+
+/// §3.3 step 4: when the manager loses its Lease, `run_with` returns the loss (exit 1) and
+/// the controllers are stopped.
+#[tokio::test(start_paused = true)]
+async fn run_returns_an_error_when_leadership_is_lost() {
+    use cloud_provider::app::{AppError, ControllerRegistry, HealthChecks, run_with};
+    let client = client().await;
+    let app = tokio::spawn(run_with(
+        options(&["--controllers", "*"]),
+        ControllerRegistry::new().with("c", start_c),
+        Arc::new(TinyCloud { tagged: true }),
+        client.clone(),
+        CancellationToken::new(),
+        HealthChecks::new(),
+    ));
+    sleep(Duration::from_secs(3)).await;
+    assert!(holder(&lease(&client).await.unwrap()).is_some());
+    let api = Api::<Lease>::namespaced(client.clone(), NS);
+    let intruder = tokio::spawn(async move {
+        loop {
+            let mut lease = api.get(NAME).await.unwrap();
+            let spec = lease.spec.as_mut().unwrap();
+            spec.holder_identity = Some("intruder".into());
+            spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+            let _ = api.replace(NAME, &PostParams::default(), &lease).await;
+            sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let result = tokio::time::timeout(Duration::from_secs(30), app)
+        .await
+        .expect("run returns after losing the lease")
+        .unwrap();
+    assert!(
+        matches!(result, Err(AppError::Leader(LeaderError::Lost { .. }))),
+        "{result:?}"
+    );
+    assert_eq!(
+        STOPPED_C.load(Ordering::SeqCst),
+        1,
+        "the controller was stopped"
+    );
+    intruder.abort();
+}
