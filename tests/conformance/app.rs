@@ -298,7 +298,7 @@ fn options(args: &[&str]) -> cloud_provider::app::CloudControllerManagerOptions 
     cloud_provider::app::CloudControllerManagerOptions::try_parse_from(all).unwrap()
 }
 
-/// §3.2 and §3.3: `--controllers` decides which registered controllers start; healthz gets
+/// Checklist rows 5 and 80, §3.2 and §3.3: `--controllers` decides which registered controllers start; healthz gets
 /// `leaderElection` and one check per started controller; shutdown ends `run_with` with Ok.
 /// (One test, since the dummy controllers count starts in statics.)
 #[tokio::test(start_paused = true)]
@@ -394,7 +394,7 @@ async fn run_starts_the_enabled_controllers() {
     app.await.unwrap().unwrap();
 }
 
-/// §3.3 step 4: when the manager loses its Lease, `run_with` returns the loss (exit 1) and
+/// Checklist row 80 (leadership lost → exit 1), §3.3 step 4: when the manager loses its Lease, `run_with` returns the loss (exit 1) and
 /// the controllers are stopped.
 #[tokio::test(start_paused = true)]
 async fn run_returns_an_error_when_leadership_is_lost() {

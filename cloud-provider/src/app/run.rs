@@ -358,3 +358,86 @@ impl Starter {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(args: &[&str]) -> CloudControllerManagerOptions {
+        let mut all = vec!["ccm"];
+        all.extend_from_slice(args);
+        CloudControllerManagerOptions::try_parse_from(all).unwrap()
+    }
+
+    /// Checklist row 3: `external` builds no cloud, and the manager refuses to run.
+    #[tokio::test]
+    async fn external_provider_is_nil() {
+        let err = run(
+            options(&["--cloud-provider", "external"]),
+            ControllerRegistry::new(),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, AppError::NoCloud), "{err}");
+        assert_eq!(err.to_string(), "cloud provider is nil");
+    }
+
+    /// Flags are validated first: nothing is built from invalid options.
+    #[tokio::test]
+    async fn invalid_options_fail_first() {
+        let err = run(options(&[]), ControllerRegistry::new())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, AppError::Options(_)), "{err}");
+        assert!(err.to_string().contains("--cloud-provider cannot be empty"));
+        let err = run(
+            options(&["--cloud-provider", "no-such-cloud"]),
+            ControllerRegistry::new(),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, AppError::Registry(_)), "{err}");
+    }
+
+    /// `--master` alone is enough to build a client; neither flag outside a cluster is an
+    /// error naming both flags.
+    #[tokio::test]
+    async fn cluster_access() {
+        assert!(
+            cluster_client(&options(&["--master", "http://127.0.0.1:6443"]))
+                .await
+                .is_ok()
+        );
+        if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+            let err = cluster_client(&options(&[]))
+                .await
+                .err()
+                .expect("no cluster access");
+            assert!(err.to_string().contains("--kubeconfig"), "{err}");
+        }
+        let err = cluster_client(&options(&["--kubeconfig", "/nonexistent/kubeconfig"]))
+            .await
+            .err()
+            .expect("unreadable kubeconfig");
+        assert!(matches!(err, AppError::Cluster(_)), "{err}");
+    }
+
+    /// The registry keeps start order, and `with` replaces a name instead of duplicating it.
+    #[test]
+    fn controller_registry() {
+        fn start(
+            _: ControllerContext,
+            _: &CloudControllerManagerOptions,
+        ) -> Result<Option<ControllerFuture>, BoxError> {
+            Ok(None)
+        }
+        let registry = ControllerRegistry::new()
+            .with("b", start)
+            .with("a", start)
+            .with("b", start)
+            .with_disabled_by_default("c", start);
+        assert_eq!(registry.names(), vec!["a", "b", "c"]);
+        assert_eq!(registry.disabled_by_default(), vec!["c"]);
+        assert_eq!(registry.without("a").names(), vec!["b", "c"]);
+    }
+}

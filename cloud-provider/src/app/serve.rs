@@ -322,7 +322,8 @@ mod tests {
         }
     }
 
-    /// §3.4: named checks, `?verbose`, `?exclude=`, per-check paths.
+    /// Checklist row 80, §3.4: named checks (`leaderElection`, per controller), `?verbose`,
+    /// `?exclude=`, per-check paths.
     #[tokio::test]
     async fn healthz_aggregates_named_checks() {
         let (checks, _, router) = setup();
