@@ -33,8 +33,10 @@
 //! | [`well_known`] | taints, labels, annotations, the finalizer, ports |
 //! | [`helpers`] | provided-node-ip parsing and address order, Service source ranges, LB names |
 //! | [`conformance`] | the provider conformance kit |
+//! | [`app`] | the cloud-controller-manager application: flags, leader election, endpoints, `run` |
 //! | [`controllers`] | the shared cloud controllers and what they share (context, cloud rate limiter) |
 
+pub mod app;
 pub mod conformance;
 pub mod controllers;
 pub mod error;

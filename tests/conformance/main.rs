@@ -4,6 +4,7 @@
 use cloud_provider_fake as _;
 use hello_cloud_provider as _;
 
+mod app;
 mod batching;
 mod provider_kit;
 mod registry;

@@ -1,0 +1,16 @@
+//! The `cloud-controller-manager` application: flags ([`options`]), leader election
+//! ([`leader`]), the health and metrics endpoints ([`serve`]) and the entry point a vendor's
+//! `main` calls ([`run()`]). Upstream's `k8s.io/cloud-provider/app` and `options`.
+
+pub mod leader;
+pub mod options;
+pub mod run;
+pub mod serve;
+
+pub use leader::{LeaderElectionConfig, LeaderElector, LeaderError, LeaderHealth};
+pub use options::{CloudControllerManagerOptions, LogFormat, OptionsError};
+pub use run::{
+    AppError, ControllerConstructor, ControllerFuture, ControllerRegistry, init_logging, run,
+    run_with,
+};
+pub use serve::{HealthCheck, HealthChecks, Metrics};

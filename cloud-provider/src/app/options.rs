@@ -1,0 +1,665 @@
+//! The command-line flags of the cloud-controller-manager, with upstream's names and defaults
+//! (`k8s.io/cloud-provider/options`), and a [`CloudControllerManagerOptions::validate`] that
+//! also rejects what upstream accepts and then misbehaves on.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+/// Canonical controller names, and the aliases upstream accepts for them
+/// (`names.CCMControllerAliases()`).
+pub const CONTROLLER_ALIASES: &[(&str, &str)] = &[
+    ("cloud-node", "cloud-node-controller"),
+    ("cloud-node-lifecycle", "cloud-node-lifecycle-controller"),
+    ("service", "service-lb-controller"),
+    ("route", "node-route-controller"),
+];
+
+/// The canonical names of the four shared cloud controllers.
+pub const DEFAULT_CONTROLLERS: &[&str] = &[
+    "cloud-node-controller",
+    "cloud-node-lifecycle-controller",
+    "service-lb-controller",
+    "node-route-controller",
+];
+
+/// Resolves an alias (`service`) to its canonical name (`service-lb-controller`); canonical
+/// and unknown names are returned unchanged.
+pub fn canonical_controller_name(name: &str) -> &str {
+    CONTROLLER_ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == name)
+        .map_or(name, |(_, canonical)| canonical)
+}
+
+/// Log output format (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// An invalid flag combination, with a message naming the flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid options: {}", .0.join("; "))]
+pub struct OptionsError(pub Vec<String>);
+
+/// Parses a Go duration (`5s`, `1m30s`, `300ms`, `1h`, `0`); a leading `-` is allowed and
+/// parses to a negative value, so [`CloudControllerManagerOptions::validate`] can name it.
+pub fn parse_go_duration(text: &str) -> Result<GoDuration, String> {
+    let (negative, mut rest) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    if rest == "0" {
+        return Ok(GoDuration {
+            negative,
+            value: Duration::ZERO,
+        });
+    }
+    if rest.is_empty() {
+        return Err(format!("invalid duration {text:?}"));
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("missing unit in duration {text:?}"))?;
+        if number_len == 0 {
+            return Err(format!("invalid duration {text:?}"));
+        }
+        let number: f64 = rest[..number_len]
+            .parse()
+            .map_err(|_| format!("invalid duration {text:?}"))?;
+        rest = &rest[number_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            unit => return Err(format!("unknown unit {unit:?} in duration {text:?}")),
+        };
+        rest = &rest[unit_len..];
+        total += number * seconds;
+    }
+    Duration::try_from_secs_f64(total)
+        .map(|value| GoDuration { negative, value })
+        .map_err(|_| format!("invalid duration {text:?}"))
+}
+
+/// A duration flag value: Go syntax, possibly negative (which validation rejects).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GoDuration {
+    /// Whether the flag had a leading `-`.
+    pub negative: bool,
+    /// The magnitude.
+    pub value: Duration,
+}
+
+impl GoDuration {
+    /// A non-negative duration.
+    pub const fn new(value: Duration) -> Self {
+        GoDuration {
+            negative: false,
+            value,
+        }
+    }
+
+    /// Whether this is zero or negative.
+    pub fn is_non_positive(&self) -> bool {
+        self.negative || self.value.is_zero()
+    }
+}
+
+impl std::str::FromStr for GoDuration {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        parse_go_duration(text)
+    }
+}
+
+/// Every flag of the cloud-controller-manager. `clap::Args`, so a vendor binary can
+/// `#[command(flatten)]` it next to its own flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CloudControllerManagerOptions {
+    /// The provider to run, by its registered name. Required.
+    #[arg(long, default_value = "")]
+    pub cloud_provider: String,
+    /// Path to the provider's configuration file, handed to its factory.
+    #[arg(long)]
+    pub cloud_config: Option<PathBuf>,
+    /// Controllers to run: `*` (all on by default), `foo` (enable), `-foo` (disable); the
+    /// first mention of a name wins.
+    #[arg(long, value_delimiter = ',', default_value = "*")]
+    pub controllers: Vec<String>,
+    /// Cluster name passed to every load-balancer and route call.
+    #[arg(long, default_value = "kubernetes")]
+    pub cluster_name: String,
+    /// Pod CIDRs of the cluster (comma list, one per IP family), needed by the route controller.
+    #[arg(long, default_value = "")]
+    pub cluster_cidr: String,
+    /// Whether pod CIDRs are allocated (vendor node-IPAM controllers only).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub allocate_node_cidrs: bool,
+    /// Whether the route controller runs.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub configure_cloud_routes: bool,
+    /// Period of the node-lifecycle loop.
+    #[arg(long, default_value = "5s")]
+    pub node_monitor_period: GoDuration,
+    /// Period of the node address refresh.
+    #[arg(long, default_value = "5m")]
+    pub node_status_update_frequency: GoDuration,
+    /// Period of the route reconciliation.
+    #[arg(long, default_value = "10s")]
+    pub route_reconciliation_period: GoDuration,
+    /// Service controller workers.
+    #[arg(long, default_value_t = 1)]
+    pub concurrent_service_syncs: i32,
+    /// Node initialisation workers (upstream accepts 0 and then never initialises a Node; we
+    /// reject it).
+    #[arg(long, default_value_t = 1)]
+    pub concurrent_node_syncs: i32,
+    /// Run leader election before starting the controllers.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub leader_elect: bool,
+    /// How long a non-leader waits after the last observed renewal before taking over.
+    #[arg(long, default_value = "15s")]
+    pub leader_elect_lease_duration: GoDuration,
+    /// How long the leader retries renewing before giving up leadership.
+    #[arg(long, default_value = "10s")]
+    pub leader_elect_renew_deadline: GoDuration,
+    /// Wait between attempts to acquire or renew.
+    #[arg(long, default_value = "2s")]
+    pub leader_elect_retry_period: GoDuration,
+    /// Lock object type; only `leases` is supported.
+    #[arg(long, default_value = "leases")]
+    pub leader_elect_resource_lock: String,
+    /// Name of the Lease.
+    #[arg(long, default_value = "cloud-controller-manager")]
+    pub leader_elect_resource_name: String,
+    /// Namespace of the Lease.
+    #[arg(long, default_value = "kube-system")]
+    pub leader_elect_resource_namespace: String,
+    /// Path to a kubeconfig; with `--master` empty too, the in-cluster config is used.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// API server address, overriding the kubeconfig's.
+    #[arg(long)]
+    pub master: Option<String>,
+    /// Port of the health and metrics endpoints; 0 disables serving.
+    #[arg(long, default_value_t = 10258)]
+    pub secure_port: u16,
+    /// Address of the health and metrics endpoints.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind_address: IpAddr,
+    /// Run even when the cloud reports no cluster ID (deprecated upstream).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_untagged_cloud: bool,
+    /// Port of the admission webhook server; must differ from `--secure-port`; 0 disables.
+    #[arg(long, default_value_t = 10260)]
+    pub webhook_secure_port: u16,
+    /// Beyond upstream: average cloud API calls per second shared by all controllers (one
+    /// limiter, so controllers cannot exhaust the vendor's quota together). Default 0 =
+    /// unlimited, as upstream, which has no such limiter.
+    #[arg(long, default_value_t = 0.0)]
+    pub cloud_api_qps: f64,
+    /// Beyond upstream: burst of the shared cloud limiter (0 = unlimited, the default).
+    #[arg(long, default_value_t = 0)]
+    pub cloud_api_burst: u32,
+    /// Beyond upstream: fetch instance metadata for many Nodes in one cloud call when the
+    /// provider supports it. Default true: one call per sync instead of one per Node.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub batch_instance_metadata: bool,
+    /// Beyond upstream: how long an instance must be gone before its Node is deleted. Default
+    /// 0 = delete at once, as upstream; a grace period rides out transient cloud answers.
+    #[arg(long, default_value = "0")]
+    pub node_deletion_grace_period: GoDuration,
+    /// Beyond upstream: reconcile routes on Node changes instead of only periodically.
+    /// Default false = upstream (its gate is alpha and off).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub watch_based_routes: bool,
+    /// Beyond upstream: re-ensure every load balancer this often to repair drift made outside
+    /// Kubernetes. Default 0 = off, as upstream (which re-ensures only on changes).
+    #[arg(long, default_value = "0")]
+    pub lb_drift_reensure_period: GoDuration,
+    /// Beyond upstream: log format. Default `text`.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl Default for CloudControllerManagerOptions {
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            options: CloudControllerManagerOptions,
+        }
+        <Cli as clap::Parser>::try_parse_from(["cloud-controller-manager"])
+            .map(|cli| cli.options)
+            .unwrap_or_else(|error| unreachable!("the defaults parse: {error}"))
+    }
+}
+
+impl CloudControllerManagerOptions {
+    /// Parses options from command-line arguments (the first is the program name).
+    pub fn try_parse_from<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            options: CloudControllerManagerOptions,
+        }
+        <Cli as clap::Parser>::try_parse_from(args).map(|cli| cli.options)
+    }
+
+    /// Checks the flags; every problem is listed in the error.
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        self.validate_with(DEFAULT_CONTROLLERS)
+    }
+
+    /// [`Self::validate`] against a custom list of known controller names (a vendor that
+    /// registers its own controllers).
+    pub fn validate_with(&self, known_controllers: &[&str]) -> Result<(), OptionsError> {
+        let mut errors = Vec::new();
+        if self.cloud_provider.is_empty() {
+            errors.push("--cloud-provider cannot be empty".to_owned());
+        }
+        for entry in &self.controllers {
+            let name = entry.strip_prefix('-').unwrap_or(entry);
+            if name == "*" && !entry.starts_with('-') {
+                continue;
+            }
+            if !known_controllers.contains(&canonical_controller_name(name)) {
+                errors.push(format!("{name:?} is not in the list of known controllers"));
+            }
+        }
+        if self.concurrent_node_syncs < 1 {
+            errors.push(format!(
+                "--concurrent-node-syncs must be at least 1, got {} (0 would never initialise a Node)",
+                self.concurrent_node_syncs
+            ));
+        }
+        if self.concurrent_service_syncs < 1 {
+            errors.push(format!(
+                "--concurrent-service-syncs must be at least 1, got {}",
+                self.concurrent_service_syncs
+            ));
+        }
+        for (flag, value) in [
+            ("--node-monitor-period", self.node_monitor_period),
+            (
+                "--node-status-update-frequency",
+                self.node_status_update_frequency,
+            ),
+            (
+                "--route-reconciliation-period",
+                self.route_reconciliation_period,
+            ),
+        ] {
+            if value.is_non_positive() {
+                errors.push(format!("{flag} must be positive"));
+            }
+        }
+        for (flag, value) in [
+            (
+                "--node-deletion-grace-period",
+                self.node_deletion_grace_period,
+            ),
+            ("--lb-drift-reensure-period", self.lb_drift_reensure_period),
+        ] {
+            if value.negative && !value.value.is_zero() {
+                errors.push(format!("{flag} cannot be negative"));
+            }
+        }
+        if self.cloud_api_qps < 0.0 || !self.cloud_api_qps.is_finite() {
+            errors.push("--cloud-api-qps must be a non-negative number".to_owned());
+        }
+        if self.leader_elect {
+            let lease = self.leader_elect_lease_duration;
+            let renew = self.leader_elect_renew_deadline;
+            let retry = self.leader_elect_retry_period;
+            for (flag, value) in [
+                ("--leader-elect-lease-duration", lease),
+                ("--leader-elect-renew-deadline", renew),
+                ("--leader-elect-retry-period", retry),
+            ] {
+                if value.is_non_positive() {
+                    errors.push(format!("{flag} must be positive"));
+                }
+            }
+            if renew.value >= lease.value {
+                errors.push(format!(
+                    "--leader-elect-renew-deadline ({:?}) must be less than --leader-elect-lease-duration ({:?})",
+                    renew.value, lease.value
+                ));
+            }
+            if retry.value >= renew.value {
+                errors.push(format!(
+                    "--leader-elect-retry-period ({:?}) must be less than --leader-elect-renew-deadline ({:?})",
+                    retry.value, renew.value
+                ));
+            }
+            if self.leader_elect_resource_lock != "leases" {
+                errors.push(format!(
+                    "--leader-elect-resource-lock must be \"leases\", got {:?}",
+                    self.leader_elect_resource_lock
+                ));
+            }
+            if self.leader_elect_resource_name.is_empty()
+                || self.leader_elect_resource_namespace.is_empty()
+            {
+                errors.push(
+                    "--leader-elect-resource-name and --leader-elect-resource-namespace cannot be empty"
+                        .to_owned(),
+                );
+            }
+        }
+        if self.configure_cloud_routes
+            && self.is_controller_enabled("node-route-controller")
+            && let Err(error) = self.cluster_cidrs()
+        {
+            errors.push(error);
+        }
+        if self.webhook_secure_port != 0 && self.webhook_secure_port == self.secure_port {
+            errors.push(format!(
+                "--webhook-secure-port and --secure-port must differ, both are {}",
+                self.secure_port
+            ));
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(OptionsError(errors))
+        }
+    }
+
+    /// `--cluster-cidr` parsed: at most two CIDRs, one per IP family. An empty flag is an
+    /// empty list.
+    pub fn cluster_cidrs(&self) -> Result<Vec<IpNet>, String> {
+        if self.cluster_cidr.trim().is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut cidrs = Vec::new();
+        for part in self.cluster_cidr.split(',') {
+            let part = part.trim();
+            let cidr: IpNet = part
+                .parse()
+                .map_err(|_| format!("--cluster-cidr: {part:?} is not a CIDR"))?;
+            cidrs.push(cidr);
+        }
+        if cidrs.len() > 2 {
+            return Err(format!(
+                "--cluster-cidr: at most two CIDRs (one per IP family), got {}",
+                cidrs.len()
+            ));
+        }
+        if let [a, b] = cidrs.as_slice()
+            && matches!(a, IpNet::V4(_)) == matches!(b, IpNet::V4(_))
+        {
+            return Err(format!(
+                "--cluster-cidr: two CIDRs must be one IPv4 and one IPv6, got {a} and {b}"
+            ));
+        }
+        Ok(cidrs)
+    }
+
+    /// Whether the controller `name` (canonical or alias) is on, by upstream's
+    /// `IsControllerEnabled` over `--controllers` with default-on controllers.
+    pub fn is_controller_enabled(&self, name: &str) -> bool {
+        is_controller_enabled(&self.controllers, name, &[])
+    }
+}
+
+/// Upstream's `IsControllerEnabled`: scan `controllers` in order; the first `name` enables,
+/// the first `-name` disables (aliases resolved); with no mention, the controller is on iff
+/// `*` is present and it is not in `disabled_by_default`. An empty list enables nothing.
+pub fn is_controller_enabled(
+    controllers: &[String],
+    name: &str,
+    disabled_by_default: &[&str],
+) -> bool {
+    let name = canonical_controller_name(name);
+    let mut star = false;
+    for entry in controllers {
+        if entry == "*" {
+            star = true;
+            continue;
+        }
+        if let Some(disabled) = entry.strip_prefix('-') {
+            if canonical_controller_name(disabled) == name {
+                return false;
+            }
+        } else if canonical_controller_name(entry) == name {
+            return true;
+        }
+    }
+    star && !disabled_by_default.contains(&name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> CloudControllerManagerOptions {
+        let mut all = vec!["ccm", "--cloud-provider", "fake"];
+        all.extend_from_slice(args);
+        CloudControllerManagerOptions::try_parse_from(all).expect("flags parse")
+    }
+
+    fn errors(args: &[&str]) -> Vec<String> {
+        parse(args)
+            .validate()
+            .err()
+            .map(|e| e.0)
+            .unwrap_or_default()
+    }
+
+    /// Checklist row 80, §3.1: upstream's defaults (`TestDefaultFlags`).
+    #[test]
+    fn defaults_match_upstream() {
+        let o = CloudControllerManagerOptions::default();
+        assert_eq!(o.cloud_provider, "");
+        assert_eq!(o.controllers, vec!["*"]);
+        assert_eq!(o.cluster_name, "kubernetes");
+        assert!(!o.allocate_node_cidrs);
+        assert!(o.configure_cloud_routes);
+        assert_eq!(o.node_monitor_period.value, Duration::from_secs(5));
+        assert_eq!(
+            o.node_status_update_frequency.value,
+            Duration::from_secs(300)
+        );
+        assert_eq!(o.route_reconciliation_period.value, Duration::from_secs(10));
+        assert_eq!(
+            (o.concurrent_service_syncs, o.concurrent_node_syncs),
+            (1, 1)
+        );
+        assert!(o.leader_elect);
+        assert_eq!(o.leader_elect_lease_duration.value, Duration::from_secs(15));
+        assert_eq!(o.leader_elect_renew_deadline.value, Duration::from_secs(10));
+        assert_eq!(o.leader_elect_retry_period.value, Duration::from_secs(2));
+        assert_eq!(o.leader_elect_resource_lock, "leases");
+        assert_eq!(o.leader_elect_resource_name, "cloud-controller-manager");
+        assert_eq!(o.leader_elect_resource_namespace, "kube-system");
+        assert_eq!((o.secure_port, o.webhook_secure_port), (10258, 10260));
+        assert_eq!(o.bind_address.to_string(), "0.0.0.0");
+        assert!(!o.allow_untagged_cloud);
+        assert_eq!((o.cloud_api_qps, o.cloud_api_burst), (0.0, 0));
+        assert!(o.batch_instance_metadata);
+        assert!(o.node_deletion_grace_period.value.is_zero());
+        assert!(!o.watch_based_routes);
+        assert!(o.lb_drift_reensure_period.value.is_zero());
+        assert_eq!(o.log_format, LogFormat::Text);
+        // The defaults are valid once a provider is named.
+        assert_eq!(errors(&[]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn go_durations_parse() {
+        let d = |s: &str| parse_go_duration(s).map(|d| d.value);
+        assert_eq!(d("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(d("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(d("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(d("300ms"), Ok(Duration::from_millis(300)));
+        assert_eq!(d("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(d("0"), Ok(Duration::ZERO));
+        assert!(parse_go_duration("-2s").unwrap().negative);
+        for bad in ["", "5", "s", "5x", "1m5"] {
+            assert!(parse_go_duration(bad).is_err(), "{bad:?} must not parse");
+        }
+        let o = parse(&["--node-monitor-period", "1m30s"]);
+        assert_eq!(o.node_monitor_period.value, Duration::from_secs(90));
+    }
+
+    #[test]
+    fn boolean_flags_take_optional_values() {
+        let o = parse(&["--leader-elect=false", "--allocate-node-cidrs"]);
+        assert!(!o.leader_elect);
+        assert!(o.allocate_node_cidrs);
+    }
+
+    /// Checklist row 80, §3.2: `*`, `foo`, `-foo`, first match wins, aliases.
+    #[test]
+    fn controllers_semantics() {
+        let list = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let on = |l: &[&str], name| is_controller_enabled(&list(l), name, &[]);
+        assert!(on(&["*"], "service-lb-controller"));
+        assert!(
+            !on(&[], "service-lb-controller"),
+            "empty list enables nothing"
+        );
+        assert!(!on(&["*", "-service"], "service-lb-controller"));
+        assert!(on(&["*", "-service"], "cloud-node-controller"));
+        assert!(on(&["service"], "service-lb-controller"));
+        assert!(!on(&["service"], "cloud-node-controller"));
+        // First match wins, in either direction.
+        assert!(on(&["service", "-service"], "service-lb-controller"));
+        assert!(!on(
+            &["-service-lb-controller", "service"],
+            "service-lb-controller"
+        ));
+        // Aliases on the query side too.
+        assert!(!on(&["-node-route-controller"], "route"));
+        assert!(
+            !is_controller_enabled(&list(&["*"]), "x", &["x"]),
+            "disabled by default"
+        );
+        assert!(is_controller_enabled(&list(&["*", "x"]), "x", &["x"]));
+        let o = parse(&["--controllers", "*,-route"]);
+        assert!(!o.is_controller_enabled("node-route-controller"));
+        assert!(o.is_controller_enabled("cloud-node"));
+    }
+
+    /// Checklist row 80: an unknown controller is a validation error.
+    #[test]
+    fn unknown_controllers_are_rejected() {
+        assert_eq!(
+            errors(&["--controllers", "*,-bogus"]),
+            vec!["\"bogus\" is not in the list of known controllers"]
+        );
+        assert_eq!(
+            errors(&["--controllers", "nope"]),
+            vec!["\"nope\" is not in the list of known controllers"]
+        );
+        assert!(errors(&["--controllers", "cloud-node,-service,route"]).is_empty());
+        let o = parse(&["--controllers", "mine"]);
+        assert!(o.validate_with(&["mine"]).is_ok());
+    }
+
+    #[test]
+    fn provider_is_required() {
+        let o = CloudControllerManagerOptions::default();
+        assert_eq!(
+            o.validate().unwrap_err().0,
+            vec!["--cloud-provider cannot be empty"]
+        );
+    }
+
+    #[test]
+    fn zero_node_syncs_is_rejected() {
+        let e = errors(&["--concurrent-node-syncs", "0"]);
+        assert_eq!(e.len(), 1);
+        assert!(e[0].contains("--concurrent-node-syncs"), "{e:?}");
+        assert_eq!(errors(&["--concurrent-service-syncs", "0"]).len(), 1);
+    }
+
+    #[test]
+    fn non_positive_periods_are_rejected() {
+        for flag in [
+            "--node-monitor-period",
+            "--node-status-update-frequency",
+            "--route-reconciliation-period",
+        ] {
+            for value in ["0", "-1s"] {
+                let e = errors(&[&format!("{flag}={value}")]);
+                assert!(e.len() == 1 && e[0].contains(flag), "{flag}={value}: {e:?}");
+            }
+        }
+        assert!(
+            errors(&["--leader-elect-retry-period=0"])
+                .iter()
+                .any(|e| e.contains("--leader-elect-retry-period must be positive"))
+        );
+        assert_eq!(errors(&["--node-deletion-grace-period=-1s"]).len(), 1);
+        assert_eq!(errors(&["--lb-drift-reensure-period=10m"]).len(), 0);
+    }
+
+    /// Beyond upstream, plus checklist row 80 (the lock must be `leases`).
+    #[test]
+    fn leader_election_timings_are_ordered() {
+        let e = errors(&["--leader-elect-renew-deadline=15s"]);
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].contains("renew-deadline") && e[0].contains("lease-duration"),
+            "{e:?}"
+        );
+        let e = errors(&["--leader-elect-retry-period=10s"]);
+        assert_eq!(e.len(), 1);
+        assert!(e[0].contains("retry-period"), "{e:?}");
+        // Irrelevant without leader election.
+        assert!(errors(&["--leader-elect=false", "--leader-elect-retry-period=10s"]).is_empty());
+        assert_eq!(errors(&["--leader-elect-resource-lock=endpoints"]).len(), 1);
+    }
+
+    /// Checklist rows 40 and 41: invalid `--cluster-cidr` is fatal when routes are configured.
+    #[test]
+    fn cluster_cidr_is_checked_when_routes_are_configured() {
+        assert!(errors(&["--cluster-cidr", "10.0.0.0/16,fd00::/48"]).is_empty());
+        for bad in [
+            "10.0.0.0/16,10.1.0.0/16",
+            "10.0.0.0/16,fd00::/48,fd01::/48",
+            "banana",
+        ] {
+            let e = errors(&["--cluster-cidr", bad]);
+            assert!(
+                e.len() == 1 && e[0].contains("--cluster-cidr"),
+                "{bad}: {e:?}"
+            );
+        }
+        // Not used, not checked (upstream only reads it in the route controller).
+        assert!(errors(&["--cluster-cidr", "banana", "--configure-cloud-routes=false"]).is_empty());
+        assert!(errors(&["--cluster-cidr", "banana", "--controllers", "*,-route"]).is_empty());
+    }
+
+    /// Checklist row 80: `--webhook-secure-port == --secure-port` is an error.
+    #[test]
+    fn ports_must_differ() {
+        let e = errors(&["--secure-port", "10260"]);
+        assert_eq!(e.len(), 1);
+        assert!(e[0].contains("--webhook-secure-port"), "{e:?}");
+        assert!(errors(&["--secure-port", "0", "--webhook-secure-port", "0"]).is_empty());
+    }
+}

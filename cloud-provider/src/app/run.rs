@@ -1,0 +1,443 @@
+//! The library entry point a vendor's `main` calls (upstream's `app.Run` sequence, §3.3), the
+//! registry of controller constructors, and logging setup.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
+use super::options::{
+    CloudControllerManagerOptions, LogFormat, OptionsError, is_controller_enabled,
+};
+use super::serve::{self, HealthChecks, Metrics};
+use crate::controllers::{CloudRateLimiter, ControllerContext};
+use crate::{BoxError, CloudError, CloudProvider, InitContext, RegistryError, SharedClient};
+
+/// A running controller: ends when the context's `shutdown` token is cancelled.
+pub type ControllerFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
+
+/// Starts one controller, as upstream's `InitFunc`: `Ok(Some(future))` = started,
+/// `Ok(None)` = skipped (e.g. the provider lacks the interface), `Err` = fatal.
+pub type ControllerConstructor = fn(
+    ControllerContext,
+    &CloudControllerManagerOptions,
+) -> Result<Option<ControllerFuture>, BoxError>;
+
+/// The controllers the manager can start, by canonical name, in start order. Adding a
+/// controller is one line: `.with("my-controller", my_controller::start)`.
+#[derive(Clone, Default)]
+pub struct ControllerRegistry {
+    entries: Vec<(&'static str, ControllerConstructor, bool)>,
+}
+
+impl std::fmt::Debug for ControllerRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.names()).finish()
+    }
+}
+
+impl ControllerRegistry {
+    /// No controllers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds (or replaces) a controller that `*` enables.
+    pub fn with(mut self, name: &'static str, start: ControllerConstructor) -> Self {
+        self.entries.retain(|(n, _, _)| *n != name);
+        self.entries.push((name, start, true));
+        self
+    }
+
+    /// Adds (or replaces) a controller that runs only when named in `--controllers`.
+    pub fn with_disabled_by_default(
+        mut self,
+        name: &'static str,
+        start: ControllerConstructor,
+    ) -> Self {
+        self.entries.retain(|(n, _, _)| *n != name);
+        self.entries.push((name, start, false));
+        self
+    }
+
+    /// Removes a controller (upstream's `delete(DefaultInitFuncConstructors, name)`).
+    pub fn without(mut self, name: &str) -> Self {
+        self.entries.retain(|(n, _, _)| *n != name);
+        self
+    }
+
+    /// The registered names, in start order.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.entries.iter().map(|(n, _, _)| *n).collect()
+    }
+
+    fn disabled_by_default(&self) -> Vec<&'static str> {
+        self.entries
+            .iter()
+            .filter(|(_, _, on)| !on)
+            .map(|(n, _, _)| *n)
+            .collect()
+    }
+}
+
+/// Why the manager stopped with an error. The binary exits 1 on any of them.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The flags are invalid.
+    #[error(transparent)]
+    Options(#[from] OptionsError),
+    /// The provider could not be built.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// `--cloud-provider` is `external` (or the registry built nothing).
+    #[error("cloud provider is nil")]
+    NoCloud,
+    /// The cloud has no cluster ID and `--allow-untagged-cloud` is off.
+    #[error(
+        "no ClusterID found; a ClusterID is required for the cloud provider to function properly (--allow-untagged-cloud to run anyway)"
+    )]
+    NoClusterId,
+    /// No way to reach the cluster, or the client could not be built.
+    #[error("cluster access: {0}")]
+    Cluster(String),
+    /// The endpoints could not be served.
+    #[error("serving endpoints: {0}")]
+    Serve(#[from] std::io::Error),
+    /// Leadership was lost (upstream exits 1).
+    #[error(transparent)]
+    Leader(#[from] LeaderError),
+    /// The provider's `initialize` failed.
+    #[error("initializing the cloud provider: {0}")]
+    Initialize(#[source] CloudError),
+    /// Initializing the cloud or starting the controllers failed while leading.
+    #[error("while leading: {0}")]
+    Leading(String),
+    /// A controller failed to start.
+    #[error("starting controller {name}: {source}")]
+    Controller {
+        /// The controller's canonical name.
+        name: String,
+        /// What went wrong.
+        #[source]
+        source: BoxError,
+    },
+}
+
+/// Installs the global `tracing` subscriber: `RUST_LOG` filter (default `info`), text or JSON
+/// lines on stderr. A second call does nothing.
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// The cluster client `--kubeconfig` / `--master` describe, else the in-cluster config.
+pub async fn cluster_client(
+    options: &CloudControllerManagerOptions,
+) -> Result<kube::Client, AppError> {
+    let cluster = |e: &dyn std::fmt::Display| AppError::Cluster(e.to_string());
+    let master = options
+        .master
+        .as_deref()
+        .filter(|m| !m.is_empty())
+        .map(|m| m.parse::<axum::http::Uri>())
+        .transpose()
+        .map_err(|e| cluster(&e))?;
+    let config = match (&options.kubeconfig, master) {
+        (Some(path), master) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| cluster(&e))?;
+            let mut config = kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(|e| cluster(&e))?;
+            if let Some(master) = master {
+                config.cluster_url = master;
+            }
+            config
+        }
+        (None, Some(master)) => kube::Config::new(master),
+        (None, None) => kube::Config::incluster().map_err(|e| {
+            AppError::Cluster(format!(
+                "no --kubeconfig or --master and not running in a cluster: {e}"
+            ))
+        })?,
+    };
+    kube::Client::try_from(config).map_err(|e| cluster(&e))
+}
+
+/// Runs the cloud-controller-manager until SIGTERM / Ctrl-C (`Ok`) or a fatal error
+/// (leadership lost included): validate, build the cloud from the registry, reach the
+/// cluster, serve the endpoints, elect a leader, then initialize the cloud and start the
+/// enabled controllers.
+pub async fn run(
+    options: CloudControllerManagerOptions,
+    controllers: ControllerRegistry,
+) -> Result<(), AppError> {
+    options.validate_with(&controllers.names())?;
+    let cloud =
+        crate::init_cloud_provider(&options.cloud_provider, options.cloud_config.as_deref())?
+            .ok_or(AppError::NoCloud)?;
+    let client = cluster_client(&options).await?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+    run_with(
+        options,
+        controllers,
+        cloud,
+        client,
+        shutdown,
+        HealthChecks::new(),
+    )
+    .await
+}
+
+async fn stop_on_signal(shutdown: CancellationToken) {
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+    tracing::info!("signal received, shutting down");
+    shutdown.cancel();
+}
+
+/// [`run`] with the cloud and the client already built (tests, embedders): validates the
+/// flags and the cluster ID, serves the endpoints unless `--secure-port 0`, and runs until
+/// `shutdown` is cancelled. `checks` receives `leaderElection` and one check per started
+/// controller.
+pub async fn run_with(
+    options: CloudControllerManagerOptions,
+    controllers: ControllerRegistry,
+    cloud: Arc<dyn CloudProvider>,
+    client: kube::Client,
+    shutdown: CancellationToken,
+    checks: HealthChecks,
+) -> Result<(), AppError> {
+    options.validate_with(&controllers.names())?;
+    if !cloud.has_cluster_id() {
+        if options.allow_untagged_cloud {
+            tracing::warn!("detected a cluster without a ClusterID; running anyway");
+        } else {
+            return Err(AppError::NoClusterId);
+        }
+    }
+    let limiter = Arc::new(CloudRateLimiter::new(
+        options.cloud_api_qps,
+        options.cloud_api_burst,
+    ));
+    let metrics = Metrics::new(limiter.clone());
+    let server = if options.secure_port != 0 {
+        let addr = std::net::SocketAddr::new(options.bind_address, options.secure_port);
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let router = serve::router(checks.clone(), metrics.clone());
+        tracing::info!(address = %addr, "serving /healthz, /readyz, /livez, /metrics");
+        let stop = shutdown.clone();
+        Some(tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+        }))
+    } else {
+        None
+    };
+    let start = Starter {
+        options: Arc::new(options.clone()),
+        controllers,
+        cloud,
+        client: client.clone(),
+        checks: checks.clone(),
+        metrics,
+        limiter,
+    };
+    let result = if options.leader_elect {
+        let elector = LeaderElector::new(client, LeaderElectionConfig::from_options(&options))
+            .with_shutdown(shutdown.clone());
+        let health = elector.health();
+        checks.add(
+            "leaderElection",
+            Arc::new(move || health.check(Duration::from_secs(20))),
+        );
+        match elector.run(move |token| start.run(token)).await {
+            Ok(()) => Ok(()),
+            Err(LeaderError::Work(message)) => Err(AppError::Leading(message)),
+            Err(lost) => Err(AppError::Leader(lost)),
+        }
+    } else {
+        start.run(shutdown.clone()).await.map_err(|e| *e)
+    };
+    shutdown.cancel();
+    if let Some(server) = server {
+        let _ = server.await;
+    }
+    result
+}
+
+struct Starter {
+    options: Arc<CloudControllerManagerOptions>,
+    controllers: ControllerRegistry,
+    cloud: Arc<dyn CloudProvider>,
+    client: kube::Client,
+    checks: HealthChecks,
+    metrics: Metrics,
+    limiter: Arc<CloudRateLimiter>,
+}
+
+impl Starter {
+    async fn run(self, token: CancellationToken) -> Result<(), Box<AppError>> {
+        self.start(token).await.map_err(Box::new)
+    }
+
+    async fn start(self, token: CancellationToken) -> Result<(), AppError> {
+        let clients = Arc::new(SharedClient(self.client.clone()));
+        self.cloud
+            .initialize(InitContext::new(clients, token.clone()))
+            .await
+            .map_err(AppError::Initialize)?;
+        let disabled = self.controllers.disabled_by_default();
+        let mut running = Vec::new();
+        for (name, construct, _) in &self.controllers.entries {
+            if !is_controller_enabled(&self.options.controllers, name, &disabled) {
+                tracing::warn!(controller = name, "controller is disabled");
+                continue;
+            }
+            let ctx = ControllerContext::new(
+                self.client.clone(),
+                self.cloud.clone(),
+                &self.options.cluster_name,
+                token.child_token(),
+            )
+            .with_cloud_limiter(self.limiter.clone());
+            match construct(ctx, &self.options) {
+                Err(source) => {
+                    return Err(AppError::Controller {
+                        name: (*name).to_owned(),
+                        source,
+                    });
+                }
+                Ok(None) => tracing::info!(controller = name, "Skipping controller"),
+                Ok(Some(future)) => {
+                    tracing::info!(controller = name, "started controller");
+                    self.checks.add_ping(*name);
+                    self.metrics.set_controller_running(name, true);
+                    let name = *name;
+                    let metrics = self.metrics.clone();
+                    running.push(tokio::spawn(async move {
+                        if let Err(error) = future.await {
+                            tracing::error!(controller = name, %error, "controller failed");
+                        }
+                        metrics.set_controller_running(name, false);
+                    }));
+                }
+            }
+        }
+        token.cancelled().await;
+        for task in running {
+            let _ = task.await;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(args: &[&str]) -> CloudControllerManagerOptions {
+        let mut all = vec!["ccm"];
+        all.extend_from_slice(args);
+        CloudControllerManagerOptions::try_parse_from(all).unwrap()
+    }
+
+    /// Checklist row 3: `external` builds no cloud, and the manager refuses to run.
+    #[tokio::test]
+    async fn external_provider_is_nil() {
+        let err = run(
+            options(&["--cloud-provider", "external"]),
+            ControllerRegistry::new(),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, AppError::NoCloud), "{err}");
+        assert_eq!(err.to_string(), "cloud provider is nil");
+    }
+
+    /// Flags are validated first: nothing is built from invalid options.
+    #[tokio::test]
+    async fn invalid_options_fail_first() {
+        let err = run(options(&[]), ControllerRegistry::new())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, AppError::Options(_)), "{err}");
+        assert!(err.to_string().contains("--cloud-provider cannot be empty"));
+        let err = run(
+            options(&["--cloud-provider", "no-such-cloud"]),
+            ControllerRegistry::new(),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, AppError::Registry(_)), "{err}");
+    }
+
+    /// `--master` alone is enough to build a client; neither flag outside a cluster is an
+    /// error naming both flags.
+    #[tokio::test]
+    async fn cluster_access() {
+        assert!(
+            cluster_client(&options(&["--master", "http://127.0.0.1:6443"]))
+                .await
+                .is_ok()
+        );
+        if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+            let err = cluster_client(&options(&[]))
+                .await
+                .err()
+                .expect("no cluster access");
+            assert!(err.to_string().contains("--kubeconfig"), "{err}");
+        }
+        let err = cluster_client(&options(&["--kubeconfig", "/nonexistent/kubeconfig"]))
+            .await
+            .err()
+            .expect("unreadable kubeconfig");
+        assert!(matches!(err, AppError::Cluster(_)), "{err}");
+    }
+
+    /// The registry keeps start order, and `with` replaces a name instead of duplicating it.
+    #[test]
+    fn controller_registry() {
+        fn start(
+            _: ControllerContext,
+            _: &CloudControllerManagerOptions,
+        ) -> Result<Option<ControllerFuture>, BoxError> {
+            Ok(None)
+        }
+        let registry = ControllerRegistry::new()
+            .with("b", start)
+            .with("a", start)
+            .with("b", start)
+            .with_disabled_by_default("c", start);
+        assert_eq!(registry.names(), vec!["a", "b", "c"]);
+        assert_eq!(registry.disabled_by_default(), vec!["c"]);
+        assert_eq!(registry.without("a").names(), vec!["b", "c"]);
+    }
+}

@@ -1,0 +1,411 @@
+//! The health and metrics endpoints (upstream §3.4), served with axum on
+//! `--bind-address:--secure-port`.
+//!
+//! Plain HTTP for now: upstream serves HTTPS with delegated authentication and authorization;
+//! TLS and authn/z come later.
+//!
+//! - `/healthz` aggregates named checks (`leaderElection`, one per started controller) with
+//!   apiserver semantics: `?verbose` lists `[+]name ok` / `[-]name failed`, `?exclude=name`
+//!   skips one; each check is also at `/healthz/<name>` (upstream mounts only the exact path).
+//! - `/readyz` and `/livez` (beyond upstream, which does not serve them) answer the same checks.
+//! - `/metrics`: Prometheus text format.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use parking_lot::{Mutex, RwLock};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::controllers::CloudRateLimiter;
+
+/// One named health check: `Ok` when healthy, else the reason.
+pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// The named checks behind `/healthz`; cheap to clone, shared with whoever adds checks.
+#[derive(Clone, Default)]
+pub struct HealthChecks {
+    checks: Arc<RwLock<Vec<(String, HealthCheck)>>>,
+}
+
+impl std::fmt::Debug for HealthChecks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.names()).finish()
+    }
+}
+
+impl HealthChecks {
+    /// No checks: the endpoints answer `ok` (upstream's ping).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds (or replaces) the check called `name`.
+    pub fn add(&self, name: impl Into<String>, check: HealthCheck) {
+        let name = name.into();
+        let mut checks = self.checks.write();
+        checks.retain(|(n, _)| *n != name);
+        checks.push((name, check));
+    }
+
+    /// Adds a check called `name` that always passes (upstream's ping for a started
+    /// controller without its own health checker).
+    pub fn add_ping(&self, name: impl Into<String>) {
+        self.add(name, Arc::new(|| Ok(())));
+    }
+
+    /// The names of the checks, in the order they were added.
+    pub fn names(&self) -> Vec<String> {
+        self.checks.read().iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    fn run(&self, exclude: &[String]) -> Vec<(String, Result<(), String>)> {
+        let checks: Vec<_> = self.checks.read().clone();
+        checks
+            .into_iter()
+            .filter(|(name, _)| !exclude.contains(name))
+            .map(|(name, check)| {
+                let result = check();
+                (name, result)
+            })
+            .collect()
+    }
+
+    fn get(&self, name: &str) -> Option<HealthCheck> {
+        self.checks
+            .read()
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| c.clone())
+    }
+}
+
+type Labels = Vec<(String, String)>;
+
+/// The `/metrics` registry: `running_managed_controllers`, the cloud rate limiter's counters,
+/// and whatever the controllers register through [`Metrics::registry`].
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Mutex<Registry>>,
+    running: Family<Labels, Gauge>,
+    limiter: Arc<CloudRateLimiter>,
+    granted: Counter,
+    waited: Counter<f64, std::sync::atomic::AtomicU64>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// A registry reporting on `limiter`.
+    pub fn new(limiter: Arc<CloudRateLimiter>) -> Self {
+        let mut registry = Registry::default();
+        let running = Family::<Labels, Gauge>::default();
+        registry.register(
+            "running_managed_controllers",
+            "Indicates where instances of a controller are currently running",
+            running.clone(),
+        );
+        let granted = Counter::default();
+        registry.register(
+            "cloud_api_rate_limiter_granted",
+            "Cloud API calls let through by the shared cloud rate limiter",
+            granted.clone(),
+        );
+        let waited = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "cloud_api_rate_limiter_wait_seconds",
+            "Total time callers waited on the shared cloud rate limiter",
+            waited.clone(),
+        );
+        Metrics {
+            registry: Arc::new(Mutex::new(registry)),
+            running,
+            limiter,
+            granted,
+            waited,
+        }
+    }
+
+    /// The registry, for controllers to register their own metrics in.
+    pub fn registry(&self) -> Arc<Mutex<Registry>> {
+        self.registry.clone()
+    }
+
+    /// Sets `running_managed_controllers{name,manager="cloud-controller-manager"}`.
+    pub fn set_controller_running(&self, name: &str, running: bool) {
+        self.running
+            .get_or_create(&vec![
+                ("manager".to_owned(), "cloud-controller-manager".to_owned()),
+                ("name".to_owned(), name.to_owned()),
+            ])
+            .set(i64::from(running));
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn encode(&self) -> String {
+        let stats = self.limiter.stats();
+        self.granted
+            .inc_by(stats.granted.saturating_sub(self.granted.get()));
+        let waited = stats.waited.as_secs_f64() - self.waited.get();
+        if waited > 0.0 {
+            self.waited.inc_by(waited);
+        }
+        let mut out = String::new();
+        if let Err(error) =
+            prometheus_client::encoding::text::encode(&mut out, &self.registry.lock())
+        {
+            tracing::warn!(%error, "encoding metrics");
+        }
+        out
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    checks: HealthChecks,
+    metrics: Metrics,
+}
+
+/// The router of the endpoints.
+pub fn router(checks: HealthChecks, metrics: Metrics) -> Router {
+    Router::new()
+        .route("/healthz", get(|s, q| aggregate("healthz", s, q)))
+        .route("/readyz", get(|s, q| aggregate("readyz", s, q)))
+        .route("/livez", get(|s, q| aggregate("livez", s, q)))
+        .route("/healthz/{name}", get(single))
+        .route("/readyz/{name}", get(single))
+        .route("/livez/{name}", get(single))
+        .route("/metrics", get(metrics_handler))
+        .with_state(AppState { checks, metrics })
+}
+
+fn text(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+async fn aggregate(
+    endpoint: &'static str,
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let query = query.unwrap_or_default();
+    let mut verbose = false;
+    let mut exclude = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "verbose" => verbose = value != "false",
+            "exclude" => exclude.push(value.to_owned()),
+            _ => {}
+        }
+    }
+    let results = state.checks.run(&exclude);
+    let failed = results.iter().any(|(_, r)| r.is_err());
+    let mut body = String::new();
+    if verbose || failed {
+        for (name, result) in &results {
+            match result {
+                Ok(()) => body.push_str(&format!("[+]{name} ok\n")),
+                Err(reason) => {
+                    tracing::warn!(endpoint, check = %name, %reason, "health check failed");
+                    body.push_str(&format!("[-]{name} failed: reason withheld\n"));
+                }
+            }
+        }
+        for name in &exclude {
+            body.push_str(&format!("[+]{name} excluded: ok\n"));
+        }
+        if failed {
+            body.push_str(&format!("{endpoint} check failed\n"));
+        } else {
+            body.push_str(&format!("{endpoint} check passed\n"));
+        }
+    } else {
+        body.push_str("ok");
+    }
+    let status = if failed {
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        StatusCode::OK
+    };
+    text(status, body)
+}
+
+async fn single(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+    match state.checks.get(&name) {
+        None => text(StatusCode::NOT_FOUND, format!("no check called {name:?}\n")),
+        Some(check) => match check() {
+            Ok(()) => text(StatusCode::OK, "ok".to_owned()),
+            Err(reason) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("internal server error: {reason}\n"),
+            ),
+        },
+    }
+}
+
+async fn metrics_handler(State(state): State<AppState>) -> Response {
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// Serves `router` on `addr` until `shutdown` is cancelled.
+pub async fn serve(
+    addr: SocketAddr,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(address = %listener.local_addr()?, "serving /healthz, /readyz, /livez, /metrics");
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    async fn get(router: &Router, uri: &str) -> (StatusCode, String) {
+        let response = router
+            .clone()
+            .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    fn setup() -> (HealthChecks, Metrics, Router) {
+        let checks = HealthChecks::new();
+        let metrics = Metrics::new(Arc::new(CloudRateLimiter::unlimited()));
+        let router = router(checks.clone(), metrics.clone());
+        (checks, metrics, router)
+    }
+
+    /// §3.4: before any check is added, /healthz answers ping.
+    #[tokio::test]
+    async fn healthz_without_checks_is_ok() {
+        let (_, _, router) = setup();
+        for path in ["/healthz", "/readyz", "/livez"] {
+            assert_eq!(get(&router, path).await, (StatusCode::OK, "ok".to_owned()));
+        }
+    }
+
+    /// Checklist row 80, §3.4: named checks (`leaderElection`, per controller), `?verbose`,
+    /// `?exclude=`, per-check paths.
+    #[tokio::test]
+    async fn healthz_aggregates_named_checks() {
+        let (checks, _, router) = setup();
+        let healthy = Arc::new(parking_lot::Mutex::new(true));
+        let flag = healthy.clone();
+        checks.add(
+            "leaderElection",
+            Arc::new(move || {
+                if *flag.lock() {
+                    Ok(())
+                } else {
+                    Err("lease overdue".into())
+                }
+            }),
+        );
+        checks.add_ping("cloud-node-controller");
+        let (status, body) = get(&router, "/healthz?verbose").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            body,
+            "[+]leaderElection ok\n[+]cloud-node-controller ok\nhealthz check passed\n"
+        );
+        assert_eq!(get(&router, "/healthz").await.1, "ok");
+        *healthy.lock() = false;
+        let (status, body) = get(&router, "/healthz").await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(body.contains("[-]leaderElection failed"), "{body}");
+        assert!(body.ends_with("healthz check failed\n"), "{body}");
+        assert_eq!(
+            get(&router, "/readyz").await.0,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let (status, body) = get(&router, "/healthz?exclude=leaderElection").await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+        let (status, body) = get(&router, "/healthz/leaderElection").await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(body.contains("lease overdue"));
+        assert_eq!(
+            get(&router, "/healthz/cloud-node-controller").await,
+            (StatusCode::OK, "ok".to_owned())
+        );
+        assert_eq!(get(&router, "/healthz/nope").await.0, StatusCode::NOT_FOUND);
+    }
+
+    /// §3.4: `running_managed_controllers{name,manager}` and the limiter's counters.
+    #[tokio::test]
+    async fn metrics_in_prometheus_text_format() {
+        let limiter = Arc::new(CloudRateLimiter::unlimited());
+        let metrics = Metrics::new(limiter.clone());
+        let router = router(HealthChecks::new(), metrics.clone());
+        metrics.set_controller_running("service-lb-controller", true);
+        limiter.acquire().await;
+        limiter.acquire().await;
+        let extra = Counter::<u64>::default();
+        metrics
+            .registry()
+            .lock()
+            .register("my_controller_syncs", "Syncs", extra.clone());
+        extra.inc();
+        let (status, body) = get(&router, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            body.contains(
+                "running_managed_controllers{manager=\"cloud-controller-manager\",name=\"service-lb-controller\"} 1"
+            ),
+            "{body}"
+        );
+        assert!(
+            body.contains("cloud_api_rate_limiter_granted_total 2"),
+            "{body}"
+        );
+        assert!(
+            body.contains("cloud_api_rate_limiter_wait_seconds_total"),
+            "{body}"
+        );
+        assert!(body.contains("my_controller_syncs_total 1"), "{body}");
+        // Counters follow the limiter, not the number of scrapes.
+        limiter.acquire().await;
+        let (_, body) = get(&router, "/metrics").await;
+        assert!(
+            body.contains("cloud_api_rate_limiter_granted_total 3"),
+            "{body}"
+        );
+    }
+}
