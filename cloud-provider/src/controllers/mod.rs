@@ -2,6 +2,8 @@
 //! and service. Each is a kube-rs client of the API server (any API server: a real cluster or
 //! core-cluster) and calls the provider through a [`ControllerContext`].
 
+pub mod node;
+pub mod node_lifecycle;
 pub mod rate_limit;
 
 use std::sync::Arc;
