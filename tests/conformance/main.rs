@@ -5,5 +5,6 @@ use cloud_provider_fake as _;
 use hello_cloud_provider as _;
 
 mod batching;
+mod cloud_node;
 mod provider_kit;
 mod registry;

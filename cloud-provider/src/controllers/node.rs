@@ -239,10 +239,13 @@ impl CloudNodeController {
         }
         let nodes: Vec<&Node> = waiting.iter().map(|n| n.as_ref()).collect();
         let metas = self.instance_metadata(&nodes).await;
-        let outcomes: Vec<(String, Result<(), SyncError>)> =
-            futures::stream::iter(nodes.into_iter().zip(metas).map(|(node, meta)| {
-                let name = node_name(node).to_owned();
-                let span = info_span!("sync_node", node = %name);
+        // Futures built in a loop, not a closure: a closure's higher-ranked borrows make the
+        // controller's future not `Send`.
+        let mut syncs = Vec::with_capacity(nodes.len());
+        for (node, meta) in nodes.into_iter().zip(metas) {
+            let name = node_name(node).to_owned();
+            let span = info_span!("sync_node", node = %name);
+            syncs.push(
                 async move {
                     let result = match meta {
                         Ok(Some(meta)) => self.initialize_node(node, meta).await,
@@ -254,8 +257,10 @@ impl CloudNodeController {
                     };
                     (name, result)
                 }
-                .instrument(span)
-            }))
+                .instrument(span),
+            );
+        }
+        let outcomes: Vec<(String, Result<(), SyncError>)> = futures::stream::iter(syncs)
             .buffer_unordered(self.config.concurrent_node_syncs)
             .collect()
             .await;
@@ -316,23 +321,27 @@ impl CloudNodeController {
                     }
                     out
                 } else {
-                    futures::stream::iter(nodes.iter().map(|node| async move {
-                        self.ctx.cloud_limiter.acquire().await;
-                        v2.instance_metadata(node).await.map_err(SyncError::from)
-                    }))
+                    let mut lookups = Vec::with_capacity(nodes.len());
+                    for node in nodes.iter().copied() {
+                        lookups.push(async move {
+                            self.ctx.cloud_limiter.acquire().await;
+                            v2.instance_metadata(node).await.map_err(SyncError::from)
+                        });
+                    }
+                    futures::stream::iter(lookups)
+                        .buffered(self.config.concurrent_node_syncs)
+                        .collect()
+                        .await
+                }
+            } else {
+                let mut lookups = Vec::with_capacity(nodes.len());
+                for node in nodes.iter().copied() {
+                    lookups.push(async move { self.instance_metadata_v1(node).await.map(Some) });
+                }
+                futures::stream::iter(lookups)
                     .buffered(self.config.concurrent_node_syncs)
                     .collect()
                     .await
-                }
-            } else {
-                futures::stream::iter(
-                    nodes
-                        .iter()
-                        .map(|node| async move { self.instance_metadata_v1(node).await.map(Some) }),
-                )
-                .buffered(self.config.concurrent_node_syncs)
-                .collect()
-                .await
             };
         // Check what the cloud said against the Node, as upstream's providerID rule does.
         nodes
@@ -509,7 +518,11 @@ impl CloudNodeController {
         let metas = if self.ctx.cloud.instances_v2().is_some() {
             self.instance_metadata(&refs).await
         } else {
-            futures::stream::iter(refs.iter().map(|node| self.node_addresses_v1(node)))
+            let mut lookups = Vec::with_capacity(refs.len());
+            for node in refs.iter().copied() {
+                lookups.push(self.node_addresses_v1(node));
+            }
+            futures::stream::iter(lookups)
                 .buffered(self.config.concurrent_node_syncs)
                 .collect()
                 .await
