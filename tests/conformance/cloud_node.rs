@@ -926,3 +926,33 @@ async fn the_delete_grace_period_delays_deletion() {
     })
     .await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_provided_node_ip_annotation_keeps_the_taint() {
+    // upstream-cloud-provider.md §6 row 18: two IPs of the same family is a parse error.
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1")
+        .with_internal_ip(ip("10.0.0.1"))
+        .with_internal_ip(ip("10.0.0.2"))]);
+    let mut node = tainted_node("node-1");
+    node.metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_PROVIDED_NODE_IP.to_owned(),
+        "10.0.0.1,10.0.0.2".to_owned(),
+    )]));
+    create(&client, node).await;
+    let _stop = start_node(&client, cloud, CloudNodeConfig::default());
+    let warnings = eventually(10, "warning event", || async {
+        Some(events(&client, "node-1", "FailedToInitializeNode").await).filter(|e| !e.is_empty())
+    })
+    .await;
+    assert!(
+        warnings[0]
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("dual-stack")
+    );
+    let node = get(&client, "node-1").await.unwrap();
+    assert!(has_taint(&node, TAINT_UNINITIALIZED));
+    assert!(addresses(&node).is_empty());
+}
