@@ -3,6 +3,8 @@
 //! core-cluster) and calls the provider through a [`ControllerContext`].
 
 mod events;
+pub mod node;
+pub mod node_lifecycle;
 pub mod rate_limit;
 pub mod route;
 pub mod service;

@@ -1,0 +1,906 @@
+//! The cloud-node controller (upstream `controllers/node/node_controller.go`, reference §2.1).
+//!
+//! It initializes Nodes that carry the [`TAINT_UNINITIALIZED`] taint from the cloud's instance
+//! metadata (providerID, addresses, zone/region/instance-type labels, additional labels), then
+//! removes the taint; it mirrors beta labels to GA labels on initialized Nodes without any cloud
+//! call; and it refreshes the addresses of initialized Nodes every
+//! [`CloudNodeConfig::node_status_update_frequency`].
+//!
+//! Beyond upstream: with [`CloudNodeConfig::batch`] (the default) every Node waiting at one
+//! moment is looked up with one [`InstancesV2::instance_metadata_batch`] call (in chunks of
+//! [`BATCH_CHUNK`]), so a provider that batches makes one cloud call per sync instead of one per
+//! Node. A cloud answer that makes no sense (no providerID anywhere, an address that is not an
+//! IP) keeps the taint, emits a `Warning` event and is retried with backoff.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{
+    Event, EventSource, Node, NodeAddress, NodeStatus, ObjectReference,
+};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::time::Instant;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::ControllerContext;
+use crate::helpers::node_address::node_addresses_from_node_ip;
+use crate::helpers::parse_ip_sloppy;
+use crate::well_known::{
+    ANNOTATION_PROVIDED_NODE_IP, LABEL_FAILURE_DOMAIN_BETA_REGION, LABEL_FAILURE_DOMAIN_BETA_ZONE,
+    LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_STABLE, LABEL_TOPOLOGY_REGION, LABEL_TOPOLOGY_ZONE,
+    TAINT_UNINITIALIZED,
+};
+use crate::{CloudError, CloudProvider, InstanceMetadata, instance_provider_id};
+
+/// The largest number of Nodes passed to one [`InstancesV2::instance_metadata_batch`] call.
+///
+/// [`InstancesV2::instance_metadata_batch`]: crate::InstancesV2::instance_metadata_batch
+pub const BATCH_CHUNK: usize = 500;
+
+/// The event source component of this controller.
+pub const COMPONENT: &str = "cloud-node-controller";
+
+const BACKOFF_BASE: Duration = Duration::from_millis(5);
+const BACKOFF_MAX: Duration = Duration::from_secs(1000);
+const UPDATE_CONFLICT_STEPS: usize = 20;
+
+/// Settings of the cloud-node controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CloudNodeConfig {
+    /// How often the addresses of initialized Nodes are refreshed (`--node-status-update-frequency`,
+    /// default 5 minutes).
+    pub node_status_update_frequency: Duration,
+    /// How many Node writes (and, without batching, cloud lookups) run at once
+    /// (`--concurrent-node-syncs`, default 1). Must be greater than 0.
+    pub concurrent_node_syncs: usize,
+    /// Look up all waiting Nodes with one batched metadata call (default `true`, beyond
+    /// upstream); `false` makes one call per Node, as upstream does.
+    pub batch: bool,
+}
+
+impl Default for CloudNodeConfig {
+    fn default() -> Self {
+        CloudNodeConfig {
+            node_status_update_frequency: Duration::from_secs(300),
+            concurrent_node_syncs: 1,
+            batch: true,
+        }
+    }
+}
+
+impl CloudNodeConfig {
+    /// Sets [`node_status_update_frequency`](Self::node_status_update_frequency).
+    pub fn with_node_status_update_frequency(mut self, frequency: Duration) -> Self {
+        self.node_status_update_frequency = frequency;
+        self
+    }
+
+    /// Sets [`concurrent_node_syncs`](Self::concurrent_node_syncs).
+    pub fn with_concurrent_node_syncs(mut self, syncs: usize) -> Self {
+        self.concurrent_node_syncs = syncs;
+        self
+    }
+
+    /// Sets [`batch`](Self::batch).
+    pub fn with_batch(mut self, batch: bool) -> Self {
+        self.batch = batch;
+        self
+    }
+}
+
+/// Why a node controller could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `concurrent_node_syncs` was 0.
+    #[error("concurrent-node-syncs must be greater than 0")]
+    ZeroConcurrentNodeSyncs,
+    /// A period was zero.
+    #[error("{0} must be greater than 0")]
+    ZeroPeriod(&'static str),
+}
+
+/// Why one Node could not be synced. Kept on the key until its retry.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SyncError {
+    /// The cloud call failed.
+    #[error("cloud: {0}")]
+    Cloud(#[from] CloudError),
+    /// The cloud's answer makes no sense for this Node.
+    #[error("{0}")]
+    BadCloudAnswer(String),
+    /// The API server call failed.
+    #[error("api: {0}")]
+    Api(#[from] kube::Error),
+}
+
+/// The cloud-node controller. Build it with [`new`](Self::new), then [`run`](Self::run) it.
+pub struct CloudNodeController {
+    ctx: ControllerContext,
+    config: CloudNodeConfig,
+}
+
+impl std::fmt::Debug for CloudNodeController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloudNodeController")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether the provider has what the node controllers need.
+pub(crate) fn supports_instances(cloud: &dyn CloudProvider) -> bool {
+    cloud.instances_v2().is_some() || cloud.instances().is_some()
+}
+
+impl CloudNodeController {
+    /// A controller, or `Ok(None)` when the provider supports neither `InstancesV2` nor
+    /// `Instances` (the controller is skipped, as upstream). Errors when
+    /// `concurrent_node_syncs` is 0 or the refresh period is zero.
+    pub fn new(
+        ctx: ControllerContext,
+        config: CloudNodeConfig,
+    ) -> Result<Option<Self>, ConfigError> {
+        if config.concurrent_node_syncs == 0 {
+            return Err(ConfigError::ZeroConcurrentNodeSyncs);
+        }
+        if config.node_status_update_frequency.is_zero() {
+            return Err(ConfigError::ZeroPeriod("node-status-update-frequency"));
+        }
+        if !supports_instances(ctx.cloud.as_ref()) {
+            warn!(
+                "cloud provider supports neither InstancesV2 nor Instances: cloud-node controller skipped"
+            );
+            return Ok(None);
+        }
+        Ok(Some(CloudNodeController { ctx, config }))
+    }
+
+    /// Runs until the context's shutdown token is cancelled.
+    pub async fn run(self) {
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        let (store, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        let shutdown = self.ctx.shutdown.clone();
+        let mut queue = Queue::default();
+        let mut ready = false;
+        let mut refresh = tokio::time::interval_at(
+            Instant::now() + self.config.node_status_update_frequency,
+            self.config.node_status_update_frequency,
+        );
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let next_retry = queue.next_deadline();
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                event = stream.next() => match event {
+                    Some(Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node))) => {
+                        if let Some(name) = node.metadata.name.clone() {
+                            queue.add_now(name);
+                        }
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => ready = true,
+                    Some(Ok(_)) => {}
+                    Some(Err(err)) => warn!(error = %err, "node watch failed"),
+                    None => return,
+                },
+                _ = sleep_until_opt(next_retry) => {}
+                _ = refresh.tick() => {
+                    if ready {
+                        self.update_node_status(&store).await;
+                    }
+                }
+            }
+            if !ready {
+                continue;
+            }
+            // Drain whatever else the watch has already delivered, so one sync sees every
+            // Node waiting at this moment.
+            while let Some(Some(Ok(event))) = futures::FutureExt::now_or_never(stream.next()) {
+                if let watcher::Event::Apply(node) | watcher::Event::InitApply(node) = event
+                    && let Some(name) = node.metadata.name.clone()
+                {
+                    queue.add_now(name);
+                }
+            }
+            let due = queue.take_due(Instant::now());
+            if !due.is_empty() {
+                self.sync_nodes(&store, due, &mut queue).await;
+            }
+        }
+    }
+
+    async fn sync_nodes(&self, store: &Store<Node>, names: Vec<String>, queue: &mut Queue) {
+        let mut waiting = Vec::new();
+        for name in names {
+            let Some(node) = store.get(&ObjectRef::new(&name)) else {
+                queue.forget(&name);
+                continue;
+            };
+            if has_taint(&node, TAINT_UNINITIALIZED) {
+                waiting.push(node);
+            } else {
+                queue.forget(&name);
+                if let Err(err) = self.reconcile_node_labels(&node).await {
+                    warn!(node = %name, error = %err, "failed to mirror node labels");
+                    queue.retry(name, None);
+                }
+            }
+        }
+        if waiting.is_empty() {
+            return;
+        }
+        let nodes: Vec<&Node> = waiting.iter().map(|n| n.as_ref()).collect();
+        let metas = self.instance_metadata(&nodes).await;
+        // Futures built in a loop, not a closure: a closure's higher-ranked borrows make the
+        // controller's future not `Send`.
+        let mut syncs = Vec::with_capacity(nodes.len());
+        for (node, meta) in nodes.into_iter().zip(metas) {
+            let name = node_name(node).to_owned();
+            let span = info_span!("sync_node", node = %name);
+            syncs.push(
+                async move {
+                    let result = match meta {
+                        Ok(Some(meta)) => self.initialize_node(node, meta).await,
+                        Ok(None) => {
+                            info!("skip sync node: the cloud has no metadata for it yet");
+                            Ok(())
+                        }
+                        Err(err) => Err(err),
+                    };
+                    (name, result)
+                }
+                .instrument(span),
+            );
+        }
+        let outcomes: Vec<(String, Result<(), SyncError>)> = futures::stream::iter(syncs)
+            .buffer_unordered(self.config.concurrent_node_syncs)
+            .collect()
+            .await;
+        for (name, result) in outcomes {
+            match result {
+                Ok(()) => queue.forget(&name),
+                Err(err) => {
+                    warn!(node = %name, error = %err, "failed to initialize node");
+                    if let Some(node) = store.get(&ObjectRef::new(&name)) {
+                        record_event(
+                            &self.ctx.client,
+                            COMPONENT,
+                            &node,
+                            "Warning",
+                            "FailedToInitializeNode",
+                            &format!("failed to initialize node {name}: {err}"),
+                        )
+                        .await;
+                    }
+                    let retry_after = match &err {
+                        SyncError::Cloud(err) => err.retry_after_delay(),
+                        _ => None,
+                    };
+                    queue.retry(name, retry_after);
+                }
+            }
+        }
+    }
+
+    /// The metadata of each Node, in order: batched or one call per Node (V2), or the legacy
+    /// `Instances` and `Zones` calls.
+    async fn instance_metadata(
+        &self,
+        nodes: &[&Node],
+    ) -> Vec<Result<Option<InstanceMetadata>, SyncError>> {
+        let cloud = self.ctx.cloud.as_ref();
+        let results: Vec<Result<Option<InstanceMetadata>, SyncError>> =
+            if let Some(v2) = cloud.instances_v2() {
+                if self.config.batch {
+                    let mut out = Vec::with_capacity(nodes.len());
+                    for chunk in nodes.chunks(BATCH_CHUNK) {
+                        self.ctx.cloud_limiter.acquire().await;
+                        let answers = v2.instance_metadata_batch(chunk).await;
+                        if answers.len() != chunk.len() {
+                            let msg = format!(
+                                "the cloud answered {} results for {} nodes",
+                                answers.len(),
+                                chunk.len()
+                            );
+                            out.extend(
+                                chunk
+                                    .iter()
+                                    .map(|_| Err(SyncError::BadCloudAnswer(msg.clone()))),
+                            );
+                        } else {
+                            out.extend(answers.into_iter().map(|a| a.map_err(SyncError::from)));
+                        }
+                    }
+                    out
+                } else {
+                    let mut lookups = Vec::with_capacity(nodes.len());
+                    for node in nodes.iter().copied() {
+                        lookups.push(async move {
+                            self.ctx.cloud_limiter.acquire().await;
+                            v2.instance_metadata(node).await.map_err(SyncError::from)
+                        });
+                    }
+                    futures::stream::iter(lookups)
+                        .buffered(self.config.concurrent_node_syncs)
+                        .collect()
+                        .await
+                }
+            } else {
+                let mut lookups = Vec::with_capacity(nodes.len());
+                for node in nodes.iter().copied() {
+                    lookups.push(async move { self.instance_metadata_v1(node).await.map(Some) });
+                }
+                futures::stream::iter(lookups)
+                    .buffered(self.config.concurrent_node_syncs)
+                    .collect()
+                    .await
+            };
+        // Check what the cloud said against the Node, as upstream's providerID rule does.
+        nodes
+            .iter()
+            .zip(results)
+            .map(|(node, result)| match result {
+                Ok(Some(mut meta)) => {
+                    if meta.provider_id.is_empty() {
+                        meta.provider_id = provider_id_of(node).to_owned();
+                    }
+                    if meta.provider_id.is_empty() && cloud.instances_v2().is_some() {
+                        return Err(SyncError::BadCloudAnswer(format!(
+                            "cloud provider does not set node provider ID for node {}",
+                            node_name(node)
+                        )));
+                    }
+                    validate_addresses(&meta.node_addresses)?;
+                    Ok(Some(meta))
+                }
+                other => other,
+            })
+            .collect()
+    }
+
+    /// Upstream's `Instances` path: providerID, addresses, instance type and (with `Zones`) the
+    /// zone, each by provider ID with the by-name fallback.
+    async fn instance_metadata_v1(&self, node: &Node) -> Result<InstanceMetadata, SyncError> {
+        let cloud = self.ctx.cloud.as_ref();
+        let instances = cloud
+            .instances()
+            .ok_or_else(|| SyncError::BadCloudAnswer("cloud provider has no Instances".into()))?;
+        let name = node_name(node);
+        let mut provider_id = provider_id_of(node).to_owned();
+        if provider_id.is_empty() {
+            self.ctx.cloud_limiter.acquire().await;
+            match instance_provider_id(cloud, name).await {
+                Ok(id) => provider_id = id,
+                Err(err) if err.is_not_implemented() => {
+                    warn!(node = %name, "the cloud does not implement instance IDs: continuing by node name");
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+        let mut meta = InstanceMetadata::new(provider_id.clone());
+        let by_id = if provider_id.is_empty() {
+            None
+        } else {
+            self.ctx.cloud_limiter.acquire().await;
+            instances
+                .node_addresses_by_provider_id(&provider_id)
+                .await
+                .ok()
+        };
+        meta.node_addresses = match by_id {
+            Some(addresses) => addresses,
+            None => {
+                self.ctx.cloud_limiter.acquire().await;
+                instances.node_addresses(name).await?
+            }
+        };
+        let by_id = if provider_id.is_empty() {
+            None
+        } else {
+            self.ctx.cloud_limiter.acquire().await;
+            instances
+                .instance_type_by_provider_id(&provider_id)
+                .await
+                .ok()
+        };
+        meta.instance_type = match by_id {
+            Some(t) => t,
+            None => {
+                self.ctx.cloud_limiter.acquire().await;
+                instances.instance_type(name).await?
+            }
+        };
+        if let Some(zones) = cloud.zones() {
+            let by_id = if provider_id.is_empty() {
+                None
+            } else {
+                self.ctx.cloud_limiter.acquire().await;
+                zones.get_zone_by_provider_id(&provider_id).await.ok()
+            };
+            let zone = match by_id {
+                Some(zone) => zone,
+                None => {
+                    self.ctx.cloud_limiter.acquire().await;
+                    zones.get_zone_by_node_name(name).await?
+                }
+            };
+            meta.zone = zone.failure_domain;
+            meta.region = zone.region;
+        }
+        Ok(meta)
+    }
+
+    /// Applies the metadata to a tainted Node with a PUT (retried on conflict), then patches
+    /// its addresses and emits `Normal Synced`.
+    async fn initialize_node(&self, node: &Node, meta: InstanceMetadata) -> Result<(), SyncError> {
+        let name = node_name(node).to_owned();
+        // Validate the provided node IP before any write: the taint stays on failure.
+        let addresses = desired_addresses(node, &meta.node_addresses)?;
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        let mut current = node.clone();
+        let mut attempt = 0;
+        let updated = loop {
+            let mut desired = current.clone();
+            apply_metadata(&mut desired, &meta);
+            if desired == current {
+                break current;
+            }
+            match api.replace(&name, &PostParams::default(), &desired).await {
+                Ok(updated) => break updated,
+                Err(kube::Error::Api(status))
+                    if status.code == 409 && attempt + 1 < UPDATE_CONFLICT_STEPS =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    current = api.get(&name).await?;
+                    if !has_taint(&current, TAINT_UNINITIALIZED) {
+                        return Ok(());
+                    }
+                }
+                Err(err) => return Err(err.into()),
+            }
+        };
+        if let Some(addresses) = addresses
+            && !has_taint(&updated, TAINT_UNINITIALIZED)
+        {
+            patch_addresses(&api, &updated, addresses).await?;
+        }
+        info!("successfully initialized node");
+        record_event(
+            &self.ctx.client,
+            COMPONENT,
+            &updated,
+            "Normal",
+            "Synced",
+            "Node synced successfully",
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Upstream's `reconcileNodeLabels`: the beta labels are the source of truth for the GA ones.
+    async fn reconcile_node_labels(&self, node: &Node) -> Result<(), kube::Error> {
+        let missing = mirrored_labels(node);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        let mut patch = Node::default();
+        patch.metadata.labels = Some(missing);
+        api.patch(
+            node_name(node),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Upstream's `UpdateNodeStatus`: refreshes the addresses of every initialized Node.
+    async fn update_node_status(&self, store: &Store<Node>) {
+        let nodes: Vec<_> = store
+            .state()
+            .into_iter()
+            .filter(|n| !has_taint(n, TAINT_UNINITIALIZED))
+            .collect();
+        if nodes.is_empty() {
+            return;
+        }
+        let refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
+        let metas = if self.ctx.cloud.instances_v2().is_some() {
+            self.instance_metadata(&refs).await
+        } else {
+            let mut lookups = Vec::with_capacity(refs.len());
+            for node in refs.iter().copied() {
+                lookups.push(self.node_addresses_v1(node));
+            }
+            futures::stream::iter(lookups)
+                .buffered(self.config.concurrent_node_syncs)
+                .collect()
+                .await
+        };
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        for (node, meta) in refs.into_iter().zip(metas) {
+            let name = node_name(node);
+            let meta = match meta {
+                Ok(Some(meta)) => meta,
+                Ok(None) => continue,
+                Err(err) => {
+                    warn!(node = %name, error = %err, "failed to refresh node addresses");
+                    continue;
+                }
+            };
+            match desired_addresses(node, &meta.node_addresses) {
+                Ok(Some(addresses)) => {
+                    if let Err(err) = patch_addresses(&api, node, addresses).await {
+                        warn!(node = %name, error = %err, "failed to patch node addresses");
+                    }
+                }
+                Ok(None) => {}
+                Err(err) => warn!(node = %name, error = %err, "skipping address update"),
+            }
+        }
+    }
+
+    async fn node_addresses_v1(&self, node: &Node) -> Result<Option<InstanceMetadata>, SyncError> {
+        let Some(instances) = self.ctx.cloud.instances() else {
+            return Ok(None);
+        };
+        let provider_id = provider_id_of(node);
+        if !provider_id.is_empty() {
+            self.ctx.cloud_limiter.acquire().await;
+            if let Ok(addresses) = instances.node_addresses_by_provider_id(provider_id).await {
+                return Ok(Some(
+                    InstanceMetadata::new(provider_id).with_addresses(addresses),
+                ));
+            }
+        }
+        self.ctx.cloud_limiter.acquire().await;
+        let addresses = instances.node_addresses(node_name(node)).await?;
+        validate_addresses(&addresses)?;
+        Ok(Some(
+            InstanceMetadata::new(provider_id).with_addresses(addresses),
+        ))
+    }
+}
+
+async fn patch_addresses(
+    api: &Api<Node>,
+    node: &Node,
+    addresses: Vec<NodeAddress>,
+) -> Result<(), kube::Error> {
+    let current = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_deref())
+        .unwrap_or(&[]);
+    if !addresses_changed(current, &addresses) {
+        return Ok(());
+    }
+    let patch = Node {
+        status: Some(NodeStatus {
+            addresses: Some(addresses),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    api.patch_status(
+        node_name(node),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The addresses the Node should have: the cloud's, plus the kubelet's Hostname if the cloud
+/// has none, ordered by the provided-node-ip annotation. `None` when the cloud gave none.
+fn desired_addresses(
+    node: &Node,
+    cloud: &[NodeAddress],
+) -> Result<Option<Vec<NodeAddress>>, SyncError> {
+    if cloud.is_empty() {
+        return Ok(None);
+    }
+    let mut addresses = cloud.to_vec();
+    if !addresses.iter().any(|a| a.type_ == "Hostname") {
+        let kubelet = node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_deref())
+            .unwrap_or(&[]);
+        addresses.extend(kubelet.iter().filter(|a| a.type_ == "Hostname").cloned());
+    }
+    if let Some(annotation) = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_PROVIDED_NODE_IP))
+    {
+        addresses = node_addresses_from_node_ip(annotation, &addresses).map_err(|err| {
+            SyncError::BadCloudAnswer(format!(
+                "failed to get node address from cloud provider that matches ip: {err}"
+            ))
+        })?;
+    }
+    Ok(Some(addresses))
+}
+
+/// Every InternalIP and ExternalIP must be an IP address.
+fn validate_addresses(addresses: &[NodeAddress]) -> Result<(), SyncError> {
+    for a in addresses {
+        if (a.type_ == "InternalIP" || a.type_ == "ExternalIP")
+            && parse_ip_sloppy(&a.address).is_none()
+        {
+            return Err(SyncError::BadCloudAnswer(format!(
+                "the cloud returned {} {:?}, which is not an IP address",
+                a.type_, a.address
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Upstream's `nodeAddressesChangeDetected`: a different length, or a different type→address map.
+pub(crate) fn addresses_changed(old: &[NodeAddress], new: &[NodeAddress]) -> bool {
+    if old.len() != new.len() {
+        return true;
+    }
+    let map: HashMap<&str, &str> = old
+        .iter()
+        .map(|a| (a.type_.as_str(), a.address.as_str()))
+        .collect();
+    new.iter()
+        .any(|a| map.get(a.type_.as_str()) != Some(&a.address.as_str()))
+}
+
+/// The node-modifiers of upstream's `syncNode`, applied to a copy of the Node.
+fn apply_metadata(node: &mut Node, meta: &InstanceMetadata) {
+    let spec = node.spec.get_or_insert_with(Default::default);
+    if spec.provider_id.as_deref().unwrap_or("").is_empty() && !meta.provider_id.is_empty() {
+        spec.provider_id = Some(meta.provider_id.clone());
+    }
+    let labels = node.metadata.labels.get_or_insert_with(Default::default);
+    let mut set = |keys: [&str; 2], value: &str| {
+        if !value.is_empty() {
+            for key in keys {
+                labels.insert(key.to_owned(), value.to_owned());
+            }
+        }
+    };
+    set(
+        [LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_STABLE],
+        &meta.instance_type,
+    );
+    set(
+        [LABEL_FAILURE_DOMAIN_BETA_ZONE, LABEL_TOPOLOGY_ZONE],
+        &meta.zone,
+    );
+    set(
+        [LABEL_FAILURE_DOMAIN_BETA_REGION, LABEL_TOPOLOGY_REGION],
+        &meta.region,
+    );
+    for (key, value) in &meta.additional_labels {
+        if is_kubernetes_label(key) {
+            warn!(label = %key, "discarding an additional label under kubernetes.io or k8s.io");
+            continue;
+        }
+        match labels.get(key) {
+            Some(existing) if existing != value => {
+                warn!(label = %key, "not overwriting an existing label with the cloud's value");
+            }
+            Some(_) => {}
+            None => {
+                labels.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    if let Some(taints) = spec.taints.as_mut() {
+        taints.retain(|t| t.key != TAINT_UNINITIALIZED);
+    }
+}
+
+/// Upstream's regex `(^|\.)(kubernetes|k8s)\.io/`.
+pub(crate) fn is_kubernetes_label(key: &str) -> bool {
+    let Some((prefix, _)) = key.split_once('/') else {
+        return false;
+    };
+    ["kubernetes.io", "k8s.io"]
+        .iter()
+        .any(|d| prefix == *d || prefix.ends_with(&format!(".{d}")))
+}
+
+/// The GA labels that must be set to mirror their beta labels.
+pub(crate) fn mirrored_labels(node: &Node) -> BTreeMap<String, String> {
+    let empty = BTreeMap::new();
+    let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+    [
+        (LABEL_FAILURE_DOMAIN_BETA_ZONE, LABEL_TOPOLOGY_ZONE),
+        (LABEL_FAILURE_DOMAIN_BETA_REGION, LABEL_TOPOLOGY_REGION),
+        (LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_STABLE),
+    ]
+    .into_iter()
+    .filter_map(|(beta, ga)| {
+        let value = labels.get(beta)?;
+        (labels.get(ga) != Some(value)).then(|| (ga.to_owned(), value.clone()))
+    })
+    .collect()
+}
+
+pub(crate) fn node_name(node: &Node) -> &str {
+    node.metadata.name.as_deref().unwrap_or("")
+}
+
+pub(crate) fn provider_id_of(node: &Node) -> &str {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .unwrap_or("")
+}
+
+pub(crate) fn has_taint(node: &Node, key: &str) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == key))
+}
+
+/// Creates a core/v1 Event about a Node; failures are logged, never returned.
+pub(crate) async fn record_event(
+    client: &kube::Client,
+    component: &str,
+    node: &Node,
+    type_: &str,
+    reason: &str,
+    message: &str,
+) {
+    let name = node_name(node);
+    let event = Event {
+        metadata: kube::api::ObjectMeta {
+            generate_name: Some(format!("{name}.")),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(name.to_owned()),
+            uid: node.metadata.uid.clone(),
+            ..Default::default()
+        },
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        type_: Some(type_.into()),
+        count: Some(1),
+        source: Some(EventSource {
+            component: Some(component.into()),
+            host: None,
+        }),
+        reporting_component: Some(component.into()),
+        ..Default::default()
+    };
+    let api: Api<Event> = Api::namespaced(client.clone(), "default");
+    if let Err(err) = api.create(&PostParams::default(), &event).await {
+        debug!(node = %name, error = %err, "failed to record event");
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The work queue: keys due now or at a backoff deadline, with per-key failure counts.
+#[derive(Default)]
+struct Queue {
+    due: BTreeMap<String, Instant>,
+    failures: HashMap<String, u32>,
+}
+
+impl Queue {
+    fn add_now(&mut self, name: String) {
+        // A key waiting for its backoff keeps its deadline, as a rate-limited workqueue does.
+        if self.failures.contains_key(&name) && self.due.contains_key(&name) {
+            return;
+        }
+        self.due.insert(name, Instant::now());
+    }
+
+    fn retry(&mut self, name: String, retry_after: Option<Duration>) {
+        let failures = self.failures.entry(name.clone()).or_insert(0);
+        let delay = BACKOFF_BASE
+            .saturating_mul(2u32.saturating_pow((*failures).min(30)))
+            .min(BACKOFF_MAX);
+        *failures += 1;
+        let delay = retry_after.map_or(delay, |after| after.max(delay));
+        self.due.insert(name, Instant::now() + delay);
+    }
+
+    fn forget(&mut self, name: &str) {
+        self.failures.remove(name);
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.due.values().min().copied()
+    }
+
+    fn take_due(&mut self, now: Instant) -> Vec<String> {
+        let due: Vec<String> = self
+            .due
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &due {
+            self.due.remove(name);
+        }
+        due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node_address;
+
+    #[test]
+    fn kubernetes_labels_are_recognized() {
+        // upstream-cloud-provider.md §6 row 11
+        assert!(is_kubernetes_label("kubernetes.io/foo"));
+        assert!(is_kubernetes_label("node.kubernetes.io/foo"));
+        assert!(is_kubernetes_label("x.k8s.io/foo"));
+        assert!(!is_kubernetes_label("example.com/kubernetes.io"));
+        assert!(!is_kubernetes_label("mykubernetes.io/foo"));
+        assert!(!is_kubernetes_label("team"));
+    }
+
+    #[test]
+    fn address_change_detection_ignores_order() {
+        // upstream-cloud-provider.md §6 row 28
+        let a = vec![
+            node_address("InternalIP", "10.0.0.1"),
+            node_address("Hostname", "h"),
+        ];
+        let b = vec![
+            node_address("Hostname", "h"),
+            node_address("InternalIP", "10.0.0.1"),
+        ];
+        assert!(!addresses_changed(&a, &b));
+        assert!(addresses_changed(&a, &b[..1]));
+        let c = vec![
+            node_address("Hostname", "h"),
+            node_address("InternalIP", "10.0.0.2"),
+        ];
+        assert!(addresses_changed(&a, &c));
+    }
+
+    #[test]
+    fn beta_labels_are_mirrored_to_ga() {
+        // upstream-cloud-provider.md §6 row 25
+        let mut node = Node::default();
+        node.metadata.labels = Some(BTreeMap::from([
+            (LABEL_FAILURE_DOMAIN_BETA_ZONE.to_owned(), "z1".to_owned()),
+            (LABEL_TOPOLOGY_ZONE.to_owned(), "other".to_owned()),
+            (LABEL_TOPOLOGY_REGION.to_owned(), "r".to_owned()),
+        ]));
+        let mirrored = mirrored_labels(&node);
+        assert_eq!(mirrored.len(), 1);
+        assert_eq!(mirrored[LABEL_TOPOLOGY_ZONE], "z1");
+    }
+
+    #[test]
+    fn invalid_ip_addresses_are_rejected() {
+        assert!(validate_addresses(&[node_address("InternalIP", "not-an-ip")]).is_err());
+        assert!(validate_addresses(&[node_address("Hostname", "not-an-ip")]).is_ok());
+    }
+}

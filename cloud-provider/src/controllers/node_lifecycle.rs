@@ -1,0 +1,372 @@
+//! The cloud-node-lifecycle controller (upstream
+//! `controllers/nodelifecycle/node_lifecycle_controller.go`, reference §2.2).
+//!
+//! Every [`CloudNodeLifecycleConfig::node_monitor_period`] it looks at every Node (from a
+//! reflector store, no LIST per period):
+//!
+//! - a Ready Node loses the [`TAINT_SHUTDOWN`] taint, without any cloud call;
+//! - a NotReady or Unknown Node (no Ready condition counts as Unknown) is checked in the cloud:
+//!   gone → event `Normal DeletingNode` and DELETE (`Warning DeletingNodeFailed` on failure);
+//!   exists and shut down → the `node.cloudprovider.kubernetes.io/shutdown:NoSchedule` taint.
+//!
+//! Beyond upstream:
+//!
+//! - [`CloudError::InstanceNotFound`](crate::CloudError::InstanceNotFound) from the existence or
+//!   the shutdown check (wrapped or not) counts as gone; upstream treats it as an unknown
+//!   answer and the dead Node lingers (reference §5 row 8);
+//! - [`CloudNodeLifecycleConfig::delete_grace_period`]: a Node is deleted only once the cloud
+//!   has said "gone" for that long without saying "exists" in between (0 = upstream: at once).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::time::{Instant, MissedTickBehavior};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::ControllerContext;
+use super::node::{
+    ConfigError, has_taint, node_name, provider_id_of, record_event, supports_instances,
+};
+use crate::well_known::TAINT_SHUTDOWN;
+use crate::{CloudError, instance_provider_id};
+
+/// The event source component of this controller.
+pub const COMPONENT: &str = "cloud-node-lifecycle-controller";
+
+/// Settings of the cloud-node-lifecycle controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CloudNodeLifecycleConfig {
+    /// How often every Node is checked (`--node-monitor-period`, default 5 s).
+    pub node_monitor_period: Duration,
+    /// How long the cloud must keep saying "gone" before the Node is deleted (beyond upstream;
+    /// default 0, upstream's immediate deletion).
+    pub delete_grace_period: Duration,
+}
+
+impl Default for CloudNodeLifecycleConfig {
+    fn default() -> Self {
+        CloudNodeLifecycleConfig {
+            node_monitor_period: Duration::from_secs(5),
+            delete_grace_period: Duration::ZERO,
+        }
+    }
+}
+
+impl CloudNodeLifecycleConfig {
+    /// Sets [`node_monitor_period`](Self::node_monitor_period).
+    pub fn with_node_monitor_period(mut self, period: Duration) -> Self {
+        self.node_monitor_period = period;
+        self
+    }
+
+    /// Sets [`delete_grace_period`](Self::delete_grace_period).
+    pub fn with_delete_grace_period(mut self, grace: Duration) -> Self {
+        self.delete_grace_period = grace;
+        self
+    }
+}
+
+/// The cloud's answer about one Node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Existence {
+    Exists,
+    Gone,
+}
+
+/// The cloud-node-lifecycle controller. Build it with [`new`](Self::new), then
+/// [`run`](Self::run) it.
+pub struct CloudNodeLifecycleController {
+    ctx: ControllerContext,
+    config: CloudNodeLifecycleConfig,
+    /// When the cloud first said "gone" for each Node, for the grace period.
+    gone_since: HashMap<String, Instant>,
+}
+
+impl std::fmt::Debug for CloudNodeLifecycleController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloudNodeLifecycleController")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CloudNodeLifecycleController {
+    /// A controller, or `Ok(None)` when the provider supports neither `InstancesV2` nor
+    /// `Instances` (skipped, as upstream). Errors when the monitor period is zero.
+    pub fn new(
+        ctx: ControllerContext,
+        config: CloudNodeLifecycleConfig,
+    ) -> Result<Option<Self>, ConfigError> {
+        if config.node_monitor_period.is_zero() {
+            return Err(ConfigError::ZeroPeriod("node-monitor-period"));
+        }
+        if !supports_instances(ctx.cloud.as_ref()) {
+            warn!(
+                "cloud provider supports neither InstancesV2 nor Instances: cloud-node-lifecycle controller skipped"
+            );
+            return Ok(None);
+        }
+        Ok(Some(CloudNodeLifecycleController {
+            ctx,
+            config,
+            gone_since: HashMap::new(),
+        }))
+    }
+
+    /// Runs until the context's shutdown token is cancelled.
+    pub async fn run(mut self) {
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        let (store, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff();
+        let shutdown = self.ctx.shutdown.clone();
+        let drive = async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                if let Err(err) = event {
+                    warn!(error = %err, "node watch failed");
+                }
+            }
+        };
+        let monitor = async {
+            if store.wait_until_ready().await.is_err() {
+                return;
+            }
+            let mut ticker = tokio::time::interval(self.config.node_monitor_period);
+            ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                self.monitor_nodes(&store).await;
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = drive => {}
+            _ = monitor => {}
+        }
+    }
+
+    /// Upstream's `MonitorNodes`: one pass over every Node.
+    async fn monitor_nodes(&mut self, store: &Store<Node>) {
+        let nodes = store.state();
+        self.gone_since
+            .retain(|name, _| nodes.iter().any(|n| node_name(n) == name));
+        for node in nodes {
+            let name = node_name(&node).to_owned();
+            let span = info_span!("monitor_node", node = %name);
+            self.monitor_node(&node).instrument(span).await;
+        }
+    }
+
+    async fn monitor_node(&mut self, node: &Node) {
+        let name = node_name(node).to_owned();
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        if ready_status(node) == "True" {
+            self.gone_since.remove(&name);
+            if has_taint(node, TAINT_SHUTDOWN)
+                && let Err(err) = set_shutdown_taint(&api, node, false).await
+            {
+                warn!(error = %err, "failed to remove the shutdown taint");
+            }
+            return;
+        }
+        let existence = match self.exists(node).await {
+            Ok(existence) => existence,
+            Err(err) => {
+                warn!(error = %err, "error checking if node exists in the cloud; skipping it");
+                return;
+            }
+        };
+        if existence == Existence::Exists {
+            match self.shutdown(node).await {
+                Ok(Some(true)) => {
+                    self.gone_since.remove(&name);
+                    if !has_taint(node, TAINT_SHUTDOWN)
+                        && let Err(err) = set_shutdown_taint(&api, node, true).await
+                    {
+                        warn!(error = %err, "failed to add the shutdown taint");
+                    }
+                    return;
+                }
+                Ok(Some(false)) => {
+                    self.gone_since.remove(&name);
+                    return;
+                }
+                // The shutdown check said "instance not found": gone (beyond upstream).
+                Ok(None) => {}
+                Err(err) => {
+                    warn!(error = %err, "error checking if node is shut down");
+                    return;
+                }
+            }
+        }
+        let now = Instant::now();
+        let first = *self.gone_since.entry(name.clone()).or_insert(now);
+        if now.duration_since(first) < self.config.delete_grace_period {
+            debug!("the cloud says the node is gone; waiting out the grace period");
+            return;
+        }
+        self.gone_since.remove(&name);
+        info!("deleting node because it does not exist in the cloud provider");
+        record_event(
+            &self.ctx.client,
+            COMPONENT,
+            node,
+            "Normal",
+            "DeletingNode",
+            &format!("Deleting node {name} because it does not exist in the cloud provider"),
+        )
+        .await;
+        if let Err(err) = api.delete(&name, &DeleteParams::default()).await {
+            warn!(error = %err, "unable to delete node");
+            record_event(
+                &self.ctx.client,
+                COMPONENT,
+                node,
+                "Warning",
+                "DeletingNodeFailed",
+                &format!("Error deleting node {name}: {err}"),
+            )
+            .await;
+        }
+    }
+
+    /// The existence check: V2 `instance_exists`, or V1 by provider ID (looked up by name when
+    /// the Node has none). `InstanceNotFound` anywhere means gone.
+    async fn exists(&self, node: &Node) -> Result<Existence, CloudError> {
+        let cloud = self.ctx.cloud.as_ref();
+        let answer = if let Some(v2) = cloud.instances_v2() {
+            self.ctx.cloud_limiter.acquire().await;
+            v2.instance_exists(node).await
+        } else if let Some(instances) = cloud.instances() {
+            let provider_id = match self.provider_id(node).await {
+                Ok(id) => id,
+                Err(err) if err.is_instance_not_found() => return Ok(Existence::Gone),
+                Err(err) => return Err(err),
+            };
+            self.ctx.cloud_limiter.acquire().await;
+            instances.instance_exists_by_provider_id(&provider_id).await
+        } else {
+            return Ok(Existence::Exists);
+        };
+        match answer {
+            Ok(true) => Ok(Existence::Exists),
+            Ok(false) => Ok(Existence::Gone),
+            Err(err) if err.is_instance_not_found() => Ok(Existence::Gone),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The shutdown check: `Some(shut down)`, or `None` when the cloud says the instance is not
+    /// found. V1 `NotImplemented` is "not shut down".
+    async fn shutdown(&self, node: &Node) -> Result<Option<bool>, CloudError> {
+        let cloud = self.ctx.cloud.as_ref();
+        let answer = if let Some(v2) = cloud.instances_v2() {
+            self.ctx.cloud_limiter.acquire().await;
+            v2.instance_shutdown(node).await
+        } else if let Some(instances) = cloud.instances() {
+            let provider_id = match self.provider_id(node).await {
+                Ok(id) => id,
+                // Upstream: not found while looking up the provider ID → not shut down.
+                Err(err) if err.is_instance_not_found() => return Ok(Some(false)),
+                Err(err) => return Err(err),
+            };
+            self.ctx.cloud_limiter.acquire().await;
+            match instances
+                .instance_shutdown_by_provider_id(&provider_id)
+                .await
+            {
+                Err(err) if err.is_not_implemented() => Ok(false),
+                other => other,
+            }
+        } else {
+            return Ok(Some(false));
+        };
+        match answer {
+            Ok(shut_down) => Ok(Some(shut_down)),
+            Err(err) if err.is_instance_not_found() => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn provider_id(&self, node: &Node) -> Result<String, CloudError> {
+        let provider_id = provider_id_of(node);
+        if !provider_id.is_empty() {
+            return Ok(provider_id.to_owned());
+        }
+        self.ctx.cloud_limiter.acquire().await;
+        instance_provider_id(self.ctx.cloud.as_ref(), node_name(node)).await
+    }
+}
+
+/// The Node's Ready condition status; `Unknown` when it has none.
+fn ready_status(node: &Node) -> &str {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .map_or("Unknown", |c| c.status.as_str())
+}
+
+/// Adds or removes the shutdown taint with a merge patch of the whole taint list, guarded by
+/// the Node's resourceVersion (a conflict is retried on the next period).
+async fn set_shutdown_taint(
+    api: &Api<Node>,
+    node: &Node,
+    present: bool,
+) -> Result<(), kube::Error> {
+    let mut taints: Vec<Taint> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    taints.retain(|t| !(t.key == TAINT_SHUTDOWN && t.effect == "NoSchedule"));
+    if present {
+        taints.push(Taint {
+            key: TAINT_SHUTDOWN.to_owned(),
+            effect: "NoSchedule".to_owned(),
+            ..Default::default()
+        });
+    }
+    let mut patch = Node::default();
+    patch.metadata.resource_version = node.metadata.resource_version.clone();
+    patch.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+        taints: Some(taints),
+        ..Default::default()
+    });
+    api.patch(
+        node_name(node),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+
+    #[test]
+    fn a_node_without_ready_condition_is_unknown() {
+        // upstream-cloud-provider.md §6 row 32
+        let mut node = Node::default();
+        assert_eq!(ready_status(&node), "Unknown");
+        node.status = Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        assert_eq!(ready_status(&node), "False");
+    }
+}

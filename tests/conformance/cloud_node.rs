@@ -1,0 +1,958 @@
+//! The cloud-node and cloud-node-lifecycle controllers end to end: FakeCloud, the in-process
+//! core-cluster API server and paused time. Each test names its checklist row of
+//! `/work/shared/reference/upstream-cloud-provider.md` §6.
+
+use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use cloud_provider::controllers::ControllerContext;
+use cloud_provider::controllers::node::{CloudNodeConfig, CloudNodeController, ConfigError};
+use cloud_provider::controllers::node_lifecycle::{
+    CloudNodeLifecycleConfig, CloudNodeLifecycleController,
+};
+use cloud_provider::well_known::{
+    ANNOTATION_PROVIDED_NODE_IP, LABEL_FAILURE_DOMAIN_BETA_REGION, LABEL_FAILURE_DOMAIN_BETA_ZONE,
+    LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_STABLE, LABEL_TOPOLOGY_REGION, LABEL_TOPOLOGY_ZONE,
+    TAINT_SHUTDOWN, TAINT_UNINITIALIZED,
+};
+use cloud_provider::{CloudProvider, CloudResult, InstanceMetadata, InstancesV2, node_address};
+use cloud_provider_fake::{FakeCloud, FakeInstance, Fault, FaultRule, Method, Parts};
+use core_cluster::{ApiServer, store::MemoryStore};
+use k8s_openapi::api::core::v1::{
+    Event, Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Taint,
+};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use tokio_util::sync::CancellationToken;
+
+async fn client() -> kube::Client {
+    let server = ApiServer::new(Arc::new(MemoryStore::new()), Default::default())
+        .await
+        .unwrap();
+    kube::Client::new(server.router(), "default")
+}
+
+fn ctx(
+    client: &kube::Client,
+    cloud: Arc<dyn CloudProvider>,
+) -> (ControllerContext, CancellationToken) {
+    let token = CancellationToken::new();
+    (
+        ControllerContext::new(client.clone(), cloud, "kubernetes", token.clone()),
+        token,
+    )
+}
+
+/// Starts a cloud-node controller; the returned guard stops it.
+fn start_node(
+    client: &kube::Client,
+    cloud: Arc<dyn CloudProvider>,
+    config: CloudNodeConfig,
+) -> Stop {
+    let (ctx, token) = ctx(client, cloud);
+    let controller = CloudNodeController::new(ctx, config).unwrap().unwrap();
+    tokio::spawn(controller.run());
+    Stop(token)
+}
+
+fn start_lifecycle(
+    client: &kube::Client,
+    cloud: Arc<dyn CloudProvider>,
+    config: CloudNodeLifecycleConfig,
+) -> Stop {
+    let (ctx, token) = ctx(client, cloud);
+    let controller = CloudNodeLifecycleController::new(ctx, config)
+        .unwrap()
+        .unwrap();
+    tokio::spawn(controller.run());
+    Stop(token)
+}
+
+struct Stop(CancellationToken);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// Polls `check` every 100 ms (paused time) for up to `secs` seconds until it gives a value.
+async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    for _ in 0..secs * 10 {
+        if let Some(v) = check().await {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+fn taint(key: &str, effect: &str) -> Taint {
+    Taint {
+        key: key.into(),
+        effect: effect.into(),
+        ..Default::default()
+    }
+}
+
+fn tainted_node(name: &str) -> Node {
+    let mut node = Node::default();
+    node.metadata.name = Some(name.into());
+    node.spec = Some(NodeSpec {
+        taints: Some(vec![taint(TAINT_UNINITIALIZED, "NoSchedule")]),
+        ..Default::default()
+    });
+    node
+}
+
+async fn create(client: &kube::Client, node: Node) -> Node {
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap()
+}
+
+async fn get(client: &kube::Client, name: &str) -> Option<Node> {
+    Api::<Node>::all(client.clone())
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+fn has_taint(node: &Node, key: &str) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == key))
+}
+
+fn labels(node: &Node) -> BTreeMap<String, String> {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+fn provider_id(node: &Node) -> Option<String> {
+    node.spec.as_ref().and_then(|s| s.provider_id.clone())
+}
+
+fn addresses(node: &Node) -> Vec<NodeAddress> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.clone())
+        .unwrap_or_default()
+}
+
+/// Waits until the Node has lost the uninitialized taint.
+async fn initialized(client: &kube::Client, name: &str) -> Node {
+    eventually(10, "node initialized", || async {
+        get(client, name)
+            .await
+            .filter(|n| !has_taint(n, TAINT_UNINITIALIZED))
+    })
+    .await
+}
+
+/// The core/v1 events about `node` with `reason`.
+async fn events(client: &kube::Client, node: &str, reason: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.name.as_deref() == Some(node) && e.reason.as_deref() == Some(reason)
+        })
+        .collect()
+}
+
+fn ip(s: &str) -> std::net::IpAddr {
+    s.parse().unwrap()
+}
+
+fn fake(instances: impl IntoIterator<Item = FakeInstance>) -> Arc<FakeCloud> {
+    Arc::new(FakeCloud::builder().instances(instances).build())
+}
+
+fn v1_parts() -> Parts {
+    let mut parts = Parts::default();
+    parts.instances_v2 = false;
+    parts
+}
+
+// ---------------------------------------------------------------------------------------------
+// cloud-node controller
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_tainted_node_is_initialized_from_instance_metadata() {
+    // upstream-cloud-provider.md §6 rows 8, 9 and 21 (V2 path)
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1")
+        .in_zone("zone-a", "region-1")
+        .with_type("fake.large")
+        .with_internal_ip(ip("10.0.0.1"))]);
+    create(&client, tainted_node("node-1")).await;
+    let _stop = start_node(&client, cloud.clone(), CloudNodeConfig::default());
+
+    let node = initialized(&client, "node-1").await;
+    assert_eq!(provider_id(&node).as_deref(), Some("fake://i-1"));
+    let labels = labels(&node);
+    for (key, value) in [
+        (LABEL_TOPOLOGY_ZONE, "zone-a"),
+        (LABEL_FAILURE_DOMAIN_BETA_ZONE, "zone-a"),
+        (LABEL_TOPOLOGY_REGION, "region-1"),
+        (LABEL_FAILURE_DOMAIN_BETA_REGION, "region-1"),
+        (LABEL_INSTANCE_TYPE_STABLE, "fake.large"),
+        (LABEL_INSTANCE_TYPE, "fake.large"),
+    ] {
+        assert_eq!(labels.get(key).map(String::as_str), Some(value), "{key}");
+    }
+    let node = eventually(5, "addresses", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| !addresses(n).is_empty())
+    })
+    .await;
+    // The fake reports the instance's hostname too.
+    assert_eq!(
+        addresses(&node),
+        vec![
+            node_address("Hostname", "node-1"),
+            node_address("InternalIP", "10.0.0.1"),
+        ]
+    );
+    let synced = eventually(5, "Synced event", || async {
+        Some(events(&client, "node-1", "Synced").await).filter(|e| !e.is_empty())
+    })
+    .await;
+    assert_eq!(synced[0].type_.as_deref(), Some("Normal"));
+    assert_eq!(
+        synced[0].message.as_deref(),
+        Some("Node synced successfully")
+    );
+    // upstream-cloud-provider.md §6 row 22: with InstancesV2, Zones is never consulted.
+    assert_eq!(cloud.call_count(Method::GetZone), 0);
+    assert_eq!(cloud.call_count(Method::GetZoneByProviderId), 0);
+    assert_eq!(cloud.call_count(Method::GetZoneByNodeName), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn empty_metadata_values_set_no_labels() {
+    // upstream-cloud-provider.md §6 row 10
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1")
+        .in_zone("", "")
+        .with_type("")
+        .with_internal_ip(ip("10.0.0.1"))]);
+    create(&client, tainted_node("node-1")).await;
+    let _stop = start_node(&client, cloud, CloudNodeConfig::default());
+    let node = initialized(&client, "node-1").await;
+    let labels = labels(&node);
+    for key in [
+        LABEL_TOPOLOGY_ZONE,
+        LABEL_FAILURE_DOMAIN_BETA_ZONE,
+        LABEL_TOPOLOGY_REGION,
+        LABEL_FAILURE_DOMAIN_BETA_REGION,
+        LABEL_INSTANCE_TYPE_STABLE,
+        LABEL_INSTANCE_TYPE,
+    ] {
+        assert!(!labels.contains_key(key), "{key} set: {labels:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn additional_labels_are_filtered_and_never_overwrite() {
+    // upstream-cloud-provider.md §6 row 11
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1")
+        .with_internal_ip(ip("10.0.0.1"))
+        .with_label("example.com/team", "blue")
+        .with_label("example.com/owner", "cloud")
+        .with_label("kubernetes.io/hostname", "evil")
+        .with_label("node.kubernetes.io/foo", "evil")
+        .with_label("x.k8s.io/bar", "evil")]);
+    let mut node = tainted_node("node-1");
+    node.metadata.labels = Some(BTreeMap::from([(
+        "example.com/owner".to_owned(),
+        "operator".to_owned(),
+    )]));
+    create(&client, node).await;
+    let _stop = start_node(&client, cloud, CloudNodeConfig::default());
+    let labels = labels(&initialized(&client, "node-1").await);
+    assert_eq!(labels["example.com/team"], "blue");
+    assert_eq!(labels["example.com/owner"], "operator");
+    assert!(!labels.contains_key("kubernetes.io/hostname"));
+    assert!(!labels.contains_key("node.kubernetes.io/foo"));
+    assert!(!labels.contains_key("x.k8s.io/bar"));
+}
+
+/// A provider whose metadata is whatever the test says.
+struct Scripted {
+    meta: Option<InstanceMetadata>,
+}
+
+#[async_trait]
+impl InstancesV2 for Scripted {
+    async fn instance_exists(&self, _node: &Node) -> CloudResult<bool> {
+        Ok(true)
+    }
+    async fn instance_shutdown(&self, _node: &Node) -> CloudResult<bool> {
+        Ok(false)
+    }
+    async fn instance_metadata(&self, _node: &Node) -> CloudResult<Option<InstanceMetadata>> {
+        Ok(self.meta.clone())
+    }
+}
+
+impl CloudProvider for Scripted {
+    fn provider_name(&self) -> &str {
+        "scripted"
+    }
+    fn instances_v2(&self) -> Option<&dyn InstancesV2> {
+        Some(self)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_provider_id_keeps_the_taint_and_warns() {
+    // upstream-cloud-provider.md §6 row 12 (and "a cloud answer that makes no sense")
+    let client = client().await;
+    let cloud = Arc::new(Scripted {
+        meta: Some(
+            InstanceMetadata::new("").with_addresses(vec![node_address("InternalIP", "10.0.0.1")]),
+        ),
+    });
+    create(&client, tainted_node("node-1")).await;
+    let _stop = start_node(&client, cloud, CloudNodeConfig::default());
+    let warnings = eventually(10, "warning event", || async {
+        Some(events(&client, "node-1", "FailedToInitializeNode").await).filter(|e| !e.is_empty())
+    })
+    .await;
+    assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
+    assert!(
+        warnings[0]
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("does not set node provider ID")
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let node = get(&client, "node-1").await.unwrap();
+    assert!(has_taint(&node, TAINT_UNINITIALIZED));
+    assert_eq!(provider_id(&node), None);
+    // Retried with backoff: more than one warning by now.
+    assert!(
+        events(&client, "node-1", "FailedToInitializeNode")
+            .await
+            .len()
+            > 1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_ip_from_the_cloud_keeps_the_taint_and_warns() {
+    // "a cloud answer that makes no sense": an InternalIP that is not an IP address.
+    let client = client().await;
+    let cloud =
+        fake([FakeInstance::new("i-1", "node-1")
+            .with_address(node_address("InternalIP", "10.0.0.999"))]);
+    create(&client, tainted_node("node-1")).await;
+    let _stop = start_node(&client, cloud, CloudNodeConfig::default());
+    let warnings = eventually(10, "warning event", || async {
+        Some(events(&client, "node-1", "FailedToInitializeNode").await).filter(|e| !e.is_empty())
+    })
+    .await;
+    assert!(
+        warnings[0]
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("10.0.0.999")
+    );
+    let node = get(&client, "node-1").await.unwrap();
+    assert!(has_taint(&node, TAINT_UNINITIALIZED));
+    assert!(addresses(&node).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn nil_metadata_leaves_the_node_tainted_without_retry() {
+    // upstream-cloud-provider.md §6 row 13
+    let client = client().await;
+    // A provider that answers "nothing to say yet" (the fake never does).
+    let scripted = Arc::new(Scripted { meta: None });
+    create(&client, tainted_node("node-1")).await;
+    let _stop = start_node(&client, scripted, CloudNodeConfig::default());
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let node = get(&client, "node-1").await.unwrap();
+    assert!(has_taint(&node, TAINT_UNINITIALIZED));
+    assert!(
+        events(&client, "node-1", "FailedToInitializeNode")
+            .await
+            .is_empty()
+    );
+    assert!(events(&client, "node-1", "Synced").await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn v1_not_implemented_instance_id_initializes_by_name() {
+    // upstream-cloud-provider.md §6 row 14
+    let client = client().await;
+    let cloud = Arc::new(
+        FakeCloud::builder()
+            .parts(v1_parts())
+            .instance(FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1")))
+            .fault(FaultRule::always(Fault::NotImplemented).on(Method::InstanceId))
+            .build(),
+    );
+    create(&client, tainted_node("node-1")).await;
+    let _stop = start_node(&client, cloud.clone(), CloudNodeConfig::default());
+    let node = initialized(&client, "node-1").await;
+    assert_eq!(provider_id(&node), None);
+    assert!(cloud.call_count(Method::NodeAddresses) >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn v1_path_sets_provider_id_and_uses_zones() {
+    // upstream-cloud-provider.md §6 rows 8 and 23 (V1 path, zone fallback by name)
+    let client = client().await;
+    let cloud = Arc::new(
+        FakeCloud::builder()
+            .parts(v1_parts())
+            .instance(
+                FakeInstance::new("i-1", "node-1")
+                    .in_zone("zone-b", "region-2")
+                    .with_internal_ip(ip("10.0.0.1")),
+            )
+            .fault(FaultRule::always(Fault::Error("boom".into())).on(Method::GetZoneByProviderId))
+            .build(),
+    );
+    create(&client, tainted_node("node-1")).await;
+    let _stop = start_node(&client, cloud.clone(), CloudNodeConfig::default());
+    let node = initialized(&client, "node-1").await;
+    assert_eq!(provider_id(&node).as_deref(), Some("fake://i-1"));
+    assert_eq!(labels(&node)[LABEL_TOPOLOGY_ZONE], "zone-b");
+    assert!(cloud.call_count(Method::GetZoneByNodeName) >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn v1_instance_id_error_keeps_the_taint_and_retries() {
+    // upstream-cloud-provider.md §6 row 15
+    let client = client().await;
+    let cloud = Arc::new(
+        FakeCloud::builder()
+            .parts(v1_parts())
+            .instance(FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1")))
+            .fault(FaultRule::always(Fault::Error("throttled".into())).on(Method::InstanceId))
+            .build(),
+    );
+    create(&client, tainted_node("node-1")).await;
+    let _stop = start_node(&client, cloud.clone(), CloudNodeConfig::default());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(has_taint(
+        &get(&client, "node-1").await.unwrap(),
+        TAINT_UNINITIALIZED
+    ));
+    let calls = cloud.call_count(Method::InstanceId);
+    assert!(calls > 2, "retried with backoff: {calls} calls");
+    // Once the cloud recovers, the retry initializes the Node.
+    cloud.clear_faults();
+    let node = eventually(30, "initialized after recovery", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| !has_taint(n, TAINT_UNINITIALIZED))
+    })
+    .await;
+    assert_eq!(provider_id(&node).as_deref(), Some("fake://i-1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn provided_node_ip_orders_addresses() {
+    // upstream-cloud-provider.md §6 rows 16 and 19 (the cloud's Hostname wins)
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1")
+        .with_internal_ip(ip("10.0.0.1"))
+        .with_internal_ip(ip("10.0.0.2"))
+        .with_external_ip(ip("203.0.113.5"))]);
+    let mut node = tainted_node("node-1");
+    node.metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_PROVIDED_NODE_IP.to_owned(),
+        "10.0.0.2".to_owned(),
+    )]));
+    create(&client, node).await;
+    Api::<Node>::all(client.clone())
+        .patch_status(
+            "node-1",
+            &PatchParams::default(),
+            &Patch::Merge(&Node {
+                status: Some(NodeStatus {
+                    addresses: Some(vec![node_address("Hostname", "node-1.local")]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap();
+    let _stop = start_node(&client, cloud, CloudNodeConfig::default());
+    initialized(&client, "node-1").await;
+    let node = eventually(5, "addresses", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| addresses(n).len() == 3)
+    })
+    .await;
+    assert_eq!(
+        addresses(&node),
+        vec![
+            node_address("InternalIP", "10.0.0.2"),
+            node_address("Hostname", "node-1"),
+            node_address("ExternalIP", "203.0.113.5"),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn provided_node_ip_not_in_the_cloud_keeps_the_taint() {
+    // upstream-cloud-provider.md §6 row 17
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1"))]);
+    let mut node = tainted_node("node-1");
+    node.metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_PROVIDED_NODE_IP.to_owned(),
+        "10.9.9.9".to_owned(),
+    )]));
+    create(&client, node).await;
+    let _stop = start_node(&client, cloud, CloudNodeConfig::default());
+    eventually(10, "warning event", || async {
+        Some(events(&client, "node-1", "FailedToInitializeNode").await).filter(|e| !e.is_empty())
+    })
+    .await;
+    let node = get(&client, "node-1").await.unwrap();
+    assert!(has_taint(&node, TAINT_UNINITIALIZED));
+    assert_eq!(provider_id(&node), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn initialized_nodes_get_label_mirroring_and_no_cloud_calls() {
+    // upstream-cloud-provider.md §6 rows 24 and 25
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1"))]);
+    let mut node = Node::default();
+    node.metadata.name = Some("node-1".into());
+    node.metadata.labels = Some(BTreeMap::from([
+        (
+            LABEL_FAILURE_DOMAIN_BETA_ZONE.to_owned(),
+            "zone-a".to_owned(),
+        ),
+        (LABEL_TOPOLOGY_ZONE.to_owned(), "stale".to_owned()),
+        (LABEL_TOPOLOGY_REGION.to_owned(), "only-ga".to_owned()),
+    ]));
+    create(&client, node).await;
+    let _stop = start_node(&client, cloud.clone(), CloudNodeConfig::default());
+    let node = eventually(5, "GA zone mirrored", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| labels(n).get(LABEL_TOPOLOGY_ZONE).map(String::as_str) == Some("zone-a"))
+    })
+    .await;
+    assert_eq!(labels(&node)[LABEL_TOPOLOGY_REGION], "only-ga");
+    assert!(!labels(&node).contains_key(LABEL_FAILURE_DOMAIN_BETA_REGION));
+    assert_eq!(provider_id(&node), None, "providerID is never set later");
+    assert_eq!(cloud.total_calls(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn addresses_are_refreshed_periodically_with_change_detection() {
+    // upstream-cloud-provider.md §6 rows 26, 27 and 28
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1"))]);
+    create(&client, tainted_node("node-1")).await;
+    let _stop = start_node(&client, cloud.clone(), CloudNodeConfig::default());
+    initialized(&client, "node-1").await;
+    let first = eventually(5, "addresses", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| !addresses(n).is_empty())
+    })
+    .await;
+    // Row 28: nothing changed in the cloud → no patch at the refresh.
+    let calls_before = cloud.call_count(Method::InstanceMetadataBatch);
+    tokio::time::sleep(Duration::from_secs(301)).await;
+    assert!(
+        cloud.call_count(Method::InstanceMetadataBatch) > calls_before,
+        "refreshed"
+    );
+    let same = get(&client, "node-1").await.unwrap();
+    assert_eq!(
+        same.metadata.resource_version,
+        first.metadata.resource_version
+    );
+    // The instance gets a new IP; the next refresh writes it.
+    cloud.remove_instance("i-1");
+    cloud.add_instance(FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.7")));
+    let node = eventually(301, "new address", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| addresses(n).contains(&node_address("InternalIP", "10.0.0.7")))
+    })
+    .await;
+    assert!(!has_taint(&node, TAINT_UNINITIALIZED));
+    // Row 27: an empty cloud address list → no patch.
+    cloud.remove_instance("i-1");
+    let mut bare = FakeInstance::new("i-1", "node-1");
+    bare.addresses.clear();
+    cloud.add_instance(bare);
+    let before = get(&client, "node-1").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(301)).await;
+    assert_eq!(
+        addresses(&get(&client, "node-1").await.unwrap()),
+        addresses(&before)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_instances_skips_and_zero_syncs_is_an_error() {
+    // upstream-cloud-provider.md §6 row 29, and "concurrent-node-syncs > 0"
+    let client = client().await;
+    let mut parts = Parts::default();
+    parts.instances = false;
+    parts.instances_v2 = false;
+    let cloud: Arc<dyn CloudProvider> = Arc::new(FakeCloud::builder().parts(parts).build());
+    let (c, _t) = ctx(&client, cloud.clone());
+    assert!(
+        CloudNodeController::new(c, CloudNodeConfig::default())
+            .unwrap()
+            .is_none()
+    );
+    let (c, _t) = ctx(&client, cloud);
+    assert!(
+        CloudNodeLifecycleController::new(c, CloudNodeLifecycleConfig::default())
+            .unwrap()
+            .is_none()
+    );
+    let (c, _t) = ctx(&client, fake([]));
+    let err = CloudNodeController::new(c, CloudNodeConfig::default().with_concurrent_node_syncs(0))
+        .unwrap_err();
+    assert_eq!(err, ConfigError::ZeroConcurrentNodeSyncs);
+}
+
+async fn batching_calls(batch: bool) -> (usize, usize) {
+    let client = client().await;
+    let cloud = fake((0..50).map(|i| {
+        FakeInstance::new(format!("i-{i}"), format!("node-{i}"))
+            .with_internal_ip(ip(&format!("10.0.1.{i}")))
+    }));
+    for i in 0..50 {
+        create(&client, tainted_node(&format!("node-{i}"))).await;
+    }
+    let _stop = start_node(
+        &client,
+        cloud.clone(),
+        CloudNodeConfig::default().with_batch(batch),
+    );
+    for i in 0..50 {
+        initialized(&client, &format!("node-{i}")).await;
+    }
+    (
+        cloud.call_count(Method::InstanceMetadataBatch),
+        cloud.call_count(Method::InstanceMetadata),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn fifty_waiting_nodes_take_one_batched_call() {
+    // Beyond upstream (§5 row 5): one cloud call per sync, not one per Node.
+    assert_eq!(batching_calls(true).await, (1, 0));
+    // upstream-cloud-provider.md §6 row 8 behaviour with `batch: false`: one call per Node.
+    assert_eq!(batching_calls(false).await, (0, 50));
+}
+
+// ---------------------------------------------------------------------------------------------
+// cloud-node-lifecycle controller
+// ---------------------------------------------------------------------------------------------
+
+async fn node_with_ready(
+    client: &kube::Client,
+    name: &str,
+    ready: Option<&str>,
+    taints: Vec<Taint>,
+    provider: Option<&str>,
+) {
+    let mut node = Node::default();
+    node.metadata.name = Some(name.into());
+    node.spec = Some(NodeSpec {
+        taints: Some(taints),
+        provider_id: provider.map(Into::into),
+        ..Default::default()
+    });
+    create(client, node).await;
+    if let Some(status) = ready {
+        Api::<Node>::all(client.clone())
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&Node {
+                    status: Some(NodeStatus {
+                        conditions: Some(vec![NodeCondition {
+                            type_: "Ready".into(),
+                            status: status.into(),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_ready_node_loses_the_shutdown_taint_without_cloud_calls() {
+    // upstream-cloud-provider.md §6 row 30
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1")]);
+    node_with_ready(
+        &client,
+        "node-1",
+        Some("True"),
+        vec![taint(TAINT_SHUTDOWN, "NoSchedule")],
+        Some("fake://i-1"),
+    )
+    .await;
+    let _stop = start_lifecycle(&client, cloud.clone(), CloudNodeLifecycleConfig::default());
+    eventually(10, "shutdown taint removed", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| !has_taint(n, TAINT_SHUTDOWN))
+    })
+    .await;
+    assert_eq!(cloud.total_calls(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_not_ready_node_gone_from_the_cloud_is_deleted() {
+    // upstream-cloud-provider.md §6 rows 31 and 39
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1")]);
+    node_with_ready(&client, "node-1", Some("False"), vec![], Some("fake://i-1")).await;
+    let _stop = start_lifecycle(&client, cloud.clone(), CloudNodeLifecycleConfig::default());
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(get(&client, "node-1").await.is_some());
+    // Every 5 s: an existence check per period.
+    let checks = cloud.call_count(Method::InstanceExists);
+    assert!(
+        (2..=4).contains(&checks),
+        "{checks} existence checks in 12 s"
+    );
+    cloud.terminate_instance("i-1");
+    eventually(10, "node deleted", || async {
+        get(&client, "node-1").await.is_none().then_some(())
+    })
+    .await;
+    let deleting = events(&client, "node-1", "DeletingNode").await;
+    assert_eq!(deleting.len(), 1);
+    assert_eq!(deleting[0].type_.as_deref(), Some("Normal"));
+    assert_eq!(
+        deleting[0].message.as_deref(),
+        Some("Deleting node node-1 because it does not exist in the cloud provider")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_without_ready_condition_is_checked() {
+    // upstream-cloud-provider.md §6 row 32
+    let client = client().await;
+    let cloud = fake([]);
+    node_with_ready(&client, "node-1", None, vec![], Some("fake://i-gone")).await;
+    let _stop = start_lifecycle(&client, cloud, CloudNodeLifecycleConfig::default());
+    eventually(10, "node deleted", || async {
+        get(&client, "node-1").await.is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn v1_instance_not_found_for_a_node_without_provider_id_deletes_it() {
+    // upstream-cloud-provider.md §6 row 33
+    let client = client().await;
+    let cloud = Arc::new(FakeCloud::builder().parts(v1_parts()).build());
+    node_with_ready(&client, "node-1", Some("Unknown"), vec![], None).await;
+    let _stop = start_lifecycle(&client, cloud.clone(), CloudNodeLifecycleConfig::default());
+    eventually(10, "node deleted", || async {
+        get(&client, "node-1").await.is_none().then_some(())
+    })
+    .await;
+    assert!(cloud.call_count(Method::InstanceId) >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_existence_error_leaves_the_node_alone() {
+    // upstream-cloud-provider.md §6 row 34
+    let client = client().await;
+    let cloud = fake([]);
+    cloud.inject(FaultRule::always(Fault::Error("api down".into())).on(Method::InstanceExists));
+    node_with_ready(
+        &client,
+        "node-1",
+        Some("False"),
+        vec![],
+        Some("fake://i-gone"),
+    )
+    .await;
+    let _stop = start_lifecycle(&client, cloud.clone(), CloudNodeLifecycleConfig::default());
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(get(&client, "node-1").await.is_some());
+    assert!(cloud.call_count(Method::InstanceExists) >= 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn instance_not_found_from_the_existence_check_counts_as_gone() {
+    // Beyond upstream (§5 row 8): upstream's row 34 would leave this Node forever.
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1")]);
+    cloud.inject(FaultRule::always(Fault::InstanceNotFound).on(Method::InstanceExists));
+    node_with_ready(&client, "node-1", Some("False"), vec![], Some("fake://i-1")).await;
+    let _stop = start_lifecycle(&client, cloud, CloudNodeLifecycleConfig::default());
+    eventually(10, "node deleted", || async {
+        get(&client, "node-1").await.is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stopped_instance_gets_the_shutdown_taint() {
+    // upstream-cloud-provider.md §6 rows 36 and 30 (removed again once Ready)
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1")]);
+    cloud.stop_instance("i-1");
+    node_with_ready(&client, "node-1", Some("False"), vec![], Some("fake://i-1")).await;
+    let _stop = start_lifecycle(&client, cloud, CloudNodeLifecycleConfig::default());
+    let node = eventually(10, "shutdown taint", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| has_taint(n, TAINT_SHUTDOWN))
+    })
+    .await;
+    let taint = node
+        .spec
+        .unwrap()
+        .taints
+        .unwrap()
+        .into_iter()
+        .find(|t| t.key == TAINT_SHUTDOWN)
+        .unwrap();
+    assert_eq!(taint.effect, "NoSchedule");
+    assert!(
+        get(&client, "node-1").await.is_some(),
+        "a stopped instance is not deleted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn v1_shutdown_not_implemented_or_error_adds_no_taint() {
+    // upstream-cloud-provider.md §6 rows 37 and 38
+    let client = client().await;
+    let cloud = Arc::new(
+        FakeCloud::builder()
+            .parts(v1_parts())
+            .instance(FakeInstance::new("i-1", "node-1"))
+            .instance(FakeInstance::new("i-2", "node-2"))
+            .fault(
+                FaultRule::always(Fault::NotImplemented).on(Method::InstanceShutdownByProviderId),
+            )
+            .build(),
+    );
+    cloud.stop_instance("i-1");
+    node_with_ready(&client, "node-1", Some("False"), vec![], Some("fake://i-1")).await;
+    let _stop = start_lifecycle(&client, cloud.clone(), CloudNodeLifecycleConfig::default());
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(cloud.call_count(Method::InstanceShutdownByProviderId) >= 2);
+    let node = get(&client, "node-1").await.unwrap();
+    assert!(!has_taint(&node, TAINT_SHUTDOWN));
+    // Row 38: a plain error from the shutdown check adds no taint either.
+    let client2 = self::client().await;
+    let cloud2 = fake([FakeInstance::new("i-2", "node-2")]);
+    cloud2.stop_instance("i-2");
+    cloud2.inject(FaultRule::always(Fault::Error("boom".into())).on(Method::InstanceShutdown));
+    node_with_ready(
+        &client2,
+        "node-2",
+        Some("False"),
+        vec![],
+        Some("fake://i-2"),
+    )
+    .await;
+    let _stop2 = start_lifecycle(
+        &client2,
+        cloud2.clone(),
+        CloudNodeLifecycleConfig::default(),
+    );
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(cloud2.call_count(Method::InstanceShutdown) >= 2);
+    let node = get(&client2, "node-2").await.unwrap();
+    assert!(!has_taint(&node, TAINT_SHUTDOWN));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_delete_grace_period_delays_deletion() {
+    // Beyond upstream (§5 row 9): wait `delete_grace_period` after the first "gone".
+    let client = client().await;
+    let cloud = fake([]);
+    node_with_ready(
+        &client,
+        "node-1",
+        Some("False"),
+        vec![],
+        Some("fake://i-gone"),
+    )
+    .await;
+    let _stop = start_lifecycle(
+        &client,
+        cloud,
+        CloudNodeLifecycleConfig::default().with_delete_grace_period(Duration::from_secs(60)),
+    );
+    tokio::time::sleep(Duration::from_secs(50)).await;
+    assert!(
+        get(&client, "node-1").await.is_some(),
+        "still within the grace period"
+    );
+    eventually(20, "node deleted after the grace period", || async {
+        get(&client, "node-1").await.is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_provided_node_ip_annotation_keeps_the_taint() {
+    // upstream-cloud-provider.md §6 row 18: two IPs of the same family is a parse error.
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1")
+        .with_internal_ip(ip("10.0.0.1"))
+        .with_internal_ip(ip("10.0.0.2"))]);
+    let mut node = tainted_node("node-1");
+    node.metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_PROVIDED_NODE_IP.to_owned(),
+        "10.0.0.1,10.0.0.2".to_owned(),
+    )]));
+    create(&client, node).await;
+    let _stop = start_node(&client, cloud, CloudNodeConfig::default());
+    let warnings = eventually(10, "warning event", || async {
+        Some(events(&client, "node-1", "FailedToInitializeNode").await).filter(|e| !e.is_empty())
+    })
+    .await;
+    assert!(
+        warnings[0]
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("dual-stack")
+    );
+    let node = get(&client, "node-1").await.unwrap();
+    assert!(has_taint(&node, TAINT_UNINITIALIZED));
+    assert!(addresses(&node).is_empty());
+}
