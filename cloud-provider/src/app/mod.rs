@@ -2,11 +2,13 @@
 //! ([`leader`]), the health and metrics endpoints ([`serve`]) and the entry point a vendor's
 //! `main` calls ([`run()`]). Upstream's `k8s.io/cloud-provider/app` and `options`.
 
+pub mod controllers;
 pub mod leader;
 pub mod options;
 pub mod run;
 pub mod serve;
 
+pub use controllers::default_registry;
 pub use leader::{LeaderElectionConfig, LeaderElector, LeaderError, LeaderHealth};
 pub use options::{CloudControllerManagerOptions, LogFormat, OptionsError};
 pub use run::{
