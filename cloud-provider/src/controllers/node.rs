@@ -16,16 +16,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{
-    Event, EventSource, Node, NodeAddress, NodeStatus, ObjectReference,
-};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::time::Instant;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use super::ControllerContext;
+use super::events::{self, EventType};
 use crate::helpers::node_address::node_addresses_from_node_ip;
 use crate::helpers::parse_ip_sloppy;
 use crate::well_known::{
@@ -270,11 +269,11 @@ impl CloudNodeController {
                 Err(err) => {
                     warn!(node = %name, error = %err, "failed to initialize node");
                     if let Some(node) = store.get(&ObjectRef::new(&name)) {
-                        record_event(
+                        events::record(
                             &self.ctx.client,
                             COMPONENT,
-                            &node,
-                            "Warning",
+                            &*node,
+                            EventType::Warning,
                             "FailedToInitializeNode",
                             &format!("failed to initialize node {name}: {err}"),
                         )
@@ -474,11 +473,11 @@ impl CloudNodeController {
             patch_addresses(&api, &updated, addresses).await?;
         }
         info!("successfully initialized node");
-        record_event(
+        events::record(
             &self.ctx.client,
             COMPONENT,
             &updated,
-            "Normal",
+            EventType::Normal,
             "Synced",
             "Node synced successfully",
         )
@@ -751,46 +750,6 @@ pub(crate) fn has_taint(node: &Node, key: &str) -> bool {
         .as_ref()
         .and_then(|s| s.taints.as_ref())
         .is_some_and(|t| t.iter().any(|t| t.key == key))
-}
-
-/// Creates a core/v1 Event about a Node; failures are logged, never returned.
-pub(crate) async fn record_event(
-    client: &kube::Client,
-    component: &str,
-    node: &Node,
-    type_: &str,
-    reason: &str,
-    message: &str,
-) {
-    let name = node_name(node);
-    let event = Event {
-        metadata: kube::api::ObjectMeta {
-            generate_name: Some(format!("{name}.")),
-            namespace: Some("default".into()),
-            ..Default::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(name.to_owned()),
-            uid: node.metadata.uid.clone(),
-            ..Default::default()
-        },
-        reason: Some(reason.into()),
-        message: Some(message.into()),
-        type_: Some(type_.into()),
-        count: Some(1),
-        source: Some(EventSource {
-            component: Some(component.into()),
-            host: None,
-        }),
-        reporting_component: Some(component.into()),
-        ..Default::default()
-    };
-    let api: Api<Event> = Api::namespaced(client.clone(), "default");
-    if let Err(err) = api.create(&PostParams::default(), &event).await {
-        debug!(node = %name, error = %err, "failed to record event");
-    }
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {

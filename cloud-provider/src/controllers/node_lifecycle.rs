@@ -29,9 +29,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::ControllerContext;
-use super::node::{
-    ConfigError, has_taint, node_name, provider_id_of, record_event, supports_instances,
-};
+use super::events::{self, EventType};
+use super::node::{ConfigError, has_taint, node_name, provider_id_of, supports_instances};
 use crate::well_known::TAINT_SHUTDOWN;
 use crate::{CloudError, instance_provider_id};
 
@@ -214,22 +213,22 @@ impl CloudNodeLifecycleController {
         }
         self.gone_since.remove(&name);
         info!("deleting node because it does not exist in the cloud provider");
-        record_event(
+        events::record(
             &self.ctx.client,
             COMPONENT,
             node,
-            "Normal",
+            EventType::Normal,
             "DeletingNode",
             &format!("Deleting node {name} because it does not exist in the cloud provider"),
         )
         .await;
         if let Err(err) = api.delete(&name, &DeleteParams::default()).await {
             warn!(error = %err, "unable to delete node");
-            record_event(
+            events::record(
                 &self.ctx.client,
                 COMPONENT,
                 node,
-                "Warning",
+                EventType::Warning,
                 "DeletingNodeFailed",
                 &format!("Error deleting node {name}: {err}"),
             )
