@@ -377,6 +377,12 @@ async fn status_subresource_and_main_resource_ignore_each_other() {
         .as_mut()
         .unwrap()
         .truncate(1);
+    // Upstream's node and service status strategies keep the spec but take the metadata
+    // (the service controller's finalizer travels this way, checklist row 67).
+    s.metadata
+        .labels
+        .get_or_insert_default()
+        .insert("via-status".into(), "yes".into());
     let after_status = nodes
         .replace_status("n1", &PostParams::default(), &s)
         .await
@@ -384,6 +390,10 @@ async fn status_subresource_and_main_resource_ignore_each_other() {
     assert_eq!(
         after_status.spec.as_ref().unwrap().unschedulable,
         Some(true)
+    );
+    assert_eq!(
+        after_status.metadata.labels.as_ref().unwrap()["via-status"],
+        "yes"
     );
     assert_eq!(after_status.status.unwrap().conditions.unwrap().len(), 1);
 }

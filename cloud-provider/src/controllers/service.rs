@@ -790,8 +790,10 @@ impl ServiceController {
                 "$deleteFromPrimitiveList/finalizers": [FINALIZER_LOAD_BALANCER_CLEANUP]
             }})
         };
+        // Upstream sends the finalizer to the `status` subresource too (checklist row 67): a
+        // status write cannot change the spec, so a stale copy never reverts a user's edit.
         self.api(svc)
-            .patch(
+            .patch_status(
                 &svc.name_any(),
                 &PatchParams::default(),
                 &Patch::Strategic(&patch),

@@ -843,8 +843,13 @@ async fn commit_update(
     let q = qualified(def, name);
     match sub {
         Some("status") => {
-            // Status writes change only status (upstream resets spec and most metadata).
+            // Upstream's status strategies (nodes, services, pods, namespaces) keep the old
+            // spec and take the written status and metadata: the service controller adds its
+            // finalizer through `services/<name>/status` (checklist row 67). Pods also keep
+            // their ownerReferences, which old kubelets corrupted through this path. System
+            // fields are restored below, as for any write.
             let status = new.get("status").cloned();
+            let metadata = new.get("metadata").cloned();
             let mut merged = current.clone();
             match status {
                 Some(s) => merged["status"] = s,
@@ -853,6 +858,19 @@ async fn commit_update(
                         m.remove("status");
                     }
                 }
+            }
+            if let Some(mut metadata) = metadata.filter(Value::is_object) {
+                if def.kind == "Pod" {
+                    match current["metadata"].get("ownerReferences") {
+                        Some(refs) => metadata["ownerReferences"] = refs.clone(),
+                        None => {
+                            if let Some(m) = metadata.as_object_mut() {
+                                m.remove("ownerReferences");
+                            }
+                        }
+                    }
+                }
+                merged["metadata"] = metadata;
             }
             new = merged;
         }
