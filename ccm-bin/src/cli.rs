@@ -1,11 +1,12 @@
 //! Command-line parsing and the subcommands.
 
-use std::{path::PathBuf, process::ExitCode, sync::Arc};
+use std::{net::Ipv4Addr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use anyhow::{Context, bail};
-use clap::{Parser, Subcommand};
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, parser::ValueSource};
 use cloud_provider::{
     CloudProvider, Registry,
+    app::CloudControllerManagerOptions,
     conformance::{ConformanceKit, Fixture},
 };
 use cloud_provider_fake::FakeCloud;
@@ -21,7 +22,11 @@ const DEMO_STOPPED_NODE: &str = "node-c";
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// With no subcommand: the embedded cluster.
+    /// With no subcommand: the cloud-controller-manager's flags (upstream's names and
+    /// defaults).
+    #[command(flatten)]
+    ccm: CloudControllerManagerOptions,
+    /// With no subcommand and no cluster to manage: the embedded cluster's flags.
     #[command(flatten)]
     embedded: crate::embedded::EmbeddedArgs,
 }
@@ -62,16 +67,14 @@ struct ConformanceArgs {
 /// code 1 (2 for a failed conformance report is not an error: it is exit code 1 with the
 /// report on stdout).
 pub(crate) fn main() -> ExitCode {
-    let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
+    cloud_provider::app::init_logging(cli.ccm.log_format);
     let result = match cli.command {
-        None => embedded(cli.embedded),
+        None => manage(cli.ccm, cli.embedded, &matches),
         Some(Command::Apiserver(args)) => apiserver(args),
         Some(Command::Providers) => providers(),
         Some(Command::Conformance(args)) => conformance(args),
@@ -85,12 +88,68 @@ pub(crate) fn main() -> ExitCode {
     }
 }
 
-fn embedded(args: crate::embedded::EmbeddedArgs) -> anyhow::Result<ExitCode> {
+/// Whether a flag was given (on the command line or through its environment variable)
+/// rather than left at its default.
+fn given(matches: &ArgMatches, id: &str) -> bool {
+    matches!(
+        matches.value_source(id),
+        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+    )
+}
+
+/// Whether `ccm` has a cluster to manage: `--kubeconfig`, `--master`, or the in-cluster
+/// config of a pod (the service-account environment kubelet sets).
+fn cluster_given(ccm: &CloudControllerManagerOptions) -> bool {
+    ccm.kubeconfig.is_some()
+        || ccm.master.as_deref().is_some_and(|m| !m.is_empty())
+        || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|h| !h.is_empty())
+}
+
+/// With a cluster, runs the cloud-controller-manager against it (upstream's command, the
+/// same flags and defaults). Without one, starts the embedded default, whose defaults differ
+/// where a cluster of its own needs them: `--cloud-provider fake`, `--cluster-cidr
+/// 10.244.0.0/16`, `--allocate-node-cidrs=true` and `--bind-address 127.0.0.1`, each unless
+/// given.
+fn manage(
+    mut ccm: CloudControllerManagerOptions,
+    embedded: crate::embedded::EmbeddedArgs,
+    matches: &ArgMatches,
+) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(crate::embedded::run(args))?;
+    if cluster_given(&ccm) {
+        let stray: Vec<String> = crate::embedded::embedded_only_flags()
+            .into_iter()
+            .filter(|id| given(matches, id))
+            .map(|id| format!("--{}", id.replace('_', "-")))
+            .collect();
+        if !stray.is_empty() {
+            bail!(
+                "{} only apply to the embedded cluster, which runs when there is no --kubeconfig, --master or in-cluster config",
+                stray.join(", ")
+            );
+        }
+        runtime.block_on(cloud_provider::app::run(
+            ccm,
+            cloud_provider::app::default_registry(),
+        ))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !given(matches, "cloud_provider") {
+        ccm.cloud_provider = cloud_provider_fake::PROVIDER_NAME.to_owned();
+    }
+    if !given(matches, "cluster_cidr") {
+        ccm.cluster_cidr = "10.244.0.0/16".to_owned();
+    }
+    if !given(matches, "allocate_node_cidrs") {
+        ccm.allocate_node_cidrs = true;
+    }
+    if !given(matches, "bind_address") {
+        ccm.bind_address = Ipv4Addr::LOCALHOST.into();
+    }
+    runtime.block_on(crate::embedded::run(embedded, ccm))?;
     Ok(ExitCode::SUCCESS)
 }
 

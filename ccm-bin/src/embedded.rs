@@ -1,11 +1,25 @@
 //! The embedded default: with no cluster to manage, `ccm` starts one: core-cluster's API
 //! server on a durable store, the node-side controllers (node lifecycle, taint eviction,
-//! node IPAM, garbage collection, pod GC), and simulated nodes, and prints their progress.
-//! `kubectl` works against it through the kubeconfig it writes.
+//! node IPAM, garbage collection, pod GC), simulated nodes that register as kubelets of a
+//! cluster with an external cloud provider, and the fake cloud with one instance per
+//! simulated node. The cloud-controller-manager then runs exactly as against a real cluster
+//! (`cloud_provider::app::run_with`, the four shared controllers, leader election), through
+//! the API server's REST API. It prints progress (nodes registered, initialized, Ready;
+//! load balancers ensured) and a summary; `kubectl` works through the kubeconfig it writes.
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::PathBuf,
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::{Context, bail};
+use cloud_provider::{
+    CloudProvider,
+    app::{CloudControllerManagerOptions, HealthChecks},
+};
+use cloud_provider_fake::{FakeCloud, FakeInstance};
 use core_cluster::{
     ApiServer,
     controllers::{
@@ -15,11 +29,10 @@ use core_cluster::{
         pod_gc::{PodGcConfig, PodGcController},
         taint_eviction::TaintEvictionController,
     },
-    sim::{NodeSimulator, SimConfig, SimNode},
+    sim::{NodeSimulator, SimConfig, SimNode, UNINITIALIZED_TAINT_KEY},
     store::{SqliteOptions, SqliteStore, Store},
 };
-use ipnet::IpNet;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{Api, api::ListParams};
 use tokio_util::sync::CancellationToken;
 
@@ -44,15 +57,17 @@ pub(crate) struct EmbeddedArgs {
     /// Zones the simulated nodes are spread over, comma-separated.
     #[arg(long, default_value = "zone-a,zone-b,zone-c")]
     sim_zones: String,
+    /// Names of the simulated nodes, comma-separated, instead of `sim-node-<i>` (for a
+    /// cloud whose instances already exist, such as `--cloud-provider aws`). Overrides
+    /// `--sim-nodes`.
+    #[arg(long, value_delimiter = ',')]
+    sim_node_names: Vec<String>,
     /// The simulated kubelets' `nodeLeaseDurationSeconds`; they renew at a quarter of it.
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     sim_node_lease_duration: Duration,
     /// The simulated kubelets' `nodeStatusUpdateFrequency`.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     sim_node_status_update_frequency: Duration,
-    /// `--node-monitor-period`.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
-    node_monitor_period: Duration,
     /// `--node-monitor-grace-period`.
     #[arg(long, default_value = "50s", value_parser = parse_duration)]
     node_monitor_grace_period: Duration,
@@ -71,12 +86,6 @@ pub(crate) struct EmbeddedArgs {
     /// `--unhealthy-zone-threshold`.
     #[arg(long, default_value_t = 0.55)]
     unhealthy_zone_threshold: f64,
-    /// `--allocate-node-cidrs`.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    allocate_node_cidrs: bool,
-    /// `--cluster-cidr` (one, or one per family, comma-separated).
-    #[arg(long, default_value = "10.244.0.0/16")]
-    cluster_cidr: String,
     /// `--node-cidr-mask-size-ipv4`.
     #[arg(long, default_value_t = 24)]
     node_cidr_mask_size_ipv4: u8,
@@ -88,11 +97,27 @@ pub(crate) struct EmbeddedArgs {
     service_cluster_ip_range: String,
 }
 
-fn lifecycle_config(args: &EmbeddedArgs) -> anyhow::Result<NodeLifecycleConfig> {
-    if args.node_monitor_period.is_zero() {
+/// The flags of [`EmbeddedArgs`], by clap id: refused when `ccm` manages another cluster.
+pub(crate) fn embedded_only_flags() -> Vec<String> {
+    use clap::Args;
+    EmbeddedArgs::augment_args(clap::Command::new("ccm"))
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .collect()
+}
+
+/// The region of the fake cloud the embedded default builds.
+const FAKE_REGION: &str = "fake-region-1";
+
+fn lifecycle_config(
+    args: &EmbeddedArgs,
+    ccm: &CloudControllerManagerOptions,
+) -> anyhow::Result<NodeLifecycleConfig> {
+    let node_monitor_period = ccm.node_monitor_period.value;
+    if ccm.node_monitor_period.is_non_positive() {
         bail!("--node-monitor-period must be greater than 0");
     }
-    if args.node_monitor_grace_period <= args.node_monitor_period {
+    if args.node_monitor_grace_period <= node_monitor_period {
         bail!("--node-monitor-grace-period must be longer than --node-monitor-period");
     }
     for (name, rate) in [
@@ -113,7 +138,7 @@ fn lifecycle_config(args: &EmbeddedArgs) -> anyhow::Result<NodeLifecycleConfig> 
         );
     }
     Ok(NodeLifecycleConfig {
-        node_monitor_period: args.node_monitor_period,
+        node_monitor_period,
         node_monitor_grace_period: args.node_monitor_grace_period,
         node_startup_grace_period: args.node_startup_grace_period,
         unhealthy_zone_threshold: args.unhealthy_zone_threshold,
@@ -123,18 +148,13 @@ fn lifecycle_config(args: &EmbeddedArgs) -> anyhow::Result<NodeLifecycleConfig> 
     })
 }
 
-fn ipam_config(args: &EmbeddedArgs) -> anyhow::Result<NodeIpamConfig> {
-    let cluster_cidrs = args
-        .cluster_cidr
-        .split(',')
-        .map(|c| {
-            c.trim()
-                .parse::<IpNet>()
-                .with_context(|| format!("--cluster-cidr: {c:?} is not a CIDR"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+fn ipam_config(
+    args: &EmbeddedArgs,
+    ccm: &CloudControllerManagerOptions,
+) -> anyhow::Result<NodeIpamConfig> {
+    let cluster_cidrs = ccm.cluster_cidrs().map_err(anyhow::Error::msg)?;
     let config = NodeIpamConfig {
-        allocate_node_cidrs: args.allocate_node_cidrs,
+        allocate_node_cidrs: ccm.allocate_node_cidrs,
         cluster_cidrs,
         node_cidr_mask_size_ipv4: args.node_cidr_mask_size_ipv4,
         node_cidr_mask_size_ipv6: args.node_cidr_mask_size_ipv6,
@@ -158,27 +178,47 @@ fn say(line: impl std::fmt::Display) {
 #[derive(Debug, Default, PartialEq, Eq, Clone)]
 struct Progress {
     registered: usize,
+    initialized: usize,
     ready: usize,
     with_pod_cidr: usize,
     not_ready_or_unknown: usize,
     tainted_no_execute: usize,
+    load_balancer_services: usize,
+    load_balancers_ensured: usize,
 }
 
 impl std::fmt::Display for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "nodes: {} registered, {} Ready, {} with a pod CIDR, {} NotReady/Unknown, {} tainted NoExecute",
+            "nodes: {} registered, {} initialized by the cloud, {} Ready, {} with a pod CIDR, {} NotReady/Unknown, {} tainted NoExecute; load balancers: {} of {} ensured",
             self.registered,
+            self.initialized,
             self.ready,
             self.with_pod_cidr,
             self.not_ready_or_unknown,
-            self.tainted_no_execute
+            self.tainted_no_execute,
+            self.load_balancers_ensured,
+            self.load_balancer_services,
         )
     }
 }
 
-fn progress_of(nodes: &[Node]) -> Progress {
+/// A Node is initialized once the cloud set its providerID and removed the uninitialized
+/// taint.
+fn is_initialized(node: &Node) -> bool {
+    let Some(spec) = node.spec.as_ref() else {
+        return false;
+    };
+    spec.provider_id.as_deref().is_some_and(|p| !p.is_empty())
+        && !spec
+            .taints
+            .iter()
+            .flatten()
+            .any(|t| t.key == UNINITIALIZED_TAINT_KEY)
+}
+
+fn progress_of(nodes: &[Node], services: &[Service]) -> Progress {
     let mut p = Progress {
         registered: nodes.len(),
         ..Progress::default()
@@ -195,6 +235,9 @@ fn progress_of(nodes: &[Node]) -> Progress {
         } else {
             p.not_ready_or_unknown += 1;
         }
+        if is_initialized(node) {
+            p.initialized += 1;
+        }
         let spec = node.spec.as_ref();
         if spec
             .and_then(|s| s.pod_cidrs.as_ref())
@@ -209,13 +252,101 @@ fn progress_of(nodes: &[Node]) -> Progress {
             p.tainted_no_execute += 1;
         }
     }
+    for svc in services {
+        let spec = svc.spec.as_ref();
+        let wants = spec.and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
+            && spec.and_then(|s| s.load_balancer_class.as_ref()).is_none();
+        if !wants {
+            continue;
+        }
+        p.load_balancer_services += 1;
+        let ensured = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .is_some_and(|i| !i.is_empty());
+        if ensured {
+            p.load_balancers_ensured += 1;
+        }
+    }
     p
 }
 
-/// Runs the embedded cluster until SIGTERM or Ctrl-C.
-pub(crate) async fn run(args: EmbeddedArgs) -> anyhow::Result<()> {
-    let lifecycle = lifecycle_config(&args)?;
-    let ipam = ipam_config(&args)?;
+/// The simulated nodes: `--sim-node-names`, else `sim-node-<i>` with an IP of its own that
+/// the fake cloud's instance reports too (so the provided node IP matches).
+fn sim_nodes(args: &EmbeddedArgs, zones: &[String]) -> Vec<SimNode> {
+    if !args.sim_node_names.is_empty() {
+        return args
+            .sim_node_names
+            .iter()
+            .map(|n| n.trim())
+            .filter(|n| !n.is_empty())
+            .enumerate()
+            .map(|(i, name)| SimNode::new(name).zone(zones[i % zones.len()].clone()))
+            .collect();
+    }
+    (0..args.sim_nodes)
+        .map(|i| {
+            // 10.0.0.0/9 from .1, as the simulator's own default addresses.
+            let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 1)) + (i as u32 & 0x7f_ffff));
+            SimNode::new(format!("sim-node-{i}"))
+                .zone(zones[i % zones.len()].clone())
+                .ip(IpAddr::V4(ip))
+        })
+        .collect()
+}
+
+/// The fake cloud of the embedded default: one running instance per simulated node, in the
+/// node's zone, with the node's IP.
+fn fake_cloud_for(nodes: &[SimNode]) -> FakeCloud {
+    FakeCloud::builder()
+        .default_zone(
+            nodes
+                .first()
+                .and_then(|n| n.zone.clone())
+                .unwrap_or_default(),
+        )
+        .instances(nodes.iter().enumerate().map(|(i, n)| {
+            let mut instance = FakeInstance::new(format!("i-{i:08x}"), n.name.clone())
+                .in_zone(n.zone.clone().unwrap_or_default(), FAKE_REGION)
+                .with_type("fake.medium");
+            if let Some(ip) = n.ip {
+                instance = instance.with_internal_ip(ip);
+            }
+            instance
+        }))
+        .build()
+}
+
+/// The cloud the embedded cluster's ccm runs with: the fake built for the simulated nodes,
+/// the fake from `--cloud-config`, or any linked provider through the registry.
+fn embedded_cloud(
+    ccm: &CloudControllerManagerOptions,
+    nodes: &[SimNode],
+) -> anyhow::Result<Arc<dyn CloudProvider>> {
+    if ccm.cloud_provider == cloud_provider_fake::PROVIDER_NAME && ccm.cloud_config.is_none() {
+        return Ok(Arc::new(fake_cloud_for(nodes)));
+    }
+    cloud_provider::init_cloud_provider(&ccm.cloud_provider, ccm.cloud_config.as_deref())?
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--cloud-provider {:?} means no provider in this process",
+                ccm.cloud_provider
+            )
+        })
+}
+
+/// Runs the embedded cluster until SIGTERM or Ctrl-C, or until the cloud-controller-manager
+/// stops with an error (then the error is returned, for a non-zero exit).
+pub(crate) async fn run(
+    args: EmbeddedArgs,
+    ccm: CloudControllerManagerOptions,
+) -> anyhow::Result<()> {
+    let lifecycle = lifecycle_config(&args, &ccm)?;
+    let ipam = ipam_config(&args, &ccm)?;
+    ccm.validate_with(&cloud_provider::app::default_registry().names())
+        .map_err(anyhow::Error::msg)?;
     let apiserver_args =
         crate::apiserver::parse_config_from(&args.service_cluster_ip_range, "30000-32767")?;
     let zones: Vec<String> = args
@@ -227,6 +358,8 @@ pub(crate) async fn run(args: EmbeddedArgs) -> anyhow::Result<()> {
     if zones.is_empty() {
         bail!("--sim-zones must name at least one zone");
     }
+    let nodes = sim_nodes(&args, &zones);
+    let cloud = embedded_cloud(&ccm, &nodes)?;
 
     let temp;
     let data_dir = match &args.data_dir {
@@ -279,6 +412,21 @@ pub(crate) async fn run(args: EmbeddedArgs) -> anyhow::Result<()> {
         tasks.spawn(NodeIpamController::new(client.clone(), ipam)?.run(shutdown.clone()));
     }
 
+    // The cloud-controller-manager, exactly as against any cluster.
+    say(format_args!(
+        "  cloud-controller-manager: --cloud-provider {}, controllers {}",
+        cloud.provider_name(),
+        ccm.controllers.join(",")
+    ));
+    let mut manager = tokio::spawn(cloud_provider::app::run_with(
+        ccm,
+        cloud_provider::app::default_registry(),
+        cloud,
+        client.clone(),
+        shutdown.child_token(),
+        HealthChecks::new(),
+    ));
+
     if args.sim_node_lease_duration / 4 >= args.node_monitor_grace_period {
         eprintln!(
             "warning: simulated nodes renew every {:?}, longer than --node-monitor-grace-period {:?}: healthy nodes will flap to Unknown",
@@ -290,12 +438,11 @@ pub(crate) async fn run(args: EmbeddedArgs) -> anyhow::Result<()> {
         node_lease_duration: args.sim_node_lease_duration,
         node_status_update_frequency: args.sim_node_status_update_frequency,
         ..SimConfig::default()
-    };
+    }
+    .external_cloud_provider();
     let simulator = NodeSimulator::new(client.clone(), sim_config);
-    simulator.add_nodes(
-        (0..args.sim_nodes)
-            .map(|i| SimNode::new(format!("sim-node-{i}")).zone(zones[i % zones.len()].clone())),
-    );
+    let node_count = nodes.len();
+    simulator.add_nodes(nodes);
     tasks.spawn({
         let s = shutdown.clone();
         async move {
@@ -305,22 +452,34 @@ pub(crate) async fn run(args: EmbeddedArgs) -> anyhow::Result<()> {
         }
     });
     say(format_args!(
-        "  {} simulated nodes across {}",
-        args.sim_nodes,
+        "  {node_count} simulated nodes across {}",
         zones.join(", ")
     ));
 
-    let nodes: Api<Node> = Api::all(client);
+    let node_api: Api<Node> = Api::all(client.clone());
+    let service_api: Api<Service> = Api::all(client);
     let mut last = Progress::default();
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     let terminated = crate::signals::terminated();
     tokio::pin!(terminated);
+    let mut failure = None;
     loop {
         tokio::select! {
             _ = &mut terminated => break,
+            ended = &mut manager => {
+                failure = Some(match ended {
+                    Ok(Ok(())) => anyhow::anyhow!("the cloud-controller-manager stopped"),
+                    Ok(Err(error)) => anyhow::Error::new(error).context("cloud-controller-manager"),
+                    Err(join) => anyhow::anyhow!("the cloud-controller-manager task failed: {join}"),
+                });
+                break;
+            }
             _ = ticker.tick() => {
-                if let Ok(list) = nodes.list(&ListParams::default()).await {
-                    let now = progress_of(&list.items);
+                let all = ListParams::default();
+                let (nodes, services) =
+                    tokio::join!(node_api.list(&all), service_api.list(&all));
+                if let (Ok(nodes), Ok(services)) = (nodes, services) {
+                    let now = progress_of(&nodes.items, &services.items);
                     if now != last {
                         say(&now);
                         last = now;
@@ -331,9 +490,77 @@ pub(crate) async fn run(args: EmbeddedArgs) -> anyhow::Result<()> {
     }
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        if failure.is_none() {
+            let _ = (&mut manager).await;
+        }
         while tasks.join_next().await.is_some() {}
     })
     .await;
     say(format_args!("summary: {last}"));
-    Ok(())
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(provider_id: Option<&str>, tainted: bool) -> Node {
+        let mut node = Node::default();
+        let spec = node.spec.get_or_insert_default();
+        spec.provider_id = provider_id.map(str::to_owned);
+        if tainted {
+            spec.taints = Some(vec![core_cluster::sim::uninitialized_taint()]);
+        }
+        node
+    }
+
+    #[test]
+    fn initialized_means_provider_id_and_no_uninitialized_taint() {
+        assert!(is_initialized(&node(Some("fake://i-1"), false)));
+        assert!(!is_initialized(&node(Some("fake://i-1"), true)));
+        assert!(!is_initialized(&node(None, false)));
+        assert!(!is_initialized(&node(Some(""), false)));
+    }
+
+    #[test]
+    fn every_simulated_node_has_a_running_instance_with_its_ip() {
+        let zones = vec!["a".to_owned(), "b".to_owned()];
+        let args = <EmbeddedArgsParser as clap::Parser>::parse_from(["ccm", "--sim-nodes", "3"]);
+        let nodes = sim_nodes(&args.args, &zones);
+        let cloud = fake_cloud_for(&nodes);
+        let instances = cloud.instances();
+        assert_eq!(instances.len(), 3);
+        for (node, instance) in nodes.iter().zip(&instances) {
+            assert_eq!(instance.name, node.name);
+            assert_eq!(Some(instance.zone.clone()), node.zone);
+            assert!(
+                instance
+                    .addresses
+                    .iter()
+                    .any(|a| Some(a.address.clone()) == node.ip.map(|ip| ip.to_string()))
+            );
+        }
+        assert_eq!(nodes[2].zone.as_deref(), Some("a"));
+        let named = <EmbeddedArgsParser as clap::Parser>::parse_from([
+            "ccm",
+            "--sim-node-names",
+            "i-1,i-2",
+        ]);
+        let nodes = sim_nodes(&named.args, &zones);
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(nodes[1].name, "i-2");
+        assert!(
+            nodes[1].ip.is_none(),
+            "the cloud's addresses are taken as they are"
+        );
+    }
+
+    #[derive(clap::Parser)]
+    struct EmbeddedArgsParser {
+        #[command(flatten)]
+        args: EmbeddedArgs,
+    }
 }

@@ -1,8 +1,10 @@
 //! `ccm`: the cloud-controller-manager binary, with the `fake` provider linked in.
 //!
-//! With no subcommand, `ccm` starts the embedded default: core-cluster's API server, the
-//! node-side controllers and simulated nodes (the cloud controllers join them with their
-//! own issue).
+//! With no subcommand, `ccm` is the cloud-controller-manager (upstream's flags, through
+//! `cloud_provider::app`):
+//! - with `--kubeconfig`, `--master` or inside a pod, it manages that cluster;
+//! - with none of them, it starts the embedded default: core-cluster's API server, the
+//!   node-side controllers, simulated nodes and the fake cloud, and manages that.
 //!
 //! Subcommands:
 //! - `ccm apiserver`: core-cluster's Kubernetes API server on a durable data directory;

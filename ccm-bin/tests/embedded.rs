@@ -1,7 +1,9 @@
-//! The embedded default uses the whole node side: simulated nodes register, get pod CIDRs
-//! and go Ready; a node whose heartbeats are stopped through kubectl turns Unknown and gets
-//! the unreachable taints, seen with `kubectl get node -o yaml`; resumed, its taints go.
-//! (node-lifecycle.md §7: Unknown after the grace period, taints, recovery.)
+//! The embedded default, driven with kubectl as a newcomer would:
+//! - the node side: simulated nodes register, get pod CIDRs and go Ready; a node whose
+//!   heartbeats are stopped through kubectl turns Unknown and gets the unreachable taints;
+//!   resumed, its taints go (node-lifecycle.md §7);
+//! - the cloud side: the fake cloud and the cloud controllers initialize the nodes, program
+//!   their routes and give a `kubectl expose`d LoadBalancer Service an external IP.
 
 mod support;
 
@@ -32,6 +34,9 @@ impl Embedded {
             .args([
                 "--listen",
                 "127.0.0.1:0",
+                // Tests run side by side: no fixed port for the ccm's health endpoint.
+                "--secure-port",
+                "0",
                 "--sim-nodes",
                 "3",
                 "--sim-zones",
@@ -158,4 +163,96 @@ fn a_node_whose_heartbeats_stop_turns_unknown_and_is_tainted() {
         "{}",
         cluster.kubectl(&["get", "node", "sim-node-1", "-o", "yaml"])
     );
+}
+
+/// The whole cloud side through the API: every simulated node is initialized by the fake
+/// cloud (providerID, zone and instance-type labels, the uninitialized taint removed), gets
+/// its route (NetworkUnavailable=False, RouteCreated), and a LoadBalancer Service made with
+/// `kubectl expose` gets the fake's ingress IP; deleted, the Service's finalizer is released.
+#[test]
+fn the_fake_cloud_initializes_nodes_routes_them_and_ensures_load_balancers() {
+    require_kubectl();
+    let cluster = Embedded::start();
+    let initialized = wait_until(Duration::from_secs(30), || {
+        let ids = cluster.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].spec.providerID}"]);
+        let taints = cluster.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].spec.taints}"]);
+        ids.split_whitespace()
+            .filter(|id| id.starts_with("fake://i-"))
+            .count()
+            == 3
+            && !taints.contains("node.cloudprovider.kubernetes.io/uninitialized")
+    });
+    assert!(
+        initialized,
+        "{}",
+        cluster.kubectl(&["get", "nodes", "-o", "yaml"])
+    );
+    let labels = cluster.kubectl(&[
+        "get",
+        "node",
+        "sim-node-0",
+        "-o",
+        "jsonpath={.metadata.labels}",
+    ]);
+    for expected in [
+        "\"topology.kubernetes.io/zone\":\"zone-a\"",
+        "\"topology.kubernetes.io/region\":\"fake-region-1\"",
+        "\"node.kubernetes.io/instance-type\":\"fake.medium\"",
+    ] {
+        assert!(labels.contains(expected), "{expected} in {labels}");
+    }
+    let routed = wait_until(Duration::from_secs(30), || {
+        cluster.kubectl(&[
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={.items[*].status.conditions[?(@.type==\"NetworkUnavailable\")].reason}",
+        ]) == "RouteCreated RouteCreated RouteCreated"
+    });
+    assert!(
+        routed,
+        "{}",
+        cluster.kubectl(&["get", "nodes", "-o", "yaml"])
+    );
+
+    cluster.kubectl(&["run", "web", "--image=nginx", "--labels=app=web"]);
+    let exposed = cluster.kubectl(&["expose", "pod", "web", "--type=LoadBalancer", "--port=80"]);
+    assert!(exposed.contains("service/web exposed"), "{exposed}");
+    let ensured = wait_until(Duration::from_secs(30), || {
+        let ip = cluster.kubectl(&[
+            "get",
+            "service",
+            "web",
+            "-o",
+            "jsonpath={.status.loadBalancer.ingress[0].ip}",
+        ]);
+        ip.parse::<std::net::IpAddr>().is_ok()
+    });
+    assert!(
+        ensured,
+        "{}",
+        cluster.kubectl(&["get", "service", "web", "-o", "yaml"])
+    );
+    let finalizers = cluster.kubectl(&[
+        "get",
+        "service",
+        "web",
+        "-o",
+        "jsonpath={.metadata.finalizers}",
+    ]);
+    assert!(
+        finalizers.contains("service.kubernetes.io/load-balancer-cleanup"),
+        "{finalizers}"
+    );
+    // `kubectl delete` waits for the finalizer: the controller deletes the LB, then lets go.
+    let deleted = cluster.kubectl(&["delete", "service", "web", "--timeout=30s"]);
+    assert!(deleted.contains("deleted"), "{deleted}");
+    let events = cluster.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=web",
+    ]);
+    assert!(events.contains("EnsuredLoadBalancer"), "{events}");
+    assert!(events.contains("DeletedLoadBalancer"), "{events}");
 }

@@ -12,7 +12,7 @@ pub use controllers::default_registry;
 pub use leader::{LeaderElectionConfig, LeaderElector, LeaderError, LeaderHealth};
 pub use options::{CloudControllerManagerOptions, LogFormat, OptionsError};
 pub use run::{
-    AppError, ControllerConstructor, ControllerFuture, ControllerRegistry, init_logging, run,
-    run_with,
+    API_SERVER_WAIT, AppError, ControllerConstructor, ControllerFuture, ControllerRegistry,
+    init_logging, run, run_with, wait_for_api_server,
 };
 pub use serve::{HealthCheck, HealthChecks, Metrics};

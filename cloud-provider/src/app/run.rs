@@ -176,6 +176,34 @@ pub async fn cluster_client(
     kube::Client::try_from(config).map_err(|e| cluster(&e))
 }
 
+/// How long [`run`] waits for the API server to answer before giving up (upstream's
+/// `WaitForAPIServer` timeout).
+pub const API_SERVER_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until the API server answers `/version`, asking every second, for at most `wait`.
+/// An unreachable server is a clear error (the binary exits 1) instead of controllers
+/// retrying in silence.
+pub async fn wait_for_api_server(client: &kube::Client, wait: Duration) -> Result<(), AppError> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match client.apiserver_version().await {
+            Ok(version) => {
+                tracing::info!(version = %version.git_version, "API server is reachable");
+                return Ok(());
+            }
+            Err(error) if tokio::time::Instant::now() + Duration::from_secs(1) >= deadline => {
+                return Err(AppError::Cluster(format!(
+                    "the API server did not answer within {wait:?}: {error}"
+                )));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "waiting for the API server");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
 /// Runs the cloud-controller-manager until SIGTERM / Ctrl-C (`Ok`) or a fatal error
 /// (leadership lost included): validate, build the cloud from the registry, reach the
 /// cluster, serve the endpoints, elect a leader, then initialize the cloud and start the
@@ -189,6 +217,7 @@ pub async fn run(
         crate::init_cloud_provider(&options.cloud_provider, options.cloud_config.as_deref())?
             .ok_or(AppError::NoCloud)?;
     let client = cluster_client(&options).await?;
+    wait_for_api_server(&client, API_SERVER_WAIT).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
     run_with(
