@@ -1,0 +1,202 @@
+//! Node-initialization benchmark (issue 5): N simulated nodes join at once while the fake
+//! cloud adds 20 ms to every call. Not a test.
+//!
+//! The cluster (API server, node-side controllers, simulated kubelets registering with the
+//! uninitialized taint) is a `ccm` child process in embedded mode with its own cloud
+//! controllers off; this process is the cloud-controller-manager alone (`app::run_with`,
+//! every default controller, leader election) on the fake cloud, talking to the child over
+//! HTTP on loopback. So this process's peak RSS (`VmHWM`) is the ccm's (plus the fake
+//! cloud's N instances), and the fake's call log is exactly the cloud calls made.
+//!
+//! Reports the time from the ccm's start until the child counts every node initialized
+//! (providerID set, uninitialized taint gone), the cloud calls by method, and peak RSS.
+//!
+//! `cargo bench -p ccm-bin --bench node_init -- [--nodes 10000] [--latency-ms 20]
+//! [--concurrent-node-syncs 1] [--upstream]`
+//! (`--upstream`: `--concurrent-node-syncs=1 --batch-instance-metadata=false`, upstream's
+//! behaviour).
+
+#![allow(missing_docs, clippy::disallowed_types)]
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader},
+    net::{IpAddr, Ipv4Addr},
+    process::{Command, Stdio},
+    sync::{Arc, mpsc},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use cloud_provider::app::{
+    CloudControllerManagerOptions, HealthChecks, default_registry, run_with,
+};
+use cloud_provider_fake::{FakeCloud, FakeInstance};
+use tokio_util::sync::CancellationToken;
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn peak_rss() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmHWM"))
+        .map(|l| l.trim_start_matches("VmHWM:").trim().to_owned())
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+/// `(registered, initialized)` out of a progress line of the embedded cluster.
+fn counts_of(line: &str) -> Option<(u64, u64)> {
+    let rest = line.strip_prefix("nodes: ")?;
+    let (registered, after) = rest.split_once(" registered, ")?;
+    Some((
+        registered.parse().ok()?,
+        after.split_whitespace().next()?.parse().ok()?,
+    ))
+}
+
+fn main() -> anyhow::Result<()> {
+    let nodes = arg("--nodes", 10_000);
+    let latency = Duration::from_millis(arg("--latency-ms", 20));
+    let upstream = std::env::args().any(|a| a == "--upstream");
+    let zones = ["zone-a", "zone-b", "zone-c"];
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+
+    // The cluster, with its own cloud controllers off (no `*` in --controllers).
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--secure-port",
+            "0",
+            "--leader-elect=false",
+        ])
+        .arg("--controllers=-cloud-node-controller")
+        .args([
+            "--sim-nodes",
+            &nodes.to_string(),
+            "--sim-zones",
+            &zones.join(","),
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--write-kubeconfig")
+        .arg(&kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the embedded cluster")?;
+    let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
+    let mut first = String::new();
+    stdout.read_line(&mut first)?;
+    anyhow::ensure!(first.starts_with("embedded cluster"), "unexpected: {first}");
+    let (done_tx, done_rx) = mpsc::channel::<(Instant, Instant)>();
+    std::thread::spawn(move || {
+        let (mut registered_at, mut sent) = (None, false);
+        for line in stdout.lines().map_while(Result::ok) {
+            let Some((registered, initialized)) = counts_of(&line) else {
+                continue;
+            };
+            if registered == nodes && registered_at.is_none() {
+                registered_at = Some(Instant::now());
+            }
+            if !sent && initialized == nodes {
+                let now = Instant::now();
+                let _ = done_tx.send((registered_at.unwrap_or(now), now));
+                sent = true;
+            }
+        }
+    });
+
+    // The fake cloud: one instance per simulated node, as the embedded cluster names and
+    // addresses them (sim-node-<i>, 10.0.0.1 + i, zones round-robin).
+    let cloud = FakeCloud::builder()
+        .latency(latency)
+        .batching(!upstream)
+        .instances((0..nodes).map(|i| {
+            let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 1)) + i as u32);
+            FakeInstance::new(format!("i-{i:08x}"), format!("sim-node-{i}"))
+                .in_zone(zones[i as usize % zones.len()], "fake-region-1")
+                .with_type("fake.medium")
+                .with_internal_ip(IpAddr::V4(ip))
+        }))
+        .build();
+
+    let mut flags = vec![
+        "ccm",
+        "--cloud-provider",
+        "fake",
+        "--secure-port",
+        "0",
+        "--cluster-cidr",
+        "10.244.0.0/16",
+    ];
+    let syncs = arg("--concurrent-node-syncs", 1).to_string();
+    if upstream {
+        flags.extend([
+            "--concurrent-node-syncs",
+            "1",
+            "--batch-instance-metadata=false",
+        ]);
+    } else {
+        flags.extend(["--concurrent-node-syncs", &syncs]);
+    }
+    let options = CloudControllerManagerOptions::try_parse_from(&flags)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let result = runtime.block_on(async {
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig)?,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await?;
+        let client = kube::Client::try_from(config)?;
+        let manager = tokio::spawn(run_with(
+            options,
+            default_registry(),
+            Arc::new(cloud.clone()),
+            client,
+            shutdown.clone(),
+            HealthChecks::new(),
+        ));
+        let done =
+            tokio::task::spawn_blocking(move || done_rx.recv_timeout(Duration::from_secs(1800)))
+                .await?
+                .context("not every node was initialized within 30 minutes")?;
+        let calls = cloud.calls();
+        shutdown.cancel();
+        let _ = manager.await;
+        anyhow::Ok((done, calls))
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let ((registered, done), calls) = result?;
+    let mut by_method = BTreeMap::<&str, usize>::new();
+    for call in &calls {
+        *by_method.entry(call.method().as_str()).or_default() += 1;
+    }
+    let mode = if upstream {
+        "upstream(concurrent-node-syncs=1,batching=off)".to_owned()
+    } else {
+        format!("batched,concurrent-node-syncs={syncs}")
+    };
+    println!(
+        "node_init nodes={nodes} latency={latency:?} mode={mode} all_registered_after={:.1}s all_initialized_after={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={}",
+        (registered - started).as_secs_f64(),
+        (done - started).as_secs_f64(),
+        calls.len(),
+        peak_rss(),
+    );
+    Ok(())
+}
