@@ -11,3 +11,4 @@ mod provider_kit;
 mod registry;
 mod route;
 mod service;
+mod tap;
