@@ -6,6 +6,7 @@ use hello_cloud_provider as _;
 
 mod app;
 mod batching;
+mod ccm;
 mod cloud_node;
 mod provider_kit;
 mod registry;

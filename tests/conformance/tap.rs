@@ -46,6 +46,8 @@ struct Rule {
 pub(crate) struct Tap {
     seen: Mutex<Vec<Seen>>,
     rules: Mutex<Vec<Rule>>,
+    /// Every request fails with 503 (the client's process is gone).
+    down: std::sync::atomic::AtomicBool,
 }
 
 impl Tap {
@@ -77,6 +79,12 @@ impl Tap {
         });
     }
 
+    /// From now on every request of this client fails with 503 Service Unavailable without
+    /// reaching the API server: the connections of a process that died.
+    pub(crate) fn cut(&self) {
+        self.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Every request so far, in order.
     pub(crate) fn seen(&self) -> Vec<Seen> {
         self.seen.lock().clone()
@@ -97,7 +105,9 @@ async fn handle(State(tap): State<Arc<Tap>>, request: Request, next: Next) -> Re
         .await
         .unwrap_or_default();
     let path = parts.uri.path().to_owned();
-    let failure = {
+    let failure = if tap.down.load(std::sync::atomic::Ordering::SeqCst) {
+        Some((503, "ServiceUnavailable"))
+    } else {
         let mut rules = tap.rules.lock();
         rules
             .iter_mut()
