@@ -531,7 +531,9 @@ async fn the_standby_takes_over_a_crashed_leader_without_duplicates() {
 /// Reference §2 (all four controllers) against a cloud that fails 30% of all calls, seeded,
 /// with 50 ms latency on each: checklist rows 8, 15 (retried), 42, 50, 56, 58, 59, 64 and 65,
 /// together. 21 simulated nodes over 3 zones and 10 LoadBalancer Services, of which 3 are
-/// deleted and 2 changed to ClusterIP while the controllers are still fighting the faults.
+/// deleted and 2 changed to ClusterIP while the controllers are still fighting the faults;
+/// then 3 more deleted, deleted without the finalizer, or changed to ClusterIP while their
+/// load balancer is being created (checklist rows 58, 59 and 71 under races).
 /// Everything converges: every Node initialized, one route per pod CIDR, one load balancer
 /// per remaining LoadBalancer Service with its ingress in the status, none left for the
 /// others, and the failures reported as Warning events.
@@ -611,6 +613,87 @@ async fn a_faulty_cloud_converges_with_nothing_leaked() {
     // Converged means stable: a while later nothing has changed.
     sleep(Duration::from_secs(120)).await;
     cluster.converged(&remaining).await.unwrap();
+
+    // Services that change while their load balancer is being created: the test acts from
+    // inside the cloud call (a call hook), so the change lands while EnsureLoadBalancer is in
+    // flight. Deleted (finalizer on), deleted without the finalizer (the Service is gone
+    // before its LB exists), turned ClusterIP. Faults stay on.
+    let acted: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    let (seen, client) = (acted.clone(), cluster.client.clone());
+    cluster
+        .cloud
+        .set_call_hook(Some(Arc::new(move |call: Call| {
+            let target = match &call {
+                Call::EnsureLoadBalancer { service, .. }
+                    if service.starts_with("default/race-")
+                        && seen.lock().insert(service.clone()) =>
+                {
+                    Some(service.trim_start_matches("default/").to_owned())
+                }
+                _ => None,
+            };
+            let api: Api<Service> = Api::namespaced(client.clone(), "default");
+            Box::pin(async move {
+                let Some(name) = target else { return };
+                let to_cluster_ip = serde_json::json!({"spec": {"type": "ClusterIP",
+                "ports": [{"port": 80, "protocol": "TCP", "nodePort": null}]}});
+                let no_finalizer = serde_json::json!({"metadata": {"finalizers": null}});
+                let params = PatchParams::default();
+                match name.as_str() {
+                    "race-delete" => {
+                        api.delete(&name, &DeleteParams::default()).await.unwrap();
+                    }
+                    "race-gone" => {
+                        api.patch(&name, &params, &Patch::Merge(&no_finalizer))
+                            .await
+                            .unwrap();
+                        api.delete(&name, &DeleteParams::default()).await.unwrap();
+                    }
+                    _ => {
+                        api.patch(&name, &params, &Patch::Merge(&to_cluster_ip))
+                            .await
+                            .unwrap();
+                    }
+                }
+            })
+        })));
+    let mut racing = Vec::new();
+    for name in ["race-delete", "race-gone", "race-type"] {
+        racing.push((name, cluster.create_lb_service(name).await));
+    }
+    eventually(600, "each change lands during an ensure", || async {
+        (acted.lock().len() == 3).then_some(())
+    })
+    .await;
+    eventually(
+        600,
+        "race-delete and race-gone go, race-type loses its finalizer",
+        || async {
+            let a = cluster.services().get_opt("race-delete").await.unwrap();
+            let b = cluster.services().get_opt("race-gone").await.unwrap();
+            let c = cluster.services().get("race-type").await.unwrap();
+            (a.is_none() && b.is_none() && !finalized(&c)).then_some(())
+        },
+    )
+    .await;
+    // Whatever was still in flight has landed and been cleaned up by now; nothing leaked.
+    sleep(Duration::from_secs(300)).await;
+    cluster.converged(&remaining).await.unwrap();
+    for (name, svc) in &racing {
+        assert!(
+            cluster.cloud.load_balancer_of(svc).is_none(),
+            "{name}: no load balancer left"
+        );
+    }
+    // race-gone went through the deleted-without-finalizer path (row 71): the cached copy.
+    assert!(cluster.cloud.calls().iter().any(|c| matches!(c,
+        Call::EnsureLoadBalancerDeleted { service, .. } if service == "default/race-gone")));
+    let race_type = cluster.services().get("race-type").await.unwrap();
+    assert!(
+        ingress_ips(&race_type).is_empty(),
+        "race-type: status cleared"
+    );
+    cluster.cloud.set_call_hook(None);
 
     ccm.stop().await;
     cluster.shutdown().await;
