@@ -670,6 +670,81 @@ async fn fifty_waiting_nodes_take_one_batched_call() {
     assert_eq!(batching_calls(false).await, (0, 50));
 }
 
+/// A client whose requests are recorded (and can be failed) by a [`crate::tap::Tap`].
+async fn tapped_client() -> (kube::Client, Arc<crate::tap::Tap>) {
+    let server = ApiServer::new(Arc::new(MemoryStore::new()), Default::default())
+        .await
+        .unwrap();
+    crate::tap::Tap::client(&server)
+}
+
+/// Checklist row 20 (upstream-cloud-provider.md §6): the initializing write is a full `Update`
+/// (PUT of the whole Node: providerID set, taint gone) retried on conflict after 50 ms with a
+/// fresh read, then a separate strategic/merge patch of `nodes/<name>/status` for the
+/// addresses. Same method as upstream. (Requests recorded at the API server; the first PUT is
+/// answered 409 Conflict.)
+#[tokio::test(start_paused = true)]
+async fn row20_initialization_is_a_put_retried_on_conflict_then_a_status_patch() {
+    let (client, tap) = tapped_client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1"))]);
+    create(&client, tainted_node("node-1")).await;
+    tap.fail(
+        axum::http::Method::PUT,
+        "/api/v1/nodes/node-1",
+        409,
+        "Conflict",
+        1,
+    );
+    let _stop = start_node(&client, cloud, CloudNodeConfig::default());
+    initialized(&client, "node-1").await;
+    eventually(5, "addresses", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| !addresses(n).is_empty())
+    })
+    .await;
+
+    let writes: Vec<crate::tap::Seen> = tap
+        .writes()
+        .into_iter()
+        .filter(|w| w.path.starts_with("/api/v1/nodes/node-1"))
+        .collect();
+    let shape: Vec<(String, &str, Option<u16>)> = writes
+        .iter()
+        .map(|w| (w.method.to_string(), w.path.as_str(), w.failed_with))
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            ("PUT".to_owned(), "/api/v1/nodes/node-1", Some(409)),
+            ("PUT".to_owned(), "/api/v1/nodes/node-1", None),
+            ("PATCH".to_owned(), "/api/v1/nodes/node-1/status", None),
+        ]
+    );
+    assert!(
+        writes[1].at - writes[0].at >= Duration::from_millis(50),
+        "retried after the 50 ms step"
+    );
+    // The retry re-read the Node between the two PUTs.
+    let reread = tap.seen().into_iter().any(|s| {
+        s.method == axum::http::Method::GET
+            && s.path == "/api/v1/nodes/node-1"
+            && s.at >= writes[0].at
+            && s.at <= writes[1].at
+    });
+    assert!(reread, "a fresh GET before the second PUT");
+    let put: Node = serde_json::from_value(writes[1].json()).unwrap();
+    assert_eq!(provider_id(&put).as_deref(), Some("fake://i-1"));
+    assert!(!has_taint(&put, TAINT_UNINITIALIZED));
+    assert!(
+        put.metadata.resource_version.is_some(),
+        "a full object with its resourceVersion"
+    );
+    let patch = writes[2].json();
+    assert!(patch["status"]["addresses"].is_array(), "{patch}");
+    assert!(patch.get("spec").is_none(), "{patch}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // cloud-node-lifecycle controller
 // ---------------------------------------------------------------------------------------------
@@ -955,4 +1030,52 @@ async fn a_bad_provided_node_ip_annotation_keeps_the_taint() {
     let node = get(&client, "node-1").await.unwrap();
     assert!(has_taint(&node, TAINT_UNINITIALIZED));
     assert!(addresses(&node).is_empty());
+}
+
+/// Checklist row 35 (upstream-cloud-provider.md §6): when deleting a Node gone from the cloud
+/// fails, `Warning DeletingNodeFailed` is recorded and the Node is deleted on a later period.
+/// (The API server's answer to the first DELETE is a 500, injected.)
+#[tokio::test(start_paused = true)]
+async fn row35_a_failed_delete_warns_and_is_retried() {
+    let (client, tap) = tapped_client().await;
+    let cloud = fake([]);
+    node_with_ready(
+        &client,
+        "node-1",
+        Some("False"),
+        vec![],
+        Some("fake://i-gone"),
+    )
+    .await;
+    tap.fail(
+        axum::http::Method::DELETE,
+        "/api/v1/nodes/node-1",
+        500,
+        "InternalError",
+        1,
+    );
+    let _stop = start_lifecycle(&client, cloud, CloudNodeLifecycleConfig::default());
+    let failed = eventually(10, "DeletingNodeFailed", || async {
+        Some(events(&client, "node-1", "DeletingNodeFailed").await).filter(|e| !e.is_empty())
+    })
+    .await;
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].type_.as_deref(), Some("Warning"));
+    let message = failed[0].message.clone().unwrap_or_default();
+    assert!(
+        message.starts_with("Error deleting node node-1: "),
+        "{message}"
+    );
+    eventually(10, "node deleted on a later period", || async {
+        get(&client, "node-1").await.is_none().then_some(())
+    })
+    .await;
+    let deletes: Vec<Option<u16>> = tap
+        .seen()
+        .into_iter()
+        .filter(|s| s.method == axum::http::Method::DELETE && s.path == "/api/v1/nodes/node-1")
+        .map(|s| s.failed_with)
+        .collect();
+    assert_eq!(deletes, vec![Some(500), None]);
+    assert_eq!(events(&client, "node-1", "DeletingNode").await.len(), 2);
 }

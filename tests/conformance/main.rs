@@ -6,8 +6,10 @@ use hello_cloud_provider as _;
 
 mod app;
 mod batching;
+mod ccm;
 mod cloud_node;
 mod provider_kit;
 mod registry;
 mod route;
 mod service;
+mod tap;

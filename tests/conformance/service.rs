@@ -9,7 +9,7 @@ use cloud_provider::controllers::ControllerContext;
 use cloud_provider::controllers::service::{ServiceConfig, ServiceController};
 use cloud_provider::well_known::FINALIZER_LOAD_BALANCER_CLEANUP;
 use cloud_provider::{CloudError, CloudProvider, CloudResult, LoadBalancer};
-use cloud_provider_fake::{FakeCloud, FakeInstance, Fault, FaultRule, Method};
+use cloud_provider_fake::{Call, FakeCloud, FakeInstance, Fault, FaultRule, Method};
 use k8s_openapi::api::core::v1::{Event, LoadBalancerStatus, Node, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -20,6 +20,8 @@ const CLUSTER: &str = "kubernetes";
 
 struct Env {
     client: Client,
+    /// Every request of `client` (the controller's and the test's), see [`crate::tap`].
+    tap: Arc<crate::tap::Tap>,
     cloud: FakeCloud,
     token: CancellationToken,
     task: Option<JoinHandle<()>>,
@@ -33,7 +35,7 @@ impl Env {
         )
         .await
         .unwrap();
-        let client = Client::new(server.router(), "default");
+        let (client, tap) = crate::tap::Tap::client(&server);
         let cloud = FakeCloud::builder()
             .instances(
                 nodes
@@ -43,6 +45,7 @@ impl Env {
             .build();
         let env = Env {
             client,
+            tap,
             cloud,
             token: CancellationToken::new(),
             task: None,
@@ -630,5 +633,243 @@ async fn row57_no_patch_when_unchanged() {
     assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 2);
     let after = env.get("web").await.unwrap().metadata.resource_version;
     assert_eq!(before, after, "neither finalizer nor status patched");
+    env.stop().await;
+}
+
+/// Row 67: the finalizer (added and removed) and the status both go out as strategic-merge
+/// patches to `services/<name>/status`, never to the Service itself, and carry no spec. The
+/// finalizer is added before the status is written. (Requests recorded at the API server.)
+#[tokio::test(start_paused = true)]
+async fn row67_finalizer_and_status_patch_the_status_subresource() {
+    let mut env = Env::new(&["n1"]).await;
+    env.start();
+    env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    assert!(finalized(&env.get("web").await.unwrap()));
+    let patch = serde_json::json!({"spec": {"type": "ClusterIP", "ports": [{"port": 80, "protocol": "TCP", "nodePort": null}]}});
+    env.services()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    settle().await;
+    let got = env.get("web").await.unwrap();
+    assert!(!finalized(&got));
+
+    let main = "/api/v1/namespaces/default/services/web";
+    let status = format!("{main}/status");
+    let writes: Vec<crate::tap::Seen> = env
+        .tap
+        .writes()
+        .into_iter()
+        .filter(|w| w.path.starts_with(main))
+        .collect();
+    // The only write to the Service itself is this test's own type change.
+    let to_main: Vec<_> = writes.iter().filter(|w| w.path == main).collect();
+    assert_eq!(to_main.len(), 1, "{to_main:?}");
+    assert_eq!(
+        to_main[0].content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+    let controller: Vec<_> = writes.iter().filter(|w| w.path != main).collect();
+    for w in &controller {
+        assert_eq!(w.path, status, "{w:?}");
+        assert_eq!(w.method, axum::http::Method::PATCH, "{w:?}");
+        assert_eq!(
+            w.content_type.as_deref(),
+            Some("application/strategic-merge-patch+json"),
+            "{w:?}"
+        );
+        assert!(w.json().get("spec").is_none(), "no spec in {}", w.json());
+    }
+    let bodies: Vec<serde_json::Value> = controller.iter().map(|w| w.json()).collect();
+    let add = bodies
+        .iter()
+        .position(|b| {
+            b["metadata"]["finalizers"] == serde_json::json!([FINALIZER_LOAD_BALANCER_CLEANUP])
+        })
+        .expect("the finalizer is added through status");
+    let ingress = bodies
+        .iter()
+        .position(|b| b["status"]["loadBalancer"]["ingress"].is_array())
+        .expect("the ingress is written through status");
+    assert!(add < ingress, "finalizer before status: {bodies:?}");
+    let remove = bodies
+        .iter()
+        .position(|b| {
+            b["metadata"]["$deleteFromPrimitiveList/finalizers"]
+                == serde_json::json!([FINALIZER_LOAD_BALANCER_CLEANUP])
+        })
+        .expect("the finalizer is removed through status");
+    assert!(ingress < remove, "{bodies:?}");
+    env.stop().await;
+}
+
+/// A load balancer that reports an empty status (no ingress) for every Service it ensures.
+struct EmptyStatus(FakeCloud);
+
+#[async_trait]
+impl LoadBalancer for EmptyStatus {
+    async fn get_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
+        self.0
+            .load_balancer()
+            .unwrap()
+            .get_load_balancer(cluster_name, service)
+            .await
+    }
+    async fn ensure_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerStatus> {
+        self.0
+            .load_balancer()
+            .unwrap()
+            .ensure_load_balancer(cluster_name, service, nodes)
+            .await?;
+        Ok(LoadBalancerStatus::default())
+    }
+    async fn update_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<()> {
+        self.0
+            .load_balancer()
+            .unwrap()
+            .update_load_balancer(cluster_name, service, nodes)
+            .await
+    }
+    async fn ensure_load_balancer_deleted(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+    ) -> CloudResult<()> {
+        self.0
+            .load_balancer()
+            .unwrap()
+            .ensure_load_balancer_deleted(cluster_name, service)
+            .await
+    }
+}
+
+impl CloudProvider for EmptyStatus {
+    fn provider_name(&self) -> &str {
+        "empty-status"
+    }
+    fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
+        Some(self)
+    }
+}
+
+/// Row 63, a documented difference: upstream's `EnsureLoadBalancer` returns a pointer and a
+/// nil status is the error "service status returned by EnsureLoadBalancer is nil". Our
+/// `ensure_load_balancer` returns `CloudResult<LoadBalancerStatus>`, so "nil" cannot be
+/// returned at all; what a provider can return is an *empty* status, which upstream (a non-nil
+/// `&LoadBalancerStatus{}`) accepts, and so do we: Ensured, finalizer kept, no ingress, no
+/// status write, no Warning and no retry.
+#[tokio::test(start_paused = true)]
+async fn row63_an_empty_status_is_not_an_error() {
+    let mut env = Env::new(&["n1"]).await;
+    env.start_with(
+        Arc::new(EmptyStatus(env.cloud.clone())),
+        ServiceConfig::default(),
+    );
+    let svc = env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(env.cloud.load_balancer_of(&svc).is_some());
+    let got = env.get("web").await.unwrap();
+    assert!(finalized(&got));
+    assert_eq!(ingress_ip(&got), None);
+    assert_eq!(
+        env.reasons().await,
+        vec!["EnsuringLoadBalancer", "EnsuredLoadBalancer"]
+    );
+    assert_eq!(
+        env.cloud.call_count(Method::EnsureLoadBalancer),
+        1,
+        "no retry"
+    );
+    let status_writes = env
+        .tap
+        .writes()
+        .into_iter()
+        .filter(|w| w.json()["status"].is_object())
+        .count();
+    assert_eq!(status_writes, 0, "nothing to write for an empty status");
+    env.stop().await;
+}
+
+/// Row 70: a Service deleted and recreated under the same name while the controller is busy
+/// (so it sees only the new one, with a new UID): the old load balancer, known from the
+/// cache, is deleted before the new one is ensured (order from the fake's call record), and
+/// only the new one is left.
+#[tokio::test(start_paused = true)]
+async fn row70_recreated_service_deletes_the_old_lb_first() {
+    let mut env = Env::new(&["n1"]).await;
+    env.start();
+    let old = env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    assert!(env.cloud.load_balancer_of(&old).is_some());
+
+    // Keep the single service worker busy with another Service until released.
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let hold = gate.clone();
+    env.cloud.set_call_hook(Some(Arc::new(move |call: Call| {
+        let hold = hold.clone();
+        let blocked = matches!(&call, Call::EnsureLoadBalancer { service, .. } if service == "default/blocker");
+        Box::pin(async move {
+            if blocked {
+                hold.notified().await;
+            }
+        })
+    })));
+    env.create_service("blocker", serde_json::json!({})).await;
+    settle().await;
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 2);
+
+    // Delete "web" (without the finalizer, so it goes at once) and create it again.
+    let patch = serde_json::json!({"metadata": {"finalizers": null}});
+    env.services()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    env.services()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let new = env.create_service("web", serde_json::json!({})).await;
+    assert_ne!(old.metadata.uid, new.metadata.uid);
+    settle().await;
+    let released_at = env.cloud.calls().len();
+    gate.notify_one();
+    settle().await;
+
+    let after: Vec<Call> = env.cloud.calls()[released_at..].to_vec();
+    let deleted = after
+        .iter()
+        .position(|c| matches!(c, Call::EnsureLoadBalancerDeleted { service, .. } if service == "default/web"))
+        .unwrap_or_else(|| panic!("the old LB is deleted: {after:?}"));
+    let ensured = after
+        .iter()
+        .position(
+            |c| matches!(c, Call::EnsureLoadBalancer { service, .. } if service == "default/web"),
+        )
+        .unwrap_or_else(|| panic!("the new LB is ensured: {after:?}"));
+    assert!(deleted < ensured, "delete before ensure: {after:?}");
+    assert!(env.cloud.load_balancer_of(&old).is_none(), "old LB gone");
+    let lb = env.cloud.load_balancer_of(&new).expect("new LB");
+    assert_eq!(
+        ingress_ip(&env.get("web").await.unwrap()),
+        Some(lb.ip.to_string())
+    );
+    assert_eq!(env.cloud.load_balancers().len(), 2, "web and blocker");
+    env.cloud.set_call_hook(None);
     env.stop().await;
 }
