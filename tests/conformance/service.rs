@@ -232,6 +232,58 @@ async fn row58_59_cleanup_on_type_change_and_delete() {
     env.stop().await;
 }
 
+/// Row 60: cleanup when no load balancer exists (a ClusterIP Service still carrying the
+/// finalizer, as a crashed ccm can leave it): no delete call and no DeletingLoadBalancer, but
+/// the finalizer is removed and DeletedLoadBalancer is still emitted.
+#[tokio::test(start_paused = true)]
+async fn row60_no_load_balancer_existed() {
+    let mut env = Env::new(&["n1"]).await;
+    env.start();
+    env.create_service(
+        "leftover",
+        serde_json::json!({
+            "metadata": {"finalizers": [FINALIZER_LOAD_BALANCER_CLEANUP]},
+            "spec": {"type": "ClusterIP"},
+        }),
+    )
+    .await;
+    settle().await;
+    assert!(
+        !finalized(&env.get("leftover").await.unwrap()),
+        "finalizer removed"
+    );
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancerDeleted), 0);
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 0);
+    assert_eq!(env.reasons().await, vec!["DeletedLoadBalancer"]);
+    env.stop().await;
+}
+
+/// Row 79: `--concurrent-service-syncs` workers ensure that many Services at once. With a
+/// 10 s EnsureLoadBalancer, one worker has ensured one of four Services after 12 s; two
+/// workers have ensured two, and all four after 22 s.
+#[tokio::test(start_paused = true)]
+async fn row79_service_workers_run_in_parallel() {
+    for (workers, after_12s, after_22s) in [(1, 1, 2), (2, 2, 4)] {
+        let mut env = Env::new(&["n1"]).await;
+        env.cloud
+            .set_method_latency(Method::EnsureLoadBalancer, Duration::from_secs(10));
+        let cloud: Arc<dyn CloudProvider> = Arc::new(env.cloud.clone());
+        env.start_with(
+            cloud,
+            ServiceConfig::default().with_concurrent_service_syncs(workers),
+        );
+        for name in ["a", "b", "c", "d"] {
+            env.create_service(name, serde_json::json!({})).await;
+        }
+        let ensured = |env: &Env| env.cloud.load_balancers().len();
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        assert_eq!(ensured(&env), after_12s, "{workers} worker(s) after 12 s");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(ensured(&env), after_22s, "{workers} worker(s) after 22 s");
+        env.stop().await;
+    }
+}
+
 /// Beyond upstream (cloud-provider-gcp #981): a Service being deleted without our finalizer is
 /// not re-finalized, and no load balancer is created for it.
 #[tokio::test(start_paused = true)]
