@@ -86,6 +86,8 @@ fn main() -> anyhow::Result<()> {
             "--sim-zones",
             &zones.join(","),
         ])
+        // 16,384 /24 pod CIDRs: room for every node.
+        .args(["--cluster-cidr", "100.64.0.0/10"])
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .arg("--write-kubeconfig")
@@ -137,7 +139,7 @@ fn main() -> anyhow::Result<()> {
         "--secure-port",
         "0",
         "--cluster-cidr",
-        "10.244.0.0/16",
+        "100.64.0.0/10",
     ];
     let syncs = arg("--concurrent-node-syncs", 1).to_string();
     if upstream {
@@ -150,6 +152,9 @@ fn main() -> anyhow::Result<()> {
         flags.extend(["--concurrent-node-syncs", &syncs]);
     }
     let options = CloudControllerManagerOptions::try_parse_from(&flags)?;
+    if std::env::var_os("RUST_LOG").is_some() {
+        cloud_provider::app::init_logging(options.log_format);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

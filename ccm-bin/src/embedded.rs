@@ -32,8 +32,12 @@ use core_cluster::{
     sim::{NodeSimulator, SimConfig, SimNode, UNINITIALIZED_TAINT_KEY},
     store::{SqliteOptions, SqliteStore, Store},
 };
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
-use kube::{Api, api::ListParams};
+use kube::{
+    Api,
+    runtime::{WatchStreamExt, reflector, watcher},
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::flags::parse_duration;
@@ -218,7 +222,41 @@ fn is_initialized(node: &Node) -> bool {
             .any(|t| t.key == UNINITIALIZED_TAINT_KEY)
 }
 
-fn progress_of(nodes: &[Node], services: &[Service]) -> Progress {
+/// A reflector store of every `K`, fed by a watch task that ends with `shutdown`.
+fn watched_store<K>(
+    client: &kube::Client,
+    tasks: &mut tokio::task::JoinSet<()>,
+    shutdown: &CancellationToken,
+) -> reflector::Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher(Api::<K>::all(client.clone()), watcher::Config::default()),
+    )
+    .default_backoff();
+    let shutdown = shutdown.clone();
+    tasks.spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                event = stream.next() => if event.is_none() { return },
+            }
+        }
+    });
+    store
+}
+
+fn progress_of(nodes: &[Arc<Node>], services: &[Arc<Service>]) -> Progress {
     let mut p = Progress {
         registered: nodes.len(),
         ..Progress::default()
@@ -456,8 +494,10 @@ pub(crate) async fn run(
         zones.join(", ")
     ));
 
-    let node_api: Api<Node> = Api::all(client.clone());
-    let service_api: Api<Service> = Api::all(client);
+    // Progress comes from two watches kept in reflector stores: one list at the start, then
+    // only changes, so counting 10,000 nodes every second costs the API server nothing.
+    let nodes = watched_store::<Node>(&client, &mut tasks, &shutdown);
+    let services = watched_store::<Service>(&client, &mut tasks, &shutdown);
     let mut last = Progress::default();
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     let terminated = crate::signals::terminated();
@@ -475,15 +515,10 @@ pub(crate) async fn run(
                 break;
             }
             _ = ticker.tick() => {
-                let all = ListParams::default();
-                let (nodes, services) =
-                    tokio::join!(node_api.list(&all), service_api.list(&all));
-                if let (Ok(nodes), Ok(services)) = (nodes, services) {
-                    let now = progress_of(&nodes.items, &services.items);
-                    if now != last {
-                        say(&now);
-                        last = now;
-                    }
+                let now = progress_of(&nodes.state(), &services.state());
+                if now != last {
+                    say(&now);
+                    last = now;
                 }
             }
         }

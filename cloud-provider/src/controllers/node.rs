@@ -20,8 +20,9 @@ use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::ControllerContext;
 use super::events::{self, EventType};
@@ -166,8 +167,41 @@ impl CloudNodeController {
         let (store, writer) = reflector::store();
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
             .default_backoff();
-        let mut stream = std::pin::pin!(stream);
         let shutdown = self.ctx.shutdown.clone();
+        // The watch is polled by its own task, as an informer: an HTTP body is only read while
+        // it is polled, so a watch polled only between syncs would hand over one event per
+        // sync, and batches would never grow past one Node.
+        let (events, mut intake) = mpsc::unbounded_channel::<Intake>();
+        let watch = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                let mut stream = std::pin::pin!(stream);
+                loop {
+                    let event = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        event = stream.next() => event,
+                    };
+                    let intake = match event {
+                        Some(Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node))) => {
+                            match node.metadata.name.clone() {
+                                Some(name) => Intake::Changed(name),
+                                None => continue,
+                            }
+                        }
+                        Some(Ok(watcher::Event::InitDone)) => Intake::Synced,
+                        Some(Ok(_)) => continue,
+                        Some(Err(err)) => {
+                            warn!(error = %err, "node watch failed");
+                            continue;
+                        }
+                        None => return,
+                    };
+                    if events.send(intake).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
         let mut queue = Queue::default();
         let mut ready = false;
         let mut refresh = tokio::time::interval_at(
@@ -175,20 +209,17 @@ impl CloudNodeController {
             self.config.node_status_update_frequency,
         );
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let take = |intake: Intake, queue: &mut Queue, ready: &mut bool| match intake {
+            Intake::Changed(name) => queue.add_now(name),
+            Intake::Synced => *ready = true,
+        };
         loop {
             let next_retry = queue.next_deadline();
             tokio::select! {
-                _ = shutdown.cancelled() => return,
-                event = stream.next() => match event {
-                    Some(Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node))) => {
-                        if let Some(name) = node.metadata.name.clone() {
-                            queue.add_now(name);
-                        }
-                    }
-                    Some(Ok(watcher::Event::InitDone)) => ready = true,
-                    Some(Ok(_)) => {}
-                    Some(Err(err)) => warn!(error = %err, "node watch failed"),
-                    None => return,
+                _ = shutdown.cancelled() => break,
+                intake = intake.recv() => match intake {
+                    Some(intake) => take(intake, &mut queue, &mut ready),
+                    None => break,
                 },
                 _ = sleep_until_opt(next_retry) => {}
                 _ = refresh.tick() => {
@@ -200,20 +231,17 @@ impl CloudNodeController {
             if !ready {
                 continue;
             }
-            // Drain whatever else the watch has already delivered, so one sync sees every
-            // Node waiting at this moment.
-            while let Some(Some(Ok(event))) = futures::FutureExt::now_or_never(stream.next()) {
-                if let watcher::Event::Apply(node) | watcher::Event::InitApply(node) = event
-                    && let Some(name) = node.metadata.name.clone()
-                {
-                    queue.add_now(name);
-                }
+            // Take whatever else the watch has delivered, so one sync sees every Node
+            // waiting at this moment.
+            while let Ok(more) = intake.try_recv() {
+                take(more, &mut queue, &mut ready);
             }
             let due = queue.take_due(Instant::now());
             if !due.is_empty() {
                 self.sync_nodes(&store, due, &mut queue).await;
             }
         }
+        watch.abort();
     }
 
     async fn sync_nodes(&self, store: &Store<Node>, names: Vec<String>, queue: &mut Queue) {
@@ -237,6 +265,7 @@ impl CloudNodeController {
             return;
         }
         let nodes: Vec<&Node> = waiting.iter().map(|n| n.as_ref()).collect();
+        debug!(waiting = nodes.len(), "initializing waiting nodes");
         let metas = self.instance_metadata(&nodes).await;
         // Futures built in a loop, not a closure: a closure's higher-ranked borrows make the
         // controller's future not `Send`.
@@ -718,6 +747,14 @@ pub(crate) fn is_kubernetes_label(key: &str) -> bool {
 }
 
 /// The GA labels that must be set to mirror their beta labels.
+/// What the watch task hands the sync loop.
+enum Intake {
+    /// A Node was added or changed.
+    Changed(String),
+    /// The initial list is complete.
+    Synced,
+}
+
 pub(crate) fn mirrored_labels(node: &Node) -> BTreeMap<String, String> {
     let empty = BTreeMap::new();
     let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
