@@ -139,7 +139,7 @@ pub struct OperationStats {
     pub errors: u64,
 }
 
-/// Call metrics by operation (`ec2:DescribeInstances`, `elasticloadbalancing:CreateListener`…),
+/// Call metrics by operation, keyed `<SDK service name>:<Operation>` (`EC2:DescribeInstances`…),
 /// shared by every client of one provider.
 #[derive(Debug, Default)]
 pub struct CallMetrics {
@@ -147,7 +147,7 @@ pub struct CallMetrics {
 }
 
 impl CallMetrics {
-    /// A copy of the counters, keyed by `service:Operation`.
+    /// A copy of the counters, keyed by `<SDK service name>:<Operation>`.
     pub fn snapshot(&self) -> BTreeMap<String, OperationStats> {
         self.ops.lock().clone()
     }

@@ -34,7 +34,22 @@ pub(crate) struct Cached {
     at: Instant,
 }
 
-type BatchOutput = Result<Arc<HashMap<String, Instance>>, Arc<String>>;
+type BatchOutput = Result<Arc<HashMap<String, Instance>>, Arc<CloudError>>;
+
+/// A copy of an error shared by several callers, keeping its kind and retry delay.
+pub(crate) fn copy_error(err: &CloudError) -> CloudError {
+    match err {
+        CloudError::RetryAfter {
+            retry_after,
+            message,
+        } => CloudError::retry_after(*retry_after, message.clone()),
+        CloudError::InstanceNotFound => CloudError::InstanceNotFound,
+        other => match other.retry_after_delay() {
+            Some(delay) => CloudError::retry_after(delay, other.to_string()),
+            None => CloudError::message(other.to_string()),
+        },
+    }
+}
 
 /// Single lookups waiting to be sent together.
 pub(crate) struct PendingBatch {
@@ -244,7 +259,7 @@ impl Inner {
                             .describe_ids(&ids)
                             .await
                             .map(Arc::new)
-                            .map_err(|e| Arc::new(e.to_string()))
+                            .map_err(Arc::new)
                     }
                     .boxed();
                     let result = fut.shared();
@@ -259,7 +274,7 @@ impl Inner {
         };
         match result.await {
             Ok(map) => Ok(map.get(id).cloned()),
-            Err(msg) => Err(CloudError::message(msg.to_string())),
+            Err(err) => Err(copy_error(&err)),
         }
     }
 
@@ -395,13 +410,7 @@ impl InstancesV2 for AwsCloud {
         let keys: Vec<CloudResult<NodeKey>> = nodes.iter().map(|n| node_key(n)).collect();
         let region = match inner.clients().await {
             Ok(c) => c.region.clone(),
-            Err(e) => {
-                let msg = e.to_string();
-                return nodes
-                    .iter()
-                    .map(|_| Err(CloudError::message(msg.clone())))
-                    .collect();
-            }
+            Err(e) => return nodes.iter().map(|_| Err(copy_error(&e))).collect(),
         };
         let id_list: Vec<String> = keys
             .iter()
@@ -420,34 +429,20 @@ impl InstancesV2 for AwsCloud {
         let by_id = if id_list.is_empty() {
             Ok(HashMap::new())
         } else {
-            inner
-                .describe_ids(&id_list)
-                .await
-                .map_err(|e| e.to_string())
+            inner.describe_ids(&id_list).await
         };
         let by_dns = if dns_list.is_empty() {
             Ok(HashMap::new())
         } else {
-            inner
-                .by_dns_names(&dns_list)
-                .await
-                .map_err(|e| e.to_string())
+            inner.by_dns_names(&dns_list).await
         };
         nodes
             .iter()
             .zip(keys)
             .map(|(node, key)| {
                 let found = match key? {
-                    NodeKey::Id(id) => by_id
-                        .as_ref()
-                        .map_err(|e| CloudError::message(e.clone()))?
-                        .get(&id)
-                        .cloned(),
-                    NodeKey::Dns(name) => by_dns
-                        .as_ref()
-                        .map_err(|e| CloudError::message(e.clone()))?
-                        .get(&name)
-                        .cloned(),
+                    NodeKey::Id(id) => by_id.as_ref().map_err(copy_error)?.get(&id).cloned(),
+                    NodeKey::Dns(name) => by_dns.as_ref().map_err(copy_error)?.get(&name).cloned(),
                 };
                 match found.filter(|i| ids::lifecycle(i) != Lifecycle::Gone) {
                     Some(instance) => {
