@@ -243,6 +243,9 @@ fn prefixed(key: &str, value: String, prefix: &str) -> Result<Option<String>, Co
     }
 }
 
+/// The `key = value` lines of one section: (line, key, value).
+type Pairs = Vec<(usize, String, String)>;
+
 /// Which section a line belongs to.
 enum Section {
     Global,
@@ -255,7 +258,7 @@ impl AwsConfig {
         let mut cfg = AwsConfig::default();
         let mut families_seen = false;
         // Override sections as (name, line, key/value pairs), validated at the end.
-        let mut overrides: Vec<(String, usize, Vec<(usize, String, String)>)> = Vec::new();
+        let mut overrides: Vec<(String, usize, Pairs)> = Vec::new();
         let mut section: Option<Section> = None;
 
         for (idx, raw) in text.lines().enumerate() {
@@ -469,11 +472,7 @@ impl AwsConfig {
     }
 }
 
-fn parse_override(
-    name: &str,
-    line: usize,
-    pairs: Vec<(usize, String, String)>,
-) -> Result<ServiceOverride, ConfigError> {
+fn parse_override(name: &str, line: usize, pairs: Pairs) -> Result<ServiceOverride, ConfigError> {
     let section = format!("ServiceOverride \"{name}\"");
     let mut service = None;
     let mut region = None;

@@ -408,16 +408,18 @@ async fn nlb_follows_nodes_and_leaves_nothing_behind() -> anyhow::Result<()> {
         .ip_permissions()
         .iter()
         .flat_map(|p| {
-            p.ip_ranges().iter().filter_map(move |r| {
-                r.description()
-                    .is_some_and(|d| d.starts_with("kubernetes.io/rule/nlb/"))
-                    .then(|| {
-                        (
-                            p.from_port().unwrap_or_default(),
-                            r.cidr_ip().unwrap_or_default().to_owned(),
-                        )
-                    })
-            })
+            p.ip_ranges()
+                .iter()
+                .filter(|r| {
+                    r.description()
+                        .is_some_and(|d| d.starts_with("kubernetes.io/rule/nlb/"))
+                })
+                .map(move |r| {
+                    (
+                        p.from_port().unwrap_or_default(),
+                        r.cidr_ip().unwrap_or_default().to_owned(),
+                    )
+                })
         })
         .collect();
     ensure!(
