@@ -449,7 +449,14 @@ async fn nlb_follows_nodes_and_leaves_nothing_behind() -> anyhow::Result<()> {
     let spec = SeedSpec::new("nlbtest", 0);
     moto::run_instances(&ec2, &spec, &mut seed, 3).await?;
     nodes = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let before = cloud.metrics().attempts_of("DescribeInstances");
     lbs.update_load_balancer(CLUSTER, &svc, &nodes).await?;
+    let calls = cloud.metrics().attempts_of("DescribeInstances") - before;
+    // The two known nodes come from the cache; the three new ones take one call together.
+    ensure!(
+        calls == 1,
+        "update over 5 nodes made {calls} DescribeInstances calls"
+    );
     let obs = observe(&elb, &name).await?.context("nlb")?;
     ensure!(
         obs.targets == ids(&seed.instance_ids),
@@ -791,5 +798,24 @@ async fn routes_to_instances_with_blackholes() -> anyhow::Result<()> {
             .await?
             .is_empty()
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_arn_assumes_the_role_through_sts() -> anyhow::Result<()> {
+    let (moto, seed, _) = setup("role", 1).await?;
+    // moto's STS hands out credentials for any role; EC2 then works with them.
+    let cloud = cloud_with(
+        &moto,
+        &seed,
+        "RoleARN = arn:aws:iam::123456789012:role/ccm-rs",
+    )?;
+    let meta = cloud
+        .instances_v2()
+        .context("instances")?
+        .instance_metadata(&node(&seed.instance_ids[0]))
+        .await?
+        .context("metadata")?;
+    ensure!(meta.provider_id.ends_with(&seed.instance_ids[0]));
     Ok(())
 }
