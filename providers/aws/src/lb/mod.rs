@@ -1088,9 +1088,8 @@ impl LoadBalancer for AwsCloud {
         cluster_name: &str,
         service: &Service,
     ) -> CloudResult<Option<LoadBalancerStatus>> {
-        if plan::implemented_elsewhere(service) {
-            return Err(CloudError::ImplementedElsewhere);
-        }
+        // Also for the AWS Load Balancer Controller's Services: an NLB we made before the
+        // Service changed hands is still found (and deleted), as upstream does.
         let name = self.get_load_balancer_name(cluster_name, service);
         Ok(self.inner.find_lb(&name).await?.map(|lb| status_of(&lb)))
     }
