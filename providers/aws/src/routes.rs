@@ -75,6 +75,19 @@ fn route_cidr(route: &aws_sdk_ec2::types::Route) -> Option<IpNet> {
         .and_then(|c| c.parse().ok())
 }
 
+/// A route to an instance as (CIDR, instance ID, blackhole); `None` for routes that are not to
+/// an instance (gateways, the local route). A route is a blackhole when AWS says so, or when its
+/// instance is gone (terminated or unknown; moto never sets the state).
+fn instance_route(
+    route: &aws_sdk_ec2::types::Route,
+    alive: impl Fn(&str) -> bool,
+) -> Option<(IpNet, String, bool)> {
+    let cidr = route_cidr(route)?;
+    let id = route.instance_id()?;
+    let blackhole = route.state() == Some(&RouteState::Blackhole) || !alive(id);
+    Some((cidr, id.to_owned(), blackhole))
+}
+
 #[async_trait]
 impl Routes for AwsCloud {
     #[tracing::instrument(skip_all)]
@@ -89,20 +102,18 @@ impl Routes for AwsCloud {
         let instances = inner.cached_instances(&instance_ids).await?;
         let mut out = Vec::new();
         for r in table.routes() {
-            let (Some(cidr), Some(id)) = (route_cidr(r), r.instance_id()) else {
-                // Gateway and local routes have no instance: not ours.
+            let alive = |id: &str| {
+                instances
+                    .get(id)
+                    .is_some_and(|i| ids::lifecycle(i) != ids::Lifecycle::Gone)
+            };
+            let Some((cidr, id, blackhole)) = instance_route(r, alive) else {
                 continue;
             };
-            let instance = instances
-                .get(id)
-                .filter(|i| ids::lifecycle(i) != ids::Lifecycle::Gone);
-            // AWS marks routes to deleted targets as blackholes; a terminated instance means
-            // the same (moto never sets the state).
-            let blackhole = r.state() == Some(&RouteState::Blackhole) || instance.is_none();
-            let target = if instance.is_some() {
-                inner.node_name_of(id, instance)
-            } else {
+            let target = if blackhole {
                 String::new()
+            } else {
+                inner.node_name_of(&id, instances.get(&id))
             };
             out.push(
                 Route::new(target, cidr)
@@ -191,5 +202,52 @@ impl Routes for AwsCloud {
             Err(e) if crate::client::error_code(&e) == Some("InvalidRoute.NotFound") => Ok(()),
             Err(e) => Err(aws_error("ec2:DeleteRoute", e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_ec2::types::Route as Ec2Route;
+
+    use super::*;
+
+    #[test]
+    fn blackholes_and_foreign_routes() {
+        let to = |id: &str, state: RouteState| {
+            Ec2Route::builder()
+                .destination_cidr_block("10.244.1.0/24")
+                .instance_id(id)
+                .state(state)
+                .build()
+        };
+        let cidr: IpNet = "10.244.1.0/24".parse().unwrap();
+        let alive = |id: &str| id == "i-1";
+        assert_eq!(
+            instance_route(&to("i-1", RouteState::Active), alive),
+            Some((cidr, "i-1".to_owned(), false))
+        );
+        // AWS's blackhole state, even if the instance still shows up.
+        assert_eq!(
+            instance_route(&to("i-1", RouteState::Blackhole), alive),
+            Some((cidr, "i-1".to_owned(), true))
+        );
+        // An instance that is gone.
+        assert_eq!(
+            instance_route(&to("i-2", RouteState::Active), alive),
+            Some((cidr, "i-2".to_owned(), true))
+        );
+        let gateway = Ec2Route::builder()
+            .destination_cidr_block("0.0.0.0/0")
+            .gateway_id("igw-1")
+            .build();
+        assert_eq!(instance_route(&gateway, alive), None);
+        let v6 = Ec2Route::builder()
+            .destination_ipv6_cidr_block("fd00::/64")
+            .instance_id("i-1")
+            .build();
+        assert_eq!(
+            instance_route(&v6, alive).map(|r| r.0),
+            Some("fd00::/64".parse().unwrap())
+        );
     }
 }

@@ -821,3 +821,79 @@ async fn role_arn_assumes_the_role_through_sts() -> anyhow::Result<()> {
     ensure!(meta.provider_id.ends_with(&seed.instance_ids[0]));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_change_100_at_a_time() -> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("chunks", 150).await?;
+    let elb = moto.elbv2().await;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let mut svc = service(
+        "bulk",
+        "5a1e0000-0000-4000-8000-000000000006",
+        &[("TCP", 80, 30080)],
+    );
+    svc.metadata.annotations = Some(
+        [(
+            "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes".to_owned(),
+            "preserve_client_ip.enabled=false".to_owned(),
+        )]
+        .into(),
+    );
+    let name = lbs.get_load_balancer_name(CLUSTER, &svc);
+    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+
+    lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
+    let registers = cloud.metrics().attempts_of("RegisterTargets");
+    ensure!(
+        registers == 2,
+        "150 targets took {registers} RegisterTargets calls"
+    );
+    let obs = observe(&elb, &name).await?.context("nlb")?;
+    ensure!(
+        obs.targets == ids(&seed.instance_ids),
+        "{} targets",
+        obs.targets.len()
+    );
+    let tgs = elb.describe_target_groups().send().await?;
+    let tg_arn = tgs
+        .target_groups()
+        .first()
+        .and_then(|t| t.target_group_arn())
+        .context("tg")?;
+    let attrs = elb
+        .describe_target_group_attributes()
+        .target_group_arn(tg_arn)
+        .send()
+        .await?;
+    ensure!(
+        attrs
+            .attributes()
+            .iter()
+            .any(|a| a.key() == Some("preserve_client_ip.enabled") && a.value() == Some("false")),
+        "{:?}",
+        attrs.attributes()
+    );
+
+    lbs.update_load_balancer(CLUSTER, &svc, &nodes[..10])
+        .await?;
+    let deregisters = cloud.metrics().attempts_of("DeregisterTargets");
+    ensure!(
+        deregisters == 2,
+        "140 removals took {deregisters} DeregisterTargets calls"
+    );
+    let obs = observe(&elb, &name).await?.context("nlb")?;
+    ensure!(
+        obs.targets == ids(&seed.instance_ids[..10]),
+        "{} targets",
+        obs.targets.len()
+    );
+    lbs.ensure_load_balancer_deleted(CLUSTER, &svc).await?;
+    ensure!(
+        elb.describe_target_groups()
+            .send()
+            .await?
+            .target_groups()
+            .is_empty()
+    );
+    Ok(())
+}
