@@ -184,6 +184,7 @@ async fn single_lookups_close_together_share_one_call() -> anyhow::Result<()> {
     let (_moto, seed, cloud) = setup("coalesce", 12).await?;
     let instances = cloud.instances_v2().context("instances")?;
     let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    cloud.connect().await?;
     let before = cloud.metrics().attempts_of("DescribeInstances");
     let results =
         futures::future::join_all(nodes.iter().map(|n| instances.instance_metadata(n))).await;
@@ -895,5 +896,69 @@ async fn targets_change_100_at_a_time() -> anyhow::Result<()> {
             .target_groups()
             .is_empty()
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elb_security_group_and_disabled_ingress() -> anyhow::Result<()> {
+    let (moto, seed, _) = setup("sgopts", 2).await?;
+    let ec2 = moto.ec2().await;
+    let elb = moto.elbv2().await;
+    let shared = ec2
+        .create_security_group()
+        .group_name("shared-elb")
+        .description("shared")
+        .vpc_id(&seed.vpc_id)
+        .send()
+        .await?;
+    let shared_id = shared.group_id().context("group id")?.to_owned();
+    let cloud = cloud_with(
+        &moto,
+        &seed,
+        &format!("DisableSecurityGroupIngress = true\nElbSecurityGroup = {shared_id}"),
+    )?;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let svc = service(
+        "plain",
+        "5a1e0000-0000-4000-8000-000000000007",
+        &[("TCP", 80, 30080)],
+    );
+    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let name = lbs.get_load_balancer_name(CLUSTER, &svc);
+    lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
+    let lb = elb.describe_load_balancers().names(&name).send().await?;
+    let groups = lb
+        .load_balancers()
+        .first()
+        .map(|l| l.security_groups().to_vec())
+        .unwrap_or_default();
+    ensure!(groups == vec![shared_id.clone()], "{groups:?}");
+    let sgs = ec2
+        .describe_security_groups()
+        .group_ids(&seed.node_security_group_id)
+        .send()
+        .await?;
+    let rules = sgs
+        .security_groups()
+        .iter()
+        .flat_map(|g| g.ip_permissions())
+        .flat_map(|p| p.ip_ranges())
+        .filter(|r| {
+            r.description()
+                .is_some_and(|d| d.contains("kubernetes.io/rule/nlb"))
+        })
+        .count();
+    ensure!(
+        rules == 0,
+        "DisableSecurityGroupIngress still added {rules} rules"
+    );
+    lbs.ensure_load_balancer_deleted(CLUSTER, &svc).await?;
+    // The shared group is never deleted.
+    let still = ec2
+        .describe_security_groups()
+        .group_ids(&shared_id)
+        .send()
+        .await?;
+    ensure!(still.security_groups().len() == 1);
     Ok(())
 }
