@@ -39,6 +39,21 @@ const THROTTLING_CODES: &[&str] = &[
     "ProvisionedThroughputExceededException",
 ];
 
+/// The SDK's HTTP client: hyper 1 with rustls over ring (the crypto provider kube uses too),
+/// trusting the platform's certificates. Plain `http://` endpoints (moto) work as well.
+pub fn https_client() -> aws_sdk_ec2::config::SharedHttpClient {
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https()
+}
+
+/// A provider config for IMDS lookups, with [`https_client`].
+pub(crate) fn imds_provider_config() -> aws_config::provider_config::ProviderConfig {
+    aws_config::provider_config::ProviderConfig::default().with_http_client(https_client())
+}
+
 /// Whether an AWS error code means "throttled".
 pub(crate) fn is_throttling_code(code: &str) -> bool {
     THROTTLING_CODES.contains(&code)
@@ -237,7 +252,9 @@ pub(crate) async fn build_clients(
     let region = match config.configured_region() {
         Some(region) => region,
         None => {
-            let imds = aws_config::imds::region::ImdsRegionProvider::builder().build();
+            let imds = aws_config::imds::region::ImdsRegionProvider::builder()
+                .configure(&imds_provider_config())
+                .build();
             imds.region().await.map(|r| r.to_string()).ok_or_else(|| {
                 CloudError::message(
                     "no Region or Zone in the cloud-config [Global] section, and the \
@@ -255,6 +272,7 @@ pub(crate) async fn build_clients(
         .operation_attempt_timeout(options.attempt_timeout)
         .build();
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .http_client(https_client())
         .region(Region::new(region.clone()))
         .retry_config(retry)
         .timeout_config(timeouts);

@@ -186,7 +186,9 @@ impl Inner {
                 if let Some(vpc) = &self.config.vpc {
                     return Ok(vpc.clone());
                 }
-                let imds = aws_config::imds::Client::builder().build();
+                let imds = aws_config::imds::Client::builder()
+                    .configure(&client::imds_provider_config())
+                    .build();
                 let fail = |e: &dyn std::fmt::Display| {
                     CloudError::message(format!(
                         "no VPC in the cloud-config [Global] section, and the instance metadata \

@@ -184,6 +184,7 @@ impl MotoServer {
     /// An SDK config for moto, for tests that check or seed through the API directly.
     pub async fn sdk_config(&self) -> SdkConfig {
         aws_config::defaults(BehaviorVersion::latest())
+            .http_client(crate::client::https_client())
             .region(Region::new(MOTO_REGION))
             .endpoint_url(self.endpoint())
             .credentials_provider(Credentials::new(
