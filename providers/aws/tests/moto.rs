@@ -1,0 +1,964 @@
+//! The provider against moto's server mode with the real SDK clients. Each test starts its own
+//! moto on a free loopback port (killed on drop) and seeds its own VPC. Without moto the tests
+//! fail, saying to run ./scripts/test.
+
+use std::{collections::BTreeSet, sync::Arc};
+
+use anyhow::{Context, bail, ensure};
+use cloud_provider::{
+    CloudProvider, ErrorKind, Route,
+    conformance::{ConformanceKit, Fixture, Outcome},
+};
+use cloud_provider_aws::{
+    AwsCloud,
+    lb::plan::{ANNOTATION_TYPE, security_group_name},
+    moto::{self, MotoServer, Seed, SeedSpec},
+};
+use k8s_openapi::{
+    api::core::v1::{Node, Service, ServicePort},
+    apimachinery::pkg::util::intstr::IntOrString,
+};
+
+const CLUSTER: &str = "kubernetes";
+
+/// A fresh moto with a seeded VPC of `instances` instances, and a provider for it.
+async fn setup(cluster_id: &str, instances: usize) -> anyhow::Result<(MotoServer, Seed, AwsCloud)> {
+    let moto = MotoServer::start().await?;
+    let seed = moto.seed(&SeedSpec::new(cluster_id, instances)).await?;
+    let cloud = AwsCloud::from_config_text_with(&seed.cloud_config(&moto), moto.options())?;
+    Ok((moto, seed, cloud))
+}
+
+/// A cloud for the same moto with more [Global] keys.
+fn cloud_with(moto: &MotoServer, seed: &Seed, global: &str) -> anyhow::Result<AwsCloud> {
+    let text = seed
+        .cloud_config(moto)
+        .replacen("[Global]\n", &format!("[Global]\n{global}\n"), 1);
+    Ok(AwsCloud::from_config_text_with(&text, moto.options())?)
+}
+
+fn node(name: &str) -> Node {
+    Fixture::node(name, None)
+}
+
+fn service(name: &str, uid: &str, ports: &[(&str, i32, i32)]) -> Service {
+    let mut svc = Fixture::load_balancer_service();
+    svc.metadata.name = Some(name.to_owned());
+    svc.metadata.uid = Some(uid.to_owned());
+    let spec = svc.spec.as_mut().expect("spec");
+    spec.ports = Some(
+        ports
+            .iter()
+            .map(|(proto, port, node_port)| ServicePort {
+                name: Some(format!("{}-{port}", proto.to_ascii_lowercase())),
+                protocol: Some((*proto).to_owned()),
+                port: *port,
+                node_port: Some(*node_port),
+                target_port: Some(IntOrString::Int(8080)),
+                ..Default::default()
+            })
+            .collect(),
+    );
+    svc
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_kit_passes_against_moto() -> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("conformance", 3).await?;
+    let ec2 = moto.ec2().await;
+    moto::stop_instances(&ec2, &seed.instance_ids[2..3]).await?;
+
+    let cloud = Arc::new(cloud);
+    // Node names: one by instance ID (resource naming), one by private DNS name (IP naming),
+    // the stopped one with a full provider ID.
+    let stopped_zone = "us-east-1b";
+    let fixture = Fixture::new(CLUSTER)
+        .with_running_node(node(&seed.instance_ids[0]))
+        .with_running_node(node(&seed.private_dns_names[1]))
+        .with_stopped_node(Fixture::node(
+            "stopped",
+            Some(&format!("aws:///{stopped_zone}/{}", seed.instance_ids[2])),
+        ))
+        .with_backend_probe(cloud.clone());
+    let kit = ConformanceKit::new(cloud.clone() as Arc<dyn CloudProvider>, fixture);
+    let report = kit.run().await;
+    println!("{report}");
+    ensure!(report.is_success(), "{report}");
+    for check in [
+        "instances-v2/metadata",
+        "instances-v2/metadata-batch",
+        "instances-v2/stopped",
+        "instances-v2/unknown",
+        "load-balancer/ensure",
+        "load-balancer/update-backends",
+        "load-balancer/delete",
+        "routes/round-trip",
+    ] {
+        ensure!(
+            matches!(report.outcome(check), Some(Outcome::Passed(_))),
+            "{check} did not pass: {report}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_matches_ec2() -> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("meta", 2).await?;
+    let instances = cloud.instances_v2().context("instances")?;
+    let by_id = instances
+        .instance_metadata(&node(&seed.instance_ids[0]))
+        .await?
+        .context("metadata")?;
+    ensure!(
+        by_id.provider_id.starts_with("aws:///us-east-1a/"),
+        "{by_id:?}"
+    );
+    ensure!(
+        by_id.provider_id.ends_with(&seed.instance_ids[0]),
+        "{by_id:?}"
+    );
+    ensure!(by_id.instance_type == "m5.large", "{by_id:?}");
+    ensure!((by_id.zone.as_str(), by_id.region.as_str()) == ("us-east-1a", "us-east-1"));
+    let types: Vec<&str> = by_id
+        .node_addresses
+        .iter()
+        .map(|a| a.type_.as_str())
+        .collect();
+    ensure!(types.first() == Some(&"InternalIP"), "{types:?}");
+    ensure!(
+        types.contains(&"InternalDNS") && types.contains(&"Hostname"),
+        "{types:?}"
+    );
+    let dns = by_id
+        .node_addresses
+        .iter()
+        .find(|a| a.type_ == "InternalDNS")
+        .context("dns")?;
+    ensure!(dns.address == seed.private_dns_names[0]);
+
+    // The same instance through every provider ID form and its DNS name.
+    for pid in [
+        format!("aws:///us-east-1a/{}", seed.instance_ids[0]),
+        format!("aws:////{}", seed.instance_ids[0]),
+    ] {
+        let m = instances
+            .instance_metadata(&Fixture::node("whatever", Some(&pid)))
+            .await?
+            .context("metadata")?;
+        ensure!(m == by_id, "{pid}: {m:?}");
+    }
+    let m = instances
+        .instance_metadata(&node(&seed.private_dns_names[0]))
+        .await?
+        .context("metadata")?;
+    ensure!(m == by_id);
+
+    // An instance that vanished: terminated means not found, never a panic.
+    let ec2 = moto.ec2().await;
+    moto::terminate_instances(&ec2, &seed.instance_ids[1..2]).await?;
+    let gone = node(&seed.instance_ids[1]);
+    ensure!(!instances.instance_exists(&gone).await?);
+    ensure!(!instances.instance_shutdown(&gone).await?);
+    let err = instances
+        .instance_metadata(&gone)
+        .await
+        .err()
+        .context("gone")?;
+    ensure!(err.kind() == ErrorKind::InstanceNotFound, "{err}");
+    // A provider ID of another cloud is a clear error.
+    let err = instances
+        .instance_metadata(&Fixture::node("x", Some("gce://p/z/vm")))
+        .await
+        .err()
+        .context("foreign provider id")?;
+    ensure!(
+        err.to_string().contains("does not name an EC2 instance"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_lookups_close_together_share_one_call() -> anyhow::Result<()> {
+    let (_moto, seed, cloud) = setup("coalesce", 12).await?;
+    let instances = cloud.instances_v2().context("instances")?;
+    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    cloud.connect().await?;
+    let before = cloud.metrics().attempts_of("DescribeInstances");
+    let results =
+        futures::future::join_all(nodes.iter().map(|n| instances.instance_metadata(n))).await;
+    let calls = cloud.metrics().attempts_of("DescribeInstances") - before;
+    for r in results {
+        ensure!(r?.is_some());
+    }
+    ensure!(
+        calls == 1,
+        "12 concurrent lookups made {calls} DescribeInstances calls"
+    );
+    Ok(())
+}
+
+/// Cloud calls of one node-initialization sync (one batch over every Node) at `sizes`.
+async fn batch_calls(sizes: &[usize]) -> anyhow::Result<Vec<(usize, u64, std::time::Duration)>> {
+    let moto = MotoServer::start().await?;
+    let ec2 = moto.ec2().await;
+    let spec = SeedSpec::new("scale", 0);
+    let mut seed = moto::seed(&ec2, &spec).await?;
+    let cloud = AwsCloud::from_config_text_with(&seed.cloud_config(&moto), moto.options())?;
+    let instances = cloud.instances_v2().context("instances")?;
+    let mut out = Vec::new();
+    for &n in sizes {
+        let more = n - seed.instance_ids.len();
+        moto::run_instances(&ec2, &spec, &mut seed, more).await?;
+        let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+        let refs: Vec<&Node> = nodes.iter().collect();
+        let before = cloud.metrics().total_attempts();
+        let started = tokio::time::Instant::now();
+        let results = instances.instance_metadata_batch(&refs).await;
+        let took = started.elapsed();
+        let calls = cloud.metrics().total_attempts() - before;
+        ensure!(results.len() == n);
+        for r in &results {
+            ensure!(r.as_ref().is_ok_and(|m| m.is_some()), "{r:?}");
+        }
+        println!("instance_metadata_batch over {n} nodes: {calls} AWS calls in {took:?}");
+        out.push((n, calls, took));
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_batch_calls_stay_flat() -> anyhow::Result<()> {
+    // CCM_AWS_SCALE=1000 adds the 1,000-instance point (slow on moto: about a minute).
+    let mut sizes = vec![10, 100];
+    if let Ok(max) = std::env::var("CCM_AWS_SCALE") {
+        sizes.push(max.parse().context("CCM_AWS_SCALE")?);
+    }
+    let points = batch_calls(&sizes).await?;
+    for (n, calls, _) in &points {
+        let want = n.div_ceil(1000) as u64;
+        ensure!(*calls == want, "{n} nodes took {calls} calls, want {want}");
+    }
+    Ok(())
+}
+
+/// The NLB, its target groups, listeners and targets, read back through ELBv2.
+struct Observed {
+    lb_type: String,
+    scheme: String,
+    listeners: BTreeSet<(i32, String)>,
+    groups: BTreeSet<(i32, String, String)>,
+    targets: BTreeSet<String>,
+}
+
+async fn observe(
+    elb: &aws_sdk_elasticloadbalancingv2::Client,
+    name: &str,
+) -> anyhow::Result<Option<Observed>> {
+    let lbs = match elb.describe_load_balancers().names(name).send().await {
+        Ok(out) => out,
+        Err(e) if format!("{e:?}").contains("LoadBalancerNotFound") => return Ok(None),
+        Err(e) => bail!("describe load balancers: {e:?}"),
+    };
+    let Some(lb) = lbs.load_balancers().first() else {
+        return Ok(None);
+    };
+    let arn = lb.load_balancer_arn().context("arn")?;
+    let listeners = elb
+        .describe_listeners()
+        .load_balancer_arn(arn)
+        .send()
+        .await?;
+    let mut obs = Observed {
+        lb_type: lb
+            .r#type()
+            .map(|t| t.as_str().to_owned())
+            .unwrap_or_default(),
+        scheme: lb
+            .scheme()
+            .map(|t| t.as_str().to_owned())
+            .unwrap_or_default(),
+        listeners: BTreeSet::new(),
+        groups: BTreeSet::new(),
+        targets: BTreeSet::new(),
+    };
+    for l in listeners.listeners() {
+        obs.listeners.insert((
+            l.port().unwrap_or_default(),
+            l.protocol()
+                .map(|p| p.as_str().to_owned())
+                .unwrap_or_default(),
+        ));
+        for a in l.default_actions() {
+            let tg_arn = a.target_group_arn().context("forward")?;
+            let tgs = elb
+                .describe_target_groups()
+                .target_group_arns(tg_arn)
+                .send()
+                .await?;
+            let tg = tgs.target_groups().first().context("tg")?;
+            obs.groups.insert((
+                tg.port().unwrap_or_default(),
+                tg.protocol()
+                    .map(|p| p.as_str().to_owned())
+                    .unwrap_or_default(),
+                tg.target_type()
+                    .map(|p| p.as_str().to_owned())
+                    .unwrap_or_default(),
+            ));
+            let health = elb
+                .describe_target_health()
+                .target_group_arn(tg_arn)
+                .send()
+                .await?;
+            for d in health.target_health_descriptions() {
+                let t = d.target().context("target")?;
+                ensure!(
+                    t.port() == tg.port(),
+                    "target on port {:?}, group on {:?}",
+                    t.port(),
+                    tg.port()
+                );
+                obs.targets.insert(t.id().unwrap_or_default().to_owned());
+            }
+        }
+    }
+    Ok(Some(obs))
+}
+
+fn ids(v: &[String]) -> BTreeSet<String> {
+    v.iter().cloned().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nlb_follows_nodes_and_leaves_nothing_behind() -> anyhow::Result<()> {
+    let (moto, mut seed, _) = setup("nlbtest", 2).await?;
+    let cloud = cloud_with(&moto, &seed, "NLBSecurityGroupMode = Managed")?;
+    let elb = moto.elbv2().await;
+    let ec2 = moto.ec2().await;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let mut svc = service(
+        "web",
+        "5a1e0000-0000-4000-8000-000000000001",
+        &[("TCP", 80, 30080), ("TCP", 443, 30443)],
+    );
+    svc.spec
+        .as_mut()
+        .context("spec")?
+        .load_balancer_source_ranges = Some(vec!["203.0.113.0/24".to_owned()]);
+    let name = lbs.get_load_balancer_name(CLUSTER, &svc);
+
+    let mut nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let status = lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
+    let obs = observe(&elb, &name).await?.context("no NLB after ensure")?;
+    let hostname = status
+        .ingress
+        .as_deref()
+        .and_then(|i| i.first())
+        .and_then(|i| i.hostname.clone());
+    ensure!(
+        hostname.as_deref().is_some_and(|h| h.contains(".elb.")),
+        "{status:?}"
+    );
+    ensure!(
+        obs.lb_type == "network" && obs.scheme == "internet-facing",
+        "{} {}",
+        obs.lb_type,
+        obs.scheme
+    );
+    ensure!(obs.listeners == BTreeSet::from([(80, "TCP".into()), (443, "TCP".into())]));
+    ensure!(
+        obs.groups
+            == BTreeSet::from([
+                (30080, "TCP".into(), "instance".into()),
+                (30443, "TCP".into(), "instance".into())
+            ]),
+        "{:?}",
+        obs.groups
+    );
+    ensure!(obs.targets == ids(&seed.instance_ids), "{:?}", obs.targets);
+
+    // Security groups: the NLB's own with the client rule, and the nodes' client rules.
+    let sgs = ec2
+        .describe_security_groups()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("vpc-id")
+                .values(&seed.vpc_id)
+                .build(),
+        )
+        .send()
+        .await?;
+    let own = sgs
+        .security_groups()
+        .iter()
+        .find(|g| g.group_name() == Some(security_group_name(&name).as_str()))
+        .context("managed security group")?;
+    ensure!(
+        own.tags().iter().any(|t| t.key() == Some("kubernetes.io/cluster/nlbtest") && t.value() == Some("owned")),
+        "{:?}",
+        own.tags()
+    );
+    let nodes_sg = sgs
+        .security_groups()
+        .iter()
+        .find(|g| g.group_id() == Some(seed.node_security_group_id.as_str()))
+        .context("node group")?;
+    let client_rules: Vec<(i32, String)> = nodes_sg
+        .ip_permissions()
+        .iter()
+        .flat_map(|p| {
+            p.ip_ranges()
+                .iter()
+                .filter(|r| {
+                    r.description()
+                        .is_some_and(|d| d.starts_with("kubernetes.io/rule/nlb/"))
+                })
+                .map(move |r| {
+                    (
+                        p.from_port().unwrap_or_default(),
+                        r.cidr_ip().unwrap_or_default().to_owned(),
+                    )
+                })
+        })
+        .collect();
+    ensure!(
+        client_rules.contains(&(30080, "203.0.113.0/24".into())),
+        "{client_rules:?}"
+    );
+    ensure!(
+        client_rules.contains(&(30443, "203.0.113.0/24".into())),
+        "{client_rules:?}"
+    );
+    ensure!(
+        client_rules
+            .iter()
+            .any(|(p, c)| *p == 30080 && c.starts_with("10.0.")),
+        "health rule: {client_rules:?}"
+    );
+
+    // Idempotent: a second ensure changes nothing and creates nothing.
+    let again = lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
+    ensure!(again == status);
+    let all_lbs = elb.describe_load_balancers().send().await?;
+    ensure!(all_lbs.load_balancers().len() == 1);
+    let all_tgs = elb.describe_target_groups().send().await?;
+    ensure!(all_tgs.target_groups().len() == 2);
+
+    // Scale up by three nodes, then down to one.
+    let spec = SeedSpec::new("nlbtest", 0);
+    moto::run_instances(&ec2, &spec, &mut seed, 3).await?;
+    nodes = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let before = cloud.metrics().attempts_of("DescribeInstances");
+    lbs.update_load_balancer(CLUSTER, &svc, &nodes).await?;
+    let calls = cloud.metrics().attempts_of("DescribeInstances") - before;
+    // The two known nodes come from the cache; the three new ones take one call together.
+    ensure!(
+        calls == 1,
+        "update over 5 nodes made {calls} DescribeInstances calls"
+    );
+    let obs = observe(&elb, &name).await?.context("nlb")?;
+    ensure!(
+        obs.targets == ids(&seed.instance_ids),
+        "after scale up: {:?}",
+        obs.targets
+    );
+    lbs.update_load_balancer(CLUSTER, &svc, &nodes[..1]).await?;
+    let obs = observe(&elb, &name).await?.context("nlb")?;
+    ensure!(
+        obs.targets == ids(&seed.instance_ids[..1]),
+        "after scale down: {:?}",
+        obs.targets
+    );
+
+    // A port goes away: its listener and target group go too.
+    let smaller = service(
+        "web",
+        "5a1e0000-0000-4000-8000-000000000001",
+        &[("TCP", 80, 30080)],
+    );
+    lbs.ensure_load_balancer(CLUSTER, &smaller, &nodes).await?;
+    let obs = observe(&elb, &name).await?.context("nlb")?;
+    ensure!(
+        obs.listeners == BTreeSet::from([(80, "TCP".into())]),
+        "{:?}",
+        obs.listeners
+    );
+    ensure!(
+        elb.describe_target_groups()
+            .send()
+            .await?
+            .target_groups()
+            .len()
+            == 1
+    );
+
+    // Delete: no load balancer, target group, managed security group or rule is left.
+    lbs.ensure_load_balancer_deleted(CLUSTER, &svc).await?;
+    ensure!(observe(&elb, &name).await?.is_none());
+    ensure!(lbs.get_load_balancer(CLUSTER, &svc).await?.is_none());
+    ensure!(
+        elb.describe_load_balancers()
+            .send()
+            .await?
+            .load_balancers()
+            .is_empty()
+    );
+    ensure!(
+        elb.describe_target_groups()
+            .send()
+            .await?
+            .target_groups()
+            .is_empty()
+    );
+    let sgs = ec2
+        .describe_security_groups()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("vpc-id")
+                .values(&seed.vpc_id)
+                .build(),
+        )
+        .send()
+        .await?;
+    ensure!(
+        !sgs.security_groups()
+            .iter()
+            .any(|g| g.group_name() == Some(security_group_name(&name).as_str())),
+        "managed security group left behind"
+    );
+    let leftover = sgs
+        .security_groups()
+        .iter()
+        .flat_map(|g| g.ip_permissions())
+        .flat_map(|p| p.ip_ranges())
+        .filter(|r| r.description().is_some_and(|d| d.contains(&name)))
+        .count();
+    ensure!(leftover == 0, "{leftover} rules left behind");
+    // Deleting again succeeds.
+    lbs.ensure_load_balancer_deleted(CLUSTER, &svc).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_local_traffic_and_annotations() -> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("udp", 2).await?;
+    let elb = moto.elbv2().await;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+
+    // TCP and UDP on one port: one TCP_UDP listener; ETP Local: HTTP health on the node port.
+    let mut dns = service(
+        "dns",
+        "5a1e0000-0000-4000-8000-000000000002",
+        &[("TCP", 53, 30053), ("UDP", 53, 30053)],
+    );
+    {
+        let spec = dns.spec.as_mut().context("spec")?;
+        spec.external_traffic_policy = Some("Local".into());
+        spec.health_check_node_port = Some(32053);
+    }
+    dns.metadata.annotations = Some(
+        [
+            (
+                "service.beta.kubernetes.io/aws-load-balancer-internal",
+                "true",
+            ),
+            (
+                "service.beta.kubernetes.io/aws-load-balancer-cross-zone-load-balancing-enabled",
+                "true",
+            ),
+            (
+                "service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags",
+                "team=dns",
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect(),
+    );
+    let name = lbs.get_load_balancer_name(CLUSTER, &dns);
+    lbs.ensure_load_balancer(CLUSTER, &dns, &nodes).await?;
+    let obs = observe(&elb, &name).await?.context("nlb")?;
+    ensure!(obs.scheme == "internal");
+    ensure!(
+        obs.listeners == BTreeSet::from([(53, "TCP_UDP".into())]),
+        "{:?}",
+        obs.listeners
+    );
+    let tgs = elb.describe_target_groups().send().await?;
+    let tg = tgs.target_groups().first().context("tg")?;
+    ensure!(
+        tg.health_check_port() == Some("32053"),
+        "{:?}",
+        tg.health_check_port()
+    );
+    ensure!(tg.health_check_path() == Some("/healthz"));
+    ensure!(tg.health_check_protocol().map(|p| p.as_str()) == Some("HTTP"));
+    let lb = elb.describe_load_balancers().names(&name).send().await?;
+    let arn = lb
+        .load_balancers()
+        .first()
+        .and_then(|l| l.load_balancer_arn())
+        .context("arn")?;
+    let attrs = elb
+        .describe_load_balancer_attributes()
+        .load_balancer_arn(arn)
+        .send()
+        .await?;
+    ensure!(
+        attrs
+            .attributes()
+            .iter()
+            .any(|a| a.key() == Some("load_balancing.cross_zone.enabled")
+                && a.value() == Some("true"))
+    );
+    let tags = elb.describe_tags().resource_arns(arn).send().await?;
+    let tag_pairs: Vec<(String, String)> = tags
+        .tag_descriptions()
+        .iter()
+        .flat_map(|d| d.tags())
+        .map(|t| {
+            (
+                t.key().unwrap_or_default().to_owned(),
+                t.value().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    for want in [
+        ("kubernetes.io/cluster/udp", "owned"),
+        ("team", "dns"),
+        ("kubernetes.io/service-name", "default/dns"),
+    ] {
+        ensure!(
+            tag_pairs.contains(&(want.0.into(), want.1.into())),
+            "{tag_pairs:?}"
+        );
+    }
+    lbs.ensure_load_balancer_deleted(CLUSTER, &dns).await?;
+    ensure!(
+        elb.describe_target_groups()
+            .send()
+            .await?
+            .target_groups()
+            .is_empty()
+    );
+
+    // Bad input: clear errors, nothing created.
+    let mixed = service(
+        "mixed",
+        "5a1e0000-0000-4000-8000-000000000003",
+        &[("TCP", 80, 30080), ("UDP", 53, 30053)],
+    );
+    let err = lbs
+        .ensure_load_balancer(CLUSTER, &mixed, &nodes)
+        .await
+        .err()
+        .context("mixed")?;
+    ensure!(err.to_string().contains("mixed protocols"), "{err}");
+    let mut tls = service(
+        "tls",
+        "5a1e0000-0000-4000-8000-000000000004",
+        &[("TCP", 443, 30443)],
+    );
+    tls.metadata.annotations = Some(
+        [(
+            "service.beta.kubernetes.io/aws-load-balancer-ssl-cert".to_owned(),
+            "arn:aws:acm:x".to_owned(),
+        )]
+        .into(),
+    );
+    let err = lbs
+        .ensure_load_balancer(CLUSTER, &tls, &nodes)
+        .await
+        .err()
+        .context("tls")?;
+    ensure!(
+        err.to_string().contains("aws-load-balancer-ssl-cert"),
+        "{err}"
+    );
+    let mut lbc = service(
+        "lbc",
+        "5a1e0000-0000-4000-8000-000000000005",
+        &[("TCP", 80, 30080)],
+    );
+    lbc.metadata.annotations = Some([(ANNOTATION_TYPE.to_owned(), "external".to_owned())].into());
+    let err = lbs
+        .ensure_load_balancer(CLUSTER, &lbc, &nodes)
+        .await
+        .err()
+        .context("lbc")?;
+    ensure!(err.is_implemented_elsewhere(), "{err}");
+    // Get and delete answer plainly for it, so the controller can drop its finalizer.
+    ensure!(lbs.get_load_balancer(CLUSTER, &lbc).await?.is_none());
+    lbs.ensure_load_balancer_deleted(CLUSTER, &lbc).await?;
+    ensure!(
+        elb.describe_load_balancers()
+            .send()
+            .await?
+            .load_balancers()
+            .is_empty()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_to_instances_with_blackholes() -> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("routes", 2).await?;
+    let ec2 = moto.ec2().await;
+    let routes = cloud.routes().context("routes")?;
+    let cidr: ipnet::IpNet = "10.244.1.0/24".parse()?;
+    // By private DNS name (upstream's default node naming).
+    let target = seed.private_dns_names[0].clone();
+    routes
+        .create_route(CLUSTER, "uid-a", &Route::new(target.clone(), cidr))
+        .await?;
+    ensure!(moto::source_dest_check(&ec2, &seed.instance_ids[0]).await? == Some(false));
+    let listed = routes.list_routes(CLUSTER).await?;
+    let r = listed
+        .iter()
+        .find(|r| r.destination_cidr == cidr)
+        .context("route listed")?;
+    ensure!(r.target_node == target && !r.blackhole, "{r:?}");
+    // Only instance routes are listed (the default route to the gateway is not ours).
+    ensure!(listed.len() == 1, "{listed:?}");
+    // Creating it again is a no-op.
+    routes
+        .create_route(CLUSTER, "uid-a", &Route::new(target.clone(), cidr))
+        .await?;
+
+    // The instance goes away: the route is a blackhole, and a new route for the CIDR replaces it.
+    moto::terminate_instances(&ec2, &seed.instance_ids[..1]).await?;
+    cloud.clear_instance_cache();
+    let listed = routes.list_routes(CLUSTER).await?;
+    let r = listed
+        .iter()
+        .find(|r| r.destination_cidr == cidr)
+        .context("route listed")?;
+    ensure!(r.blackhole && r.target_node.is_empty(), "{r:?}");
+    let second = seed.instance_ids[1].clone();
+    routes
+        .create_route(CLUSTER, "uid-b", &Route::new(second.clone(), cidr))
+        .await?;
+    let listed = routes.list_routes(CLUSTER).await?;
+    let r = listed
+        .iter()
+        .find(|r| r.destination_cidr == cidr)
+        .context("route listed")?;
+    ensure!(r.target_node == second && !r.blackhole, "{r:?}");
+
+    // A route to a node with no instance is InstanceNotFound.
+    let err = routes
+        .create_route(
+            CLUSTER,
+            "uid-c",
+            &Route::new("ip-10-9-9-9.ec2.internal", "10.244.9.0/24".parse()?),
+        )
+        .await
+        .err()
+        .context("unknown node")?;
+    ensure!(err.is_instance_not_found(), "{err}");
+
+    routes.delete_route(CLUSTER, r).await?;
+    ensure!(routes.list_routes(CLUSTER).await?.is_empty());
+    // Deleting a route that is gone succeeds.
+    routes.delete_route(CLUSTER, r).await?;
+
+    // Two tables carrying the cluster tag: a clear error.
+    ec2.create_route_table()
+        .vpc_id(&seed.vpc_id)
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::RouteTable)
+                .tags(
+                    aws_sdk_ec2::types::Tag::builder()
+                        .key("kubernetes.io/cluster/routes")
+                        .value("owned")
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await?;
+    let err = routes
+        .list_routes(CLUSTER)
+        .await
+        .err()
+        .context("two tables")?;
+    ensure!(err.to_string().contains("expected exactly one"), "{err}");
+    // RouteTableID pins the table.
+    let pinned = cloud_with(
+        &moto,
+        &seed,
+        &format!("RouteTableID = {}", seed.route_table_id),
+    )?;
+    ensure!(
+        pinned
+            .routes()
+            .context("routes")?
+            .list_routes(CLUSTER)
+            .await?
+            .is_empty()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_arn_assumes_the_role_through_sts() -> anyhow::Result<()> {
+    let (moto, seed, _) = setup("role", 1).await?;
+    // moto's STS hands out credentials for any role; EC2 then works with them.
+    let cloud = cloud_with(
+        &moto,
+        &seed,
+        "RoleARN = arn:aws:iam::123456789012:role/ccm-rs",
+    )?;
+    let meta = cloud
+        .instances_v2()
+        .context("instances")?
+        .instance_metadata(&node(&seed.instance_ids[0]))
+        .await?
+        .context("metadata")?;
+    ensure!(meta.provider_id.ends_with(&seed.instance_ids[0]));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_change_100_at_a_time() -> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("chunks", 150).await?;
+    let elb = moto.elbv2().await;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let mut svc = service(
+        "bulk",
+        "5a1e0000-0000-4000-8000-000000000006",
+        &[("TCP", 80, 30080)],
+    );
+    svc.metadata.annotations = Some(
+        [(
+            "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes".to_owned(),
+            "preserve_client_ip.enabled=false".to_owned(),
+        )]
+        .into(),
+    );
+    let name = lbs.get_load_balancer_name(CLUSTER, &svc);
+    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+
+    lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
+    let registers = cloud.metrics().attempts_of("RegisterTargets");
+    ensure!(
+        registers == 2,
+        "150 targets took {registers} RegisterTargets calls"
+    );
+    let obs = observe(&elb, &name).await?.context("nlb")?;
+    ensure!(
+        obs.targets == ids(&seed.instance_ids),
+        "{} targets",
+        obs.targets.len()
+    );
+    let tgs = elb.describe_target_groups().send().await?;
+    let tg_arn = tgs
+        .target_groups()
+        .first()
+        .and_then(|t| t.target_group_arn())
+        .context("tg")?;
+    let attrs = elb
+        .describe_target_group_attributes()
+        .target_group_arn(tg_arn)
+        .send()
+        .await?;
+    ensure!(
+        attrs
+            .attributes()
+            .iter()
+            .any(|a| a.key() == Some("preserve_client_ip.enabled") && a.value() == Some("false")),
+        "{:?}",
+        attrs.attributes()
+    );
+
+    lbs.update_load_balancer(CLUSTER, &svc, &nodes[..10])
+        .await?;
+    let deregisters = cloud.metrics().attempts_of("DeregisterTargets");
+    ensure!(
+        deregisters == 2,
+        "140 removals took {deregisters} DeregisterTargets calls"
+    );
+    let obs = observe(&elb, &name).await?.context("nlb")?;
+    ensure!(
+        obs.targets == ids(&seed.instance_ids[..10]),
+        "{} targets",
+        obs.targets.len()
+    );
+    lbs.ensure_load_balancer_deleted(CLUSTER, &svc).await?;
+    ensure!(
+        elb.describe_target_groups()
+            .send()
+            .await?
+            .target_groups()
+            .is_empty()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elb_security_group_and_disabled_ingress() -> anyhow::Result<()> {
+    let (moto, seed, _) = setup("sgopts", 2).await?;
+    let ec2 = moto.ec2().await;
+    let elb = moto.elbv2().await;
+    let shared = ec2
+        .create_security_group()
+        .group_name("shared-elb")
+        .description("shared")
+        .vpc_id(&seed.vpc_id)
+        .send()
+        .await?;
+    let shared_id = shared.group_id().context("group id")?.to_owned();
+    let cloud = cloud_with(
+        &moto,
+        &seed,
+        &format!("DisableSecurityGroupIngress = true\nElbSecurityGroup = {shared_id}"),
+    )?;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let svc = service(
+        "plain",
+        "5a1e0000-0000-4000-8000-000000000007",
+        &[("TCP", 80, 30080)],
+    );
+    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let name = lbs.get_load_balancer_name(CLUSTER, &svc);
+    lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
+    let lb = elb.describe_load_balancers().names(&name).send().await?;
+    let groups = lb
+        .load_balancers()
+        .first()
+        .map(|l| l.security_groups().to_vec())
+        .unwrap_or_default();
+    ensure!(groups == vec![shared_id.clone()], "{groups:?}");
+    let sgs = ec2
+        .describe_security_groups()
+        .group_ids(&seed.node_security_group_id)
+        .send()
+        .await?;
+    let rules = sgs
+        .security_groups()
+        .iter()
+        .flat_map(|g| g.ip_permissions())
+        .flat_map(|p| p.ip_ranges())
+        .filter(|r| {
+            r.description()
+                .is_some_and(|d| d.contains("kubernetes.io/rule/nlb"))
+        })
+        .count();
+    ensure!(
+        rules == 0,
+        "DisableSecurityGroupIngress still added {rules} rules"
+    );
+    lbs.ensure_load_balancer_deleted(CLUSTER, &svc).await?;
+    // The shared group is never deleted.
+    let still = ec2
+        .describe_security_groups()
+        .group_ids(&shared_id)
+        .send()
+        .await?;
+    ensure!(still.security_groups().len() == 1);
+    Ok(())
+}
