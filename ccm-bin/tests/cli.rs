@@ -20,10 +20,13 @@ fn temp_file(name: &str, contents: &str) -> std::path::PathBuf {
 }
 
 #[test]
-fn the_fake_provider_is_linked() {
+fn the_aws_and_fake_providers_are_linked() {
     let out = ccm(&["providers"]);
     assert!(out.status.success());
-    assert_eq!(text(&out.stdout).lines().collect::<Vec<_>>(), ["fake"]);
+    assert_eq!(
+        text(&out.stdout).lines().collect::<Vec<_>>(),
+        ["aws", "fake"]
+    );
 }
 
 #[test]
@@ -106,7 +109,7 @@ fn an_unknown_provider_lists_the_registered_ones() {
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr.contains("unknown cloud provider \"nope\"; registered providers: fake"),
+        stderr.contains("unknown cloud provider \"nope\"; registered providers: aws, fake"),
         "{stderr}"
     );
 }
