@@ -47,6 +47,9 @@ pub mod types;
 pub mod well_known;
 
 pub use error::{BoxError, CloudError, ErrorKind};
+/// The metrics library of [`CloudProvider::register_metrics`], re-exported so providers
+/// register on the same version.
+pub use prometheus_client;
 pub use provider::{
     ClientBuilder, CloudProvider, CloudResult, Clusters, InitContext, Instances, InstancesV2,
     LoadBalancer, Routes, SharedClient, Zones, instance_provider_id,

@@ -134,6 +134,28 @@ pub trait CloudProvider: Send + Sync + 'static {
     fn routes(&self) -> Option<&dyn Routes> {
         None
     }
+
+    /// Registers the provider's own metrics (cloud API calls, throttling, caches…) on the
+    /// controller manager's `/metrics`, beside the controllers' metrics. Called once at start.
+    /// Register under a sub-registry or with a provider prefix to keep names apart.
+    ///
+    /// ```
+    /// use cloud_provider::prometheus_client::{metrics::counter::Counter, registry::Registry};
+    /// # use cloud_provider::CloudProvider;
+    /// struct Counted { calls: Counter }
+    /// impl CloudProvider for Counted {
+    ///     fn provider_name(&self) -> &str { "counted" }
+    ///     fn register_metrics(&self, registry: &mut Registry) {
+    ///         registry.sub_registry_with_prefix("counted")
+    ///             .register("cloud_calls", "Calls to the cloud API", self.calls.clone());
+    ///     }
+    /// }
+    /// let mut registry = Registry::default();
+    /// Counted { calls: Counter::default() }.register_metrics(&mut registry);
+    /// ```
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        let _ = registry;
+    }
 }
 
 /// Instance lookups by Node. Implementations should use `node.spec.providerID` first and may

@@ -9,6 +9,7 @@
 //!   defaulting, validation, table columns, field selectors), Service IP/port allocation;
 //! - [`patch`]: JSON, merge, strategic-merge patches and server-side apply;
 //! - [`api`]: the REST surface (discovery, CRUD, watch, tables, Status errors, metrics);
+//! - [`auth`]: the identity of a request ([`auth::UserInfo`]);
 //! - [`serve`]: serving on a socket and writing a kubeconfig;
 //! - [`sim`]: a kubelet stand-in simulating many nodes (registration, leases, pods,
 //!   graceful shutdown, fault injection), in the spirit of kwok.
@@ -19,6 +20,7 @@
 //! In-process use, with no TCP: kube 5's `Client::new(server.router(), "default")`.
 
 pub mod api;
+pub mod auth;
 pub mod controllers;
 pub mod openapi;
 pub mod patch;

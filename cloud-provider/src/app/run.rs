@@ -276,6 +276,7 @@ pub async fn run_with(
         options.cloud_api_burst,
     ));
     let metrics = Metrics::new(limiter.clone());
+    cloud.register_metrics(&mut metrics.registry().lock());
     let server = if options.secure_port != 0 {
         let addr = std::net::SocketAddr::new(options.bind_address, options.secure_port);
         let listener = tokio::net::TcpListener::bind(addr).await?;

@@ -26,6 +26,7 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::{
+    auth::UserInfo,
     registry::{Registry, ResourceDef, allocator::ServiceAllocator, meta},
     store::Store,
 };
@@ -211,8 +212,19 @@ impl ApiServer {
         self.state.store.clone()
     }
 
-    /// The HTTP API as an axum router.
+    /// The HTTP API as an axum router for in-process use: requests carry no identity of their
+    /// own and act as the privileged loopback client ([`UserInfo::loopback`]).
     pub fn router(&self) -> Router {
+        self.routes()
+    }
+
+    /// The HTTP API as an axum router whose every request acts as `user` (tests of
+    /// authorization use it in-process, with no TLS).
+    pub fn router_as(&self, user: UserInfo) -> Router {
+        self.routes().layer(axum::Extension(user))
+    }
+
+    fn routes(&self) -> Router {
         Router::new()
             .route("/version", get(version))
             .route("/healthz", get(health))
