@@ -447,6 +447,7 @@ async fn watch_too_old_is_expired(open: Open) {
     let f = open(WatchConfig {
         window_capacity: 16,
         watcher_buffer: 64,
+        ..WatchConfig::default()
     })
     .await;
     let s = &f.store;
@@ -484,6 +485,7 @@ async fn slow_watcher_is_ended(open: Open) {
     let f = open(WatchConfig {
         window_capacity: 1_000,
         watcher_buffer: 4,
+        ..WatchConfig::default()
     })
     .await;
     let s = &f.store;
