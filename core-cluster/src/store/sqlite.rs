@@ -277,7 +277,9 @@ impl SqliteStore {
             .await
             .map_err(|e| StoreError::backend("closing readers", e))?;
         match self.submit(WriteOp::Shutdown).await {
-            Ok(_) | Err(StoreError::Closed) => Ok(()),
+            Ok(_) => Ok(()),
+            // Already stopped (closed, or after a failed commit): nothing left to release.
+            Err(_) if self.inner.writes.is_closed() => Ok(()),
             Err(e) => Err(e),
         }
     }
@@ -521,16 +523,20 @@ impl Writer {
                 break;
             }
         }
+        tracing::info!(revision = self.revision, "sqlite writer stopped");
+        let window = self.window.clone();
+        let failure = self.failure.clone();
+        // Release the database and the directory first: whoever sees a refusal below (or
+        // a failed `close`) may reopen the store at once.
+        drop(self);
         // Refuse whatever is still queued instead of leaving callers to guess.
         rx.close();
         while let Ok(request) = rx.try_recv() {
-            let error = self.failure.error().unwrap_or(StoreError::Closed);
+            let error = failure.error().unwrap_or(StoreError::Closed);
             let _ = request.reply.send(Err(error));
         }
-        tracing::info!(revision = self.revision, "sqlite writer stopped");
         // No more events will come: end the watchers rather than leave them hanging.
-        self.window.close();
-        drop(self);
+        window.close();
         for reply in shutdown {
             let _ = reply.send(Ok(WriteOutcome::Done));
         }
