@@ -38,14 +38,15 @@
 //! [`Store::watch`] delivers every event with `revision > from_revision` for keys under
 //! a prefix, in revision order, first replaying recent history and then continuing
 //! live. Recent history is a bounded in-memory ring of the last
-//! [`WatchConfig::window_capacity`] events (see the watch window in the source), so
+//! [`WatchConfig::window_capacity`] events, holding at most [`WatchConfig::window_bytes`]
+//! of them (see the watch window in the source), so
 //! watching from a revision older than the ring yields [`StoreError::Expired`]
 //! (Kubernetes: "410 Gone, too old resource version"; the client relists and watches
 //! from the list's revision). A durable backend starts with an empty ring after a
 //! restart, so after a restart only watches from the current revision onwards succeed.
 //!
-//! A watcher that does not keep up — its bounded buffer of
-//! [`WatchConfig::watcher_buffer`] events fills — is ended: it receives the events that
+//! A watcher that does not keep up — its buffer of [`WatchConfig::watcher_buffer`]
+//! events or [`WatchConfig::watcher_buffer_bytes`] fills — is ended: it receives the events that
 //! were already buffered, then [`StoreError::WatcherLagged`], then the stream ends. It
 //! never silently misses an event; the client re-watches from the last revision it saw.
 //!
