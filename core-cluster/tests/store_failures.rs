@@ -169,15 +169,7 @@ async fn a_dead_writer_fails_livez_readyz_and_healthz_and_loses_nothing() {
 
     // Reads still serve what was committed; the watch saw exactly the acknowledged
     // writes and then ended.
-    let listed: Vec<String> = cms
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|cm| cm.name_any())
-        .collect();
-    assert_eq!(listed, sorted(&acknowledged));
+    assert_eq!(names(&cms).await, sorted(&acknowledged));
     let mut watched = Vec::new();
     while let Some(event) = tokio::time::timeout(Duration::from_secs(10), watch.next())
         .await
@@ -197,19 +189,17 @@ async fn a_dead_writer_fails_livez_readyz_and_healthz_and_loses_nothing() {
     let (router, client) = server(Arc::new(store.clone()), ApiServerConfig::default()).await;
     assert_eq!(get(&router, "/livez").await, (200, "ok".into()));
     let cms: Api<ConfigMap> = Api::namespaced(client, "default");
-    let listed: Vec<String> = cms
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|cm| cm.name_any())
-        .collect();
-    assert_eq!(listed, sorted(&acknowledged));
+    assert_eq!(names(&cms).await, sorted(&acknowledged));
     cms.create(&PostParams::default(), &configmap("after-restart", "v"))
         .await
         .unwrap();
     store.close().await.unwrap();
+}
+
+/// The names of the listed ConfigMaps, in the list's (name) order.
+async fn names(cms: &Api<ConfigMap>) -> Vec<String> {
+    let list = cms.list(&Default::default()).await.unwrap();
+    list.items.iter().map(|cm| cm.name_any()).collect()
 }
 
 fn sorted(names: &[String]) -> Vec<String> {
