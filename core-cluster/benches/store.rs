@@ -265,6 +265,7 @@ async fn run(scale: Scale, root: &std::path::Path) -> anyhow::Result<()> {
     let roomy = WatchConfig {
         window_capacity: 10_000,
         watcher_buffer: scale.fanout_events * 2,
+        ..WatchConfig::default()
     };
     let mut durable = Vec::new();
     let mut memory = Vec::new();

@@ -550,6 +550,7 @@ async fn watch_from_a_compacted_version_gets_a_410_error_event() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::with_watch_config(WatchConfig {
         window_capacity: 4,
         watcher_buffer: 16,
+        ..WatchConfig::default()
     }));
     let (_, client, _) = server_with(store).await;
     let cms: Api<ConfigMap> = Api::namespaced(client, "default");

@@ -13,8 +13,8 @@ use core_cluster::store::{
     EventKind, KeyValue, MemoryStore, SqliteOptions, SqliteStore, Store, StoreError, WatchConfig,
     WatchEvent, WatchStream,
 };
-use futures::StreamExt;
 use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use tempfile::TempDir;
 
 /// A store under test and whatever must live as long as it.
@@ -447,6 +447,7 @@ async fn watch_too_old_is_expired(open: Open) {
     let f = open(WatchConfig {
         window_capacity: 16,
         watcher_buffer: 64,
+        ..WatchConfig::default()
     })
     .await;
     let s = &f.store;
@@ -484,6 +485,7 @@ async fn slow_watcher_is_ended(open: Open) {
     let f = open(WatchConfig {
         window_capacity: 1_000,
         watcher_buffer: 4,
+        ..WatchConfig::default()
     })
     .await;
     let s = &f.store;
@@ -592,6 +594,88 @@ async fn concurrent_compare_and_swap_has_one_winner(open: Open) {
     assert_eq!(s.current_revision().await.unwrap(), r0 + 1);
 }
 
+/// The window and a watcher's buffer are bounded by bytes as well as by events: large
+/// values push the window's floor up long before its event count is reached, and a slow
+/// watcher of large values is ended long before its event count is reached.
+async fn watch_memory_is_bounded_by_bytes(open: Open) {
+    let f = open(WatchConfig {
+        window_capacity: 10_000,
+        window_bytes: 256 * 1024,
+        watcher_buffer: 1_000,
+        watcher_buffer_bytes: 64 * 1024,
+    })
+    .await;
+    let s = &f.store;
+    let base = s.current_revision().await.unwrap();
+    let mut slow = s.watch("/k/", base).await.unwrap();
+    let large = Bytes::from(vec![b'x'; 16 * 1024]);
+    for i in 0..40 {
+        s.create(&format!("/k/{i}"), large.clone()).await.unwrap();
+    }
+    let last = base + 40;
+    // About 15 of the 40 events fit in 256 KiB: older watches are refused...
+    let oldest = match s.watch("/k/", base).await {
+        Err(StoreError::Expired {
+            requested,
+            oldest_available,
+        }) => {
+            assert_eq!(requested, base);
+            oldest_available
+        }
+        Err(other) => panic!("expected Expired, got {other:?}"),
+        Ok(_) => panic!("the window kept 40 large events past its byte bound"),
+    };
+    assert!(
+        (last - 16..=last - 10).contains(&oldest),
+        "oldest {oldest}, last {last}"
+    );
+    // ...and the ones it still covers replay exactly.
+    let mut w = s.watch("/k/", oldest).await.unwrap();
+    for want in oldest + 1..=last {
+        assert_eq!(next_event(&mut w).await.revision, want);
+    }
+    // The slow watcher held about 64 KiB (3 events), then was told it fell behind.
+    let mut got = 0;
+    loop {
+        match next(&mut slow).await {
+            Some(Ok(e)) => {
+                got += 1;
+                assert_eq!(e.revision, base + got, "no event may be skipped");
+            }
+            Some(Err(StoreError::WatcherLagged { .. })) => break,
+            other => panic!("expected WatcherLagged, got {other:?}"),
+        }
+    }
+    assert!((1..=4).contains(&got), "{got} events buffered");
+    assert!(next(&mut slow).await.is_none());
+}
+
+/// Once `current_revision` returns a revision, every event up to it is ready in the
+/// matching watch streams (what makes it a safe bookmark, like etcd's progress notify),
+/// and a serving store reports itself healthy.
+async fn current_revision_is_a_safe_bookmark_and_health_is_ok(open: Open) {
+    let f = open(WatchConfig::default()).await;
+    let s = &f.store;
+    s.health().await.expect("a fresh store is healthy");
+    let base = s.current_revision().await.unwrap();
+    let mut w = s.watch("/k/", base).await.unwrap();
+    let writes = (0..32).map(|i| {
+        let s = s.clone();
+        async move { s.create(&format!("/k/{i}"), v("x")).await.unwrap() }
+    });
+    futures::future::join_all(writes).await;
+    s.create("/other/x", v("x")).await.unwrap();
+    let current = s.current_revision().await.unwrap();
+    assert_eq!(current, base + 33);
+    // Without waiting: every event up to `current` is already in the stream.
+    let mut seen = Vec::new();
+    while let Some(item) = tokio::task::coop::unconstrained(w.next()).now_or_never() {
+        seen.push(item.expect("the stream goes on").unwrap().revision);
+    }
+    assert_eq!(seen, (base + 1..=base + 32).collect::<Vec<_>>());
+    s.health().await.expect("still healthy");
+}
+
 macro_rules! conformance {
     ($backend:ident, $open:expr) => {
         mod $backend {
@@ -606,6 +690,8 @@ macro_rules! conformance {
                 slow_watcher_is_ended,
                 concurrent_writers_get_distinct_revisions,
                 concurrent_compare_and_swap_has_one_winner,
+                watch_memory_is_bounded_by_bytes,
+                current_revision_is_a_safe_bookmark_and_health_is_ok,
             );
         }
     };

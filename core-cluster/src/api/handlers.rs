@@ -1426,7 +1426,7 @@ async fn delete_collection(
 
 /// The namespace controller's work, in-process: delete everything in a terminating
 /// namespace, then the namespace itself.
-fn spawn_namespace_cleanup(state: &ServerState, namespace: String) {
+pub(super) fn spawn_namespace_cleanup(state: &ServerState, namespace: String) {
     let Some(server) = state.self_ref.upgrade() else {
         return;
     };

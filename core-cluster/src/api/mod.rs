@@ -140,6 +140,19 @@ impl ApiServer {
                 Err(e) => return Err(e),
             }
         }
+        // Namespaces that were Terminating when the server stopped: their cleanup died with
+        // the process. Upstream's namespace controller picks them up from its initial list.
+        for ns in handlers::list_all(&self.state, namespaces, None).await? {
+            if let Some(name) = ns["metadata"]["name"].as_str()
+                && !ns["metadata"]["deletionTimestamp"].is_null()
+            {
+                tracing::info!(
+                    namespace = name,
+                    "resuming the finalization of a terminating namespace"
+                );
+                handlers::spawn_namespace_cleanup(&self.state, name.to_owned());
+            }
+        }
         let first_ip: Option<IpAddr> = self.state.allocator.lock().first_ip();
         if let Some(ip) = first_ip {
             let body = json!({
@@ -228,8 +241,11 @@ impl ApiServer {
         Router::new()
             .route("/version", get(version))
             .route("/healthz", get(health))
+            .route("/healthz/{check}", get(health))
             .route("/livez", get(health))
+            .route("/livez/{check}", get(health))
             .route("/readyz", get(health))
+            .route("/readyz/{check}", get(health))
             .route("/metrics", get(metrics_endpoint))
             .route("/api", get(api_root))
             .route("/apis", get(apis_root))
@@ -258,20 +274,108 @@ async fn version(State(state): State<Arc<ServerState>>) -> Response {
     r
 }
 
+/// The checks each health endpoint runs, by kube-apiserver's names. `etcd` (and, for
+/// readiness, `etcd-readiness`) is the store's own [`Store::health`]: it fails when the
+/// store cannot commit writes (a durable store whose writer stopped after a failed commit)
+/// or cannot be read.
+fn health_checks(endpoint: &str) -> &'static [&'static str] {
+    match endpoint {
+        "readyz" => &["ping", "etcd", "etcd-readiness"],
+        _ => &["ping", "etcd"],
+    }
+}
+
+/// How long the store's health check may take before it counts as failed (kube-apiserver
+/// gives etcd's 2 s).
+const STORE_HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `/healthz`, `/livez`, `/readyz` and their per-check paths (`/livez/etcd`), in
+/// kube-apiserver's format: `ok`, or with `?verbose` one `[+]check ok` line per check and
+/// `<endpoint> check passed`; any failed check makes it 500 with `[-]check failed: reason
+/// withheld` (the reason is logged, and shown by the per-check path). `?exclude=check`
+/// skips a check.
 async fn health(State(state): State<Arc<ServerState>>, request: Request) -> Response {
-    let verbose = request.uri().query().is_some_and(|q| q.contains("verbose"));
-    match state.store.current_revision().await {
-        Ok(_) if verbose => (
-            StatusCode::OK,
-            "[+]ping ok\n[+]store ok\nhealthz check passed\n",
-        )
-            .into_response(),
-        Ok(_) => (StatusCode::OK, "ok").into_response(),
-        Err(e) => (
+    let mut segments = request.uri().path().trim_matches('/').split('/');
+    let endpoint = segments.next().unwrap_or("healthz");
+    let single = segments.next();
+    let checks = health_checks(endpoint);
+    let query: Vec<(String, String)> =
+        serde_urlencoded::from_str(request.uri().query().unwrap_or("")).unwrap_or_default();
+    let verbose = query.iter().any(|(k, _)| k == "verbose");
+    let excluded = |check: &str| query.iter().any(|(k, v)| k == "exclude" && v == check);
+
+    let wants_store = match single {
+        Some(check) => check != "ping",
+        None => checks.iter().any(|c| *c != "ping" && !excluded(c)),
+    };
+    let store = if wants_store {
+        match tokio::time::timeout(STORE_HEALTH_TIMEOUT, state.store.health()).await {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
+                "the store did not answer within {STORE_HEALTH_TIMEOUT:?}"
+            )),
+        }
+    } else {
+        Ok(())
+    };
+    let outcome = |check: &str| match check {
+        "ping" => Ok(()),
+        _ => store.clone(),
+    };
+    let text = |code: StatusCode, body: String| {
+        let mut response = (code, body).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        response.headers_mut().insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+        response
+    };
+
+    if let Some(check) = single {
+        if !checks.contains(&check) {
+            return text(StatusCode::NOT_FOUND, "404 page not found\n".into());
+        }
+        return match outcome(check) {
+            Ok(()) => text(StatusCode::OK, "ok".into()),
+            Err(e) => {
+                tracing::warn!(endpoint, check, error = %e, "health check failed");
+                text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("internal server error: {e}\n"),
+                )
+            }
+        };
+    }
+    let mut lines = String::new();
+    let mut failed = Vec::new();
+    for check in checks {
+        if excluded(check) {
+            lines.push_str(&format!("[+]{check} excluded: ok\n"));
+            continue;
+        }
+        match outcome(check) {
+            Ok(()) => lines.push_str(&format!("[+]{check} ok\n")),
+            Err(e) => {
+                lines.push_str(&format!("[-]{check} failed: reason withheld\n"));
+                failed.push(format!("{check}: {e}"));
+            }
+        }
+    }
+    if !failed.is_empty() {
+        tracing::warn!(endpoint, failed = ?failed, "{endpoint} check failed");
+        return text(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("[+]ping ok\n[-]store failed: {e}\nhealthz check failed\n"),
-        )
-            .into_response(),
+            format!("{lines}{endpoint} check failed\n"),
+        );
+    }
+    if verbose {
+        text(StatusCode::OK, format!("{lines}{endpoint} check passed\n"))
+    } else {
+        text(StatusCode::OK, "ok".into())
     }
 }
 

@@ -14,9 +14,9 @@ use axum::{
     http::{HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::{
     ServerState,
@@ -68,11 +68,14 @@ pub(crate) struct DecodedEvent {
     object_json: Bytes,
 }
 
-/// The cached events by (resource, revision), and their insertion order for eviction.
-type CacheEntries = (
-    HashMap<(usize, u64), Arc<DecodedEvent>>,
-    VecDeque<(usize, u64)>,
-);
+/// The cached events by (resource, revision), their insertion order for eviction, and
+/// their estimated size in bytes.
+#[derive(Default)]
+struct CacheEntries {
+    map: HashMap<(usize, u64), Arc<DecodedEvent>>,
+    order: VecDeque<(usize, u64)>,
+    bytes: usize,
+}
 
 /// Decoded events shared by watchers, keyed by resource and revision: with many watchers on
 /// one resource, each event is decoded and encoded once, not once per watcher.
@@ -81,8 +84,10 @@ pub(crate) struct EventCache {
     entries: parking_lot::Mutex<CacheEntries>,
 }
 
-/// How many decoded events the cache keeps.
+/// How many decoded events the cache keeps at most.
 const EVENT_CACHE_CAPACITY: usize = 4096;
+/// How many bytes of decoded events the cache keeps at most ([`DecodedEvent::size_bytes`]).
+const EVENT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 
 impl EventCache {
     fn get_or_decode(
@@ -91,7 +96,7 @@ impl EventCache {
         event: &WatchEvent,
     ) -> Result<Option<Arc<DecodedEvent>>, ApiError> {
         let key = (std::ptr::from_ref(def) as usize, event.revision);
-        if let Some(hit) = self.entries.lock().0.get(&key) {
+        if let Some(hit) = self.entries.lock().map.get(&key) {
             return Ok(Some(hit.clone()));
         }
         let decoded = match event.kind {
@@ -114,20 +119,38 @@ impl EventCache {
         };
         let decoded = Arc::new(decoded);
         let mut entries = self.entries.lock();
-        let (map, order) = &mut *entries;
-        if map.insert(key, decoded.clone()).is_none() {
-            order.push_back(key);
-            while order.len() > EVENT_CACHE_CAPACITY {
-                if let Some(old) = order.pop_front() {
-                    map.remove(&old);
+        let entries = &mut *entries;
+        if entries.map.insert(key, decoded.clone()).is_none() {
+            entries.order.push_back(key);
+            entries.bytes += decoded.size_bytes();
+            while entries.order.len() > EVENT_CACHE_CAPACITY || entries.bytes > EVENT_CACHE_BYTES {
+                let Some(old) = entries.order.pop_front() else {
+                    break;
+                };
+                if let Some(evicted) = entries.map.remove(&old) {
+                    entries.bytes -= evicted.size_bytes();
                 }
             }
         }
         Ok(Some(decoded))
     }
+
+    /// How many decoded events the cache holds and their estimated bytes.
+    #[cfg(test)]
+    fn held(&self) -> (usize, usize) {
+        let entries = self.entries.lock();
+        (entries.map.len(), entries.bytes)
+    }
 }
 
 impl DecodedEvent {
+    /// An estimate of the memory this event holds: its JSON text, and about twice that for
+    /// each decoded object (a `serde_json::Value` takes more room than its text).
+    fn size_bytes(&self) -> usize {
+        let decoded = if self.previous.is_some() { 4 } else { 2 };
+        self.object_json.len() * (1 + decoded)
+    }
+
     fn new(object: Value, previous: Option<Value>) -> Self {
         let object_json = Bytes::from(serde_json::to_vec(&object).unwrap_or_default());
         DecodedEvent {
@@ -223,7 +246,6 @@ pub(crate) async fn watch(
         None => state.config.default_watch_timeout,
     };
     let rv = opts.resource_version.clone().unwrap_or_default();
-    let q = Qualified::new(def.group, def.plural, "");
     // From "" or "0" (or with sendInitialEvents) the watch starts with the current state.
     let (initial, from_revision) = if rv.is_empty() || rv == "0" || send_initial {
         let list_opts = ListOptions {
@@ -245,105 +267,23 @@ pub(crate) async fn watch(
     let prefix = def.key_prefix(namespace.as_deref());
     let store_watch = state.store.watch(&prefix, from_revision).await;
 
-    let (tx, rx) = mpsc::channel::<Bytes>(256);
-    let metrics_state = state.clone();
+    let (outbox, stream) = outbox();
+    let mut task = WatchTask {
+        state: state.clone(),
+        def,
+        opts,
+        repr,
+        first: true,
+        last_revision: from_revision,
+        outbox,
+    };
     state.metrics.watch_delta(1);
     tokio::spawn(async move {
-        let state = metrics_state;
-        let mut first = true;
-        let mut last_revision = from_revision;
-        let deadline = tokio::time::sleep(timeout);
-        tokio::pin!(deadline);
-        let mut events = match store_watch {
-            Ok(events) => events,
-            Err(StoreError::Expired {
-                requested,
-                oldest_available,
-            }) => {
-                let _ = tx
-                    .send(expired_event(format!(
-                        "too old resource version: {requested} ({oldest_available})"
-                    )))
-                    .await;
-                state.metrics.watch_delta(-1);
-                return;
-            }
-            Err(e) => {
-                let _ = tx
-                    .send(line("ERROR", ApiError::from_store(&q, e).to_status()))
-                    .await;
-                state.metrics.watch_delta(-1);
-                return;
-            }
-        };
-        for obj in &initial {
-            if tx
-                .send(line("ADDED", render(def, repr, obj, &mut first)))
-                .await
-                .is_err()
-            {
-                state.metrics.watch_delta(-1);
-                return;
-            }
-        }
-        if send_initial {
-            let _ = tx
-                .send(line("BOOKMARK", bookmark(def, from_revision, true)))
-                .await;
-        }
-        let mut ticker = tokio::time::interval(state.config.bookmark_interval);
-        ticker.tick().await;
-        loop {
-            tokio::select! {
-                _ = &mut deadline => break,
-                _ = tx.closed() => break,
-                _ = ticker.tick(), if bookmarks => {
-                    if tx.send(line("BOOKMARK", bookmark(def, last_revision, false))).await.is_err() {
-                        break;
-                    }
-                }
-                next = events.next() => {
-                    match next {
-                        Some(Ok(event)) => {
-                            last_revision = event.revision;
-                            let decoded = match state.event_cache.get_or_decode(def, &event) {
-                                Ok(Some(decoded)) => decoded,
-                                Ok(None) => continue,
-                                Err(e) => {
-                                    let _ = tx.send(line("ERROR", e.to_status())).await;
-                                    break;
-                                }
-                            };
-                            let Some(kind) = translate(def, &opts, &event, &decoded) else {
-                                continue;
-                            };
-                            let out = match repr {
-                                Representation::Object => framed(kind, &decoded.object_json),
-                                other => line(kind, render(def, other, &decoded.object, &mut first)),
-                            };
-                            if tx.send(out).await.is_err() {
-                                break;
-                            }
-                        }
-                        Some(Err(StoreError::Expired { requested, oldest_available })) => {
-                            let _ = tx.send(expired_event(format!("too old resource version: {requested} ({oldest_available})"))).await;
-                            break;
-                        }
-                        // A lagging watcher or a closed store: end the stream; the client
-                        // re-watches from the last revision it saw.
-                        Some(Err(_)) | None => break,
-                    }
-                }
-            }
-        }
-        state.metrics.watch_delta(-1);
+        task.run(store_watch, initial, send_initial, bookmarks, timeout)
+            .await;
+        task.state.metrics.watch_delta(-1);
     });
 
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|bytes| (Ok::<_, Infallible>(bytes), rx))
-    });
     let content_type = match repr {
         Representation::Table => negotiate::TABLE_CONTENT_TYPE,
         Representation::PartialMetadata => negotiate::PARTIAL_CONTENT_TYPE,
@@ -354,6 +294,208 @@ pub(crate) async fn watch(
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     Ok(response)
+}
+
+/// How many encoded lines one watch response holds before its task waits for the client.
+const RESPONSE_BUFFER_LINES: usize = 256;
+/// How many bytes of encoded lines one watch response holds before its task waits for the
+/// client (a single larger line still goes through alone). While the task waits it takes
+/// nothing from the store, whose bounded buffer then ends a client that stays behind.
+const RESPONSE_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+
+/// The sending side of a watch response: bounded by lines and by bytes.
+struct Outbox {
+    tx: mpsc::Sender<(Bytes, OwnedSemaphorePermit)>,
+    bytes: Arc<Semaphore>,
+}
+
+/// The client went away.
+struct Gone;
+
+impl Outbox {
+    /// Queues one line for the client, waiting while the response holds too much.
+    async fn send(&self, line: Bytes) -> Result<(), Gone> {
+        let weight = u32::try_from(line.len().clamp(1, RESPONSE_BUFFER_BYTES)).unwrap_or(u32::MAX);
+        let permit = self
+            .bytes
+            .clone()
+            .acquire_many_owned(weight)
+            .await
+            .map_err(|_| Gone)?;
+        self.tx.send((line, permit)).await.map_err(|_| Gone)
+    }
+}
+
+/// A watch response's outbox and the body stream that drains it; a line's bytes are
+/// released when the body hands it to the connection.
+fn outbox() -> (
+    Outbox,
+    impl futures::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
+) {
+    let (tx, rx) = mpsc::channel(RESPONSE_BUFFER_LINES);
+    let bytes = Arc::new(Semaphore::new(RESPONSE_BUFFER_BYTES));
+    let stream = futures::stream::unfold(
+        rx,
+        |mut rx: mpsc::Receiver<(Bytes, OwnedSemaphorePermit)>| async move {
+            let (line, permit) = rx.recv().await?;
+            drop(permit);
+            Some((Ok::<_, Infallible>(line), rx))
+        },
+    );
+    (Outbox { tx, bytes }, stream)
+}
+
+/// Whether a watch goes on.
+enum Flow {
+    Continue,
+    Stop,
+}
+
+/// One watch's state while it streams.
+struct WatchTask {
+    state: Arc<ServerState>,
+    def: &'static ResourceDef,
+    opts: ListOptions,
+    repr: Representation,
+    first: bool,
+    /// Every event of this watch up to this revision has been sent (or skipped as not
+    /// selected): the revision a bookmark may carry.
+    last_revision: u64,
+    outbox: Outbox,
+}
+
+impl WatchTask {
+    async fn run(
+        &mut self,
+        store_watch: Result<crate::store::WatchStream, StoreError>,
+        initial: Vec<Value>,
+        send_initial: bool,
+        bookmarks: bool,
+        timeout: Duration,
+    ) {
+        let def = self.def;
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut events = match store_watch {
+            Ok(events) => events,
+            Err(e) => {
+                let _ = self.outbox.send(error_line(def, e)).await;
+                return;
+            }
+        };
+        for obj in &initial {
+            let line = line("ADDED", render(def, self.repr, obj, &mut self.first));
+            if self.outbox.send(line).await.is_err() {
+                return;
+            }
+        }
+        if send_initial {
+            let marker = line("BOOKMARK", bookmark(def, self.last_revision, true));
+            if self.outbox.send(marker).await.is_err() {
+                return;
+            }
+        }
+        let mut ticker = tokio::time::interval(self.state.config.bookmark_interval);
+        ticker.tick().await;
+        loop {
+            let flow = tokio::select! {
+                _ = &mut deadline => {
+                    // kube-apiserver sends a last bookmark before the deadline, so the
+                    // client resumes from a current revision.
+                    if bookmarks {
+                        self.progress_bookmark(&mut events).await;
+                    }
+                    Flow::Stop
+                }
+                _ = self.outbox.tx.closed() => Flow::Stop,
+                _ = ticker.tick(), if bookmarks => self.progress_bookmark(&mut events).await,
+                next = events.next() => self.on_event(next).await,
+            };
+            if let Flow::Stop = flow {
+                break;
+            }
+        }
+    }
+
+    /// Sends one store event (or the error that ends the watch) to the client.
+    async fn on_event(&mut self, next: Option<Result<WatchEvent, StoreError>>) -> Flow {
+        let def = self.def;
+        let event = match next {
+            Some(Ok(event)) => event,
+            Some(Err(e @ StoreError::Expired { .. })) => {
+                let _ = self.outbox.send(error_line(def, e)).await;
+                return Flow::Stop;
+            }
+            // A lagging watcher or a closed store: end the stream; the client re-watches
+            // from the last revision it saw.
+            Some(Err(_)) | None => return Flow::Stop,
+        };
+        self.last_revision = event.revision;
+        let decoded = match self.state.event_cache.get_or_decode(def, &event) {
+            Ok(Some(decoded)) => decoded,
+            Ok(None) => return Flow::Continue,
+            Err(e) => {
+                let _ = self.outbox.send(line("ERROR", e.to_status())).await;
+                return Flow::Stop;
+            }
+        };
+        let Some(kind) = translate(def, &self.opts, &event, &decoded) else {
+            return Flow::Continue;
+        };
+        let out = match self.repr {
+            Representation::Object => framed(kind, &decoded.object_json),
+            other => line(kind, render(def, other, &decoded.object, &mut self.first)),
+        };
+        match self.outbox.send(out).await {
+            Ok(()) => Flow::Continue,
+            Err(Gone) => Flow::Stop,
+        }
+    }
+
+    /// A bookmark at the store's current revision, as kube-apiserver's carry the storage
+    /// revision (etcd progress notify) even when nothing this watch selects changed: a
+    /// client resuming from it is not sent 410 while the window still covers it. The store
+    /// has every event up to that revision in this watch's stream already
+    /// ([`Store::current_revision`](crate::store::Store::current_revision)); they are
+    /// sent first, so the bookmark skips nothing.
+    async fn progress_bookmark(&mut self, events: &mut crate::store::WatchStream) -> Flow {
+        let current = self
+            .state
+            .store
+            .current_revision()
+            .await
+            .unwrap_or(self.last_revision);
+        // Unconstrained: tokio's cooperative budget must not make a ready event look
+        // pending, or the bookmark could pass it.
+        while let Some(next) = tokio::task::coop::unconstrained(events.next()).now_or_never() {
+            if let Flow::Stop = self.on_event(next).await {
+                return Flow::Stop;
+            }
+        }
+        self.last_revision = self.last_revision.max(current);
+        let marker = line("BOOKMARK", bookmark(self.def, self.last_revision, false));
+        match self.outbox.send(marker).await {
+            Ok(()) => Flow::Continue,
+            Err(Gone) => Flow::Stop,
+        }
+    }
+}
+
+/// The `ERROR` line for a store error that ends a watch: 410 Expired for a version the
+/// window no longer covers, as kube-apiserver.
+fn error_line(def: &ResourceDef, e: StoreError) -> Bytes {
+    match e {
+        StoreError::Expired {
+            requested,
+            oldest_available,
+        } => expired_event(format!(
+            "too old resource version: {requested} ({oldest_available})"
+        )),
+        e => {
+            let q = Qualified::new(def.group, def.plural, "");
+            line("ERROR", ApiError::from_store(&q, e).to_status())
+        }
+    }
 }
 
 fn opts_clone(opts: &ListOptions) -> ListOptions {
@@ -370,6 +512,41 @@ fn opts_clone(opts: &ListOptions) -> ListOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::KeyValue;
+
+    #[test]
+    fn event_cache_is_bounded_by_bytes() {
+        let configmaps = crate::registry::Registry::standard()
+            .find("", "v1", "configmaps")
+            .expect("configmaps are served");
+        let cache = EventCache::default();
+        let big = "x".repeat(1024 * 1024);
+        for revision in 1..=100u64 {
+            let name = format!("c{revision}");
+            let object = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": "default"}, "data": {"k": big}});
+            let value = Bytes::from(serde_json::to_vec(&object).unwrap());
+            // The deletion of a 1 MiB ConfigMap: the event holds the deleted object.
+            let event = WatchEvent {
+                kind: EventKind::Delete,
+                key: configmaps.key(Some("default"), &name),
+                value: None,
+                prev_value: Some(KeyValue {
+                    key: configmaps.key(Some("default"), &name),
+                    value,
+                    create_revision: revision,
+                    mod_revision: revision,
+                }),
+                create_revision: revision,
+                revision,
+            };
+            assert!(cache.get_or_decode(configmaps, &event).unwrap().is_some());
+        }
+        let (events, bytes) = cache.held();
+        assert!(bytes <= EVENT_CACHE_BYTES, "{bytes} bytes");
+        // 100 events of 1 MiB would be 300 MiB by the estimate; the bound keeps about 21.
+        assert!((15..=25).contains(&events), "{events} events");
+    }
 
     #[test]
     fn framed_lines_match_serde() {

@@ -224,6 +224,10 @@ impl Store for MemoryStore {
         Ok(self.state.lock().revision)
     }
 
+    async fn health(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     async fn watch(&self, prefix: &str, from_revision: u64) -> Result<WatchStream, StoreError> {
         // Under the state lock so no write slips between the checks and registration.
         let _state = self.state.lock();

@@ -38,14 +38,15 @@
 //! [`Store::watch`] delivers every event with `revision > from_revision` for keys under
 //! a prefix, in revision order, first replaying recent history and then continuing
 //! live. Recent history is a bounded in-memory ring of the last
-//! [`WatchConfig::window_capacity`] events (see the watch window in the source), so
+//! [`WatchConfig::window_capacity`] events, holding at most [`WatchConfig::window_bytes`]
+//! of them (see the watch window in the source), so
 //! watching from a revision older than the ring yields [`StoreError::Expired`]
 //! (Kubernetes: "410 Gone, too old resource version"; the client relists and watches
 //! from the list's revision). A durable backend starts with an empty ring after a
 //! restart, so after a restart only watches from the current revision onwards succeed.
 //!
-//! A watcher that does not keep up — its bounded buffer of
-//! [`WatchConfig::watcher_buffer`] events fills — is ended: it receives the events that
+//! A watcher that does not keep up — its buffer of [`WatchConfig::watcher_buffer`]
+//! events or [`WatchConfig::watcher_buffer_bytes`] fills — is ended: it receives the events that
 //! were already buffered, then [`StoreError::WatcherLagged`], then the stream ends. It
 //! never silently misses an event; the client re-watches from the last revision it saw.
 //!
@@ -150,6 +151,20 @@ impl WatchEvent {
         self.kind == EventKind::Put && self.create_revision == self.revision
     }
 
+    /// About how many bytes of memory this event holds: its key, value and previous
+    /// value plus a fixed overhead. The watch window and watcher buffers are bounded by
+    /// the sum of it.
+    pub fn size_bytes(&self) -> usize {
+        const OVERHEAD: usize = std::mem::size_of::<WatchEvent>() + 64;
+        OVERHEAD
+            + self.key.len()
+            + self.value.as_ref().map_or(0, Bytes::len)
+            + self
+                .prev_value
+                .as_ref()
+                .map_or(0, |prev| prev.key.len() + prev.value.len())
+    }
+
     /// The key's state after a put, as a [`KeyValue`]; `None` for a delete.
     pub fn kv(&self) -> Option<KeyValue> {
         self.value.as_ref().map(|value| KeyValue {
@@ -178,21 +193,35 @@ impl fmt::Debug for WatchEvent {
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, StoreError>> + Send>>;
 
 /// Sizes of the in-memory watch window shared by the backends.
+///
+/// Both the window and each watcher's buffer are bounded twice: by a number of events and
+/// by their size in bytes (see [`WatchEvent::size_bytes`]), whichever limit is reached
+/// first. A count alone lets a few thousand deletions of large objects (each event holds
+/// the deleted object) pin hundreds of megabytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WatchConfig {
     /// How many recent events are kept for replay. Watching from a revision older than
     /// the oldest kept event fails with [`StoreError::Expired`]. At least 1.
     pub window_capacity: usize,
+    /// How many bytes of recent events are kept for replay: the oldest events are dropped
+    /// (raising the oldest revision a watch may start from) while the window holds more.
+    pub window_bytes: usize,
     /// How many live events may wait in one watcher's buffer before that watcher is
     /// ended with [`StoreError::WatcherLagged`]. At least 1.
     pub watcher_buffer: usize,
+    /// How many bytes of live events may wait in one watcher's buffer before that
+    /// watcher is ended with [`StoreError::WatcherLagged`]. One event is always accepted
+    /// into an empty buffer, however large.
+    pub watcher_buffer_bytes: usize,
 }
 
 impl Default for WatchConfig {
     fn default() -> Self {
         Self {
             window_capacity: 10_000,
+            window_bytes: 128 * 1024 * 1024,
             watcher_buffer: 1_024,
+            watcher_buffer_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -330,7 +359,20 @@ pub trait Store: Send + Sync {
     ) -> Result<(u64, KeyValue), StoreError>;
 
     /// The revision of the last acknowledged write (0 for a new, empty store).
+    ///
+    /// Every event up to the returned revision has already been handed to the matching
+    /// watch streams: a watcher that reads this revision and then takes every event its
+    /// stream has ready has seen all events up to it, so the revision is a safe bookmark
+    /// for that watcher even when none of its keys changed (etcd: a progress
+    /// notification).
     async fn current_revision(&self) -> Result<u64, StoreError>;
+
+    /// Whether the store can serve: `Ok` when it accepts writes and a read succeeds,
+    /// otherwise why not ([`StoreError::Closed`] after [`close`](SqliteStore::close); a
+    /// [`StoreError::Backend`] naming the failure for a durable store whose writer stopped
+    /// after a failed commit, until the store is reopened). The API server reports it in
+    /// `/livez`, `/readyz` and `/healthz` as kube-apiserver reports etcd's health.
+    async fn health(&self) -> Result<(), StoreError>;
 
     /// Every change to keys starting with `prefix` with revision `> from_revision`,
     /// replayed from the watch window, then live. Fails with [`StoreError::Expired`]

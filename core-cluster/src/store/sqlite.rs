@@ -24,9 +24,22 @@
 //! commits (with `synchronous=FULL`, the commit fsyncs the WAL), publishes the events
 //! to the watch window and only then answers each request. One fsync thus serves
 //! every writer that was waiting, which is what makes 64 concurrent writers fast.
-//! If the commit itself fails, every request of the batch gets the error and the
-//! writer stops (later writes get [`StoreError::Closed`]): after a failed fsync the
-//! state of the file is unknown, and carrying on could acknowledge lost writes.
+//!
+//! # Failures
+//!
+//! A batch that fails because another connection holds the database's write lock
+//! (`SQLITE_BUSY`, `SQLITE_LOCKED`) is rolled back and retried: each attempt waits up to
+//! [`SqliteOptions::busy_timeout`] inside SQLite's busy handler (which sleeps with its
+//! own bounded backoff, up to 100 ms at a time), at most
+//! [`SqliteOptions::busy_attempts`] attempts. When the lock is still held after the last
+//! attempt the batch's requests fail and the writer carries on: nothing was written.
+//!
+//! Any other failure (a full disk or [`SqliteOptions::max_db_bytes`] reached, an I/O
+//! error, a corrupted page) fails every request of the batch and stops the writer for
+//! good: after a failed write or fsync the state of the file is unknown, and carrying on
+//! could acknowledge lost writes. The failure is kept: later writes fail with it (not a
+//! bare "closed"), watches end, and [`Store::health`] reports it so that `/livez` and
+//! `/readyz` fail and a supervisor restarts the process, which reopens the store.
 //!
 //! # Reads
 //!
@@ -55,7 +68,8 @@ use super::{
 
 const DB_FILE: &str = "store.sqlite";
 const LOCK_FILE: &str = "LOCK";
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a reader waits for a lock (readers rarely wait in WAL mode).
+const READER_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Tuning of a [`SqliteStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +80,17 @@ pub struct SqliteOptions {
     pub max_batch: usize,
     /// How many idle read connections are kept open.
     pub max_idle_readers: usize,
+    /// How long one attempt to write a batch waits for a write lock held by another
+    /// connection (SQLite's busy timeout for the writer).
+    pub busy_timeout: Duration,
+    /// How many attempts a batch gets while the write lock is held elsewhere before its
+    /// requests fail (the writer then carries on). At least 1.
+    pub busy_attempts: u32,
+    /// The largest the database file may grow to (SQLite's `max_page_count`), like etcd's
+    /// `--quota-backend-bytes`; `None` for no limit but the disk's. A write that would
+    /// grow it further fails as on a full disk: the writer stops and the store reports
+    /// itself unhealthy.
+    pub max_db_bytes: Option<u64>,
 }
 
 impl Default for SqliteOptions {
@@ -74,6 +99,9 @@ impl Default for SqliteOptions {
             watch: WatchConfig::default(),
             max_batch: 1_024,
             max_idle_readers: 8,
+            busy_timeout: Duration::from_secs(1),
+            busy_attempts: 30,
+            max_db_bytes: None,
         }
     }
 }
@@ -97,6 +125,26 @@ struct Inner {
     window: Arc<WatchWindow>,
     readers: Mutex<Vec<Connection>>,
     max_idle_readers: usize,
+    failure: Arc<WriterFailure>,
+}
+
+/// Why the writer stopped, once it has stopped after a failed commit: shared by the
+/// writer thread and every handle.
+#[derive(Default)]
+struct WriterFailure(Mutex<Option<Arc<dyn std::error::Error + Send + Sync>>>);
+
+impl WriterFailure {
+    fn set(&self, source: Arc<dyn std::error::Error + Send + Sync>) {
+        *self.0.lock() = Some(source);
+    }
+
+    /// The error later requests get, if the writer failed.
+    fn error(&self) -> Option<StoreError> {
+        self.0.lock().clone().map(|source| StoreError::Backend {
+            context: "the store stopped writing after a failed commit; restart to reopen it".into(),
+            source,
+        })
+    }
 }
 
 impl Drop for Inner {
@@ -178,7 +226,7 @@ impl SqliteStore {
 
         let path = dir.join(DB_FILE);
         let mut conn = Connection::open(&path).map_err(|e| backend("opening database", e))?;
-        configure_writer(&conn).map_err(|e| backend("configuring database", e))?;
+        configure_writer(&conn, &options).map_err(|e| backend("configuring database", e))?;
         let (revision, compacted) =
             init_schema(&mut conn).map_err(|e| backend("creating schema", e))?;
         // Make the new files' directory entries durable too.
@@ -190,6 +238,7 @@ impl SqliteStore {
         let window = Arc::new(WatchWindow::new(options.watch, revision));
         let shared_revision = Arc::new(AtomicU64::new(revision));
         let (tx, rx) = mpsc::channel(options.max_batch.max(1) * 4);
+        let failure = Arc::new(WriterFailure::default());
         let writer = Writer {
             conn,
             revision,
@@ -197,6 +246,8 @@ impl SqliteStore {
             window: window.clone(),
             shared_revision: shared_revision.clone(),
             max_batch: options.max_batch.max(1),
+            busy_attempts: options.busy_attempts.max(1),
+            failure: failure.clone(),
             _lock: lock,
         };
         std::thread::Builder::new()
@@ -212,6 +263,7 @@ impl SqliteStore {
                 window,
                 readers: Mutex::new(Vec::new()),
                 max_idle_readers: options.max_idle_readers,
+                failure,
             }),
         })
     }
@@ -225,19 +277,22 @@ impl SqliteStore {
             .await
             .map_err(|e| StoreError::backend("closing readers", e))?;
         match self.submit(WriteOp::Shutdown).await {
-            Ok(_) | Err(StoreError::Closed) => Ok(()),
+            Ok(_) => Ok(()),
+            // Already stopped (closed, or after a failed commit): nothing left to release.
+            Err(_) if self.inner.writes.is_closed() => Ok(()),
             Err(e) => Err(e),
         }
     }
 
     async fn submit(&self, op: WriteOp) -> Result<WriteOutcome, StoreError> {
         let (reply, rx) = oneshot::channel();
+        let stopped = || self.inner.failure.error().unwrap_or(StoreError::Closed);
         self.inner
             .writes
             .send(WriteRequest { op, reply })
             .await
-            .map_err(|_| StoreError::Closed)?;
-        rx.await.map_err(|_| StoreError::Closed)?
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     /// Runs `f` on a pooled read connection on a blocking thread.
@@ -268,14 +323,27 @@ fn backend(context: &str, e: rusqlite::Error) -> StoreError {
     StoreError::backend(context, e)
 }
 
-fn configure_writer(conn: &Connection) -> rusqlite::Result<()> {
-    conn.busy_timeout(BUSY_TIMEOUT)?;
+fn configure_writer(conn: &Connection, options: &SqliteOptions) -> rusqlite::Result<()> {
+    conn.busy_timeout(options.busy_timeout)?;
     let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(rusqlite::Error::InvalidQuery);
     }
     conn.pragma_update(None, "synchronous", "FULL")?;
+    if let Some(max_bytes) = options.max_db_bytes {
+        let page_size: u64 = conn.query_row("PRAGMA page_size", [], |row| row.get(0))?;
+        let pages = (max_bytes / page_size.max(1)).max(1);
+        conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))?;
+    }
     Ok(())
+}
+
+/// Whether `e` means another connection holds a lock we need: worth another attempt.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
@@ -283,7 +351,7 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
-    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.busy_timeout(READER_BUSY_TIMEOUT)?;
     conn.pragma_update(None, "query_only", true)?;
     Ok(conn)
 }
@@ -425,6 +493,9 @@ struct Writer {
     window: Arc<WatchWindow>,
     shared_revision: Arc<AtomicU64>,
     max_batch: usize,
+    busy_attempts: u32,
+    /// Where the writer records why it stopped, for [`Store::health`] and later writes.
+    failure: Arc<WriterFailure>,
     /// Held (locked) for as long as the writer runs.
     _lock: File,
 }
@@ -452,78 +523,142 @@ impl Writer {
                 break;
             }
         }
+        tracing::info!(revision = self.revision, "sqlite writer stopped");
+        let window = self.window.clone();
+        let failure = self.failure.clone();
+        // Release the database and the directory first: whoever sees a refusal below (or
+        // a failed `close`) may reopen the store at once.
+        drop(self);
         // Refuse whatever is still queued instead of leaving callers to guess.
         rx.close();
         while let Ok(request) = rx.try_recv() {
-            let _ = request.reply.send(Err(StoreError::Closed));
+            let error = failure.error().unwrap_or(StoreError::Closed);
+            let _ = request.reply.send(Err(error));
         }
-        tracing::info!(revision = self.revision, "sqlite writer stopped");
         // No more events will come: end the watchers rather than leave them hanging.
-        self.window.close();
-        drop(self);
+        window.close();
         for reply in shutdown {
             let _ = reply.send(Ok(WriteOutcome::Done));
         }
     }
 
-    /// Applies and commits one batch, then answers every request. Returns false when
-    /// the writer must stop (the transaction could not be committed).
+    /// Applies and commits one batch, then answers every request. Retries while another
+    /// connection holds the write lock (up to `busy_attempts`). Returns false when the
+    /// writer must stop (the transaction failed for any other reason), after recording
+    /// why in `failure`.
     fn commit_batch(&mut self, batch: &mut Vec<WriteRequest>) -> bool {
-        let mut revision = self.revision;
-        let mut compacted = self.compacted;
-        let mut events = Vec::new();
-        let mut outcomes = Vec::with_capacity(batch.len());
-        let result = (|| -> rusqlite::Result<()> {
-            let tx = self
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            for request in batch.iter() {
-                outcomes.push(apply(
-                    &tx,
-                    &request.op,
-                    &mut revision,
-                    &mut compacted,
-                    &mut events,
-                )?);
+        let mut attempt = 1;
+        let error = loop {
+            match self.try_commit(batch) {
+                Ok(committed) => {
+                    self.finish(batch, committed);
+                    return true;
+                }
+                // A busy failure leaves nothing written once its transaction is rolled
+                // back (dropping it did that; autocommit says it worked).
+                Err(e) if is_busy(&e) && self.conn.is_autocommit() => {
+                    if attempt >= self.busy_attempts {
+                        tracing::warn!(error = %e, attempts = attempt, requests = batch.len(),
+                            "the database stayed locked by another connection; failing the batch");
+                        let source: Arc<dyn std::error::Error + Send + Sync> = Arc::new(e);
+                        let context = format!(
+                            "committing write batch: the database stayed locked by another connection for {attempt} attempts"
+                        );
+                        fail_all(batch, &context, &source);
+                        return true;
+                    }
+                    tracing::warn!(error = %e, attempt, requests = batch.len(),
+                        "the database is locked by another connection; retrying the batch");
+                    attempt += 1;
+                }
+                Err(e) => break e,
             }
-            if revision != self.revision {
-                tx.prepare_cached("UPDATE meta SET value = ?1 WHERE name = 'revision'")?
-                    .execute([revision])?;
-            }
-            if compacted != self.compacted {
-                tx.prepare_cached("UPDATE meta SET value = ?1 WHERE name = 'compacted'")?
-                    .execute([compacted])?;
-            }
-            tx.commit()
-        })();
+        };
+        tracing::error!(error = %error, requests = batch.len(),
+            "write batch failed; stopping the writer, the store reports itself unhealthy");
+        let source: Arc<dyn std::error::Error + Send + Sync> = Arc::new(error);
+        self.failure.set(source.clone());
+        fail_all(batch, "committing write batch", &source);
+        false
+    }
 
-        match result {
-            Ok(()) => {
-                tracing::trace!(requests = batch.len(), revision, "committed write batch");
-                self.revision = revision;
-                self.shared_revision.store(revision, Ordering::Release);
-                self.window.publish(events);
-                if compacted != self.compacted {
-                    self.compacted = compacted;
-                    self.window.compact(compacted);
-                }
-                for (request, outcome) in batch.drain(..).zip(outcomes) {
-                    let _ = request.reply.send(outcome);
-                }
-                true
-            }
-            Err(e) => {
-                tracing::error!(error = %e, requests = batch.len(), "write batch failed; stopping the writer");
-                let source: Arc<dyn std::error::Error + Send + Sync> = Arc::new(e);
-                for request in batch.drain(..) {
-                    let _ = request.reply.send(Err(StoreError::Backend {
-                        context: "committing write batch".into(),
-                        source: source.clone(),
-                    }));
-                }
-                false
-            }
+    /// One attempt at the batch in one transaction: the new revision and compaction
+    /// revision, the events and each request's outcome, or the failure that aborted it
+    /// (the transaction is then rolled back).
+    fn try_commit(&mut self, batch: &[WriteRequest]) -> rusqlite::Result<Committed> {
+        let mut committed = Committed {
+            revision: self.revision,
+            compacted: self.compacted,
+            events: Vec::new(),
+            outcomes: Vec::with_capacity(batch.len()),
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        for request in batch {
+            committed.outcomes.push(apply(
+                &tx,
+                &request.op,
+                &mut committed.revision,
+                &mut committed.compacted,
+                &mut committed.events,
+            )?);
         }
+        if committed.revision != self.revision {
+            tx.prepare_cached("UPDATE meta SET value = ?1 WHERE name = 'revision'")?
+                .execute([committed.revision])?;
+        }
+        if committed.compacted != self.compacted {
+            tx.prepare_cached("UPDATE meta SET value = ?1 WHERE name = 'compacted'")?
+                .execute([committed.compacted])?;
+        }
+        tx.commit()?;
+        Ok(committed)
+    }
+
+    /// Publishes a committed batch, then answers its requests.
+    fn finish(&mut self, batch: &mut Vec<WriteRequest>, committed: Committed) {
+        let Committed {
+            revision,
+            compacted,
+            events,
+            outcomes,
+        } = committed;
+        tracing::trace!(requests = batch.len(), revision, "committed write batch");
+        self.revision = revision;
+        // Events first, then the revision: once `current_revision` returns a revision,
+        // its events are already in the watchers' buffers (a safe bookmark).
+        self.window.publish(events);
+        self.shared_revision.store(revision, Ordering::Release);
+        if compacted != self.compacted {
+            self.compacted = compacted;
+            self.window.compact(compacted);
+        }
+        for (request, outcome) in batch.drain(..).zip(outcomes) {
+            let _ = request.reply.send(outcome);
+        }
+    }
+}
+
+/// What one committed batch produced.
+struct Committed {
+    revision: u64,
+    compacted: u64,
+    events: Vec<WatchEvent>,
+    outcomes: Vec<Result<WriteOutcome, StoreError>>,
+}
+
+/// Answers every request of a failed batch with the same backend error.
+fn fail_all(
+    batch: &mut Vec<WriteRequest>,
+    context: &str,
+    source: &Arc<dyn std::error::Error + Send + Sync>,
+) {
+    for request in batch.drain(..) {
+        let _ = request.reply.send(Err(StoreError::Backend {
+            context: context.to_owned(),
+            source: source.clone(),
+        }));
     }
 }
 
@@ -701,6 +836,21 @@ impl Store for SqliteStore {
         Ok(self.inner.revision.load(Ordering::Acquire))
     }
 
+    async fn health(&self) -> Result<(), StoreError> {
+        if let Some(failure) = self.inner.failure.error() {
+            return Err(failure);
+        }
+        if self.inner.writes.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        // A read through the same path as gets and lists (etcd's health check reads too).
+        self.read(|conn| {
+            read_meta(conn, "revision").map_err(|e| backend("reading the revision", e))
+        })
+        .await
+        .map(drop)
+    }
+
     async fn watch(&self, prefix: &str, from_revision: u64) -> Result<WatchStream, StoreError> {
         self.inner.window.watch(prefix, from_revision)
     }
@@ -722,7 +872,7 @@ mod tests {
     fn writer_connection_is_wal_with_full_sync() {
         let dir = tempfile::tempdir().unwrap();
         let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
-        configure_writer(&conn).unwrap();
+        configure_writer(&conn, &SqliteOptions::default()).unwrap();
         let mode: String = conn
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .unwrap();
@@ -787,7 +937,7 @@ mod tests {
     /// A writer on a fresh database in `dir`, outside any runtime.
     fn test_writer(dir: &Path) -> Writer {
         let mut conn = Connection::open(dir.join(DB_FILE)).unwrap();
-        configure_writer(&conn).unwrap();
+        configure_writer(&conn, &SqliteOptions::default()).unwrap();
         let (revision, compacted) = init_schema(&mut conn).unwrap();
         Writer {
             conn,
@@ -796,6 +946,8 @@ mod tests {
             window: Arc::new(WatchWindow::new(WatchConfig::default(), revision)),
             shared_revision: Arc::new(AtomicU64::new(revision)),
             max_batch: 64,
+            busy_attempts: 3,
+            failure: Arc::new(WriterFailure::default()),
             _lock: File::create(dir.join(LOCK_FILE)).unwrap(),
         }
     }
@@ -896,9 +1048,50 @@ mod tests {
             rx_c.blocking_recv().unwrap(),
             Err(StoreError::Backend { .. })
         ));
-        // Nothing of the failed batch counts.
+        // Nothing of the failed batch counts, and the failure is kept for health checks.
         assert_eq!(writer.revision, 1);
         assert_eq!(writer.shared_revision.load(Ordering::Acquire), 1);
+        let kept = writer
+            .failure
+            .error()
+            .expect("the failure is recorded")
+            .to_string();
+        assert!(kept.contains("no such table: kv"), "{kept}");
+    }
+
+    #[test]
+    fn a_locked_database_fails_the_batch_after_bounded_attempts_and_the_writer_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = test_writer(dir.path());
+        writer.conn.busy_timeout(Duration::from_millis(10)).unwrap();
+        // Another connection holds the write lock throughout.
+        let other = Connection::open(dir.path().join(DB_FILE)).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let (a, rx_a) = request(put("/a"));
+        assert!(
+            writer.commit_batch(&mut vec![a]),
+            "a busy database must not stop the writer"
+        );
+        match rx_a.blocking_recv().unwrap() {
+            Err(StoreError::Backend { context, .. }) => {
+                assert!(
+                    context.contains("locked by another connection for 3 attempts"),
+                    "{context}"
+                );
+            }
+            Err(e) => panic!("expected a backend error, got {e}"),
+            Ok(_) => panic!("expected a backend error, got a write"),
+        }
+        assert!(writer.failure.error().is_none(), "not a fatal failure");
+        assert_eq!(writer.revision, 0);
+        // Once the lock is released the same writer commits, and no revision was lost.
+        other.execute_batch("COMMIT").unwrap();
+        let (b, rx_b) = request(put("/a"));
+        assert!(writer.commit_batch(&mut vec![b]));
+        assert!(matches!(
+            rx_b.blocking_recv().unwrap(),
+            Ok(WriteOutcome::Put(1))
+        ));
     }
 
     #[tokio::test]

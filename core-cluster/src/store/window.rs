@@ -1,21 +1,23 @@
 //! The watch window: a bounded ring of recent events with fan-out to watchers.
 //!
 //! Every backend feeds every committed write into [`WatchWindow::publish`] in revision
-//! order. The ring keeps the last `window_capacity` events; it always holds *every*
-//! event with a revision in `(floor, last published]`, so a watch from any revision
-//! `>= floor` can be replayed exactly, and one from below `floor` gets
-//! [`StoreError::Expired`].
+//! order. The ring keeps the last `window_capacity` events, and fewer when they hold
+//! more than `window_bytes`; it always holds *every* event with a revision in
+//! `(floor, last published]`, so a watch from any revision `>= floor` can be replayed
+//! exactly, and one from below `floor` gets [`StoreError::Expired`].
 //!
 //! Registration and publication take the same lock, so a new watcher gets the replay
 //! (a snapshot of the ring) and then exactly the events published after it: no gap and
-//! no duplicate. Live events go through a bounded channel per watcher; when it is full
-//! the watcher is removed and marked lagged, and its stream yields the buffered events
-//! and then [`StoreError::WatcherLagged`]. Publishing never blocks on a watcher.
+//! no duplicate. Live events go through a bounded channel per watcher, bounded by count
+//! (`watcher_buffer`) and by the bytes waiting in it (`watcher_buffer_bytes`); when
+//! either is exceeded the watcher is removed and marked lagged, and its stream yields the
+//! buffered events and then [`StoreError::WatcherLagged`]. Publishing never blocks on a
+//! watcher.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use futures::Stream;
@@ -33,10 +35,14 @@ struct Watcher {
     from_revision: u64,
     tx: mpsc::Sender<Arc<WatchEvent>>,
     end: Arc<AtomicU8>,
+    /// Bytes of the events in `tx` not yet taken by the stream.
+    pending_bytes: Arc<AtomicUsize>,
 }
 
 struct State {
     events: VecDeque<Arc<WatchEvent>>,
+    /// The sum of [`WatchEvent::size_bytes`] over `events`.
+    bytes: usize,
     /// Every event with a revision above `floor` (up to the last published) is in
     /// `events`.
     floor: u64,
@@ -58,11 +64,13 @@ impl WatchWindow {
         let config = WatchConfig {
             window_capacity: config.window_capacity.max(1),
             watcher_buffer: config.watcher_buffer.max(1),
+            ..config
         };
         Self {
             config,
             state: Mutex::new(State {
                 events: VecDeque::with_capacity(config.window_capacity.min(65_536)),
+                bytes: 0,
                 floor: start_revision,
                 watchers: Vec::new(),
                 closed: false,
@@ -77,6 +85,7 @@ impl WatchWindow {
         let state = &mut *state;
         let mut dead = false;
         for event in events {
+            let size = event.size_bytes();
             let event = Arc::new(event);
             debug_assert!(
                 state
@@ -92,27 +101,45 @@ impl WatchWindow {
                 {
                     continue;
                 }
-                match watcher.tx.try_send(event.clone()) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        tracing::warn!(
-                            prefix = %watcher.prefix,
-                            buffer = self.config.watcher_buffer,
-                            revision = event.revision,
-                            "watcher fell behind; ending it"
-                        );
-                        watcher.end.store(END_LAGGED, Ordering::Release);
-                        dead = true;
+                let pending = watcher.pending_bytes.load(Ordering::Acquire);
+                let over_bytes = pending > 0 && pending + size > self.config.watcher_buffer_bytes;
+                let full = over_bytes || {
+                    // Counted before the send: the stream may take the event at once.
+                    watcher.pending_bytes.fetch_add(size, Ordering::AcqRel);
+                    match watcher.tx.try_send(event.clone()) {
+                        Ok(()) => continue,
+                        Err(e) => {
+                            watcher.pending_bytes.fetch_sub(size, Ordering::AcqRel);
+                            matches!(e, mpsc::error::TrySendError::Full(_))
+                        }
                     }
-                    Err(mpsc::error::TrySendError::Closed(_)) => dead = true,
+                };
+                if full {
+                    tracing::warn!(
+                        prefix = %watcher.prefix,
+                        buffer = self.config.watcher_buffer,
+                        buffer_bytes = self.config.watcher_buffer_bytes,
+                        pending_bytes = pending,
+                        revision = event.revision,
+                        "watcher fell behind; ending it"
+                    );
+                    watcher.end.store(END_LAGGED, Ordering::Release);
                 }
-            }
-            if state.events.len() == self.config.window_capacity
-                && let Some(evicted) = state.events.pop_front()
-            {
-                state.floor = evicted.revision;
+                dead = true;
             }
             state.events.push_back(event);
+            state.bytes += size;
+            // Keep within both bounds; every evicted event raises the floor, so the ring
+            // still holds every event above it.
+            while state.events.len() > self.config.window_capacity
+                || state.bytes > self.config.window_bytes
+            {
+                let Some(evicted) = state.events.pop_front() else {
+                    break;
+                };
+                state.bytes -= evicted.size_bytes();
+                state.floor = evicted.revision;
+            }
         }
         if dead {
             // Dropping a lagged watcher's sender lets its stream drain and then end.
@@ -130,7 +157,9 @@ impl WatchWindow {
             .front()
             .is_some_and(|event| event.revision <= revision)
         {
-            state.events.pop_front();
+            if let Some(dropped) = state.events.pop_front() {
+                state.bytes -= dropped.size_bytes();
+            }
         }
         state.floor = state.floor.max(revision);
     }
@@ -139,6 +168,14 @@ impl WatchWindow {
     #[cfg(test)]
     pub(crate) fn floor(&self) -> u64 {
         self.state.lock().floor
+    }
+
+    /// How many events the ring holds and their size in bytes
+    /// ([`WatchEvent::size_bytes`]).
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> (usize, usize) {
+        let state = self.state.lock();
+        (state.events.len(), state.bytes)
     }
 
     /// Registers a watcher for keys under `prefix` with revisions `> from_revision`.
@@ -171,16 +208,19 @@ impl WatchWindow {
             .collect();
         let (tx, rx) = mpsc::channel(self.config.watcher_buffer);
         let end = Arc::new(AtomicU8::new(END_NONE));
+        let pending_bytes = Arc::new(AtomicUsize::new(0));
         state.watchers.push(Watcher {
             prefix: prefix.to_owned(),
             from_revision,
             tx,
             end: end.clone(),
+            pending_bytes: pending_bytes.clone(),
         });
         Ok(Box::pin(WindowStream {
             replay,
             rx,
             end,
+            pending_bytes,
             buffer: self.config.watcher_buffer,
             done: false,
         }))
@@ -215,6 +255,7 @@ struct WindowStream {
     replay: VecDeque<Arc<WatchEvent>>,
     rx: mpsc::Receiver<Arc<WatchEvent>>,
     end: Arc<AtomicU8>,
+    pending_bytes: Arc<AtomicUsize>,
     buffer: usize,
     done: bool,
 }
@@ -231,7 +272,11 @@ impl Stream for WindowStream {
             return Poll::Ready(Some(Ok(Arc::unwrap_or_clone(event))));
         }
         match this.rx.poll_recv(cx) {
-            Poll::Ready(Some(event)) => Poll::Ready(Some(Ok(Arc::unwrap_or_clone(event)))),
+            Poll::Ready(Some(event)) => {
+                this.pending_bytes
+                    .fetch_sub(event.size_bytes(), Ordering::AcqRel);
+                Poll::Ready(Some(Ok(Arc::unwrap_or_clone(event))))
+            }
             Poll::Ready(None) => {
                 this.done = true;
                 Poll::Ready(match this.end.load(Ordering::Acquire) {
@@ -268,6 +313,7 @@ mod tests {
         WatchConfig {
             window_capacity,
             watcher_buffer,
+            ..WatchConfig::default()
         }
     }
 
@@ -287,6 +333,93 @@ mod tests {
         for want in 13..=15 {
             assert_eq!(stream.next().await.unwrap().unwrap().revision, want);
         }
+    }
+
+    /// A deletion event of an object of `size` bytes: it holds the deleted object.
+    fn big_delete(key: &str, revision: u64, size: usize) -> WatchEvent {
+        WatchEvent {
+            kind: EventKind::Delete,
+            key: key.into(),
+            value: None,
+            prev_value: Some(crate::store::KeyValue {
+                key: key.into(),
+                value: Bytes::from(vec![b'x'; size]),
+                create_revision: 1,
+                mod_revision: revision - 1,
+            }),
+            create_revision: 1,
+            revision,
+        }
+    }
+
+    #[tokio::test]
+    async fn window_is_bounded_by_bytes_and_replay_stays_exact() {
+        const OBJECT: usize = 64 * 1024;
+        // Count alone would keep all 200 deletions: about 13 MB.
+        let count_only = WatchWindow::new(config(10_000, 8), 0);
+        count_only.publish((1..=200).map(|r| big_delete(&format!("/a/{r}"), r + 1, OBJECT)));
+        let (events, bytes) = count_only.held();
+        assert_eq!(events, 200);
+        assert!(bytes > 200 * OBJECT, "{bytes}");
+
+        let bounded = WatchWindow::new(
+            WatchConfig {
+                window_bytes: 1024 * 1024,
+                ..config(10_000, 8)
+            },
+            1,
+        );
+        bounded.publish((2..=201).map(|r| big_delete(&format!("/a/{r}"), r, OBJECT)));
+        let (events, bytes) = bounded.held();
+        assert!(bytes <= 1024 * 1024, "held {bytes} bytes");
+        assert!((10..16).contains(&events), "{events} events");
+        // The floor follows what was dropped: older watches are refused, newer ones
+        // replay every event above the floor.
+        let floor = bounded.floor();
+        assert_eq!(floor, 201 - events as u64);
+        assert!(matches!(
+            bounded.watch("/a/", floor - 1),
+            Err(StoreError::Expired { .. })
+        ));
+        let mut stream = bounded.watch("/a/", floor).unwrap();
+        for want in floor + 1..=201 {
+            assert_eq!(stream.next().await.unwrap().unwrap().revision, want);
+        }
+    }
+
+    #[tokio::test]
+    async fn watcher_buffer_is_bounded_by_bytes() {
+        const OBJECT: usize = 100_000;
+        let window = WatchWindow::new(
+            WatchConfig {
+                watcher_buffer_bytes: 350_000,
+                ..config(100, 1_000)
+            },
+            0,
+        );
+        let mut slow = window.watch("/a/", 0).unwrap();
+        let mut fast = window.watch("/a/", 0).unwrap();
+        // One event larger than the whole budget is still delivered to an empty buffer.
+        window.publish([big_delete("/a/huge", 1, 1_000_000)]);
+        assert_eq!(fast.next().await.unwrap().unwrap().revision, 1);
+        assert_eq!(slow.next().await.unwrap().unwrap().revision, 1);
+        for r in 2..=10 {
+            window.publish([big_delete("/a/x", r, OBJECT)]);
+            assert_eq!(fast.next().await.unwrap().unwrap().revision, r);
+        }
+        // The slow watcher took three events' worth of bytes, then was ended, far below
+        // its count bound of 1,000: it gets what was buffered, then WatcherLagged.
+        for want in 2..=4 {
+            assert_eq!(slow.next().await.unwrap().unwrap().revision, want);
+        }
+        assert!(matches!(
+            slow.next().await,
+            Some(Err(StoreError::WatcherLagged { .. }))
+        ));
+        assert!(slow.next().await.is_none());
+        // The watcher that kept up keeps going.
+        window.publish([big_delete("/a/x", 11, OBJECT)]);
+        assert_eq!(fast.next().await.unwrap().unwrap().revision, 11);
     }
 
     #[tokio::test]
