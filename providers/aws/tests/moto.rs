@@ -962,3 +962,206 @@ async fn elb_security_group_and_disabled_ingress() -> anyhow::Result<()> {
     ensure!(still.security_groups().len() == 1);
     Ok(())
 }
+
+/// A security group in the seeded VPC, cluster-tagged or not.
+async fn security_group(
+    ec2: &aws_sdk_ec2::Client,
+    seed: &Seed,
+    name: &str,
+    cluster_tagged: bool,
+) -> anyhow::Result<String> {
+    let mut req = ec2
+        .create_security_group()
+        .group_name(name)
+        .description(name)
+        .vpc_id(&seed.vpc_id);
+    if cluster_tagged {
+        req = req.tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::SecurityGroup)
+                .tags(
+                    aws_sdk_ec2::types::Tag::builder()
+                        .key(format!("kubernetes.io/cluster/{}", seed.cluster_id))
+                        .value("owned")
+                        .build(),
+                )
+                .build(),
+        );
+    }
+    Ok(req.send().await?.group_id().context("group id")?.to_owned())
+}
+
+/// One instance in the first subnet with exactly `groups`.
+async fn instance_in(
+    ec2: &aws_sdk_ec2::Client,
+    seed: &Seed,
+    groups: &[&str],
+) -> anyhow::Result<String> {
+    let out = ec2
+        .run_instances()
+        .image_id(moto::MOTO_AMI)
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .subnet_id(&seed.subnet_ids[0])
+        .set_security_group_ids(Some(groups.iter().map(|g| g.to_string()).collect()))
+        .send()
+        .await?;
+    Ok(out
+        .instances()
+        .first()
+        .and_then(|i| i.instance_id())
+        .context("instance id")?
+        .to_owned())
+}
+
+/// The rules of `group` whose description mentions `lb_name`: (protocol, from, to, CIDR,
+/// description kind).
+async fn lb_rules(
+    ec2: &aws_sdk_ec2::Client,
+    group: &str,
+    lb_name: &str,
+) -> anyhow::Result<BTreeSet<(String, i32, i32, String, String)>> {
+    let out = ec2
+        .describe_security_groups()
+        .group_ids(group)
+        .send()
+        .await?;
+    let mut rules = BTreeSet::new();
+    for p in out
+        .security_groups()
+        .iter()
+        .flat_map(|g| g.ip_permissions())
+    {
+        for r in p.ip_ranges() {
+            let Some(kind) = r.description().and_then(|d| {
+                d.strip_prefix("kubernetes.io/rule/nlb/")
+                    .and_then(|d| d.strip_suffix(&format!("={lb_name}")))
+            }) else {
+                continue;
+            };
+            rules.insert((
+                p.ip_protocol().unwrap_or_default().to_owned(),
+                p.from_port().unwrap_or(-1),
+                p.to_port().unwrap_or(-1),
+                r.cidr_ip().unwrap_or_default().to_owned(),
+                kind.to_owned(),
+            ));
+        }
+    }
+    Ok(rules)
+}
+
+/// Upstream's node security-group choice (aws.md rows 45, 47; `findSecurityGroupForInstance`):
+/// the rules go onto each target instance's own group (the cluster-tagged one among its groups,
+/// else its single untagged one), never onto other cluster-tagged groups, with the ICMP
+/// type 3 code 4 path-MTU rule; several tagged or untagged groups on one instance are an error.
+/// kubernetes#94966: a stopped instance is not registered as a target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_rules_go_onto_each_instances_own_group_and_only_running_ones_are_targets()
+-> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("sgpick", 3).await?;
+    let ec2 = moto.ec2().await;
+    let elb = moto.elbv2().await;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let stray = security_group(&ec2, &seed, "stray-tagged", true).await?;
+    let plain = security_group(&ec2, &seed, "plain-untagged", false).await?;
+    let plain2 = security_group(&ec2, &seed, "plain-untagged-2", false).await?;
+    let untagged_node = instance_in(&ec2, &seed, &[&plain]).await?;
+    moto::stop_instances(&ec2, &seed.instance_ids[2..3]).await?;
+
+    let mut svc = service(
+        "sgpick",
+        "5a1e0000-0000-4000-8000-000000000010",
+        &[("TCP", 80, 30080)],
+    );
+    svc.spec
+        .as_mut()
+        .context("spec")?
+        .load_balancer_source_ranges = Some(vec!["198.51.100.0/24".to_owned()]);
+    let name = lbs.get_load_balancer_name(CLUSTER, &svc);
+    let mut nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    nodes.push(node(&untagged_node));
+    lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
+
+    let obs = observe(&elb, &name).await?.context("nlb")?;
+    let running = BTreeSet::from([
+        seed.instance_ids[0].clone(),
+        seed.instance_ids[1].clone(),
+        untagged_node.clone(),
+    ]);
+    ensure!(
+        obs.targets == running,
+        "stopped instance registered: {:?}",
+        obs.targets
+    );
+
+    let node_rules = lb_rules(&ec2, &seed.node_security_group_id, &name).await?;
+    for rule in [
+        ("tcp", 30080, 30080, "198.51.100.0/24", "client"),
+        ("icmp", 3, 4, "198.51.100.0/24", "mtu"),
+    ] {
+        let rule = (
+            rule.0.to_owned(),
+            rule.1,
+            rule.2,
+            rule.3.to_owned(),
+            rule.4.to_owned(),
+        );
+        ensure!(
+            node_rules.contains(&rule),
+            "{rule:?} missing: {node_rules:?}"
+        );
+    }
+    ensure!(
+        node_rules
+            .iter()
+            .any(|r| r.4 == "health" && r.3.starts_with("10.0.")),
+        "{node_rules:?}"
+    );
+    // The instance whose only group is untagged gets the same rules on that group.
+    ensure!(lb_rules(&ec2, &plain, &name).await? == node_rules);
+    // A cluster-tagged group no target instance uses gets nothing.
+    ensure!(lb_rules(&ec2, &stray, &name).await?.is_empty());
+
+    // Two untagged groups on one instance (none tagged): an error naming them, nothing torn down.
+    let ambiguous = instance_in(&ec2, &seed, &[&plain, &plain2]).await?;
+    let mut with_ambiguous = nodes.clone();
+    with_ambiguous.push(node(&ambiguous));
+    let err = lbs
+        .update_load_balancer(CLUSTER, &svc, &with_ambiguous)
+        .await
+        .expect_err("two untagged groups must be refused");
+    ensure!(
+        err.to_string()
+            .contains("multiple untagged security groups")
+            && err.to_string().contains(&ambiguous),
+        "{err}"
+    );
+    // Two tagged groups on one instance: an error too.
+    let doubly = instance_in(&ec2, &seed, &[&seed.node_security_group_id, &stray]).await?;
+    let mut with_doubly = nodes.clone();
+    with_doubly.push(node(&doubly));
+    let err = lbs
+        .update_load_balancer(CLUSTER, &svc, &with_doubly)
+        .await
+        .expect_err("two tagged groups must be refused");
+    ensure!(
+        err.to_string().contains("multiple tagged security groups"),
+        "{err}"
+    );
+    ensure!(lb_rules(&ec2, &seed.node_security_group_id, &name).await? == node_rules);
+
+    // The untagged node leaves: its group's rules go; the tagged group keeps them.
+    nodes.pop();
+    lbs.update_load_balancer(CLUSTER, &svc, &nodes).await?;
+    ensure!(lb_rules(&ec2, &plain, &name).await?.is_empty());
+    ensure!(lb_rules(&ec2, &seed.node_security_group_id, &name).await? == node_rules);
+
+    // Deleted: no rule of this load balancer is left on any group.
+    lbs.ensure_load_balancer_deleted(CLUSTER, &svc).await?;
+    for group in [&seed.node_security_group_id, &plain, &stray] {
+        ensure!(lb_rules(&ec2, group, &name).await?.is_empty(), "{group}");
+    }
+    Ok(())
+}

@@ -20,13 +20,12 @@
 //! instead of SHA-1 for their hash.
 
 pub mod plan;
+mod rules;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use async_trait::async_trait;
-use aws_sdk_ec2::types::{
-    Filter, IpPermission, IpRange, ResourceType, SecurityGroup, Subnet, TagSpecification,
-};
+use aws_sdk_ec2::types::{Filter, Instance, ResourceType, SecurityGroup, Subnet, TagSpecification};
 use aws_sdk_elasticloadbalancingv2::types::{
     Action, ActionTypeEnum, Listener, LoadBalancer as Elb, LoadBalancerAttribute,
     LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum, Tag as ElbTag, TargetDescription,
@@ -39,7 +38,7 @@ use crate::{
     AwsCloud, Inner, LEGACY_CLUSTER_TAG,
     client::{aws_error, error_code},
     config::NlbSecurityGroupMode,
-    ids::{self, Lifecycle},
+    ids,
     instances::{NodeKey, node_key},
 };
 use plan::{HealthPort, NlbPlan, PortPlan, Protocol};
@@ -60,63 +59,6 @@ fn service_key(service: &Service) -> String {
 
 fn elb_protocol(p: Protocol) -> ProtocolEnum {
     ProtocolEnum::from(p.as_str())
-}
-
-/// A security-group ingress rule, as compared when reconciling.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Rule {
-    protocol: String,
-    from: i32,
-    to: i32,
-    cidr: String,
-    description: String,
-}
-
-fn client_description(lb_name: &str) -> String {
-    format!("kubernetes.io/rule/nlb/client={lb_name}")
-}
-
-fn health_description(lb_name: &str) -> String {
-    format!("kubernetes.io/rule/nlb/health={lb_name}")
-}
-
-fn rules_of(group: &SecurityGroup, descriptions: &[String]) -> BTreeSet<Rule> {
-    let mut out = BTreeSet::new();
-    for perm in group.ip_permissions() {
-        let protocol = perm.ip_protocol().unwrap_or_default().to_owned();
-        for range in perm.ip_ranges() {
-            let desc = range.description().unwrap_or_default();
-            if descriptions.iter().any(|d| d == desc) {
-                out.insert(Rule {
-                    protocol: protocol.clone(),
-                    from: perm.from_port().unwrap_or(-1),
-                    to: perm.to_port().unwrap_or(-1),
-                    cidr: range.cidr_ip().unwrap_or_default().to_owned(),
-                    description: desc.to_owned(),
-                });
-            }
-        }
-    }
-    out
-}
-
-fn permissions(rules: &BTreeSet<Rule>) -> Vec<IpPermission> {
-    rules
-        .iter()
-        .map(|r| {
-            IpPermission::builder()
-                .ip_protocol(&r.protocol)
-                .from_port(r.from)
-                .to_port(r.to)
-                .ip_ranges(
-                    IpRange::builder()
-                        .cidr_ip(&r.cidr)
-                        .description(&r.description)
-                        .build(),
-                )
-                .build()
-        })
-        .collect()
 }
 
 impl Inner {
@@ -333,9 +275,13 @@ impl Inner {
         Ok(out)
     }
 
-    /// The instance IDs to target: the Nodes matching the label selector whose instances exist
-    /// and are not stopped.
-    async fn target_instances(&self, plan: &NlbPlan, nodes: &[Node]) -> CloudResult<Vec<String>> {
+    /// The instance IDs to target: the Nodes matching the label selector whose instances are
+    /// running (kubernetes#94966: pending, stopping and shutting-down ones are not registered).
+    async fn target_instances(
+        &self,
+        plan: &NlbPlan,
+        nodes: &[Node],
+    ) -> CloudResult<BTreeMap<String, Instance>> {
         let mut ids_wanted = Vec::new();
         let mut dns_wanted = Vec::new();
         for node in nodes {
@@ -353,31 +299,31 @@ impl Inner {
                 Err(e) => tracing::warn!(error = %e, "skipping a node that names no instance"),
             }
         }
-        let mut out = BTreeSet::new();
+        let mut out = BTreeMap::new();
         let ids_only: Vec<String> = ids_wanted.iter().map(|(id, _)| id.clone()).collect();
-        let found = self.cached_instances(&ids_only).await?;
+        let mut found = self.cached_instances(&ids_only).await?;
         for (id, node) in &ids_wanted {
-            match found.get(id) {
-                Some(i) if ids::lifecycle(i) == Lifecycle::Up => {
+            match found.remove(id) {
+                Some(i) if ids::is_running(&i) => {
                     if let Some(name) = node.metadata.name.as_deref() {
-                        self.remember_node_name(i, name);
+                        self.remember_node_name(&i, name);
                     }
-                    out.insert(id.clone());
+                    out.insert(id.clone(), i);
                 }
-                _ => tracing::info!(instance = %id, "not a target: instance stopped or gone"),
+                _ => tracing::info!(instance = %id, "not a target: instance not running"),
             }
         }
         if !dns_wanted.is_empty() {
             for (name, i) in self.by_dns_names(&dns_wanted).await? {
-                if ids::lifecycle(&i) == Lifecycle::Up
+                if ids::is_running(&i)
                     && let Some(id) = i.instance_id()
                 {
                     self.remember_node_name(&i, &name);
-                    out.insert(id.to_owned());
+                    out.insert(id.to_owned(), i);
                 }
             }
         }
-        Ok(out.into_iter().collect())
+        Ok(out)
     }
 
     async fn find_security_group(&self, name: &str) -> CloudResult<Option<SecurityGroup>> {
@@ -438,161 +384,13 @@ impl Inner {
                 })?
             }
         };
-        let desc = client_description(lb_name);
-        let mut want = BTreeSet::new();
-        for p in &plan.ports {
-            for proto in p.protocol.ip_protocols() {
-                for cidr in &plan.source_ranges {
-                    want.insert(Rule {
-                        protocol: (*proto).to_owned(),
-                        from: p.port,
-                        to: p.port,
-                        cidr: cidr.to_string(),
-                        description: desc.clone(),
-                    });
-                }
-            }
-        }
-        self.reconcile_rules(&group, &want, std::slice::from_ref(&desc))
-            .await?;
+        let want = rules::frontend_rules(lb_name, plan);
+        let descriptions = [
+            rules::client_description(lb_name),
+            rules::mtu_description(lb_name),
+        ];
+        self.reconcile_rules(&group, &want, &descriptions).await?;
         Ok(group.group_id().map(str::to_owned).into_iter().collect())
-    }
-
-    /// Grants the missing rules and revokes the extra ones carrying one of `descriptions`.
-    async fn reconcile_rules(
-        &self,
-        group: &SecurityGroup,
-        want: &BTreeSet<Rule>,
-        descriptions: &[String],
-    ) -> CloudResult<()> {
-        let clients = self.clients().await?;
-        let group_id = group.group_id().unwrap_or_default();
-        let have = rules_of(group, descriptions);
-        let missing: BTreeSet<Rule> = want.difference(&have).cloned().collect();
-        let extra: BTreeSet<Rule> = have.difference(want).cloned().collect();
-        if !extra.is_empty() {
-            match clients
-                .ec2
-                .revoke_security_group_ingress()
-                .group_id(group_id)
-                .set_ip_permissions(Some(permissions(&extra)))
-                .send()
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if error_code(&e) == Some("InvalidPermission.NotFound") => {}
-                Err(e) => return Err(aws_error("ec2:RevokeSecurityGroupIngress", e)),
-            }
-        }
-        if !missing.is_empty() {
-            match clients
-                .ec2
-                .authorize_security_group_ingress()
-                .group_id(group_id)
-                .set_ip_permissions(Some(permissions(&missing)))
-                .send()
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if error_code(&e) == Some("InvalidPermission.Duplicate") => {}
-                Err(e) => return Err(aws_error("ec2:AuthorizeSecurityGroupIngress", e)),
-            }
-        }
-        Ok(())
-    }
-
-    /// The nodes' security groups: the cluster-tagged groups of the VPC that are not load
-    /// balancers' own.
-    async fn node_security_groups(&self) -> CloudResult<Vec<SecurityGroup>> {
-        let clients = self.clients().await?;
-        let vpc = self.vpc_id().await?;
-        let key = self.cluster_tag_key("node security groups")?;
-        let out = clients
-            .ec2
-            .describe_security_groups()
-            .filters(Filter::builder().name("vpc-id").values(vpc).build())
-            .filters(Filter::builder().name("tag-key").values(&key).build())
-            .send()
-            .await
-            .map_err(|e| aws_error("ec2:DescribeSecurityGroups", e))?;
-        Ok(out
-            .security_groups()
-            .iter()
-            .filter(|g| !g.tags().iter().any(|t| t.key() == Some(SERVICE_NAME_TAG)))
-            .filter(|g| g.group_id() != self.config.elb_security_group.as_deref())
-            .cloned()
-            .collect())
-    }
-
-    /// Client rules (NodePorts from the source ranges) and health rules (the health-check ports
-    /// from the load balancer's subnets) on every node security group.
-    async fn ensure_node_rules(
-        &self,
-        lb_name: &str,
-        plan: &NlbPlan,
-        subnet_cidrs: &[String],
-    ) -> CloudResult<()> {
-        if self.config.disable_security_group_ingress {
-            return Ok(());
-        }
-        let client = client_description(lb_name);
-        let health = health_description(lb_name);
-        let mut want = BTreeSet::new();
-        for p in &plan.ports {
-            for proto in p.protocol.ip_protocols() {
-                for cidr in &plan.source_ranges {
-                    want.insert(Rule {
-                        protocol: (*proto).to_owned(),
-                        from: p.node_port,
-                        to: p.node_port,
-                        cidr: cidr.to_string(),
-                        description: client.clone(),
-                    });
-                }
-            }
-        }
-        let health_ports: BTreeSet<i32> = plan
-            .ports
-            .iter()
-            .map(|p| match plan.health.port {
-                HealthPort::Traffic => p.node_port,
-                HealthPort::Port(port) => port,
-            })
-            .collect();
-        for port in health_ports {
-            let covered = want
-                .iter()
-                .any(|r| r.protocol == "tcp" && r.from == port && r.cidr == "0.0.0.0/0");
-            if covered {
-                continue;
-            }
-            for cidr in subnet_cidrs {
-                want.insert(Rule {
-                    protocol: "tcp".to_owned(),
-                    from: port,
-                    to: port,
-                    cidr: cidr.clone(),
-                    description: health.clone(),
-                });
-            }
-        }
-        for group in self.node_security_groups().await? {
-            self.reconcile_rules(&group, &want, &[client.clone(), health.clone()])
-                .await?;
-        }
-        Ok(())
-    }
-
-    async fn delete_node_rules(&self, lb_name: &str) -> CloudResult<()> {
-        if self.config.disable_security_group_ingress {
-            return Ok(());
-        }
-        let descs = [client_description(lb_name), health_description(lb_name)];
-        for group in self.node_security_groups().await? {
-            self.reconcile_rules(&group, &BTreeSet::new(), &descs)
-                .await?;
-        }
-        Ok(())
     }
 
     /// Creates or finds the target group for `port`, and brings its health check up to date.
@@ -792,7 +590,8 @@ impl Inner {
         let clients = self.clients().await?;
         let cluster_id = self.cluster_id("load balancers")?.to_owned();
         let vpc = self.vpc_id().await?.to_owned();
-        let targets = self.target_instances(&plan, nodes).await?;
+        let instances = self.target_instances(&plan, nodes).await?;
+        let targets: Vec<String> = instances.keys().cloned().collect();
         let subnets = self.lb_subnets(&plan).await?;
         let subnet_cidrs: Vec<String> = subnets
             .iter()
@@ -903,7 +702,8 @@ impl Inner {
         if let Some(enabled) = plan.cross_zone {
             self.ensure_cross_zone(&lb_arn, enabled).await?;
         }
-        self.ensure_node_rules(lb_name, &plan, &subnet_cidrs)
+        let want = rules::node_rules(lb_name, &plan, &subnet_cidrs);
+        self.sync_node_rules(lb_name, &want, &instances.values().collect::<Vec<_>>())
             .await?;
         Ok(status_of(&lb))
     }
@@ -987,7 +787,7 @@ impl Inner {
         for tg in &target_groups {
             self.delete_target_group(tg).await?;
         }
-        self.delete_node_rules(lb_name).await?;
+        self.sync_node_rules(lb_name, &BTreeSet::new(), &[]).await?;
         self.delete_lb_security_group(lb_name).await
     }
 
