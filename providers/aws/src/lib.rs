@@ -223,6 +223,15 @@ impl CloudProvider for AwsCloud {
         PROVIDER_NAME
     }
 
+    /// AWS call durations, errors and throttles by operation, under upstream's names
+    /// ([`CallMetrics::register`]).
+    fn register_metrics(
+        &self,
+        registry: &mut cloud_provider::prometheus_client::registry::Registry,
+    ) {
+        self.inner.metrics.register(registry);
+    }
+
     fn has_cluster_id(&self) -> bool {
         self.inner.config.cluster_id().is_some()
     }
