@@ -29,6 +29,9 @@ mod instances;
 pub mod lb;
 pub mod moto;
 mod routes;
+mod zones;
+
+pub use zones::ZONE_ID_LABEL;
 
 use std::{collections::BTreeSet, sync::Arc};
 
@@ -66,6 +69,7 @@ pub(crate) struct Inner {
     clients: OnceCell<client::Clients>,
     vpc: OnceCell<String>,
     pub(crate) instances: instances::InstanceState,
+    pub(crate) zones: zones::ZoneCache,
 }
 
 /// Builds an [`AwsCloud`] from a parsed config and options.
@@ -93,6 +97,7 @@ impl AwsCloudBuilder {
                 clients: OnceCell::new(),
                 vpc: OnceCell::new(),
                 instances: instances::InstanceState::default(),
+                zones: zones::ZoneCache::default(),
             }),
         }
     }

@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use async_trait::async_trait;
 use aws_sdk_ec2::types::{Filter, Instance, ResourceType, SecurityGroup, Subnet, TagSpecification};
 use aws_sdk_elasticloadbalancingv2::types::{
-    Action, ActionTypeEnum, Listener, LoadBalancer as Elb, LoadBalancerAttribute,
+    Action, ActionTypeEnum, Certificate, Listener, LoadBalancer as Elb, LoadBalancerAttribute,
     LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum, Tag as ElbTag, TargetDescription,
     TargetGroup, TargetGroupAttribute, TargetHealthReasonEnum, TargetTypeEnum,
 };
@@ -41,7 +41,7 @@ use crate::{
     ids,
     instances::{NodeKey, node_key},
 };
-use plan::{HealthPort, NlbPlan, PortPlan, Protocol};
+use plan::{HealthPort, NlbPlan, PortPlan};
 
 /// Targets per RegisterTargets / DeregisterTargets call.
 pub const TARGETS_PER_CALL: usize = 100;
@@ -57,8 +57,44 @@ fn service_key(service: &Service) -> String {
     )
 }
 
-fn elb_protocol(p: Protocol) -> ProtocolEnum {
-    ProtocolEnum::from(p.as_str())
+/// A forward action to a target group.
+fn forward(tg_arn: &str) -> Action {
+    Action::builder()
+        .r#type(ActionTypeEnum::Forward)
+        .target_group_arn(tg_arn)
+        .build()
+}
+
+/// The listener certificate of a TLS port.
+fn certificates(port: &PortPlan) -> Option<Vec<Certificate>> {
+    port.tls.as_ref().map(|t| {
+        vec![
+            Certificate::builder()
+                .certificate_arn(&t.certificate)
+                .build(),
+        ]
+    })
+}
+
+/// Whether listener `l` already is what `port` asks for: protocol, target group and, for TLS,
+/// certificate and (when given) security policy.
+fn listener_matches(l: &Listener, port: &PortPlan, tg_arn: &str) -> bool {
+    let protocol = l.protocol().map(|p| p.as_str()) == Some(port.listener_protocol());
+    let target = l
+        .default_actions()
+        .iter()
+        .any(|a| a.target_group_arn() == Some(tg_arn));
+    let tls = match &port.tls {
+        None => true,
+        Some(t) => {
+            l.certificates().first().and_then(|c| c.certificate_arn())
+                == Some(t.certificate.as_str())
+                && t.policy
+                    .as_deref()
+                    .is_none_or(|p| l.ssl_policy() == Some(p))
+        }
+    };
+    protocol && target && tls
 }
 
 impl Inner {
@@ -435,7 +471,7 @@ impl Inner {
                     .elb
                     .create_target_group()
                     .name(&name)
-                    .protocol(elb_protocol(port.protocol))
+                    .protocol(ProtocolEnum::from(port.target_protocol()))
                     .port(port.node_port)
                     .vpc_id(vpc)
                     .target_type(TargetTypeEnum::Instance)
@@ -656,39 +692,34 @@ impl Inner {
             self.ensure_targets(&tg_arn, port.node_port, &targets)
                 .await?;
             let existing = listeners.iter().find(|l| l.port() == Some(port.port));
-            let up_to_date = existing.is_some_and(|l| {
-                l.protocol() == Some(&elb_protocol(port.protocol))
-                    && l.default_actions()
-                        .iter()
-                        .any(|a| a.target_group_arn() == Some(tg_arn.as_str()))
-            });
-            if up_to_date {
-                if let Some(arn) = existing.and_then(|l| l.listener_arn()) {
-                    kept_listeners.insert(arn.to_owned());
+            let arn = match existing {
+                Some(l) if listener_matches(l, port, &tg_arn) => {
+                    l.listener_arn().unwrap_or_default().to_owned()
                 }
-                continue;
-            }
-            if let Some(old) = existing {
-                self.delete_listener_and_groups(old, Some(&tg_arn)).await?;
-            }
-            let action = Action::builder()
-                .r#type(ActionTypeEnum::Forward)
-                .target_group_arn(&tg_arn)
-                .build();
-            let out = clients
-                .elb
-                .create_listener()
-                .load_balancer_arn(&lb_arn)
-                .port(port.port)
-                .protocol(elb_protocol(port.protocol))
-                .default_actions(action)
-                .set_tags(Some(self.elb_tags(service, Some(&plan))?))
-                .send()
-                .await
-                .map_err(|e| aws_error("elasticloadbalancing:CreateListener", e))?;
-            if let Some(arn) = out.listeners().first().and_then(|l| l.listener_arn()) {
-                kept_listeners.insert(arn.to_owned());
-            }
+                // Switched in place, never dropped: no outage on this port.
+                Some(l) => self.modify_listener(l, port, &tg_arn).await?,
+                None => {
+                    let out = clients
+                        .elb
+                        .create_listener()
+                        .load_balancer_arn(&lb_arn)
+                        .port(port.port)
+                        .protocol(ProtocolEnum::from(port.listener_protocol()))
+                        .default_actions(forward(&tg_arn))
+                        .set_certificates(certificates(port))
+                        .set_ssl_policy(port.tls.as_ref().and_then(|t| t.policy.clone()))
+                        .set_tags(Some(self.elb_tags(service, Some(&plan))?))
+                        .send()
+                        .await
+                        .map_err(|e| aws_error("elasticloadbalancing:CreateListener", e))?;
+                    out.listeners()
+                        .first()
+                        .and_then(|l| l.listener_arn())
+                        .unwrap_or_default()
+                        .to_owned()
+                }
+            };
+            kept_listeners.insert(arn);
         }
         // Ports that are gone: their listeners and target groups go too.
         for l in &listeners {
@@ -696,7 +727,7 @@ impl Inner {
                 && !kept_listeners.contains(arn)
                 && !plan.ports.iter().any(|p| Some(p.port) == l.port())
             {
-                self.delete_listener_and_groups(l, None).await?;
+                self.delete_listener_and_groups(l).await?;
             }
         }
         if let Some(enabled) = plan.cross_zone {
@@ -708,12 +739,43 @@ impl Inner {
         Ok(status_of(&lb))
     }
 
-    /// Deletes a listener, then the target groups it forwarded to (except `keep`).
-    async fn delete_listener_and_groups(
+    /// Points an existing listener at `tg_arn` (and updates its protocol, certificate and policy)
+    /// with ModifyListener, then deletes the target groups it forwarded to before. The listener
+    /// stays up throughout (upstream: new target group, ModifyListener, delete the old one).
+    /// The protocol is sent only when it changes (moto refuses TLS, UDP and TCP_UDP there).
+    async fn modify_listener(
         &self,
         l: &Listener,
-        keep: Option<&str>,
-    ) -> CloudResult<()> {
+        port: &PortPlan,
+        tg_arn: &str,
+    ) -> CloudResult<String> {
+        let clients = self.clients().await?;
+        let arn = l.listener_arn().unwrap_or_default().to_owned();
+        let protocol_changes = l.protocol().map(|p| p.as_str()) != Some(port.listener_protocol());
+        tracing::info!(listener = %arn, port = port.port, target_group = %tg_arn, "modifying listener");
+        clients
+            .elb
+            .modify_listener()
+            .listener_arn(&arn)
+            .default_actions(forward(tg_arn))
+            .set_protocol(protocol_changes.then(|| ProtocolEnum::from(port.listener_protocol())))
+            .set_certificates(certificates(port))
+            .set_ssl_policy(port.tls.as_ref().and_then(|t| t.policy.clone()))
+            .send()
+            .await
+            .map_err(|e| aws_error("elasticloadbalancing:ModifyListener", e))?;
+        for a in l.default_actions() {
+            if let Some(old) = a.target_group_arn()
+                && old != tg_arn
+            {
+                self.delete_target_group(old).await?;
+            }
+        }
+        Ok(arn)
+    }
+
+    /// Deletes a listener, then the target groups it forwarded to.
+    async fn delete_listener_and_groups(&self, l: &Listener) -> CloudResult<()> {
         let clients = self.clients().await?;
         if let Some(arn) = l.listener_arn() {
             match clients.elb.delete_listener().listener_arn(arn).send().await {
@@ -723,9 +785,7 @@ impl Inner {
             }
         }
         for a in l.default_actions() {
-            if let Some(tg) = a.target_group_arn()
-                && Some(tg) != keep
-            {
+            if let Some(tg) = a.target_group_arn() {
                 self.delete_target_group(tg).await?;
             }
         }
