@@ -250,13 +250,12 @@ fn ccm_with_aws_initializes_nodes_named_after_moto_instances_and_ensures_nlbs() 
     assert!(count_of("DescribeInstances") >= 1, "{metrics}");
     assert!(count_of("CreateLoadBalancer") == 1, "{metrics}");
     assert!(count_of("RegisterTargets") >= 1, "{metrics}");
-    for family in [
-        "# TYPE cloudprovider_aws_api_request_duration_seconds histogram",
-        "# TYPE cloudprovider_aws_api_request_errors counter",
-        "# TYPE cloudprovider_aws_api_throttled_requests counter",
-    ] {
-        assert!(metrics.contains(family), "{family} in {metrics}");
-    }
+    // The error and throttle families appear with their first sample (moto does not throttle;
+    // their names are checked by the provider's unit test).
+    assert!(
+        metrics.contains("# TYPE cloudprovider_aws_api_request_duration_seconds histogram"),
+        "{metrics}"
+    );
 
     // Deleting the Service deletes the NLB and its target group.
     let deleted = ccm.kubectl(&["delete", "service", "web", "--timeout=60s"]);

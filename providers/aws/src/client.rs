@@ -231,7 +231,7 @@ impl CallMetrics {
     /// durations, so its `_count` is the number of calls), `cloudprovider_aws_api_request_errors`
     /// `{request}` and `cloudprovider_aws_api_throttled_requests{operation_name}`; the
     /// `request` and `operation_name` values are `<service>:<Operation>`. Counters get the
-    /// OpenMetrics `_total` suffix.
+    /// OpenMetrics `_total` suffix. A family shows from its first sample on.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "cloudprovider_aws_api_request_duration_seconds",

@@ -353,11 +353,44 @@ impl Inner {
         }
     }
 
-    /// The Node name of an instance: the one seen for it, else its private DNS name (upstream's
-    /// default naming), else its ID.
-    pub(crate) fn node_name_of(&self, instance_id: &str, instance: Option<&Instance>) -> String {
-        if let Some(name) = self.instances.node_names.lock().get(instance_id) {
-            return name.clone();
+    /// Node names by instance ID, from the cluster's Nodes (their provider IDs, else `i-`
+    /// names), as upstream's provider-ID index: deterministic, and the same after a restart.
+    /// `None` when the provider was not initialized with a cluster.
+    pub(crate) async fn cluster_node_names(&self) -> CloudResult<Option<HashMap<String, String>>> {
+        let Some(client) = self.cluster.get() else {
+            return Ok(None);
+        };
+        let nodes = kube::Api::<Node>::all(client.clone())
+            .list(&kube::api::ListParams::default())
+            .await
+            .map_err(|e| CloudError::context("listing the cluster's Nodes", e))?;
+        let mut out = HashMap::new();
+        for node in nodes {
+            let Some(name) = node.metadata.name.clone() else {
+                continue;
+            };
+            if let Ok(NodeKey::Id(id)) = node_key(&node) {
+                out.insert(id, name);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// The Node name of an instance: from the cluster's Nodes when `index` is given (else, for
+    /// a provider used without a cluster, the name last seen for it); failing that its private
+    /// DNS name (upstream's default naming), else its ID.
+    pub(crate) fn node_name_of(
+        &self,
+        instance_id: &str,
+        instance: Option<&Instance>,
+        index: Option<&HashMap<String, String>>,
+    ) -> String {
+        let known = match index {
+            Some(index) => index.get(instance_id).cloned(),
+            None => self.instances.node_names.lock().get(instance_id).cloned(),
+        };
+        if let Some(name) = known {
+            return name;
         }
         instance
             .and_then(|i| i.private_dns_name())

@@ -70,6 +70,8 @@ pub(crate) struct Inner {
     vpc: OnceCell<String>,
     pub(crate) instances: instances::InstanceState,
     pub(crate) zones: zones::ZoneCache,
+    /// The cluster, from [`CloudProvider::initialize`]: its Nodes name route targets.
+    pub(crate) cluster: std::sync::OnceLock<kube::Client>,
 }
 
 /// Builds an [`AwsCloud`] from a parsed config and options.
@@ -98,6 +100,7 @@ impl AwsCloudBuilder {
                 vpc: OnceCell::new(),
                 instances: instances::InstanceState::default(),
                 zones: zones::ZoneCache::default(),
+                cluster: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -220,7 +223,11 @@ impl Inner {
 
 #[async_trait]
 impl CloudProvider for AwsCloud {
-    async fn initialize(&self, _ctx: InitContext) -> CloudResult<()> {
+    /// Keeps a client of the cluster (its Nodes name route targets and load-balancer backends
+    /// by instance ID, as upstream's provider-ID index does), and builds the SDK clients.
+    async fn initialize(&self, ctx: InitContext) -> CloudResult<()> {
+        let client = ctx.clients.client("aws-cloud-provider")?;
+        let _ = self.inner.cluster.set(client);
         self.connect().await
     }
 
@@ -286,9 +293,13 @@ impl BackendProbe for AwsCloud {
             .inner
             .cached_instances(&ids.iter().cloned().collect::<Vec<_>>())
             .await?;
+        let index = self.inner.cluster_node_names().await?;
         Ok(ids
             .into_iter()
-            .map(|id| self.inner.node_name_of(&id, instances.get(&id)))
+            .map(|id| {
+                self.inner
+                    .node_name_of(&id, instances.get(&id), index.as_ref())
+            })
             .collect())
     }
 }

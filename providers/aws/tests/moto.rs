@@ -1356,3 +1356,86 @@ async fn tls_listeners_and_target_group_changes_keep_the_listener() -> anyhow::R
     );
     Ok(())
 }
+
+/// A loopback API server that answers every request with `body` (a NodeList), and a kube
+/// client for it.
+async fn fake_cluster(body: String) -> anyhow::Result<kube::Client> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                let _ = conn.read(&mut buf).await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    let config = kube::Config::new(format!("http://{addr}").parse()?);
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Upstream names a route's target from the Node whose provider ID holds the route's instance
+/// (the informer's provider-ID index, aws_routes.go ListRoutes): after a restart, a route to
+/// the Node `i-…` is still listed with that Node, not with the instance's DNS name, so the
+/// route controller does not recreate it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_targets_come_from_the_clusters_nodes_after_a_restart() -> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("restart", 1).await?;
+    let id = seed.instance_ids[0].clone();
+    let cidr: ipnet::IpNet = "10.244.3.0/24".parse()?;
+    cloud
+        .routes()
+        .context("routes")?
+        .create_route(CLUSTER, "uid", &Route::new(id.clone(), cidr))
+        .await?;
+
+    // A new process: without the cluster it can only guess the instance's DNS name.
+    let restarted = AwsCloud::from_config_text_with(&seed.cloud_config(&moto), moto.options())?;
+    let guessed = restarted
+        .routes()
+        .context("routes")?
+        .list_routes(CLUSTER)
+        .await?;
+    ensure!(
+        guessed[0].target_node == seed.private_dns_names[0],
+        "{guessed:?}"
+    );
+
+    // Initialized with the cluster, whose Node `i-…` carries the instance's provider ID.
+    let nodes = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "NodeList",
+        "metadata": {"resourceVersion": "1"},
+        "items": [
+            {"metadata": {"name": id}, "spec": {"providerID": format!("aws:///us-east-1a/{id}")}},
+            {"metadata": {"name": "not-on-aws"}, "spec": {"providerID": "gce://p/z/vm"}},
+        ],
+    });
+    let client = fake_cluster(nodes.to_string()).await?;
+    let restarted = AwsCloud::from_config_text_with(&seed.cloud_config(&moto), moto.options())?;
+    restarted
+        .initialize(cloud_provider::InitContext::new(
+            Arc::new(cloud_provider::SharedClient(client)),
+            tokio_util::sync::CancellationToken::new(),
+        ))
+        .await?;
+    let listed = restarted
+        .routes()
+        .context("routes")?
+        .list_routes(CLUSTER)
+        .await?;
+    ensure!(listed.len() == 1, "{listed:?}");
+    ensure!(
+        listed[0].target_node == id && !listed[0].blackhole,
+        "{listed:?}"
+    );
+    Ok(())
+}
