@@ -336,6 +336,9 @@ impl Intercept for MetricsInterceptor {
 pub(crate) struct Clients {
     pub(crate) ec2: aws_sdk_ec2::Client,
     pub(crate) elb: aws_sdk_elasticloadbalancingv2::Client,
+    /// The Classic ELB API (same endpoint as ELBv2): only to find and delete what
+    /// cloud-provider-aws made.
+    pub(crate) classic: aws_sdk_elasticloadbalancing::Client,
     pub(crate) region: String,
 }
 
@@ -406,17 +409,22 @@ pub(crate) async fn build_clients(
             ec2 = ec2.region(Region::new(signing.clone()));
         }
     }
-    let mut elb =
-        aws_sdk_elasticloadbalancingv2::config::Builder::from(&sdk).interceptor(interceptor);
+    let mut elb = aws_sdk_elasticloadbalancingv2::config::Builder::from(&sdk)
+        .interceptor(interceptor.clone());
+    let mut classic =
+        aws_sdk_elasticloadbalancing::config::Builder::from(&sdk).interceptor(interceptor);
     if let Some(o) = config.endpoint_for(AwsService::ElbV2, &region) {
         elb = elb.endpoint_url(o.url.clone());
+        classic = classic.endpoint_url(o.url.clone());
         if let Some(signing) = &o.signing_region {
             elb = elb.region(Region::new(signing.clone()));
+            classic = classic.region(Region::new(signing.clone()));
         }
     }
     Ok(Clients {
         ec2: aws_sdk_ec2::Client::from_conf(ec2.build()),
         elb: aws_sdk_elasticloadbalancingv2::Client::from_conf(elb.build()),
+        classic: aws_sdk_elasticloadbalancing::Client::from_conf(classic.build()),
         region,
     })
 }

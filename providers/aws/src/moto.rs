@@ -209,6 +209,11 @@ impl MotoServer {
         aws_sdk_elasticloadbalancingv2::Client::new(&self.sdk_config().await)
     }
 
+    /// A Classic ELB client for moto (to stage what cloud-provider-aws would have made).
+    pub async fn elb_classic(&self) -> aws_sdk_elasticloadbalancing::Client {
+        aws_sdk_elasticloadbalancing::Client::new(&self.sdk_config().await)
+    }
+
     /// Requests a certificate for `domain` from moto's ACM and returns its ARN, for TLS
     /// listeners (moto's CreateListener checks that the certificate exists). Uses the boto3
     /// that moto depends on, since the provider links no ACM client.

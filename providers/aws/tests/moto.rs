@@ -1439,3 +1439,190 @@ async fn route_targets_come_from_the_clusters_nodes_after_a_restart() -> anyhow:
     );
     Ok(())
 }
+
+/// aws.md row 28: a Service without `aws-load-balancer-type` gets a Classic ELB from
+/// cloud-provider-aws. After a migration the Service's Classic ELB (as upstream makes it: named
+/// `a` + UID, cluster-tagged, with its `k8s-elb-<name>` group and an all-traffic node rule from
+/// that group) blocks a second load balancer with a clear error, is reported by get, and is
+/// deleted with its group and node rule when the Service goes: no duplicate, no leak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classic_elb_from_cloud_provider_aws_is_neither_duplicated_nor_leaked()
+-> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("classic", 2).await?;
+    let ec2 = moto.ec2().await;
+    let elb = moto.elbv2().await;
+    let classic = moto.elb_classic().await;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let svc = service(
+        "legacy",
+        "5a1e0000-0000-4000-8000-000000000012",
+        &[("TCP", 80, 30080)],
+    );
+    let name = lbs.get_load_balancer_name(CLUSTER, &svc);
+    // What cloud-provider-aws left: the group, the load balancer, the node rule.
+    let group = security_group(&ec2, &seed, &security_group_name(&name), true).await?;
+    let created = classic
+        .create_load_balancer()
+        .load_balancer_name(&name)
+        .listeners(
+            aws_sdk_elasticloadbalancing::types::Listener::builder()
+                .protocol("TCP")
+                .load_balancer_port(80)
+                .instance_protocol("TCP")
+                .instance_port(30080)
+                .build()?,
+        )
+        .subnets(&seed.subnet_ids[0])
+        .security_groups(&group)
+        .tags(
+            aws_sdk_elasticloadbalancing::types::Tag::builder()
+                .key("kubernetes.io/cluster/classic")
+                .value("owned")
+                .build()?,
+        )
+        .send()
+        .await?;
+    let dns = created.dns_name().context("classic dns")?.to_owned();
+    ec2.authorize_security_group_ingress()
+        .group_id(&seed.node_security_group_id)
+        .ip_permissions(
+            aws_sdk_ec2::types::IpPermission::builder()
+                .ip_protocol("-1")
+                .user_id_group_pairs(
+                    aws_sdk_ec2::types::UserIdGroupPair::builder()
+                        .group_id(&group)
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await?;
+    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+
+    let err = lbs
+        .ensure_load_balancer(CLUSTER, &svc, &nodes)
+        .await
+        .expect_err("a second load balancer must be refused");
+    ensure!(
+        err.to_string().contains("Classic ELB") && err.to_string().contains(&name),
+        "{err}"
+    );
+    ensure!(
+        elb.describe_load_balancers()
+            .send()
+            .await?
+            .load_balancers()
+            .is_empty(),
+        "an NLB was created beside the Classic ELB"
+    );
+    let status = lbs.get_load_balancer(CLUSTER, &svc).await?.context("get")?;
+    ensure!(
+        status
+            .ingress
+            .as_deref()
+            .and_then(|i| i[0].hostname.as_deref())
+            == Some(dns.as_str()),
+        "{status:?}"
+    );
+
+    lbs.ensure_load_balancer_deleted(CLUSTER, &svc).await?;
+    let left = classic.describe_load_balancers().send().await?;
+    ensure!(left.load_balancer_descriptions().is_empty(), "{left:?}");
+    let groups = ec2
+        .describe_security_groups()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("vpc-id")
+                .values(&seed.vpc_id)
+                .build(),
+        )
+        .send()
+        .await?;
+    ensure!(
+        !groups
+            .security_groups()
+            .iter()
+            .any(|g| g.group_id() == Some(group.as_str())),
+        "the Classic ELB's group was left behind"
+    );
+    let references = groups
+        .security_groups()
+        .iter()
+        .flat_map(|g| g.ip_permissions())
+        .flat_map(|p| p.user_id_group_pairs())
+        .filter(|p| p.group_id() == Some(group.as_str()))
+        .count();
+    ensure!(references == 0, "{references} node rules still refer to it");
+    ensure!(lbs.get_load_balancer(CLUSTER, &svc).await?.is_none());
+    Ok(())
+}
+
+/// cloud-provider-aws#1219 (dual-stack NLBs, open upstream): a Service whose `ipFamilies`
+/// include IPv6 gets `IpAddressType=dualstack`, node rules open to `::/0` as well (with the
+/// ICMPv6 path-MTU rule), and back to `ipv4` when the family goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_families_get_a_dual_stack_nlb() -> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("dualstack", 2).await?;
+    let ec2 = moto.ec2().await;
+    let elb = moto.elbv2().await;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let mut svc = service(
+        "dual",
+        "5a1e0000-0000-4000-8000-000000000013",
+        &[("TCP", 80, 30080)],
+    );
+    svc.spec.as_mut().context("spec")?.ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
+    let name = lbs.get_load_balancer_name(CLUSTER, &svc);
+    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
+    let ip_type = |elb: aws_sdk_elasticloadbalancingv2::Client, name: String| async move {
+        let out = elb.describe_load_balancers().names(name).send().await?;
+        anyhow::Ok(
+            out.load_balancers()
+                .first()
+                .and_then(|l| l.ip_address_type())
+                .map(|t| t.as_str().to_owned())
+                .unwrap_or_default(),
+        )
+    };
+    ensure!(ip_type(elb.clone(), name.clone()).await? == "dualstack");
+    let group = ec2
+        .describe_security_groups()
+        .group_ids(&seed.node_security_group_id)
+        .send()
+        .await?;
+    let v6: BTreeSet<(String, i32, String)> = group
+        .security_groups()
+        .iter()
+        .flat_map(|g| g.ip_permissions())
+        .flat_map(|p| {
+            p.ipv6_ranges().iter().map(move |r| {
+                (
+                    p.ip_protocol().unwrap_or_default().to_owned(),
+                    p.from_port().unwrap_or(-1),
+                    r.cidr_ipv6().unwrap_or_default().to_owned(),
+                )
+            })
+        })
+        .collect();
+    ensure!(v6.contains(&("tcp".into(), 30080, "::/0".into())), "{v6:?}");
+    ensure!(v6.contains(&("icmpv6".into(), 2, "::/0".into())), "{v6:?}");
+
+    svc.spec.as_mut().context("spec")?.ip_families = Some(vec!["IPv4".into()]);
+    lbs.update_load_balancer(CLUSTER, &svc, &nodes).await?;
+    ensure!(ip_type(elb.clone(), name.clone()).await? == "ipv4");
+    lbs.ensure_load_balancer_deleted(CLUSTER, &svc).await?;
+    let left = ec2
+        .describe_security_groups()
+        .group_ids(&seed.node_security_group_id)
+        .send()
+        .await?;
+    let rules: usize = left
+        .security_groups()
+        .iter()
+        .flat_map(|g| g.ip_permissions())
+        .map(|p| p.ipv6_ranges().len() + p.ip_ranges().len())
+        .sum();
+    ensure!(rules == 0, "{rules} rules left");
+    Ok(())
+}

@@ -19,6 +19,7 @@
 //! modified (moto's ModifyListener cannot relink target groups). Target-group names use FNV-1a
 //! instead of SHA-1 for their hash.
 
+mod classic;
 pub mod plan;
 mod rules;
 
@@ -27,9 +28,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use async_trait::async_trait;
 use aws_sdk_ec2::types::{Filter, Instance, ResourceType, SecurityGroup, Subnet, TagSpecification};
 use aws_sdk_elasticloadbalancingv2::types::{
-    Action, ActionTypeEnum, Certificate, Listener, LoadBalancer as Elb, LoadBalancerAttribute,
-    LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum, Tag as ElbTag, TargetDescription,
-    TargetGroup, TargetGroupAttribute, TargetHealthReasonEnum, TargetTypeEnum,
+    Action, ActionTypeEnum, Certificate, IpAddressType, Listener, LoadBalancer as Elb,
+    LoadBalancerAttribute, LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum,
+    Tag as ElbTag, TargetDescription, TargetGroup, TargetGroupAttribute, TargetHealthReasonEnum,
+    TargetTypeEnum,
 };
 use cloud_provider::{CloudError, CloudResult, LoadBalancer};
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
@@ -55,6 +57,15 @@ fn service_key(service: &Service) -> String {
         service.metadata.namespace.as_deref().unwrap_or("default"),
         service.metadata.name.as_deref().unwrap_or_default()
     )
+}
+
+/// `dualstack` for Services with an IPv6 family, else `ipv4`.
+fn ip_address_type(plan: &NlbPlan) -> IpAddressType {
+    if plan.dual_stack {
+        IpAddressType::Dualstack
+    } else {
+        IpAddressType::Ipv4
+    }
 }
 
 /// A forward action to a target group.
@@ -626,6 +637,12 @@ impl Inner {
         let clients = self.clients().await?;
         let cluster_id = self.cluster_id("load balancers")?.to_owned();
         let vpc = self.vpc_id().await?.to_owned();
+        let existing = self.find_lb(lb_name).await?;
+        if existing.is_none()
+            && let Some(clb) = self.find_classic(lb_name).await?
+        {
+            return Err(Self::classic_refusal(&service_key(service), &clb));
+        }
         let instances = self.target_instances(&plan, nodes).await?;
         let targets: Vec<String> = instances.keys().cloned().collect();
         let subnets = self.lb_subnets(&plan).await?;
@@ -637,7 +654,7 @@ impl Inner {
             .ensure_lb_security_group(lb_name, service, &plan)
             .await?;
 
-        let lb = match self.find_lb(lb_name).await? {
+        let lb = match existing {
             Some(lb) => lb,
             None => {
                 let scheme = if plan.internal {
@@ -658,6 +675,7 @@ impl Inner {
                             .collect(),
                     ))
                     .set_security_groups((!security_groups.is_empty()).then_some(security_groups))
+                    .ip_address_type(ip_address_type(&plan))
                     .set_tags(Some(self.elb_tags(service, Some(&plan))?))
                     .send()
                     .await
@@ -668,6 +686,16 @@ impl Inner {
             }
         };
         let lb_arn = lb.load_balancer_arn().unwrap_or_default().to_owned();
+        if lb.ip_address_type() != Some(&ip_address_type(&plan)) {
+            clients
+                .elb
+                .set_ip_address_type()
+                .load_balancer_arn(&lb_arn)
+                .ip_address_type(ip_address_type(&plan))
+                .send()
+                .await
+                .map_err(|e| aws_error("elasticloadbalancing:SetIpAddressType", e))?;
+        }
         let want_internal = plan.internal;
         if lb
             .scheme()
@@ -848,6 +876,8 @@ impl Inner {
             self.delete_target_group(tg).await?;
         }
         self.sync_node_rules(lb_name, &BTreeSet::new(), &[]).await?;
+        // A Classic ELB that cloud-provider-aws made for this Service goes too: no leak.
+        self.delete_classic(lb_name).await?;
         self.delete_lb_security_group(lb_name).await
     }
 
@@ -951,7 +981,22 @@ impl LoadBalancer for AwsCloud {
         // Also for the AWS Load Balancer Controller's Services: an NLB we made before the
         // Service changed hands is still found (and deleted), as upstream does.
         let name = self.get_load_balancer_name(cluster_name, service);
-        Ok(self.inner.find_lb(&name).await?.map(|lb| status_of(&lb)))
+        if let Some(lb) = self.inner.find_lb(&name).await? {
+            return Ok(Some(status_of(&lb)));
+        }
+        // A Classic ELB left by cloud-provider-aws exists too, and delete removes it.
+        Ok(self
+            .inner
+            .find_classic(&name)
+            .await?
+            .map(|clb| LoadBalancerStatus {
+                ingress: clb.dns_name().map(|dns| {
+                    vec![LoadBalancerIngress {
+                        hostname: Some(dns.to_owned()),
+                        ..Default::default()
+                    }]
+                }),
+            }))
     }
 
     #[tracing::instrument(skip_all, fields(service = %service_key(service), nodes = nodes.len()))]

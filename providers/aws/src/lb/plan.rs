@@ -220,6 +220,9 @@ pub struct NlbPlan {
     pub node_labels: Vec<(String, Option<String>)>,
     /// Client CIDRs.
     pub source_ranges: Vec<IpNet>,
+    /// `IpAddressType=dualstack`: the Service's `ipFamilies` include IPv6
+    /// (cloud-provider-aws#1219). Targets stay IPv4 instance targets.
+    pub dual_stack: bool,
 }
 
 fn svc_name(service: &Service) -> String {
@@ -507,8 +510,23 @@ pub fn plan(service: &Service) -> Result<NlbPlan, CloudError> {
             .collect(),
         None => Vec::new(),
     };
-    let source_ranges =
+    let mut source_ranges =
         svc_helpers::load_balancer_source_ranges(service).map_err(|e| invalid(service, e))?;
+    let dual_stack = spec
+        .ip_families
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .any(|f| f == "IPv6");
+    let explicit_ranges = spec
+        .load_balancer_source_ranges
+        .as_ref()
+        .is_some_and(|r| !r.is_empty())
+        || ann.contains_key(cloud_provider::well_known::ANNOTATION_LOAD_BALANCER_SOURCE_RANGES);
+    if dual_stack && !explicit_ranges {
+        // The default "from anywhere" covers IPv6 clients too.
+        source_ranges.push(IpNet::V6(ipnet::Ipv6Net::default()));
+    }
 
     let health = health_check(service, ann)?;
     Ok(NlbPlan {
@@ -521,6 +539,7 @@ pub fn plan(service: &Service) -> Result<NlbPlan, CloudError> {
         extra_tags,
         node_labels,
         source_ranges,
+        dual_stack,
     })
 }
 
@@ -816,6 +835,29 @@ mod tests {
         assert_eq!(p.health.port, HealthPort::Port(32000));
         assert_eq!(p.health.path.as_deref(), Some("/healthz"));
         assert_eq!(p.health.interval, 10);
+    }
+
+    /// cloud-provider-aws#1219: a Service with an IPv6 family gets a dual-stack NLB, open to
+    /// `::/0` as well by default.
+    #[test]
+    fn ipv6_families_make_a_dual_stack_load_balancer() {
+        let mut s = service(&[("TCP", 80, 30080)], &[]);
+        assert!(!plan(&s).unwrap().dual_stack);
+        s.spec.as_mut().unwrap().ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
+        let p = plan(&s).unwrap();
+        assert!(p.dual_stack);
+        assert_eq!(
+            p.source_ranges,
+            vec![
+                "0.0.0.0/0".parse::<IpNet>().unwrap(),
+                "::/0".parse().unwrap()
+            ]
+        );
+        s.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["2001:db8::/32".into()]);
+        assert_eq!(
+            plan(&s).unwrap().source_ranges,
+            vec!["2001:db8::/32".parse::<IpNet>().unwrap()]
+        );
     }
 
     #[test]

@@ -264,6 +264,53 @@ impl Inner {
         Ok(out)
     }
 
+    /// Revokes every ingress rule in the VPC whose source is the security group `group_id`
+    /// (upstream's Classic ELB rule on the nodes: all traffic from the load balancer's group).
+    pub(crate) async fn revoke_references_to(&self, group_id: &str) -> CloudResult<()> {
+        let clients = self.clients().await?;
+        for (id, group) in self.vpc_security_groups().await? {
+            let refs: Vec<IpPermission> = group
+                .ip_permissions()
+                .iter()
+                .filter(|p| {
+                    p.user_id_group_pairs()
+                        .iter()
+                        .any(|g| g.group_id() == Some(group_id))
+                })
+                .map(|p| {
+                    let mut perm = p.clone();
+                    perm.ip_ranges = None;
+                    perm.ipv6_ranges = None;
+                    perm.prefix_list_ids = None;
+                    perm.user_id_group_pairs = Some(
+                        p.user_id_group_pairs()
+                            .iter()
+                            .filter(|g| g.group_id() == Some(group_id))
+                            .cloned()
+                            .collect(),
+                    );
+                    perm
+                })
+                .collect();
+            if refs.is_empty() {
+                continue;
+            }
+            match clients
+                .ec2
+                .revoke_security_group_ingress()
+                .group_id(&id)
+                .set_ip_permissions(Some(refs))
+                .send()
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if error_code(&e) == Some("InvalidPermission.NotFound") => {}
+                Err(e) => return Err(aws_error("ec2:RevokeSecurityGroupIngress", e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Grants the missing rules and revokes the extra ones carrying one of `descriptions`.
     pub(crate) async fn reconcile_rules(
         &self,
