@@ -18,7 +18,13 @@
 //! - **Throttling**: adaptive retry (client-side rate limiting per service and region), metrics
 //!   of attempts and throttles by operation ([`AwsCloud::metrics`]), and a retry-after error
 //!   once the retries are spent.
-//! - **Load balancers**: Network Load Balancers only ([`lb`] says what differs from upstream).
+//! - **Load balancers**: Network Load Balancers ([`lb`] says what differs from upstream); a
+//!   Classic ELB left by cloud-provider-aws is refused, reported and deleted, never duplicated.
+//! - **Labels**: `topology.k8s.aws/zone-id` from a cached DescribeAvailabilityZones.
+//! - **Node names** of route targets and backends come from the cluster's Nodes by instance ID
+//!   (after [`CloudProvider::initialize`]), so they survive a restart.
+//! - **Metrics**: AWS call durations, errors and throttles on the ccm's `/metrics` under
+//!   upstream's `cloudprovider_aws_api_*` names.
 //!
 //! [`moto`] starts a local moto server and seeds a VPC for tests, here and in other crates.
 

@@ -1,23 +1,28 @@
 //! Network Load Balancers through ELBv2.
 //!
 //! For each `type: LoadBalancer` Service: an NLB named as upstream (`a` + the UID without dashes,
-//! 32 characters), internet-facing or internal (`aws-load-balancer-internal`), in one subnet per
-//! zone found by the cluster and role tags (or `aws-load-balancer-subnets`); per Service port a
-//! target group (TCP, UDP or TCP_UDP) of instance targets on the NodePort, registered and
-//! deregistered 100 at a time, and a listener forwarding to it; health checks on the traffic
-//! port, or HTTP on `healthCheckNodePort` with `externalTrafficPolicy: Local`; node
-//! security-group rules for the clients (`loadBalancerSourceRanges`) and the health checks,
-//! found and cleaned up by their description; with `NLBSecurityGroupMode = Managed` a security
-//! group of the load balancer's own. Everything created carries
-//! `kubernetes.io/cluster/<id>=owned`, `kubernetes.io/service-name` and the additional tags.
+//! 32 characters), internet-facing or internal (`aws-load-balancer-internal`), dual-stack when
+//! the Service has an IPv6 family, in one subnet per zone found by the cluster and role tags (or
+//! `aws-load-balancer-subnets`); per Service port a target group (TCP, UDP, TCP_UDP, or TLS with
+//! `backend-protocol: ssl`) of the *running* node instances on the NodePort, registered and
+//! deregistered 100 at a time, and a listener forwarding to it (TLS with `ssl-cert`,
+//! `ssl-ports` and `ssl-negotiation-policy`); health checks on the traffic port, or HTTP on
+//! `healthCheckNodePort` with `externalTrafficPolicy: Local`. A target group that must change
+//! (NodePort, protocol, health-check protocol or interval) is replaced and the listener switched
+//! to it with ModifyListener: the listener is never dropped. Node security-group rules for the
+//! clients (`loadBalancerSourceRanges`), the health checks and path-MTU discovery go onto each
+//! target instance's own group (`lb/rules.rs`), and are cleaned off every other group by their
+//! description; with `NLBSecurityGroupMode = Managed` the load balancer gets a group of its own.
+//! Everything created carries `kubernetes.io/cluster/<id>=owned`, `kubernetes.io/service-name`
+//! and the additional tags.
 //!
-//! Differences from upstream: the Classic ELB is not supported: a Service without
-//! `aws-load-balancer-type` gets an NLB (upstream: a CLB), `aws-load-balancer-type` values other
-//! than `nlb` are refused, and CLB-only annotations are refused with why. TLS listeners,
-//! bring-your-own security groups, EIP and private-IP subnet mappings and access logs are not
-//! supported (refused with why). A listener whose target group changes is recreated rather than
-//! modified (moto's ModifyListener cannot relink target groups). Target-group names use FNV-1a
-//! instead of SHA-1 for their hash.
+//! Differences from upstream: no Classic ELB is created: a Service without
+//! `aws-load-balancer-type` gets an NLB (upstream: a CLB), unless cloud-provider-aws already made
+//! it a Classic ELB, which is then refused, reported and deleted with the Service (`lb/classic.rs`);
+//! `aws-load-balancer-type` values other than `nlb` are refused, and CLB-only annotations are
+//! refused with why. Bring-your-own security groups, EIP and private-IP subnet mappings and
+//! access logs are not supported (refused with why). Target-group names use FNV-1a instead of
+//! SHA-1 for their hash.
 
 mod classic;
 pub mod plan;
