@@ -427,6 +427,27 @@ async fn nlb_follows_nodes_and_leaves_nothing_behind() -> anyhow::Result<()> {
         "{:?}",
         own.tags()
     );
+    // Its client rules (listener ports from the source ranges) and the path-MTU rule stay
+    // after the node rules are reconciled.
+    let own_rules: BTreeSet<(String, i32, String)> = own
+        .ip_permissions()
+        .iter()
+        .flat_map(|p| {
+            p.ip_ranges().iter().map(move |r| {
+                (
+                    p.ip_protocol().unwrap_or_default().to_owned(),
+                    p.from_port().unwrap_or(-1),
+                    r.cidr_ip().unwrap_or_default().to_owned(),
+                )
+            })
+        })
+        .collect();
+    for rule in [("tcp", 80), ("tcp", 443), ("icmp", 3)] {
+        ensure!(
+            own_rules.contains(&(rule.0.to_owned(), rule.1, "203.0.113.0/24".to_owned())),
+            "{rule:?} missing from the load balancer's group: {own_rules:?}"
+        );
+    }
     let nodes_sg = sgs
         .security_groups()
         .iter()

@@ -367,13 +367,18 @@ impl Inner {
         if self.config.disable_security_group_ingress {
             return Ok(());
         }
-        let groups = self.vpc_security_groups().await?;
-        // The cluster's node groups: cluster-tagged, not a load balancer's own.
+        // Every group but the load balancers' own (whose client rules share the descriptions).
+        let groups: BTreeMap<String, SecurityGroup> = self
+            .vpc_security_groups()
+            .await?
+            .into_iter()
+            .filter(|(_, g)| !g.tags().iter().any(|t| t.key() == Some(SERVICE_NAME_TAG)))
+            .filter(|(id, _)| Some(id.as_str()) != self.config.elb_security_group.as_deref())
+            .collect();
+        // The cluster's node groups: cluster-tagged.
         let tagged: BTreeSet<String> = groups
             .iter()
             .filter(|(_, g)| self.has_cluster_tag(g.tags()))
-            .filter(|(_, g)| !g.tags().iter().any(|t| t.key() == Some(SERVICE_NAME_TAG)))
-            .filter(|(id, _)| Some(id.as_str()) != self.config.elb_security_group.as_deref())
             .map(|(id, _)| id.clone())
             .collect();
         let mut targets = BTreeSet::new();
