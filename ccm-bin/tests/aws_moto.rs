@@ -4,13 +4,15 @@
 //! `aws:///<zone>/<instance-id>`, zone, region and instance-type labels, InternalIP and
 //! InternalDNS addresses). A LoadBalancer Service made with `kubectl expose` gets an NLB whose
 //! DNS name lands in the Service's status and whose target group holds every instance;
-//! deleting the Service leaves no load balancer or target group behind.
+//! deleting the Service leaves no load balancer or target group behind. The provider's AWS call,
+//! error and throttle counters are on the ccm's `/metrics` under upstream's names.
 
 mod support;
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader},
+    io::{BufRead, BufReader, Read, Write},
+    net::{TcpListener, TcpStream},
     process::{Child, Command, Stdio},
     time::Duration,
 };
@@ -42,6 +44,19 @@ impl Ccm {
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
+}
+
+/// `GET path` on the ccm's metrics port; `None` while it does not answer.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
 }
 
 #[test]
@@ -84,11 +99,17 @@ fn ccm_with_aws_initializes_nodes_named_after_moto_instances_and_ensures_nlbs() 
     std::fs::write(&config, seed.cloud_config(&moto)).unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     let names = seed.instance_ids.join(",");
+    let metrics_port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_ccm"))
         .args(["--cloud-provider", "aws", "--cloud-config"])
         .arg(&config)
         .args(["--sim-node-names", &names, "--sim-zones", "us-east-1a"])
-        .args(["--listen", "127.0.0.1:0", "--secure-port", "0"])
+        .args(["--listen", "127.0.0.1:0", "--secure-port"])
+        .arg(metrics_port.to_string())
         .arg("--write-kubeconfig")
         .arg(&kubeconfig)
         .arg("--data-dir")
@@ -212,6 +233,29 @@ fn ccm_with_aws_initializes_nodes_named_after_moto_instances_and_ensures_nlbs() 
     let mut expected = seed.instance_ids.clone();
     expected.sort();
     assert_eq!(targets, expected, "every instance is a target");
+
+    // The AWS provider's call metrics are on the ccm's /metrics, under upstream's names.
+    let metrics = http_get(metrics_port, "/metrics").unwrap_or_default();
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    let count_of = |operation: &str| -> u64 {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("cloudprovider_aws_api_request_duration_seconds_count{")
+                    && l.contains(&format!(":{operation}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    assert!(count_of("DescribeInstances") >= 1, "{metrics}");
+    assert!(count_of("CreateLoadBalancer") == 1, "{metrics}");
+    assert!(count_of("RegisterTargets") >= 1, "{metrics}");
+    // The error and throttle families appear with their first sample (moto does not throttle;
+    // their names are checked by the provider's unit test).
+    assert!(
+        metrics.contains("# TYPE cloudprovider_aws_api_request_duration_seconds histogram"),
+        "{metrics}"
+    );
 
     // Deleting the Service deletes the NLB and its target group.
     let deleted = ccm.kubectl(&["delete", "service", "web", "--timeout=60s"]);

@@ -12,15 +12,26 @@ use aws_sdk_ec2::{config::Credentials, error::ProvideErrorMetadata};
 use aws_smithy_runtime_api::{
     box_error::BoxError,
     client::{
-        interceptors::{Intercept, context::FinalizerInterceptorContextRef},
+        interceptors::{
+            Intercept,
+            context::{BeforeTransmitInterceptorContextRef, FinalizerInterceptorContextRef},
+        },
         orchestrator::Metadata,
         result::SdkError,
         runtime_components::RuntimeComponents,
     },
     http::Response as HttpResponse,
 };
-use cloud_provider::CloudError;
+use aws_smithy_types::config_bag::{Storable, StoreReplace};
+use cloud_provider::{
+    CloudError,
+    prometheus_client::{
+        metrics::{counter::Counter, family::Family, histogram::Histogram},
+        registry::Registry,
+    },
+};
 use parking_lot::Mutex;
+use tokio::time::Instant;
 
 use crate::config::{AwsConfig, AwsService};
 
@@ -154,11 +165,39 @@ pub struct OperationStats {
     pub errors: u64,
 }
 
+/// A Prometheus label set: one `(name, value)` pair.
+type Labels = Vec<(&'static str, String)>;
+
+/// The request-duration histogram family (seconds, upstream's default buckets).
+type DurationFamily = Family<Labels, Histogram, fn() -> Histogram>;
+
+fn duration_histogram() -> Histogram {
+    // Prometheus' default buckets, as upstream's `cloudprovider_aws_api_request_duration_seconds`.
+    Histogram::new([
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ])
+}
+
 /// Call metrics by operation, keyed `<SDK service name>:<Operation>` (`EC2:DescribeInstances`…),
-/// shared by every client of one provider.
-#[derive(Debug, Default)]
+/// shared by every client of one provider. The same counts feed the controller manager's
+/// `/metrics` under upstream's names (see [`CallMetrics::register`]).
+#[derive(Debug)]
 pub struct CallMetrics {
     ops: Mutex<BTreeMap<String, OperationStats>>,
+    duration: DurationFamily,
+    errors: Family<Labels, Counter>,
+    throttled: Family<Labels, Counter>,
+}
+
+impl Default for CallMetrics {
+    fn default() -> Self {
+        CallMetrics {
+            ops: Mutex::default(),
+            duration: Family::new_with_constructor(duration_histogram),
+            errors: Family::default(),
+            throttled: Family::default(),
+        }
+    }
 }
 
 impl CallMetrics {
@@ -187,13 +226,60 @@ impl CallMetrics {
         self.ops.lock().values().map(|s| s.throttled).sum()
     }
 
-    fn record(&self, key: String, throttled: bool, error: bool) {
+    /// Registers the metrics under upstream's names (cloud-provider-aws `aws_metrics.go`):
+    /// `cloudprovider_aws_api_request_duration_seconds{request}` (a histogram of attempt
+    /// durations, so its `_count` is the number of calls), `cloudprovider_aws_api_request_errors`
+    /// `{request}` and `cloudprovider_aws_api_throttled_requests{operation_name}`; the
+    /// `request` and `operation_name` values are `<service>:<Operation>`. Counters get the
+    /// OpenMetrics `_total` suffix. A family shows from its first sample on.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "cloudprovider_aws_api_request_duration_seconds",
+            "Latency of AWS API calls, per attempt",
+            self.duration.clone(),
+        );
+        registry.register(
+            "cloudprovider_aws_api_request_errors",
+            "AWS API attempts that ended in an error",
+            self.errors.clone(),
+        );
+        registry.register(
+            "cloudprovider_aws_api_throttled_requests",
+            "AWS API attempts that were throttled",
+            self.throttled.clone(),
+        );
+    }
+
+    fn record(&self, key: String, throttled: bool, error: bool, elapsed: Option<Duration>) {
+        if let Some(elapsed) = elapsed {
+            self.duration
+                .get_or_create(&vec![("request", key.clone())])
+                .observe(elapsed.as_secs_f64());
+        }
+        if error {
+            self.errors
+                .get_or_create(&vec![("request", key.clone())])
+                .inc();
+        }
+        if throttled {
+            self.throttled
+                .get_or_create(&vec![("operation_name", key.clone())])
+                .inc();
+        }
         let mut ops = self.ops.lock();
         let stats = ops.entry(key).or_default();
         stats.attempts += 1;
         stats.throttled += u64::from(throttled);
         stats.errors += u64::from(error);
     }
+}
+
+/// When the current attempt started, kept in the request's config bag.
+#[derive(Debug, Clone, Copy)]
+struct AttemptStart(Instant);
+
+impl Storable for AttemptStart {
+    type Storer = StoreReplace<Self>;
 }
 
 /// Counts every attempt, and every throttled one, by operation.
@@ -207,6 +293,17 @@ impl Intercept for MetricsInterceptor {
         "ccm-rs-call-metrics"
     }
 
+    fn read_before_attempt(
+        &self,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        cfg.interceptor_state()
+            .store_put(AttemptStart(Instant::now()));
+        Ok(())
+    }
+
     fn read_after_attempt(
         &self,
         context: &FinalizerInterceptorContextRef<'_>,
@@ -217,6 +314,7 @@ impl Intercept for MetricsInterceptor {
             .load::<Metadata>()
             .map(|m| format!("{}:{}", m.service(), m.name()))
             .unwrap_or_else(|| "unknown:unknown".to_owned());
+        let elapsed = cfg.load::<AttemptStart>().map(|s| s.0.elapsed());
         let error = matches!(context.output_or_error(), Some(Err(_)));
         let throttled = context.response().is_some_and(|resp| {
             resp.status().as_u16() >= 400
@@ -228,7 +326,7 @@ impl Intercept for MetricsInterceptor {
                 })
         });
         tracing::trace!(operation = %key, error, throttled, "aws attempt");
-        self.metrics.record(key, throttled, error);
+        self.metrics.record(key, throttled, error, elapsed);
         Ok(())
     }
 }
@@ -238,6 +336,9 @@ impl Intercept for MetricsInterceptor {
 pub(crate) struct Clients {
     pub(crate) ec2: aws_sdk_ec2::Client,
     pub(crate) elb: aws_sdk_elasticloadbalancingv2::Client,
+    /// The Classic ELB API (same endpoint as ELBv2): only to find and delete what
+    /// cloud-provider-aws made.
+    pub(crate) classic: aws_sdk_elasticloadbalancing::Client,
     pub(crate) region: String,
 }
 
@@ -308,17 +409,22 @@ pub(crate) async fn build_clients(
             ec2 = ec2.region(Region::new(signing.clone()));
         }
     }
-    let mut elb =
-        aws_sdk_elasticloadbalancingv2::config::Builder::from(&sdk).interceptor(interceptor);
+    let mut elb = aws_sdk_elasticloadbalancingv2::config::Builder::from(&sdk)
+        .interceptor(interceptor.clone());
+    let mut classic =
+        aws_sdk_elasticloadbalancing::config::Builder::from(&sdk).interceptor(interceptor);
     if let Some(o) = config.endpoint_for(AwsService::ElbV2, &region) {
         elb = elb.endpoint_url(o.url.clone());
+        classic = classic.endpoint_url(o.url.clone());
         if let Some(signing) = &o.signing_region {
             elb = elb.region(Region::new(signing.clone()));
+            classic = classic.region(Region::new(signing.clone()));
         }
     }
     Ok(Clients {
         ec2: aws_sdk_ec2::Client::from_conf(ec2.build()),
         elb: aws_sdk_elasticloadbalancingv2::Client::from_conf(elb.build()),
+        classic: aws_sdk_elasticloadbalancing::Client::from_conf(classic.build()),
         region,
     })
 }
@@ -378,12 +484,46 @@ mod tests {
     #[test]
     fn metrics_count_by_operation() {
         let m = CallMetrics::default();
-        m.record("ec2:DescribeInstances".into(), false, false);
-        m.record("ec2:DescribeInstances".into(), true, true);
-        m.record("elasticloadbalancing:CreateListener".into(), false, true);
+        m.record("ec2:DescribeInstances".into(), false, false, None);
+        m.record("ec2:DescribeInstances".into(), true, true, None);
+        m.record(
+            "elasticloadbalancing:CreateListener".into(),
+            false,
+            true,
+            None,
+        );
         assert_eq!(m.attempts_of("DescribeInstances"), 2);
         assert_eq!(m.total_attempts(), 3);
         assert_eq!(m.total_throttled(), 1);
         assert_eq!(m.snapshot()["ec2:DescribeInstances"].errors, 1);
+    }
+
+    /// The counts reach Prometheus under upstream's names (cloud-provider-aws aws_metrics.go).
+    #[test]
+    fn metrics_are_exposed_under_upstreams_names() {
+        let m = CallMetrics::default();
+        m.record(
+            "EC2:DescribeInstances".into(),
+            false,
+            false,
+            Some(Duration::from_millis(20)),
+        );
+        m.record(
+            "EC2:DescribeInstances".into(),
+            true,
+            true,
+            Some(Duration::from_millis(30)),
+        );
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        let mut text = String::new();
+        cloud_provider::prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "cloudprovider_aws_api_request_duration_seconds_count{request=\"EC2:DescribeInstances\"} 2",
+            "cloudprovider_aws_api_request_errors_total{request=\"EC2:DescribeInstances\"} 1",
+            "cloudprovider_aws_api_throttled_requests_total{operation_name=\"EC2:DescribeInstances\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
     }
 }

@@ -57,6 +57,16 @@ pub fn lifecycle(instance: &Instance) -> Lifecycle {
     }
 }
 
+/// Whether an instance can be a load-balancer target: only `running` ones (kubernetes#94966:
+/// registering a pending, stopping or shutting-down instance fails the whole RegisterTargets
+/// call with `InvalidTarget`).
+pub fn is_running(instance: &Instance) -> bool {
+    matches!(
+        instance.state().and_then(|s| s.name()),
+        Some(InstanceStateName::Running)
+    )
+}
+
 fn in_use_interfaces(instance: &Instance) -> Vec<&InstanceNetworkInterface> {
     let mut enis: Vec<&InstanceNetworkInterface> = instance
         .network_interfaces()
@@ -267,5 +277,26 @@ mod tests {
             Lifecycle::Gone
         );
         assert_eq!(lifecycle(&Instance::builder().build()), Lifecycle::Gone);
+    }
+
+    /// kubernetes#94966: only running instances become load-balancer targets.
+    #[test]
+    fn only_running_instances_are_targets() {
+        let with = |s: InstanceStateName| {
+            Instance::builder()
+                .state(InstanceState::builder().name(s).build())
+                .build()
+        };
+        assert!(is_running(&with(InstanceStateName::Running)));
+        for state in [
+            InstanceStateName::Pending,
+            InstanceStateName::Stopping,
+            InstanceStateName::ShuttingDown,
+            InstanceStateName::Stopped,
+            InstanceStateName::Terminated,
+        ] {
+            assert!(!is_running(&with(state.clone())), "{state:?}");
+        }
+        assert!(!is_running(&Instance::builder().build()));
     }
 }

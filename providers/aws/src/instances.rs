@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Node;
 use tokio::time::Instant;
 
 use crate::{
-    AwsCloud, Inner,
+    AwsCloud, Inner, ZONE_ID_LABEL,
     client::{aws_error, error_code},
     ids::{self, Lifecycle},
 };
@@ -104,6 +104,14 @@ pub(crate) fn node_key(node: &Node) -> CloudResult<NodeKey> {
         ));
     }
     Ok(NodeKey::Dns(name.to_owned()))
+}
+
+/// The availability zone of an instance (empty when EC2 gives none).
+fn zone_of(instance: &Instance) -> &str {
+    instance
+        .placement()
+        .and_then(|p| p.availability_zone())
+        .unwrap_or_default()
 }
 
 impl Inner {
@@ -345,11 +353,44 @@ impl Inner {
         }
     }
 
-    /// The Node name of an instance: the one seen for it, else its private DNS name (upstream's
-    /// default naming), else its ID.
-    pub(crate) fn node_name_of(&self, instance_id: &str, instance: Option<&Instance>) -> String {
-        if let Some(name) = self.instances.node_names.lock().get(instance_id) {
-            return name.clone();
+    /// Node names by instance ID, from the cluster's Nodes (their provider IDs, else `i-`
+    /// names), as upstream's provider-ID index: deterministic, and the same after a restart.
+    /// `None` when the provider was not initialized with a cluster.
+    pub(crate) async fn cluster_node_names(&self) -> CloudResult<Option<HashMap<String, String>>> {
+        let Some(client) = self.cluster.get() else {
+            return Ok(None);
+        };
+        let nodes = kube::Api::<Node>::all(client.clone())
+            .list(&kube::api::ListParams::default())
+            .await
+            .map_err(|e| CloudError::context("listing the cluster's Nodes", e))?;
+        let mut out = HashMap::new();
+        for node in nodes {
+            let Some(name) = node.metadata.name.clone() else {
+                continue;
+            };
+            if let Ok(NodeKey::Id(id)) = node_key(&node) {
+                out.insert(id, name);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// The Node name of an instance: from the cluster's Nodes when `index` is given (else, for
+    /// a provider used without a cluster, the name last seen for it); failing that its private
+    /// DNS name (upstream's default naming), else its ID.
+    pub(crate) fn node_name_of(
+        &self,
+        instance_id: &str,
+        instance: Option<&Instance>,
+        index: Option<&HashMap<String, String>>,
+    ) -> String {
+        let known = match index {
+            Some(index) => index.get(instance_id).cloned(),
+            None => self.instances.node_names.lock().get(instance_id).cloned(),
+        };
+        if let Some(name) = known {
+            return name;
         }
         instance
             .and_then(|i| i.private_dns_name())
@@ -358,13 +399,17 @@ impl Inner {
             .unwrap_or_else(|| instance_id.to_owned())
     }
 
-    pub(crate) fn metadata_of(&self, instance: &Instance, region: &str) -> InstanceMetadata {
-        let zone = instance
-            .placement()
-            .and_then(|p| p.availability_zone())
-            .unwrap_or_default();
+    /// The metadata of `instance`, with the `topology.k8s.aws/zone-id` label when `zone_ids`
+    /// knows its zone.
+    pub(crate) fn metadata_of(
+        &self,
+        instance: &Instance,
+        region: &str,
+        zone_ids: &HashMap<String, String>,
+    ) -> InstanceMetadata {
+        let zone = zone_of(instance);
         let id = instance.instance_id().unwrap_or_default();
-        InstanceMetadata::new(ids::provider_id(zone, id))
+        let mut meta = InstanceMetadata::new(ids::provider_id(zone, id))
             .with_instance_type(
                 instance
                     .instance_type()
@@ -372,7 +417,11 @@ impl Inner {
                     .unwrap_or_default(),
             )
             .with_zone(zone, region)
-            .with_addresses(ids::node_addresses(instance, &self.config.node_ip_families))
+            .with_addresses(ids::node_addresses(instance, &self.config.node_ip_families));
+        if let Some(zone_id) = zone_ids.get(zone) {
+            meta = meta.with_label(ZONE_ID_LABEL, zone_id.clone());
+        }
+        meta
     }
 }
 
@@ -396,7 +445,10 @@ impl InstancesV2 for AwsCloud {
     async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
         let region = self.inner.clients().await?.region.clone();
         match self.inner.instance_for_node(node).await? {
-            Some(instance) => Ok(Some(self.inner.metadata_of(&instance, &region))),
+            Some(instance) => {
+                let zone_ids = self.inner.zone_ids(&[zone_of(&instance)]).await?;
+                Ok(Some(self.inner.metadata_of(&instance, &region, &zone_ids)))
+            }
             None => Err(CloudError::InstanceNotFound),
         }
     }
@@ -436,6 +488,12 @@ impl InstancesV2 for AwsCloud {
         } else {
             inner.by_dns_names(&dns_list).await
         };
+        let zones: HashSet<&str> = by_id
+            .iter()
+            .chain(by_dns.iter())
+            .flat_map(|m| m.values().map(zone_of))
+            .collect();
+        let zone_ids = inner.zone_ids(&zones.into_iter().collect::<Vec<_>>()).await;
         nodes
             .iter()
             .zip(keys)
@@ -449,7 +507,8 @@ impl InstancesV2 for AwsCloud {
                         if let Some(name) = node.metadata.name.as_deref() {
                             inner.remember_node_name(&instance, name);
                         }
-                        Ok(Some(inner.metadata_of(&instance, &region)))
+                        let zone_ids = zone_ids.as_ref().map_err(copy_error)?;
+                        Ok(Some(inner.metadata_of(&instance, &region, zone_ids)))
                     }
                     None => Err(CloudError::InstanceNotFound),
                 }

@@ -18,7 +18,13 @@
 //! - **Throttling**: adaptive retry (client-side rate limiting per service and region), metrics
 //!   of attempts and throttles by operation ([`AwsCloud::metrics`]), and a retry-after error
 //!   once the retries are spent.
-//! - **Load balancers**: Network Load Balancers only ([`lb`] says what differs from upstream).
+//! - **Load balancers**: Network Load Balancers ([`lb`] says what differs from upstream); a
+//!   Classic ELB left by cloud-provider-aws is refused, reported and deleted, never duplicated.
+//! - **Labels**: `topology.k8s.aws/zone-id` from a cached DescribeAvailabilityZones.
+//! - **Node names** of route targets and backends come from the cluster's Nodes by instance ID
+//!   (after [`CloudProvider::initialize`]), so they survive a restart.
+//! - **Metrics**: AWS call durations, errors and throttles on the ccm's `/metrics` under
+//!   upstream's `cloudprovider_aws_api_*` names.
 //!
 //! [`moto`] starts a local moto server and seeds a VPC for tests, here and in other crates.
 
@@ -29,6 +35,9 @@ mod instances;
 pub mod lb;
 pub mod moto;
 mod routes;
+mod zones;
+
+pub use zones::ZONE_ID_LABEL;
 
 use std::{collections::BTreeSet, sync::Arc};
 
@@ -66,6 +75,9 @@ pub(crate) struct Inner {
     clients: OnceCell<client::Clients>,
     vpc: OnceCell<String>,
     pub(crate) instances: instances::InstanceState,
+    pub(crate) zones: zones::ZoneCache,
+    /// The cluster, from [`CloudProvider::initialize`]: its Nodes name route targets.
+    pub(crate) cluster: std::sync::OnceLock<kube::Client>,
 }
 
 /// Builds an [`AwsCloud`] from a parsed config and options.
@@ -93,6 +105,8 @@ impl AwsCloudBuilder {
                 clients: OnceCell::new(),
                 vpc: OnceCell::new(),
                 instances: instances::InstanceState::default(),
+                zones: zones::ZoneCache::default(),
+                cluster: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -215,12 +229,25 @@ impl Inner {
 
 #[async_trait]
 impl CloudProvider for AwsCloud {
-    async fn initialize(&self, _ctx: InitContext) -> CloudResult<()> {
+    /// Keeps a client of the cluster (its Nodes name route targets and load-balancer backends
+    /// by instance ID, as upstream's provider-ID index does), and builds the SDK clients.
+    async fn initialize(&self, ctx: InitContext) -> CloudResult<()> {
+        let client = ctx.clients.client("aws-cloud-provider")?;
+        let _ = self.inner.cluster.set(client);
         self.connect().await
     }
 
     fn provider_name(&self) -> &str {
         PROVIDER_NAME
+    }
+
+    /// AWS call durations, errors and throttles by operation, under upstream's names
+    /// ([`CallMetrics::register`]).
+    fn register_metrics(
+        &self,
+        registry: &mut cloud_provider::prometheus_client::registry::Registry,
+    ) {
+        self.inner.metrics.register(registry);
     }
 
     fn has_cluster_id(&self) -> bool {
@@ -272,9 +299,13 @@ impl BackendProbe for AwsCloud {
             .inner
             .cached_instances(&ids.iter().cloned().collect::<Vec<_>>())
             .await?;
+        let index = self.inner.cluster_node_names().await?;
         Ok(ids
             .into_iter()
-            .map(|id| self.inner.node_name_of(&id, instances.get(&id)))
+            .map(|id| {
+                self.inner
+                    .node_name_of(&id, instances.get(&id), index.as_ref())
+            })
             .collect())
     }
 }

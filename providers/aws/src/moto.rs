@@ -209,6 +209,37 @@ impl MotoServer {
         aws_sdk_elasticloadbalancingv2::Client::new(&self.sdk_config().await)
     }
 
+    /// A Classic ELB client for moto (to stage what cloud-provider-aws would have made).
+    pub async fn elb_classic(&self) -> aws_sdk_elasticloadbalancing::Client {
+        aws_sdk_elasticloadbalancing::Client::new(&self.sdk_config().await)
+    }
+
+    /// Requests a certificate for `domain` from moto's ACM and returns its ARN, for TLS
+    /// listeners (moto's CreateListener checks that the certificate exists). Uses the boto3
+    /// that moto depends on, since the provider links no ACM client.
+    pub async fn acm_certificate(&self, domain: &str) -> Result<String, MotoError> {
+        const SCRIPT: &str = "import sys, boto3\n\
+            acm = boto3.client('acm', endpoint_url=sys.argv[1], region_name=sys.argv[2], \
+            aws_access_key_id='testing', aws_secret_access_key='testing')\n\
+            print(acm.request_certificate(DomainName=sys.argv[3])['CertificateArn'])\n";
+        let out = Command::new(moto_python()?)
+            .args(["-c", SCRIPT, &self.endpoint(), MOTO_REGION, domain])
+            .output()
+            .await
+            .map_err(|e| MotoError::Seed {
+                step: "RequestCertificate".to_owned(),
+                detail: e.to_string(),
+            })?;
+        let arn = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if !out.status.success() || !arn.starts_with("arn:") {
+            return Err(MotoError::Seed {
+                step: "RequestCertificate".to_owned(),
+                detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        Ok(arn)
+    }
+
     /// Seeds a cluster VPC as [`SeedSpec`] says.
     pub async fn seed(&self, spec: &SeedSpec) -> Result<Seed, MotoError> {
         seed(&self.ec2().await, spec).await

@@ -100,6 +100,7 @@ impl Routes for AwsCloud {
             .filter_map(|r| r.instance_id().map(str::to_owned))
             .collect();
         let instances = inner.cached_instances(&instance_ids).await?;
+        let index = inner.cluster_node_names().await?;
         let mut out = Vec::new();
         for r in table.routes() {
             let alive = |id: &str| {
@@ -113,7 +114,7 @@ impl Routes for AwsCloud {
             let target = if blackhole {
                 String::new()
             } else {
-                inner.node_name_of(&id, instances.get(&id))
+                inner.node_name_of(&id, instances.get(&id), index.as_ref())
             };
             out.push(
                 Route::new(target, cidr)

@@ -11,7 +11,7 @@ use cloud_provider::{
 };
 use cloud_provider_aws::{
     AwsCloud,
-    lb::plan::{ANNOTATION_TYPE, security_group_name},
+    lb::plan::{self, ANNOTATION_TYPE, security_group_name},
     moto::{self, MotoServer, Seed, SeedSpec},
 };
 use k8s_openapi::{
@@ -154,8 +154,33 @@ async fn metadata_matches_ec2() -> anyhow::Result<()> {
         .context("metadata")?;
     ensure!(m == by_id);
 
-    // An instance that vanished: terminated means not found, never a panic.
+    // aws.md row 11: the zone-ID label, from DescribeAvailabilityZones (cached: one call for
+    // every later lookup, batched or not).
     let ec2 = moto.ec2().await;
+    let azs = ec2.describe_availability_zones().send().await?;
+    let zone_id = azs
+        .availability_zones()
+        .iter()
+        .find(|z| z.zone_name() == Some("us-east-1a"))
+        .and_then(|z| z.zone_id())
+        .context("us-east-1a has a zone ID")?;
+    ensure!(
+        by_id
+            .additional_labels
+            .get(cloud_provider_aws::ZONE_ID_LABEL)
+            .map(String::as_str)
+            == Some(zone_id),
+        "{:?}",
+        by_id.additional_labels
+    );
+    let batch = instances
+        .instance_metadata_batch(&[&node(&seed.instance_ids[0])])
+        .await;
+    let batched = batch[0].as_ref().ok().cloned().flatten().context("batch")?;
+    ensure!(batched == by_id, "{batched:?}");
+    ensure!(cloud.metrics().attempts_of("DescribeAvailabilityZones") == 1);
+
+    // An instance that vanished: terminated means not found, never a panic.
     moto::terminate_instances(&ec2, &seed.instance_ids[1..2]).await?;
     let gone = node(&seed.instance_ids[1]);
     ensure!(!instances.instance_exists(&gone).await?);
@@ -236,8 +261,10 @@ async fn metadata_batch_calls_stay_flat() -> anyhow::Result<()> {
         sizes.push(max.parse().context("CCM_AWS_SCALE")?);
     }
     let points = batch_calls(&sizes).await?;
-    for (n, calls, _) in &points {
-        let want = n.div_ceil(1000) as u64;
+    for (i, (n, calls, _)) in points.iter().enumerate() {
+        // One DescribeInstances per 1,000 Nodes, and on the first sync only, the one
+        // DescribeAvailabilityZones that fills the zone-ID cache.
+        let want = n.div_ceil(1000) as u64 + u64::from(i == 0);
         ensure!(*calls == want, "{n} nodes took {calls} calls, want {want}");
     }
     Ok(())
@@ -400,6 +427,27 @@ async fn nlb_follows_nodes_and_leaves_nothing_behind() -> anyhow::Result<()> {
         "{:?}",
         own.tags()
     );
+    // Its client rules (listener ports from the source ranges) and the path-MTU rule stay
+    // after the node rules are reconciled.
+    let own_rules: BTreeSet<(String, i32, String)> = own
+        .ip_permissions()
+        .iter()
+        .flat_map(|p| {
+            p.ip_ranges().iter().map(move |r| {
+                (
+                    p.ip_protocol().unwrap_or_default().to_owned(),
+                    p.from_port().unwrap_or(-1),
+                    r.cidr_ip().unwrap_or_default().to_owned(),
+                )
+            })
+        })
+        .collect();
+    for rule in [("tcp", 80), ("tcp", 443), ("icmp", 3)] {
+        ensure!(
+            own_rules.contains(&(rule.0.to_owned(), rule.1, "203.0.113.0/24".to_owned())),
+            "{rule:?} missing from the load balancer's group: {own_rules:?}"
+        );
+    }
     let nodes_sg = sgs
         .security_groups()
         .iter()
@@ -657,6 +705,7 @@ async fn udp_local_traffic_and_annotations() -> anyhow::Result<()> {
         .err()
         .context("mixed")?;
     ensure!(err.to_string().contains("mixed protocols"), "{err}");
+    // TLS settings without a certificate: refused before anything is created.
     let mut tls = service(
         "tls",
         "5a1e0000-0000-4000-8000-000000000004",
@@ -664,8 +713,8 @@ async fn udp_local_traffic_and_annotations() -> anyhow::Result<()> {
     );
     tls.metadata.annotations = Some(
         [(
-            "service.beta.kubernetes.io/aws-load-balancer-ssl-cert".to_owned(),
-            "arn:aws:acm:x".to_owned(),
+            "service.beta.kubernetes.io/aws-load-balancer-ssl-ports".to_owned(),
+            "443".to_owned(),
         )]
         .into(),
     );
@@ -675,7 +724,8 @@ async fn udp_local_traffic_and_annotations() -> anyhow::Result<()> {
         .err()
         .context("tls")?;
     ensure!(
-        err.to_string().contains("aws-load-balancer-ssl-cert"),
+        err.to_string().contains("aws-load-balancer-ssl-ports")
+            && err.to_string().contains("aws-load-balancer-ssl-cert"),
         "{err}"
     );
     let mut lbc = service(
@@ -960,5 +1010,640 @@ async fn elb_security_group_and_disabled_ingress() -> anyhow::Result<()> {
         .send()
         .await?;
     ensure!(still.security_groups().len() == 1);
+    Ok(())
+}
+
+/// A security group in the seeded VPC, cluster-tagged or not.
+async fn security_group(
+    ec2: &aws_sdk_ec2::Client,
+    seed: &Seed,
+    name: &str,
+    cluster_tagged: bool,
+) -> anyhow::Result<String> {
+    let mut req = ec2
+        .create_security_group()
+        .group_name(name)
+        .description(name)
+        .vpc_id(&seed.vpc_id);
+    if cluster_tagged {
+        req = req.tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::SecurityGroup)
+                .tags(
+                    aws_sdk_ec2::types::Tag::builder()
+                        .key(format!("kubernetes.io/cluster/{}", seed.cluster_id))
+                        .value("owned")
+                        .build(),
+                )
+                .build(),
+        );
+    }
+    Ok(req.send().await?.group_id().context("group id")?.to_owned())
+}
+
+/// One instance in the first subnet with exactly `groups`.
+async fn instance_in(
+    ec2: &aws_sdk_ec2::Client,
+    seed: &Seed,
+    groups: &[&str],
+) -> anyhow::Result<String> {
+    let out = ec2
+        .run_instances()
+        .image_id(moto::MOTO_AMI)
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .subnet_id(&seed.subnet_ids[0])
+        .set_security_group_ids(Some(groups.iter().map(|g| g.to_string()).collect()))
+        .send()
+        .await?;
+    Ok(out
+        .instances()
+        .first()
+        .and_then(|i| i.instance_id())
+        .context("instance id")?
+        .to_owned())
+}
+
+/// The rules of `group` whose description mentions `lb_name`: (protocol, from, to, CIDR,
+/// description kind).
+async fn lb_rules(
+    ec2: &aws_sdk_ec2::Client,
+    group: &str,
+    lb_name: &str,
+) -> anyhow::Result<BTreeSet<(String, i32, i32, String, String)>> {
+    let out = ec2
+        .describe_security_groups()
+        .group_ids(group)
+        .send()
+        .await?;
+    let mut rules = BTreeSet::new();
+    for p in out
+        .security_groups()
+        .iter()
+        .flat_map(|g| g.ip_permissions())
+    {
+        for r in p.ip_ranges() {
+            let Some(kind) = r.description().and_then(|d| {
+                d.strip_prefix("kubernetes.io/rule/nlb/")
+                    .and_then(|d| d.strip_suffix(&format!("={lb_name}")))
+            }) else {
+                continue;
+            };
+            rules.insert((
+                p.ip_protocol().unwrap_or_default().to_owned(),
+                p.from_port().unwrap_or(-1),
+                p.to_port().unwrap_or(-1),
+                r.cidr_ip().unwrap_or_default().to_owned(),
+                kind.to_owned(),
+            ));
+        }
+    }
+    Ok(rules)
+}
+
+/// Upstream's node security-group choice (aws.md rows 45, 47; `findSecurityGroupForInstance`):
+/// the rules go onto each target instance's own group (the cluster-tagged one among its groups,
+/// else its single untagged one), never onto other cluster-tagged groups, with the ICMP
+/// type 3 code 4 path-MTU rule; several tagged or untagged groups on one instance are an error.
+/// kubernetes#94966: a stopped instance is not registered as a target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_rules_go_onto_each_instances_own_group_and_only_running_ones_are_targets()
+-> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("sgpick", 3).await?;
+    let ec2 = moto.ec2().await;
+    let elb = moto.elbv2().await;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let stray = security_group(&ec2, &seed, "stray-tagged", true).await?;
+    let plain = security_group(&ec2, &seed, "plain-untagged", false).await?;
+    let plain2 = security_group(&ec2, &seed, "plain-untagged-2", false).await?;
+    let untagged_node = instance_in(&ec2, &seed, &[&plain]).await?;
+    moto::stop_instances(&ec2, &seed.instance_ids[2..3]).await?;
+
+    let mut svc = service(
+        "sgpick",
+        "5a1e0000-0000-4000-8000-000000000010",
+        &[("TCP", 80, 30080)],
+    );
+    svc.spec
+        .as_mut()
+        .context("spec")?
+        .load_balancer_source_ranges = Some(vec!["198.51.100.0/24".to_owned()]);
+    let name = lbs.get_load_balancer_name(CLUSTER, &svc);
+    let mut nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    nodes.push(node(&untagged_node));
+    lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
+
+    let obs = observe(&elb, &name).await?.context("nlb")?;
+    let running = BTreeSet::from([
+        seed.instance_ids[0].clone(),
+        seed.instance_ids[1].clone(),
+        untagged_node.clone(),
+    ]);
+    ensure!(
+        obs.targets == running,
+        "stopped instance registered: {:?}",
+        obs.targets
+    );
+
+    let node_rules = lb_rules(&ec2, &seed.node_security_group_id, &name).await?;
+    for rule in [
+        ("tcp", 30080, 30080, "198.51.100.0/24", "client"),
+        ("icmp", 3, 4, "198.51.100.0/24", "mtu"),
+    ] {
+        let rule = (
+            rule.0.to_owned(),
+            rule.1,
+            rule.2,
+            rule.3.to_owned(),
+            rule.4.to_owned(),
+        );
+        ensure!(
+            node_rules.contains(&rule),
+            "{rule:?} missing: {node_rules:?}"
+        );
+    }
+    ensure!(
+        node_rules
+            .iter()
+            .any(|r| r.4 == "health" && r.3.starts_with("10.0.")),
+        "{node_rules:?}"
+    );
+    // The instance whose only group is untagged gets the same rules on that group.
+    ensure!(lb_rules(&ec2, &plain, &name).await? == node_rules);
+    // A cluster-tagged group no target instance uses gets nothing.
+    ensure!(lb_rules(&ec2, &stray, &name).await?.is_empty());
+
+    // Two untagged groups on one instance (none tagged): an error naming them, nothing torn down.
+    let ambiguous = instance_in(&ec2, &seed, &[&plain, &plain2]).await?;
+    let mut with_ambiguous = nodes.clone();
+    with_ambiguous.push(node(&ambiguous));
+    let err = lbs
+        .update_load_balancer(CLUSTER, &svc, &with_ambiguous)
+        .await
+        .expect_err("two untagged groups must be refused");
+    ensure!(
+        err.to_string()
+            .contains("multiple untagged security groups")
+            && err.to_string().contains(&ambiguous),
+        "{err}"
+    );
+    // Two tagged groups on one instance: an error too.
+    let doubly = instance_in(&ec2, &seed, &[&seed.node_security_group_id, &stray]).await?;
+    let mut with_doubly = nodes.clone();
+    with_doubly.push(node(&doubly));
+    let err = lbs
+        .update_load_balancer(CLUSTER, &svc, &with_doubly)
+        .await
+        .expect_err("two tagged groups must be refused");
+    ensure!(
+        err.to_string().contains("multiple tagged security groups"),
+        "{err}"
+    );
+    ensure!(lb_rules(&ec2, &seed.node_security_group_id, &name).await? == node_rules);
+
+    // The untagged node leaves: its group's rules go; the tagged group keeps them.
+    nodes.pop();
+    lbs.update_load_balancer(CLUSTER, &svc, &nodes).await?;
+    ensure!(lb_rules(&ec2, &plain, &name).await?.is_empty());
+    ensure!(lb_rules(&ec2, &seed.node_security_group_id, &name).await? == node_rules);
+
+    // Deleted: no rule of this load balancer is left on any group.
+    lbs.ensure_load_balancer_deleted(CLUSTER, &svc).await?;
+    for group in [&seed.node_security_group_id, &plain, &stray] {
+        ensure!(lb_rules(&ec2, group, &name).await?.is_empty(), "{group}");
+    }
+    Ok(())
+}
+
+/// The listeners of a load balancer by port: (ARN, protocol, certificate, SSL policy, target
+/// group ARN).
+async fn listeners_by_port(
+    elb: &aws_sdk_elasticloadbalancingv2::Client,
+    name: &str,
+) -> anyhow::Result<std::collections::BTreeMap<i32, (String, String, String, String, String)>> {
+    let lbs = elb.describe_load_balancers().names(name).send().await?;
+    let arn = lbs
+        .load_balancers()
+        .first()
+        .and_then(|l| l.load_balancer_arn())
+        .context("load balancer")?;
+    let out = elb
+        .describe_listeners()
+        .load_balancer_arn(arn)
+        .send()
+        .await?;
+    let mut map = std::collections::BTreeMap::new();
+    for l in out.listeners() {
+        map.insert(
+            l.port().unwrap_or_default(),
+            (
+                l.listener_arn().unwrap_or_default().to_owned(),
+                l.protocol()
+                    .map(|p| p.as_str().to_owned())
+                    .unwrap_or_default(),
+                l.certificates()
+                    .first()
+                    .and_then(|c| c.certificate_arn())
+                    .unwrap_or_default()
+                    .to_owned(),
+                l.ssl_policy().unwrap_or_default().to_owned(),
+                l.default_actions()
+                    .first()
+                    .and_then(|a| a.target_group_arn())
+                    .unwrap_or_default()
+                    .to_owned(),
+            ),
+        );
+    }
+    Ok(map)
+}
+
+/// aws.md rows 38 and 39: TLS listeners from `ssl-cert`, `ssl-ports` and
+/// `ssl-negotiation-policy` (upstream's NLB rule), and a health-check or NodePort change
+/// switches the listener to a new target group with ModifyListener (upstream's sequence) instead
+/// of deleting the listener: its ARN survives, and the old target group is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_listeners_and_target_group_changes_keep_the_listener() -> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("tls", 2).await?;
+    let elb = moto.elbv2().await;
+    let cert = moto.acm_certificate("web.example.com").await?;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let uid = "5a1e0000-0000-4000-8000-000000000011";
+    let annotated = |ports: &[(&str, i32, i32)], extra: &[(&str, &str)]| {
+        let mut svc = service("tlsweb", uid, ports);
+        let ann = svc
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        for (k, v) in [
+            (plan::ANNOTATION_SSL_CERT, cert.as_str()),
+            (plan::ANNOTATION_SSL_PORTS, "443"),
+            (
+                plan::ANNOTATION_SSL_NEGOTIATION_POLICY,
+                "ELBSecurityPolicy-2016-08",
+            ),
+        ]
+        .into_iter()
+        .chain(extra.iter().copied())
+        {
+            ann.insert(k.to_owned(), v.to_owned());
+        }
+        svc
+    };
+    let svc = annotated(&[("TCP", 80, 30080), ("TCP", 443, 30443)], &[]);
+    let name = lbs.get_load_balancer_name(CLUSTER, &svc);
+    lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
+    let before = listeners_by_port(&elb, &name).await?;
+    let (_, proto, cert_of_443, policy, _) = &before[&443];
+    ensure!(proto == "TLS" && *cert_of_443 == cert, "{before:?}");
+    ensure!(policy == "ELBSecurityPolicy-2016-08", "{before:?}");
+    ensure!(
+        before[&80].1 == "TCP" && before[&80].2.is_empty(),
+        "{before:?}"
+    );
+
+    // A new health check: new target groups, the same listeners.
+    let hc = annotated(
+        &[("TCP", 80, 30080), ("TCP", 443, 30443)],
+        &[
+            (
+                "service.beta.kubernetes.io/aws-load-balancer-healthcheck-protocol",
+                "http",
+            ),
+            (
+                "service.beta.kubernetes.io/aws-load-balancer-healthcheck-interval",
+                "10",
+            ),
+        ],
+    );
+    lbs.update_load_balancer(CLUSTER, &hc, &nodes).await?;
+    let after = listeners_by_port(&elb, &name).await?;
+    for port in [80, 443] {
+        ensure!(
+            after[&port].0 == before[&port].0,
+            "listener {port} was recreated"
+        );
+        ensure!(
+            after[&port].4 != before[&port].4,
+            "listener {port} kept its target group"
+        );
+    }
+    ensure!(after[&443].1 == "TLS" && after[&443].2 == cert, "{after:?}");
+    let groups = elb.describe_target_groups().send().await?;
+    ensure!(
+        groups.target_groups().len() == 2,
+        "old target groups left behind"
+    );
+    let tg80 = elb
+        .describe_target_groups()
+        .target_group_arns(&after[&80].4)
+        .send()
+        .await?;
+    let tg80 = tg80.target_groups().first().context("tg 80")?;
+    ensure!(
+        tg80.health_check_protocol().map(|p| p.as_str()) == Some("HTTP")
+            && tg80.health_check_interval_seconds() == Some(10),
+        "{tg80:?}"
+    );
+    let obs = observe(&elb, &name).await?.context("nlb")?;
+    ensure!(obs.targets == ids(&seed.instance_ids), "{:?}", obs.targets);
+
+    // A new NodePort: the listener on 80 forwards to a target group on the new port.
+    let moved = annotated(&[("TCP", 80, 30081), ("TCP", 443, 30443)], &[]);
+    lbs.update_load_balancer(CLUSTER, &moved, &nodes).await?;
+    let last = listeners_by_port(&elb, &name).await?;
+    ensure!(last[&80].0 == before[&80].0, "listener 80 was recreated");
+    let obs = observe(&elb, &name).await?.context("nlb")?;
+    ensure!(obs.groups.iter().any(|g| g.0 == 30081), "{:?}", obs.groups);
+    ensure!(!obs.groups.iter().any(|g| g.0 == 30080), "{:?}", obs.groups);
+    ensure!(
+        elb.describe_target_groups()
+            .send()
+            .await?
+            .target_groups()
+            .len()
+            == 2
+    );
+
+    lbs.ensure_load_balancer_deleted(CLUSTER, &moved).await?;
+    ensure!(
+        elb.describe_target_groups()
+            .send()
+            .await?
+            .target_groups()
+            .is_empty()
+    );
+    Ok(())
+}
+
+/// A loopback API server that answers every request with `body` (a NodeList), and a kube
+/// client for it.
+async fn fake_cluster(body: String) -> anyhow::Result<kube::Client> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                let _ = conn.read(&mut buf).await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    let config = kube::Config::new(format!("http://{addr}").parse()?);
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Upstream names a route's target from the Node whose provider ID holds the route's instance
+/// (the informer's provider-ID index, aws_routes.go ListRoutes): after a restart, a route to
+/// the Node `i-…` is still listed with that Node, not with the instance's DNS name, so the
+/// route controller does not recreate it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_targets_come_from_the_clusters_nodes_after_a_restart() -> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("restart", 1).await?;
+    let id = seed.instance_ids[0].clone();
+    let cidr: ipnet::IpNet = "10.244.3.0/24".parse()?;
+    cloud
+        .routes()
+        .context("routes")?
+        .create_route(CLUSTER, "uid", &Route::new(id.clone(), cidr))
+        .await?;
+
+    // A new process: without the cluster it can only guess the instance's DNS name.
+    let restarted = AwsCloud::from_config_text_with(&seed.cloud_config(&moto), moto.options())?;
+    let guessed = restarted
+        .routes()
+        .context("routes")?
+        .list_routes(CLUSTER)
+        .await?;
+    ensure!(
+        guessed[0].target_node == seed.private_dns_names[0],
+        "{guessed:?}"
+    );
+
+    // Initialized with the cluster, whose Node `i-…` carries the instance's provider ID.
+    let nodes = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "NodeList",
+        "metadata": {"resourceVersion": "1"},
+        "items": [
+            {"metadata": {"name": id}, "spec": {"providerID": format!("aws:///us-east-1a/{id}")}},
+            {"metadata": {"name": "not-on-aws"}, "spec": {"providerID": "gce://p/z/vm"}},
+        ],
+    });
+    let client = fake_cluster(nodes.to_string()).await?;
+    let restarted = AwsCloud::from_config_text_with(&seed.cloud_config(&moto), moto.options())?;
+    restarted
+        .initialize(cloud_provider::InitContext::new(
+            Arc::new(cloud_provider::SharedClient(client)),
+            tokio_util::sync::CancellationToken::new(),
+        ))
+        .await?;
+    let listed = restarted
+        .routes()
+        .context("routes")?
+        .list_routes(CLUSTER)
+        .await?;
+    ensure!(listed.len() == 1, "{listed:?}");
+    ensure!(
+        listed[0].target_node == id && !listed[0].blackhole,
+        "{listed:?}"
+    );
+    Ok(())
+}
+
+/// aws.md row 28: a Service without `aws-load-balancer-type` gets a Classic ELB from
+/// cloud-provider-aws. After a migration the Service's Classic ELB (as upstream makes it: named
+/// `a` + UID, cluster-tagged, with its `k8s-elb-<name>` group and an all-traffic node rule from
+/// that group) blocks a second load balancer with a clear error, is reported by get, and is
+/// deleted with its group and node rule when the Service goes: no duplicate, no leak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classic_elb_from_cloud_provider_aws_is_neither_duplicated_nor_leaked()
+-> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("classic", 2).await?;
+    let ec2 = moto.ec2().await;
+    let elb = moto.elbv2().await;
+    let classic = moto.elb_classic().await;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let svc = service(
+        "legacy",
+        "5a1e0000-0000-4000-8000-000000000012",
+        &[("TCP", 80, 30080)],
+    );
+    let name = lbs.get_load_balancer_name(CLUSTER, &svc);
+    // What cloud-provider-aws left: the group, the load balancer, the node rule.
+    let group = security_group(&ec2, &seed, &security_group_name(&name), true).await?;
+    let created = classic
+        .create_load_balancer()
+        .load_balancer_name(&name)
+        .listeners(
+            aws_sdk_elasticloadbalancing::types::Listener::builder()
+                .protocol("TCP")
+                .load_balancer_port(80)
+                .instance_protocol("TCP")
+                .instance_port(30080)
+                .build()?,
+        )
+        .subnets(&seed.subnet_ids[0])
+        .security_groups(&group)
+        .tags(
+            aws_sdk_elasticloadbalancing::types::Tag::builder()
+                .key("kubernetes.io/cluster/classic")
+                .value("owned")
+                .build()?,
+        )
+        .send()
+        .await?;
+    let dns = created.dns_name().context("classic dns")?.to_owned();
+    ec2.authorize_security_group_ingress()
+        .group_id(&seed.node_security_group_id)
+        .ip_permissions(
+            aws_sdk_ec2::types::IpPermission::builder()
+                .ip_protocol("-1")
+                .user_id_group_pairs(
+                    aws_sdk_ec2::types::UserIdGroupPair::builder()
+                        .group_id(&group)
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await?;
+    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+
+    let err = lbs
+        .ensure_load_balancer(CLUSTER, &svc, &nodes)
+        .await
+        .expect_err("a second load balancer must be refused");
+    ensure!(
+        err.to_string().contains("Classic ELB") && err.to_string().contains(&name),
+        "{err}"
+    );
+    ensure!(
+        elb.describe_load_balancers()
+            .send()
+            .await?
+            .load_balancers()
+            .is_empty(),
+        "an NLB was created beside the Classic ELB"
+    );
+    let status = lbs.get_load_balancer(CLUSTER, &svc).await?.context("get")?;
+    ensure!(
+        status
+            .ingress
+            .as_deref()
+            .and_then(|i| i[0].hostname.as_deref())
+            == Some(dns.as_str()),
+        "{status:?}"
+    );
+
+    lbs.ensure_load_balancer_deleted(CLUSTER, &svc).await?;
+    let left = classic.describe_load_balancers().send().await?;
+    ensure!(left.load_balancer_descriptions().is_empty(), "{left:?}");
+    let groups = ec2
+        .describe_security_groups()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("vpc-id")
+                .values(&seed.vpc_id)
+                .build(),
+        )
+        .send()
+        .await?;
+    ensure!(
+        !groups
+            .security_groups()
+            .iter()
+            .any(|g| g.group_id() == Some(group.as_str())),
+        "the Classic ELB's group was left behind"
+    );
+    let references = groups
+        .security_groups()
+        .iter()
+        .flat_map(|g| g.ip_permissions())
+        .flat_map(|p| p.user_id_group_pairs())
+        .filter(|p| p.group_id() == Some(group.as_str()))
+        .count();
+    ensure!(references == 0, "{references} node rules still refer to it");
+    ensure!(lbs.get_load_balancer(CLUSTER, &svc).await?.is_none());
+    Ok(())
+}
+
+/// cloud-provider-aws#1219 (dual-stack NLBs, open upstream): a Service whose `ipFamilies`
+/// include IPv6 gets `IpAddressType=dualstack`, node rules open to `::/0` as well (with the
+/// ICMPv6 path-MTU rule), and back to `ipv4` when the family goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_families_get_a_dual_stack_nlb() -> anyhow::Result<()> {
+    let (moto, seed, cloud) = setup("dualstack", 2).await?;
+    let ec2 = moto.ec2().await;
+    let elb = moto.elbv2().await;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let mut svc = service(
+        "dual",
+        "5a1e0000-0000-4000-8000-000000000013",
+        &[("TCP", 80, 30080)],
+    );
+    svc.spec.as_mut().context("spec")?.ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
+    let name = lbs.get_load_balancer_name(CLUSTER, &svc);
+    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
+    let ip_type = |elb: aws_sdk_elasticloadbalancingv2::Client, name: String| async move {
+        let out = elb.describe_load_balancers().names(name).send().await?;
+        anyhow::Ok(
+            out.load_balancers()
+                .first()
+                .and_then(|l| l.ip_address_type())
+                .map(|t| t.as_str().to_owned())
+                .unwrap_or_default(),
+        )
+    };
+    ensure!(ip_type(elb.clone(), name.clone()).await? == "dualstack");
+    let group = ec2
+        .describe_security_groups()
+        .group_ids(&seed.node_security_group_id)
+        .send()
+        .await?;
+    let v6: BTreeSet<(String, i32, String)> = group
+        .security_groups()
+        .iter()
+        .flat_map(|g| g.ip_permissions())
+        .flat_map(|p| {
+            p.ipv6_ranges().iter().map(move |r| {
+                (
+                    p.ip_protocol().unwrap_or_default().to_owned(),
+                    p.from_port().unwrap_or(-1),
+                    r.cidr_ipv6().unwrap_or_default().to_owned(),
+                )
+            })
+        })
+        .collect();
+    ensure!(v6.contains(&("tcp".into(), 30080, "::/0".into())), "{v6:?}");
+    ensure!(v6.contains(&("icmpv6".into(), 2, "::/0".into())), "{v6:?}");
+
+    svc.spec.as_mut().context("spec")?.ip_families = Some(vec!["IPv4".into()]);
+    lbs.update_load_balancer(CLUSTER, &svc, &nodes).await?;
+    ensure!(ip_type(elb.clone(), name.clone()).await? == "ipv4");
+    lbs.ensure_load_balancer_deleted(CLUSTER, &svc).await?;
+    let left = ec2
+        .describe_security_groups()
+        .group_ids(&seed.node_security_group_id)
+        .send()
+        .await?;
+    let rules: usize = left
+        .security_groups()
+        .iter()
+        .flat_map(|g| g.ip_permissions())
+        .map(|p| p.ipv6_ranges().len() + p.ip_ranges().len())
+        .sum();
+    ensure!(rules == 0, "{rules} rules left");
     Ok(())
 }

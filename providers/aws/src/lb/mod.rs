@@ -1,36 +1,42 @@
 //! Network Load Balancers through ELBv2.
 //!
 //! For each `type: LoadBalancer` Service: an NLB named as upstream (`a` + the UID without dashes,
-//! 32 characters), internet-facing or internal (`aws-load-balancer-internal`), in one subnet per
-//! zone found by the cluster and role tags (or `aws-load-balancer-subnets`); per Service port a
-//! target group (TCP, UDP or TCP_UDP) of instance targets on the NodePort, registered and
-//! deregistered 100 at a time, and a listener forwarding to it; health checks on the traffic
-//! port, or HTTP on `healthCheckNodePort` with `externalTrafficPolicy: Local`; node
-//! security-group rules for the clients (`loadBalancerSourceRanges`) and the health checks,
-//! found and cleaned up by their description; with `NLBSecurityGroupMode = Managed` a security
-//! group of the load balancer's own. Everything created carries
-//! `kubernetes.io/cluster/<id>=owned`, `kubernetes.io/service-name` and the additional tags.
+//! 32 characters), internet-facing or internal (`aws-load-balancer-internal`), dual-stack when
+//! the Service has an IPv6 family, in one subnet per zone found by the cluster and role tags (or
+//! `aws-load-balancer-subnets`); per Service port a target group (TCP, UDP, TCP_UDP, or TLS with
+//! `backend-protocol: ssl`) of the *running* node instances on the NodePort, registered and
+//! deregistered 100 at a time, and a listener forwarding to it (TLS with `ssl-cert`,
+//! `ssl-ports` and `ssl-negotiation-policy`); health checks on the traffic port, or HTTP on
+//! `healthCheckNodePort` with `externalTrafficPolicy: Local`. A target group that must change
+//! (NodePort, protocol, health-check protocol or interval) is replaced and the listener switched
+//! to it with ModifyListener: the listener is never dropped. Node security-group rules for the
+//! clients (`loadBalancerSourceRanges`), the health checks and path-MTU discovery go onto each
+//! target instance's own group (`lb/rules.rs`), and are cleaned off every other group by their
+//! description; with `NLBSecurityGroupMode = Managed` the load balancer gets a group of its own.
+//! Everything created carries `kubernetes.io/cluster/<id>=owned`, `kubernetes.io/service-name`
+//! and the additional tags.
 //!
-//! Differences from upstream: the Classic ELB is not supported: a Service without
-//! `aws-load-balancer-type` gets an NLB (upstream: a CLB), `aws-load-balancer-type` values other
-//! than `nlb` are refused, and CLB-only annotations are refused with why. TLS listeners,
-//! bring-your-own security groups, EIP and private-IP subnet mappings and access logs are not
-//! supported (refused with why). A listener whose target group changes is recreated rather than
-//! modified (moto's ModifyListener cannot relink target groups). Target-group names use FNV-1a
-//! instead of SHA-1 for their hash.
+//! Differences from upstream: no Classic ELB is created: a Service without
+//! `aws-load-balancer-type` gets an NLB (upstream: a CLB), unless cloud-provider-aws already made
+//! it a Classic ELB, which is then refused, reported and deleted with the Service (`lb/classic.rs`);
+//! `aws-load-balancer-type` values other than `nlb` are refused, and CLB-only annotations are
+//! refused with why. Bring-your-own security groups, EIP and private-IP subnet mappings and
+//! access logs are not supported (refused with why). Target-group names use FNV-1a instead of
+//! SHA-1 for their hash.
 
+mod classic;
 pub mod plan;
+mod rules;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use async_trait::async_trait;
-use aws_sdk_ec2::types::{
-    Filter, IpPermission, IpRange, ResourceType, SecurityGroup, Subnet, TagSpecification,
-};
+use aws_sdk_ec2::types::{Filter, Instance, ResourceType, SecurityGroup, Subnet, TagSpecification};
 use aws_sdk_elasticloadbalancingv2::types::{
-    Action, ActionTypeEnum, Listener, LoadBalancer as Elb, LoadBalancerAttribute,
-    LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum, Tag as ElbTag, TargetDescription,
-    TargetGroup, TargetGroupAttribute, TargetHealthReasonEnum, TargetTypeEnum,
+    Action, ActionTypeEnum, Certificate, IpAddressType, Listener, LoadBalancer as Elb,
+    LoadBalancerAttribute, LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum,
+    Tag as ElbTag, TargetDescription, TargetGroup, TargetGroupAttribute, TargetHealthReasonEnum,
+    TargetTypeEnum,
 };
 use cloud_provider::{CloudError, CloudResult, LoadBalancer};
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
@@ -39,10 +45,10 @@ use crate::{
     AwsCloud, Inner, LEGACY_CLUSTER_TAG,
     client::{aws_error, error_code},
     config::NlbSecurityGroupMode,
-    ids::{self, Lifecycle},
+    ids,
     instances::{NodeKey, node_key},
 };
-use plan::{HealthPort, NlbPlan, PortPlan, Protocol};
+use plan::{HealthPort, NlbPlan, PortPlan};
 
 /// Targets per RegisterTargets / DeregisterTargets call.
 pub const TARGETS_PER_CALL: usize = 100;
@@ -58,65 +64,53 @@ fn service_key(service: &Service) -> String {
     )
 }
 
-fn elb_protocol(p: Protocol) -> ProtocolEnum {
-    ProtocolEnum::from(p.as_str())
-}
-
-/// A security-group ingress rule, as compared when reconciling.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Rule {
-    protocol: String,
-    from: i32,
-    to: i32,
-    cidr: String,
-    description: String,
-}
-
-fn client_description(lb_name: &str) -> String {
-    format!("kubernetes.io/rule/nlb/client={lb_name}")
-}
-
-fn health_description(lb_name: &str) -> String {
-    format!("kubernetes.io/rule/nlb/health={lb_name}")
-}
-
-fn rules_of(group: &SecurityGroup, descriptions: &[String]) -> BTreeSet<Rule> {
-    let mut out = BTreeSet::new();
-    for perm in group.ip_permissions() {
-        let protocol = perm.ip_protocol().unwrap_or_default().to_owned();
-        for range in perm.ip_ranges() {
-            let desc = range.description().unwrap_or_default();
-            if descriptions.iter().any(|d| d == desc) {
-                out.insert(Rule {
-                    protocol: protocol.clone(),
-                    from: perm.from_port().unwrap_or(-1),
-                    to: perm.to_port().unwrap_or(-1),
-                    cidr: range.cidr_ip().unwrap_or_default().to_owned(),
-                    description: desc.to_owned(),
-                });
-            }
-        }
+/// `dualstack` for Services with an IPv6 family, else `ipv4`.
+fn ip_address_type(plan: &NlbPlan) -> IpAddressType {
+    if plan.dual_stack {
+        IpAddressType::Dualstack
+    } else {
+        IpAddressType::Ipv4
     }
-    out
 }
 
-fn permissions(rules: &BTreeSet<Rule>) -> Vec<IpPermission> {
-    rules
+/// A forward action to a target group.
+fn forward(tg_arn: &str) -> Action {
+    Action::builder()
+        .r#type(ActionTypeEnum::Forward)
+        .target_group_arn(tg_arn)
+        .build()
+}
+
+/// The listener certificate of a TLS port.
+fn certificates(port: &PortPlan) -> Option<Vec<Certificate>> {
+    port.tls.as_ref().map(|t| {
+        vec![
+            Certificate::builder()
+                .certificate_arn(&t.certificate)
+                .build(),
+        ]
+    })
+}
+
+/// Whether listener `l` already is what `port` asks for: protocol, target group and, for TLS,
+/// certificate and (when given) security policy.
+fn listener_matches(l: &Listener, port: &PortPlan, tg_arn: &str) -> bool {
+    let protocol = l.protocol().map(|p| p.as_str()) == Some(port.listener_protocol());
+    let target = l
+        .default_actions()
         .iter()
-        .map(|r| {
-            IpPermission::builder()
-                .ip_protocol(&r.protocol)
-                .from_port(r.from)
-                .to_port(r.to)
-                .ip_ranges(
-                    IpRange::builder()
-                        .cidr_ip(&r.cidr)
-                        .description(&r.description)
-                        .build(),
-                )
-                .build()
-        })
-        .collect()
+        .any(|a| a.target_group_arn() == Some(tg_arn));
+    let tls = match &port.tls {
+        None => true,
+        Some(t) => {
+            l.certificates().first().and_then(|c| c.certificate_arn())
+                == Some(t.certificate.as_str())
+                && t.policy
+                    .as_deref()
+                    .is_none_or(|p| l.ssl_policy() == Some(p))
+        }
+    };
+    protocol && target && tls
 }
 
 impl Inner {
@@ -333,9 +327,13 @@ impl Inner {
         Ok(out)
     }
 
-    /// The instance IDs to target: the Nodes matching the label selector whose instances exist
-    /// and are not stopped.
-    async fn target_instances(&self, plan: &NlbPlan, nodes: &[Node]) -> CloudResult<Vec<String>> {
+    /// The instance IDs to target: the Nodes matching the label selector whose instances are
+    /// running (kubernetes#94966: pending, stopping and shutting-down ones are not registered).
+    async fn target_instances(
+        &self,
+        plan: &NlbPlan,
+        nodes: &[Node],
+    ) -> CloudResult<BTreeMap<String, Instance>> {
         let mut ids_wanted = Vec::new();
         let mut dns_wanted = Vec::new();
         for node in nodes {
@@ -353,31 +351,31 @@ impl Inner {
                 Err(e) => tracing::warn!(error = %e, "skipping a node that names no instance"),
             }
         }
-        let mut out = BTreeSet::new();
+        let mut out = BTreeMap::new();
         let ids_only: Vec<String> = ids_wanted.iter().map(|(id, _)| id.clone()).collect();
-        let found = self.cached_instances(&ids_only).await?;
+        let mut found = self.cached_instances(&ids_only).await?;
         for (id, node) in &ids_wanted {
-            match found.get(id) {
-                Some(i) if ids::lifecycle(i) == Lifecycle::Up => {
+            match found.remove(id) {
+                Some(i) if ids::is_running(&i) => {
                     if let Some(name) = node.metadata.name.as_deref() {
-                        self.remember_node_name(i, name);
+                        self.remember_node_name(&i, name);
                     }
-                    out.insert(id.clone());
+                    out.insert(id.clone(), i);
                 }
-                _ => tracing::info!(instance = %id, "not a target: instance stopped or gone"),
+                _ => tracing::info!(instance = %id, "not a target: instance not running"),
             }
         }
         if !dns_wanted.is_empty() {
             for (name, i) in self.by_dns_names(&dns_wanted).await? {
-                if ids::lifecycle(&i) == Lifecycle::Up
+                if ids::is_running(&i)
                     && let Some(id) = i.instance_id()
                 {
                     self.remember_node_name(&i, &name);
-                    out.insert(id.to_owned());
+                    out.insert(id.to_owned(), i);
                 }
             }
         }
-        Ok(out.into_iter().collect())
+        Ok(out)
     }
 
     async fn find_security_group(&self, name: &str) -> CloudResult<Option<SecurityGroup>> {
@@ -438,161 +436,13 @@ impl Inner {
                 })?
             }
         };
-        let desc = client_description(lb_name);
-        let mut want = BTreeSet::new();
-        for p in &plan.ports {
-            for proto in p.protocol.ip_protocols() {
-                for cidr in &plan.source_ranges {
-                    want.insert(Rule {
-                        protocol: (*proto).to_owned(),
-                        from: p.port,
-                        to: p.port,
-                        cidr: cidr.to_string(),
-                        description: desc.clone(),
-                    });
-                }
-            }
-        }
-        self.reconcile_rules(&group, &want, std::slice::from_ref(&desc))
-            .await?;
+        let want = rules::frontend_rules(lb_name, plan);
+        let descriptions = [
+            rules::client_description(lb_name),
+            rules::mtu_description(lb_name),
+        ];
+        self.reconcile_rules(&group, &want, &descriptions).await?;
         Ok(group.group_id().map(str::to_owned).into_iter().collect())
-    }
-
-    /// Grants the missing rules and revokes the extra ones carrying one of `descriptions`.
-    async fn reconcile_rules(
-        &self,
-        group: &SecurityGroup,
-        want: &BTreeSet<Rule>,
-        descriptions: &[String],
-    ) -> CloudResult<()> {
-        let clients = self.clients().await?;
-        let group_id = group.group_id().unwrap_or_default();
-        let have = rules_of(group, descriptions);
-        let missing: BTreeSet<Rule> = want.difference(&have).cloned().collect();
-        let extra: BTreeSet<Rule> = have.difference(want).cloned().collect();
-        if !extra.is_empty() {
-            match clients
-                .ec2
-                .revoke_security_group_ingress()
-                .group_id(group_id)
-                .set_ip_permissions(Some(permissions(&extra)))
-                .send()
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if error_code(&e) == Some("InvalidPermission.NotFound") => {}
-                Err(e) => return Err(aws_error("ec2:RevokeSecurityGroupIngress", e)),
-            }
-        }
-        if !missing.is_empty() {
-            match clients
-                .ec2
-                .authorize_security_group_ingress()
-                .group_id(group_id)
-                .set_ip_permissions(Some(permissions(&missing)))
-                .send()
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if error_code(&e) == Some("InvalidPermission.Duplicate") => {}
-                Err(e) => return Err(aws_error("ec2:AuthorizeSecurityGroupIngress", e)),
-            }
-        }
-        Ok(())
-    }
-
-    /// The nodes' security groups: the cluster-tagged groups of the VPC that are not load
-    /// balancers' own.
-    async fn node_security_groups(&self) -> CloudResult<Vec<SecurityGroup>> {
-        let clients = self.clients().await?;
-        let vpc = self.vpc_id().await?;
-        let key = self.cluster_tag_key("node security groups")?;
-        let out = clients
-            .ec2
-            .describe_security_groups()
-            .filters(Filter::builder().name("vpc-id").values(vpc).build())
-            .filters(Filter::builder().name("tag-key").values(&key).build())
-            .send()
-            .await
-            .map_err(|e| aws_error("ec2:DescribeSecurityGroups", e))?;
-        Ok(out
-            .security_groups()
-            .iter()
-            .filter(|g| !g.tags().iter().any(|t| t.key() == Some(SERVICE_NAME_TAG)))
-            .filter(|g| g.group_id() != self.config.elb_security_group.as_deref())
-            .cloned()
-            .collect())
-    }
-
-    /// Client rules (NodePorts from the source ranges) and health rules (the health-check ports
-    /// from the load balancer's subnets) on every node security group.
-    async fn ensure_node_rules(
-        &self,
-        lb_name: &str,
-        plan: &NlbPlan,
-        subnet_cidrs: &[String],
-    ) -> CloudResult<()> {
-        if self.config.disable_security_group_ingress {
-            return Ok(());
-        }
-        let client = client_description(lb_name);
-        let health = health_description(lb_name);
-        let mut want = BTreeSet::new();
-        for p in &plan.ports {
-            for proto in p.protocol.ip_protocols() {
-                for cidr in &plan.source_ranges {
-                    want.insert(Rule {
-                        protocol: (*proto).to_owned(),
-                        from: p.node_port,
-                        to: p.node_port,
-                        cidr: cidr.to_string(),
-                        description: client.clone(),
-                    });
-                }
-            }
-        }
-        let health_ports: BTreeSet<i32> = plan
-            .ports
-            .iter()
-            .map(|p| match plan.health.port {
-                HealthPort::Traffic => p.node_port,
-                HealthPort::Port(port) => port,
-            })
-            .collect();
-        for port in health_ports {
-            let covered = want
-                .iter()
-                .any(|r| r.protocol == "tcp" && r.from == port && r.cidr == "0.0.0.0/0");
-            if covered {
-                continue;
-            }
-            for cidr in subnet_cidrs {
-                want.insert(Rule {
-                    protocol: "tcp".to_owned(),
-                    from: port,
-                    to: port,
-                    cidr: cidr.clone(),
-                    description: health.clone(),
-                });
-            }
-        }
-        for group in self.node_security_groups().await? {
-            self.reconcile_rules(&group, &want, &[client.clone(), health.clone()])
-                .await?;
-        }
-        Ok(())
-    }
-
-    async fn delete_node_rules(&self, lb_name: &str) -> CloudResult<()> {
-        if self.config.disable_security_group_ingress {
-            return Ok(());
-        }
-        let descs = [client_description(lb_name), health_description(lb_name)];
-        for group in self.node_security_groups().await? {
-            self.reconcile_rules(&group, &BTreeSet::new(), &descs)
-                .await?;
-        }
-        Ok(())
     }
 
     /// Creates or finds the target group for `port`, and brings its health check up to date.
@@ -637,7 +487,7 @@ impl Inner {
                     .elb
                     .create_target_group()
                     .name(&name)
-                    .protocol(elb_protocol(port.protocol))
+                    .protocol(ProtocolEnum::from(port.target_protocol()))
                     .port(port.node_port)
                     .vpc_id(vpc)
                     .target_type(TargetTypeEnum::Instance)
@@ -792,7 +642,14 @@ impl Inner {
         let clients = self.clients().await?;
         let cluster_id = self.cluster_id("load balancers")?.to_owned();
         let vpc = self.vpc_id().await?.to_owned();
-        let targets = self.target_instances(&plan, nodes).await?;
+        let existing = self.find_lb(lb_name).await?;
+        if existing.is_none()
+            && let Some(clb) = self.find_classic(lb_name).await?
+        {
+            return Err(Self::classic_refusal(&service_key(service), &clb));
+        }
+        let instances = self.target_instances(&plan, nodes).await?;
+        let targets: Vec<String> = instances.keys().cloned().collect();
         let subnets = self.lb_subnets(&plan).await?;
         let subnet_cidrs: Vec<String> = subnets
             .iter()
@@ -802,7 +659,7 @@ impl Inner {
             .ensure_lb_security_group(lb_name, service, &plan)
             .await?;
 
-        let lb = match self.find_lb(lb_name).await? {
+        let lb = match existing {
             Some(lb) => lb,
             None => {
                 let scheme = if plan.internal {
@@ -823,6 +680,7 @@ impl Inner {
                             .collect(),
                     ))
                     .set_security_groups((!security_groups.is_empty()).then_some(security_groups))
+                    .ip_address_type(ip_address_type(&plan))
                     .set_tags(Some(self.elb_tags(service, Some(&plan))?))
                     .send()
                     .await
@@ -833,6 +691,16 @@ impl Inner {
             }
         };
         let lb_arn = lb.load_balancer_arn().unwrap_or_default().to_owned();
+        if lb.ip_address_type() != Some(&ip_address_type(&plan)) {
+            clients
+                .elb
+                .set_ip_address_type()
+                .load_balancer_arn(&lb_arn)
+                .ip_address_type(ip_address_type(&plan))
+                .send()
+                .await
+                .map_err(|e| aws_error("elasticloadbalancing:SetIpAddressType", e))?;
+        }
         let want_internal = plan.internal;
         if lb
             .scheme()
@@ -857,39 +725,34 @@ impl Inner {
             self.ensure_targets(&tg_arn, port.node_port, &targets)
                 .await?;
             let existing = listeners.iter().find(|l| l.port() == Some(port.port));
-            let up_to_date = existing.is_some_and(|l| {
-                l.protocol() == Some(&elb_protocol(port.protocol))
-                    && l.default_actions()
-                        .iter()
-                        .any(|a| a.target_group_arn() == Some(tg_arn.as_str()))
-            });
-            if up_to_date {
-                if let Some(arn) = existing.and_then(|l| l.listener_arn()) {
-                    kept_listeners.insert(arn.to_owned());
+            let arn = match existing {
+                Some(l) if listener_matches(l, port, &tg_arn) => {
+                    l.listener_arn().unwrap_or_default().to_owned()
                 }
-                continue;
-            }
-            if let Some(old) = existing {
-                self.delete_listener_and_groups(old, Some(&tg_arn)).await?;
-            }
-            let action = Action::builder()
-                .r#type(ActionTypeEnum::Forward)
-                .target_group_arn(&tg_arn)
-                .build();
-            let out = clients
-                .elb
-                .create_listener()
-                .load_balancer_arn(&lb_arn)
-                .port(port.port)
-                .protocol(elb_protocol(port.protocol))
-                .default_actions(action)
-                .set_tags(Some(self.elb_tags(service, Some(&plan))?))
-                .send()
-                .await
-                .map_err(|e| aws_error("elasticloadbalancing:CreateListener", e))?;
-            if let Some(arn) = out.listeners().first().and_then(|l| l.listener_arn()) {
-                kept_listeners.insert(arn.to_owned());
-            }
+                // Switched in place, never dropped: no outage on this port.
+                Some(l) => self.modify_listener(l, port, &tg_arn).await?,
+                None => {
+                    let out = clients
+                        .elb
+                        .create_listener()
+                        .load_balancer_arn(&lb_arn)
+                        .port(port.port)
+                        .protocol(ProtocolEnum::from(port.listener_protocol()))
+                        .default_actions(forward(&tg_arn))
+                        .set_certificates(certificates(port))
+                        .set_ssl_policy(port.tls.as_ref().and_then(|t| t.policy.clone()))
+                        .set_tags(Some(self.elb_tags(service, Some(&plan))?))
+                        .send()
+                        .await
+                        .map_err(|e| aws_error("elasticloadbalancing:CreateListener", e))?;
+                    out.listeners()
+                        .first()
+                        .and_then(|l| l.listener_arn())
+                        .unwrap_or_default()
+                        .to_owned()
+                }
+            };
+            kept_listeners.insert(arn);
         }
         // Ports that are gone: their listeners and target groups go too.
         for l in &listeners {
@@ -897,23 +760,55 @@ impl Inner {
                 && !kept_listeners.contains(arn)
                 && !plan.ports.iter().any(|p| Some(p.port) == l.port())
             {
-                self.delete_listener_and_groups(l, None).await?;
+                self.delete_listener_and_groups(l).await?;
             }
         }
         if let Some(enabled) = plan.cross_zone {
             self.ensure_cross_zone(&lb_arn, enabled).await?;
         }
-        self.ensure_node_rules(lb_name, &plan, &subnet_cidrs)
+        let want = rules::node_rules(lb_name, &plan, &subnet_cidrs);
+        self.sync_node_rules(lb_name, &want, &instances.values().collect::<Vec<_>>())
             .await?;
         Ok(status_of(&lb))
     }
 
-    /// Deletes a listener, then the target groups it forwarded to (except `keep`).
-    async fn delete_listener_and_groups(
+    /// Points an existing listener at `tg_arn` (and updates its protocol, certificate and policy)
+    /// with ModifyListener, then deletes the target groups it forwarded to before. The listener
+    /// stays up throughout (upstream: new target group, ModifyListener, delete the old one).
+    /// The protocol is sent only when it changes (moto refuses TLS, UDP and TCP_UDP there).
+    async fn modify_listener(
         &self,
         l: &Listener,
-        keep: Option<&str>,
-    ) -> CloudResult<()> {
+        port: &PortPlan,
+        tg_arn: &str,
+    ) -> CloudResult<String> {
+        let clients = self.clients().await?;
+        let arn = l.listener_arn().unwrap_or_default().to_owned();
+        let protocol_changes = l.protocol().map(|p| p.as_str()) != Some(port.listener_protocol());
+        tracing::info!(listener = %arn, port = port.port, target_group = %tg_arn, "modifying listener");
+        clients
+            .elb
+            .modify_listener()
+            .listener_arn(&arn)
+            .default_actions(forward(tg_arn))
+            .set_protocol(protocol_changes.then(|| ProtocolEnum::from(port.listener_protocol())))
+            .set_certificates(certificates(port))
+            .set_ssl_policy(port.tls.as_ref().and_then(|t| t.policy.clone()))
+            .send()
+            .await
+            .map_err(|e| aws_error("elasticloadbalancing:ModifyListener", e))?;
+        for a in l.default_actions() {
+            if let Some(old) = a.target_group_arn()
+                && old != tg_arn
+            {
+                self.delete_target_group(old).await?;
+            }
+        }
+        Ok(arn)
+    }
+
+    /// Deletes a listener, then the target groups it forwarded to.
+    async fn delete_listener_and_groups(&self, l: &Listener) -> CloudResult<()> {
         let clients = self.clients().await?;
         if let Some(arn) = l.listener_arn() {
             match clients.elb.delete_listener().listener_arn(arn).send().await {
@@ -923,9 +818,7 @@ impl Inner {
             }
         }
         for a in l.default_actions() {
-            if let Some(tg) = a.target_group_arn()
-                && Some(tg) != keep
-            {
+            if let Some(tg) = a.target_group_arn() {
                 self.delete_target_group(tg).await?;
             }
         }
@@ -987,7 +880,9 @@ impl Inner {
         for tg in &target_groups {
             self.delete_target_group(tg).await?;
         }
-        self.delete_node_rules(lb_name).await?;
+        self.sync_node_rules(lb_name, &BTreeSet::new(), &[]).await?;
+        // A Classic ELB that cloud-provider-aws made for this Service goes too: no leak.
+        self.delete_classic(lb_name).await?;
         self.delete_lb_security_group(lb_name).await
     }
 
@@ -1091,7 +986,22 @@ impl LoadBalancer for AwsCloud {
         // Also for the AWS Load Balancer Controller's Services: an NLB we made before the
         // Service changed hands is still found (and deleted), as upstream does.
         let name = self.get_load_balancer_name(cluster_name, service);
-        Ok(self.inner.find_lb(&name).await?.map(|lb| status_of(&lb)))
+        if let Some(lb) = self.inner.find_lb(&name).await? {
+            return Ok(Some(status_of(&lb)));
+        }
+        // A Classic ELB left by cloud-provider-aws exists too, and delete removes it.
+        Ok(self
+            .inner
+            .find_classic(&name)
+            .await?
+            .map(|clb| LoadBalancerStatus {
+                ingress: clb.dns_name().map(|dns| {
+                    vec![LoadBalancerIngress {
+                        hostname: Some(dns.to_owned()),
+                        ..Default::default()
+                    }]
+                }),
+            }))
     }
 
     #[tracing::instrument(skip_all, fields(service = %service_key(service), nodes = nodes.len()))]

@@ -29,26 +29,21 @@ pub const ANNOTATION_TARGET_NODE_LABELS: &str =
 pub const ANNOTATION_TARGET_GROUP_ATTRIBUTES: &str =
     "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes";
 
+/// `aws-load-balancer-ssl-cert`: the ACM (or IAM) certificate ARN of TLS listeners.
+pub const ANNOTATION_SSL_CERT: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-cert";
+/// `aws-load-balancer-ssl-ports`: the ports (numbers or names, `*` for all) that get TLS.
+pub const ANNOTATION_SSL_PORTS: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-ports";
+/// `aws-load-balancer-ssl-negotiation-policy`: the TLS listeners' security policy.
+pub const ANNOTATION_SSL_NEGOTIATION_POLICY: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-ssl-negotiation-policy";
+/// `aws-load-balancer-backend-protocol`: `ssl` makes the target groups of TLS ports TLS.
+pub const ANNOTATION_BACKEND_PROTOCOL: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-backend-protocol";
+
 const HC: &str = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-";
 
 /// Annotations with our prefix that are upstream's but cannot be honoured here, and why.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    (
-        "ssl-cert",
-        "TLS listeners (ACM certificates) are not supported",
-    ),
-    (
-        "ssl-ports",
-        "TLS listeners (ACM certificates) are not supported",
-    ),
-    (
-        "ssl-negotiation-policy",
-        "TLS listeners (ACM certificates) are not supported",
-    ),
-    (
-        "backend-protocol",
-        "only TCP/UDP target groups are supported",
-    ),
     (
         "proxy-protocol",
         "it applies to Classic ELBs, which are not supported",
@@ -140,8 +135,41 @@ pub struct PortPlan {
     pub port: i32,
     /// The NodePort (target port).
     pub node_port: i32,
-    /// The protocol.
+    /// The protocol of the traffic (what the security groups open).
     pub protocol: Protocol,
+    /// TLS termination at the listener, for ports named by `aws-load-balancer-ssl-ports`.
+    pub tls: Option<TlsListener>,
+}
+
+impl PortPlan {
+    /// The listener's ELBv2 protocol: `TLS` when terminating TLS, else the traffic's.
+    pub fn listener_protocol(&self) -> &'static str {
+        match &self.tls {
+            Some(_) => "TLS",
+            None => self.protocol.as_str(),
+        }
+    }
+
+    /// The target group's ELBv2 protocol: `TLS` with `backend-protocol: ssl`, else the
+    /// traffic's.
+    pub fn target_protocol(&self) -> &'static str {
+        match &self.tls {
+            Some(tls) if tls.backend_tls => "TLS",
+            _ => self.protocol.as_str(),
+        }
+    }
+}
+
+/// A TLS listener (upstream: `ssl-cert` on a port matching `ssl-ports`; UDP ports excluded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsListener {
+    /// The certificate ARN (`aws-load-balancer-ssl-cert`).
+    pub certificate: String,
+    /// The security policy (`aws-load-balancer-ssl-negotiation-policy`); AWS's default if
+    /// `None`.
+    pub policy: Option<String>,
+    /// Re-encrypt to the targets (`aws-load-balancer-backend-protocol: ssl`).
+    pub backend_tls: bool,
 }
 
 /// The health-check port.
@@ -192,6 +220,9 @@ pub struct NlbPlan {
     pub node_labels: Vec<(String, Option<String>)>,
     /// Client CIDRs.
     pub source_ranges: Vec<IpNet>,
+    /// `IpAddressType=dualstack`: the Service's `ipFamilies` include IPv6
+    /// (cloud-provider-aws#1219). Targets stay IPv4 instance targets.
+    pub dual_stack: bool,
 }
 
 fn svc_name(service: &Service) -> String {
@@ -293,6 +324,10 @@ pub fn plan(service: &Service) -> Result<NlbPlan, CloudError> {
             ));
         }
         let known = [
+            ANNOTATION_SSL_CERT,
+            ANNOTATION_SSL_PORTS,
+            ANNOTATION_SSL_NEGOTIATION_POLICY,
+            ANNOTATION_BACKEND_PROTOCOL,
             ANNOTATION_TYPE,
             ANNOTATION_INTERNAL,
             ANNOTATION_SUBNETS,
@@ -380,6 +415,7 @@ pub fn plan(service: &Service) -> Result<NlbPlan, CloudError> {
                         port: p.port,
                         node_port,
                         protocol: proto,
+                        tls: None,
                     },
                 );
             }
@@ -402,10 +438,11 @@ pub fn plan(service: &Service) -> Result<NlbPlan, CloudError> {
             }
         }
     }
-    let ports: Vec<PortPlan> = by_port.into_values().collect();
+    let mut ports: Vec<PortPlan> = by_port.into_values().collect();
     if ports.is_empty() {
         return Err(invalid(service, "has no ports"));
     }
+    tls_listeners(service, ann, &mut ports)?;
     let single: Vec<Protocol> = ports
         .iter()
         .filter(|p| p.protocol != Protocol::TcpUdp)
@@ -473,8 +510,23 @@ pub fn plan(service: &Service) -> Result<NlbPlan, CloudError> {
             .collect(),
         None => Vec::new(),
     };
-    let source_ranges =
+    let mut source_ranges =
         svc_helpers::load_balancer_source_ranges(service).map_err(|e| invalid(service, e))?;
+    let dual_stack = spec
+        .ip_families
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .any(|f| f == "IPv6");
+    let explicit_ranges = spec
+        .load_balancer_source_ranges
+        .as_ref()
+        .is_some_and(|r| !r.is_empty())
+        || ann.contains_key(cloud_provider::well_known::ANNOTATION_LOAD_BALANCER_SOURCE_RANGES);
+    if dual_stack && !explicit_ranges {
+        // The default "from anywhere" covers IPv6 clients too.
+        source_ranges.push(IpNet::V6(ipnet::Ipv6Net::default()));
+    }
 
     let health = health_check(service, ann)?;
     Ok(NlbPlan {
@@ -487,7 +539,114 @@ pub fn plan(service: &Service) -> Result<NlbPlan, CloudError> {
         extra_tags,
         node_labels,
         source_ranges,
+        dual_stack,
     })
+}
+
+/// Upstream's NLB TLS rule: with `ssl-cert`, the TCP ports that `ssl-ports` names (by number or
+/// name; all of them when absent or `*`) get TLS listeners with that certificate and the
+/// `ssl-negotiation-policy`; `backend-protocol: ssl` makes their target groups TLS too.
+fn tls_listeners(
+    service: &Service,
+    ann: &BTreeMap<String, String>,
+    ports: &mut [PortPlan],
+) -> Result<(), CloudError> {
+    let backend = ann
+        .get(ANNOTATION_BACKEND_PROTOCOL)
+        .map(|v| v.trim().to_ascii_lowercase());
+    let backend_tls = match backend.as_deref() {
+        None | Some("" | "tcp") => false,
+        Some("ssl") => true,
+        Some(other) => {
+            return Err(invalid(
+                service,
+                format!(
+                    "annotation {ANNOTATION_BACKEND_PROTOCOL}: {other:?} is not supported by \
+                     Network Load Balancers (ssl or tcp; http and https need a Classic ELB)"
+                ),
+            ));
+        }
+    };
+    let cert = ann
+        .get(ANNOTATION_SSL_CERT)
+        .map(|c| c.trim())
+        .filter(|c| !c.is_empty());
+    let Some(cert) = cert else {
+        for key in [ANNOTATION_SSL_PORTS, ANNOTATION_SSL_NEGOTIATION_POLICY] {
+            if ann.contains_key(key) {
+                return Err(invalid(
+                    service,
+                    format!("annotation {key} needs {ANNOTATION_SSL_CERT}"),
+                ));
+            }
+        }
+        if backend_tls {
+            return Err(invalid(
+                service,
+                format!(
+                    "annotation {ANNOTATION_BACKEND_PROTOCOL}: ssl needs {ANNOTATION_SSL_CERT}"
+                ),
+            ));
+        }
+        return Ok(());
+    };
+    if !cert.starts_with("arn:") {
+        return Err(invalid(
+            service,
+            format!("annotation {ANNOTATION_SSL_CERT}: {cert:?} is not a certificate ARN"),
+        ));
+    }
+    let policy = ann
+        .get(ANNOTATION_SSL_NEGOTIATION_POLICY)
+        .map(|p| p.trim().to_owned())
+        .filter(|p| !p.is_empty());
+    let selected: Option<Vec<String>> = ann
+        .get(ANNOTATION_SSL_PORTS)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter(|v| !v.iter().any(|p| p == "*"));
+    let spec_ports = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_deref())
+        .unwrap_or_default();
+    if let Some(selected) = &selected {
+        for wanted in selected {
+            let exists = spec_ports.iter().any(|p| {
+                p.port.to_string() == *wanted || p.name.as_deref() == Some(wanted.as_str())
+            });
+            if !exists {
+                return Err(invalid(
+                    service,
+                    format!("annotation {ANNOTATION_SSL_PORTS}: no port {wanted:?}"),
+                ));
+            }
+        }
+    }
+    for port in ports.iter_mut() {
+        if port.protocol != Protocol::Tcp {
+            continue;
+        }
+        let named = |wanted: &String| {
+            *wanted == port.port.to_string()
+                || spec_ports
+                    .iter()
+                    .any(|p| p.port == port.port && p.name.as_deref() == Some(wanted.as_str()))
+        };
+        if selected.as_ref().is_none_or(|s| s.iter().any(named)) {
+            port.tls = Some(TlsListener {
+                certificate: cert.to_owned(),
+                policy: policy.clone(),
+                backend_tls,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn health_check(
@@ -580,8 +739,9 @@ fn cut(s: &str, n: usize) -> String {
 }
 
 /// The target group's name, `k8s-<ns≤8>-<name≤8>-<hash10>` (at most 32 characters, as upstream).
-/// The hash covers what cannot change on an existing target group (cluster, Service, port,
-/// node port, protocol, health-check protocol and interval), so a change makes a new one.
+/// The hash covers what upstream's does (cluster, Service, port, node port, target protocol,
+/// health-check protocol and interval), so a change makes a new target group, which the
+/// listener is switched to without being dropped.
 pub fn target_group_name(
     cluster_id: &str,
     service: &Service,
@@ -596,7 +756,7 @@ pub fn target_group_name(
         name,
         &port.port.to_string(),
         &port.node_port.to_string(),
-        port.protocol.as_str(),
+        port.target_protocol(),
         "instance",
         &health.protocol,
         &health.interval.to_string(),
@@ -631,6 +791,7 @@ mod tests {
                 ports
                     .iter()
                     .map(|(proto, port, np)| ServicePort {
+                        name: Some(format!("{}-{port}", proto.to_ascii_lowercase())),
                         protocol: Some(proto.to_string()),
                         port: *port,
                         node_port: Some(*np),
@@ -652,7 +813,8 @@ mod tests {
             vec![PortPlan {
                 port: 80,
                 node_port: 30080,
-                protocol: Protocol::Tcp
+                protocol: Protocol::Tcp,
+                tls: None,
             }]
         );
         assert_eq!(p.health.protocol, "TCP");
@@ -673,6 +835,29 @@ mod tests {
         assert_eq!(p.health.port, HealthPort::Port(32000));
         assert_eq!(p.health.path.as_deref(), Some("/healthz"));
         assert_eq!(p.health.interval, 10);
+    }
+
+    /// cloud-provider-aws#1219: a Service with an IPv6 family gets a dual-stack NLB, open to
+    /// `::/0` as well by default.
+    #[test]
+    fn ipv6_families_make_a_dual_stack_load_balancer() {
+        let mut s = service(&[("TCP", 80, 30080)], &[]);
+        assert!(!plan(&s).unwrap().dual_stack);
+        s.spec.as_mut().unwrap().ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
+        let p = plan(&s).unwrap();
+        assert!(p.dual_stack);
+        assert_eq!(
+            p.source_ranges,
+            vec![
+                "0.0.0.0/0".parse::<IpNet>().unwrap(),
+                "::/0".parse().unwrap()
+            ]
+        );
+        s.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["2001:db8::/32".into()]);
+        assert_eq!(
+            plan(&s).unwrap().source_ranges,
+            vec!["2001:db8::/32".parse::<IpNet>().unwrap()]
+        );
     }
 
     #[test]
@@ -711,12 +896,69 @@ mod tests {
         assert!(err.to_string().contains("Classic ELB"), "{err}");
     }
 
+    /// Upstream's NLB TLS listeners (aws.md row 38): `ssl-cert` on the ports `ssl-ports` names
+    /// (UDP excluded), `ssl-negotiation-policy` as SslPolicy, `backend-protocol: ssl` for TLS
+    /// target groups.
+    #[test]
+    fn tls_listeners_follow_ssl_cert_and_ssl_ports() {
+        let cert = "arn:aws:acm:us-east-1:123456789012:certificate/abc";
+        let all = plan(&service(
+            &[("TCP", 80, 30080), ("TCP", 443, 30443)],
+            &[(ANNOTATION_SSL_CERT, cert)],
+        ))
+        .unwrap();
+        assert!(all.ports.iter().all(|p| p.listener_protocol() == "TLS"));
+        assert!(all.ports.iter().all(|p| p.target_protocol() == "TCP"));
+        let some = plan(&service(
+            &[("TCP", 80, 30080), ("TCP", 443, 30443)],
+            &[
+                (ANNOTATION_SSL_CERT, cert),
+                (ANNOTATION_SSL_PORTS, "tcp-443"),
+                (
+                    ANNOTATION_SSL_NEGOTIATION_POLICY,
+                    "ELBSecurityPolicy-TLS13-1-2-2021-06",
+                ),
+                (ANNOTATION_BACKEND_PROTOCOL, "ssl"),
+            ],
+        ))
+        .unwrap();
+        assert_eq!(some.ports[0].listener_protocol(), "TCP");
+        assert_eq!(some.ports[1].listener_protocol(), "TLS");
+        assert_eq!(some.ports[1].target_protocol(), "TLS");
+        let tls = some.ports[1].tls.as_ref().unwrap();
+        assert_eq!(tls.certificate, cert);
+        assert_eq!(
+            tls.policy.as_deref(),
+            Some("ELBSecurityPolicy-TLS13-1-2-2021-06")
+        );
+        // By number too; UDP ports never get TLS.
+        let udp = plan(&service(
+            &[("UDP", 53, 30053)],
+            &[(ANNOTATION_SSL_CERT, cert), (ANNOTATION_SSL_PORTS, "53")],
+        ))
+        .unwrap();
+        assert_eq!(udp.ports[0].listener_protocol(), "UDP");
+        // Bad input is named.
+        for (ann, needle) in [
+            (vec![(ANNOTATION_SSL_PORTS, "443")], "needs"),
+            (vec![(ANNOTATION_SSL_CERT, "not-an-arn")], "certificate ARN"),
+            (
+                vec![(ANNOTATION_SSL_CERT, cert), (ANNOTATION_SSL_PORTS, "8443")],
+                "no port",
+            ),
+            (vec![(ANNOTATION_BACKEND_PROTOCOL, "http")], "Classic ELB"),
+        ] {
+            let err = plan(&service(&[("TCP", 443, 30443)], &ann)).unwrap_err();
+            assert!(err.to_string().contains(needle), "{needle}: {err}");
+        }
+    }
+
     #[test]
     fn annotations_we_cannot_honour_are_named() {
-        let key = "service.beta.kubernetes.io/aws-load-balancer-ssl-cert";
-        let err = plan(&service(&[("TCP", 443, 30443)], &[(key, "arn:x")])).unwrap_err();
+        let key = "service.beta.kubernetes.io/aws-load-balancer-eip-allocations";
+        let err = plan(&service(&[("TCP", 443, 30443)], &[(key, "eipalloc-1")])).unwrap_err();
         assert!(
-            err.to_string().contains(key) && err.to_string().contains("TLS"),
+            err.to_string().contains(key) && err.to_string().contains("Elastic IP"),
             "{err}"
         );
         let typo = "service.beta.kubernetes.io/aws-load-balancer-internl";
