@@ -62,6 +62,13 @@ pub(crate) async fn route(
         .extensions()
         .get::<Arc<TokenAuthenticator>>()
         .cloned();
+    // Bodies are JSON, as everywhere on this server: protobuf gets 415.
+    let content_type = request
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_owned();
     let limit = state.config.max_request_bytes;
     let result = async {
         let tokens = tokens.ok_or_else(|| ApiError {
@@ -70,6 +77,12 @@ pub(crate) async fn route(
             message: "service-account tokens are not configured on this server".into(),
             details: None,
         })?;
+        if !matches!(
+            super::negotiate::media_type(&content_type).as_str(),
+            "application/json" | "" | "*/*"
+        ) {
+            return Err(ApiError::unsupported_media_type(&content_type));
+        }
         let body = axum::body::to_bytes(request.into_body(), limit)
             .await
             .map_err(|_| ApiError::too_large(limit))?;
