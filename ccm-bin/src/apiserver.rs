@@ -1,10 +1,14 @@
 //! `ccm apiserver`: core-cluster's API server as a process, on a durable data directory.
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use anyhow::{Context, bail};
 use core_cluster::{
-    ApiServer, ApiServerConfig,
+    ApiServer, ApiServerConfig, serve,
     store::{MemoryStore, SqliteOptions, SqliteStore, Store},
 };
 use ipnet::IpNet;
@@ -22,9 +26,13 @@ pub(crate) struct ApiServerArgs {
     /// Keep everything in memory instead (lost on exit; for experiments).
     #[arg(long, conflicts_with = "data_dir")]
     in_memory: bool,
-    /// Write a kubeconfig for this server to FILE.
+    /// Write a kubeconfig for this server to FILE (https, the cluster CA embedded, the
+    /// admin's client certificate and key).
     #[arg(long, value_name = "FILE")]
     write_kubeconfig: Option<PathBuf>,
+    /// Extra DNS names or IP addresses for the serving certificate (k3s' `--tls-san`).
+    #[arg(long = "tls-san", value_name = "NAME", value_delimiter = ',')]
+    tls_san: Vec<String>,
     /// CIDRs for Service ClusterIPs (one, or one per family, comma-separated).
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cluster_ip_range: String,
@@ -95,11 +103,25 @@ pub(crate) async fn run(args: ApiServerArgs) -> anyhow::Result<()> {
     let server = ApiServer::new(store, config).await?;
     let shutdown = CancellationToken::new();
     server.spawn_compactor(std::time::Duration::from_secs(300), shutdown.clone());
-    let (listener, addr): (_, SocketAddr) = core_cluster::serve::bind(&args.listen).await?;
-    if let Some(path) = &args.write_kubeconfig {
-        core_cluster::serve::write_kubeconfig(path, addr)?;
-    }
-    println!("serving the Kubernetes API on http://{addr}");
+    // The PKI lives beside the store; an in-memory server gets a throwaway one.
+    let temp;
+    let pki_dir = match &args.data_dir {
+        Some(dir) => dir.clone(),
+        None => {
+            temp = tempfile::tempdir().context("creating a temporary PKI directory")?;
+            temp.path().to_owned()
+        }
+    };
+    let secure = SecureServing::start(
+        &server,
+        &pki_dir,
+        &args.listen,
+        &args.tls_san,
+        args.write_kubeconfig.as_deref(),
+        shutdown.clone(),
+    )
+    .await?;
+    println!("serving the Kubernetes API on {}", secure.url);
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
@@ -107,7 +129,57 @@ pub(crate) async fn run(args: ApiServerArgs) -> anyhow::Result<()> {
             shutdown.cancel();
         }
     });
-    core_cluster::serve::serve(server, listener, shutdown).await?;
+    secure.task.await.context("the server task")??;
     eprintln!("shut down");
     Ok(())
+}
+
+/// The API server served over TLS with authentication (the PKI under the data directory).
+pub(crate) struct SecureServing {
+    /// `https://<address>`.
+    pub(crate) url: String,
+    /// The server, until shutdown.
+    pub(crate) task: tokio::task::JoinHandle<Result<(), core_cluster::serve::ServeError>>,
+}
+
+impl SecureServing {
+    /// Loads or creates the PKI in `data_dir` (the listen address and `tls_san` in the
+    /// serving certificate), binds `listen`, writes the admin kubeconfig to `kubeconfig` and
+    /// serves until `shutdown`.
+    pub(crate) async fn start(
+        server: &ApiServer,
+        data_dir: &Path,
+        listen: &str,
+        tls_san: &[String],
+        kubeconfig: Option<&Path>,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<SecureServing> {
+        let (listener, addr): (_, SocketAddr) = serve::bind(listen).await?;
+        let mut names: Vec<String> = tls_san.to_vec();
+        if !addr.ip().is_unspecified() {
+            names.push(addr.ip().to_string());
+        }
+        let security = serve::Security::load(server, data_dir, &names)
+            .with_context(|| format!("setting up TLS in {}", data_dir.display()))?;
+        if let Some(path) = kubeconfig {
+            serve::write_kubeconfig(path, &security.admin_kubeconfig(addr))?;
+        }
+        let task = tokio::spawn({
+            let server = server.clone();
+            async move {
+                serve::serve(
+                    server,
+                    &security,
+                    listener,
+                    serve::ServeOptions::default(),
+                    shutdown,
+                )
+                .await
+            }
+        });
+        Ok(SecureServing {
+            url: serve::https_url(addr),
+            task,
+        })
+    }
 }

@@ -8,7 +8,7 @@
 //! load balancers ensured) and a summary; `kubectl` works through the kubeconfig it writes.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr},
     path::PathBuf,
     sync::Arc,
     time::Duration,
@@ -415,15 +415,18 @@ pub(crate) async fn run(
     let server = ApiServer::new(store, apiserver_args).await?;
     let shutdown = CancellationToken::new();
     server.spawn_compactor(Duration::from_secs(300), shutdown.clone());
-    let (listener, addr): (_, SocketAddr) = core_cluster::serve::bind(&args.listen).await?;
-    core_cluster::serve::write_kubeconfig(&args.write_kubeconfig, addr)?;
-    tokio::spawn(core_cluster::serve::serve(
-        server.clone(),
-        listener,
+    let secure = crate::apiserver::SecureServing::start(
+        &server,
+        &data_dir,
+        &args.listen,
+        &[],
+        Some(&args.write_kubeconfig),
         shutdown.clone(),
-    ));
+    )
+    .await?;
     say(format_args!(
-        "embedded cluster: API server on http://{addr}, store in {}",
+        "embedded cluster: API server on {}, store in {}",
+        secure.url,
         data_dir.display()
     ));
     say(format_args!(

@@ -67,7 +67,7 @@ impl Embedded {
         let mut first = String::new();
         reader.read_line(&mut first).unwrap();
         assert!(
-            first.starts_with("embedded cluster: API server on http://"),
+            first.starts_with("embedded cluster: API server on https://"),
             "{first}"
         );
         // Keep reading the progress lines so the pipe never fills or closes.

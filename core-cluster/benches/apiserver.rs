@@ -1,5 +1,5 @@
-//! API server benchmark over real HTTP on loopback, on the durable SQLite store: durable
-//! create and update (Lease renewal) throughput with 1 and 64 concurrent clients, and watch
+//! API server benchmark over real HTTPS (TLS, client certificate) on loopback, on the
+//! durable SQLite store: durable create and update (Lease renewal) throughput with 1 and 64 concurrent clients, and watch
 //! fan-out to 100 watchers. Not a test: figures go to BENCHMARKS.md.
 //!
 //! `cargo bench -p core-cluster --bench apiserver` (optionally `-- --seconds 3 --runs 3`).
@@ -21,11 +21,10 @@ use core_cluster::{
 use futures::StreamExt;
 use k8s_openapi::{api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime};
 use kube::{
-    Api, Client, Config,
+    Api,
     api::{PostParams, WatchEvent, WatchParams},
 };
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
@@ -141,19 +140,15 @@ async fn main() {
     let server = ApiServer::new(store, ApiServerConfig::default())
         .await
         .unwrap();
-    let (listener, addr) = core_cluster::serve::bind("127.0.0.1:0").await.unwrap();
-    let shutdown = CancellationToken::new();
-    tokio::spawn(core_cluster::serve::serve(
-        server,
-        listener,
-        shutdown.clone(),
-    ));
-    let config = Config::new(format!("http://{addr}").parse().unwrap());
-    let client = Client::try_from(config).unwrap();
+    // Over TLS with the admin's client certificate, as every client of the cluster talks.
+    let served = core_cluster::serve::TestServer::start(server)
+        .await
+        .unwrap();
+    let client = served.admin_client().await.unwrap();
     let api: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
 
     println!(
-        "durable API server benchmark: HTTP/1.1 on loopback, SqliteStore (WAL, synchronous=FULL, group commit), {runs} runs of {seconds}s, median"
+        "durable API server benchmark: HTTPS (TLS 1.3, client certificate) on loopback, SqliteStore (WAL, synchronous=FULL, group commit), {runs} runs of {seconds}s, median"
     );
     for clients in [1usize, 64] {
         let mut rates = Vec::new();
@@ -222,5 +217,5 @@ async fn main() {
     for w in watchers {
         w.abort();
     }
-    shutdown.cancel();
+    served.stop().await.unwrap();
 }

@@ -1,4 +1,4 @@
-//! Node simulator benchmark: 10,000 simulated kubelets against the API server over HTTP on
+//! Node simulator benchmark: 10,000 simulated kubelets against the API server over HTTPS on
 //! loopback, on the durable SQLite store, in one process. Not a test.
 //!
 //! Reports the registration time, Lease renewals/s achieved against the expected
@@ -22,7 +22,7 @@ use core_cluster::{
     sim::{NodeSimulator, SimConfig, SimNode},
     store::{SqliteOptions, SqliteStore, Store},
 };
-use kube::{Client, Config};
+use kube::Client;
 use tokio_util::sync::CancellationToken;
 
 fn arg(name: &str, default: u64) -> u64 {
@@ -101,7 +101,7 @@ fn main() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let shutdown = CancellationToken::new();
-    let addr = server_rt.block_on(async {
+    let served = server_rt.block_on(async {
         let store: Arc<dyn Store> = Arc::new(
             SqliteStore::open(dir.path(), SqliteOptions::default())
                 .await
@@ -110,18 +110,16 @@ fn main() {
         let server = ApiServer::new(store, ApiServerConfig::default())
             .await
             .unwrap();
-        let (listener, addr) = core_cluster::serve::bind("127.0.0.1:0").await.unwrap();
-        tokio::spawn(core_cluster::serve::serve(
-            server,
-            listener,
-            shutdown.clone(),
-        ));
-        addr
+        core_cluster::serve::TestServer::start(server)
+            .await
+            .unwrap()
     });
 
     sim_rt.block_on(async {
+        let kubeconfig = served.admin_kubeconfig();
         let client =
-            Client::try_from(Config::new(format!("http://{addr}").parse().unwrap())).unwrap();
+            Client::try_from(core_cluster::serve::client_config(&kubeconfig).await.unwrap())
+                .unwrap();
         let sim = NodeSimulator::new(client, SimConfig::default().external_cloud_provider());
         sim.add_nodes((0..nodes).map(|i| {
             SimNode::new(format!("sim-{i:05}")).zone(["zone-a", "zone-b", "zone-c"][i % 3])
@@ -131,7 +129,7 @@ fn main() {
             async move { sim.run(shutdown).await }
         });
         println!(
-            "node simulator benchmark: {nodes} nodes, API server on HTTP/1.1 loopback in the same process, SqliteStore (WAL, synchronous=FULL, group commit); {} CPUs",
+            "node simulator benchmark: {nodes} nodes, API server on HTTPS loopback in the same process, SqliteStore (WAL, synchronous=FULL, group commit); {} CPUs",
             std::thread::available_parallelism().map_or(0, |n| n.get())
         );
         let start = Instant::now();

@@ -1,11 +1,40 @@
-//! Serving the API on a socket, and the kubeconfig clients use to reach it.
+//! Serving the API on a socket over TLS with authentication, and the kubeconfig clients use
+//! to reach it.
+//!
+//! One code path: [`secure_router`] is [`ApiServer::router`] behind the authentication layer
+//! ([`crate::auth::authn`]); [`serve_tls`] accepts TCP connections, completes the TLS
+//! handshake (client certificates optional, verified against the cluster CA), and serves
+//! HTTP/2 or HTTP/1.1 as ALPN chose, with the client certificate's identity in every
+//! request's extensions. Slow or idle clients are closed (TLS handshake and HTTP/1 header
+//! read timeouts, HTTP/2 keep-alive pings) and at most
+//! [`ServeOptions::max_connections`] are served at once: beyond that new connections are
+//! closed at once. [`TestServer`] starts all of it in a temporary directory for tests and
+//! benchmarks.
 
-use std::{net::SocketAddr, path::Path};
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
-use tokio::net::TcpListener;
+use axum::{Router, body::Body};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::{net::TcpListener, sync::Semaphore};
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::ApiServer;
+use crate::{
+    api::ApiServer,
+    auth::{
+        UserInfo,
+        authn::{self, Authenticator, PeerCertificate},
+        pki::{self, Credentials, Pki, PkiError},
+        token::{Clock, TokenAuthenticator, TokenError},
+    },
+};
 
 /// Why serving failed.
 #[derive(Debug, thiserror::Error)]
@@ -28,9 +57,49 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    /// The PKI could not be loaded or created.
+    #[error("PKI: {0}")]
+    Pki(#[from] PkiError),
+    /// The service-account token key could not be loaded.
+    #[error("service-account tokens: {0}")]
+    Token(#[from] TokenError),
+    /// A client configuration could not be built.
+    #[error("client configuration: {0}")]
+    Client(String),
     /// The server failed.
     #[error("serving: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// Limits of the server's connections.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// How long a client has to complete the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// How long an HTTP/1 client has to send a request's headers, from when the connection
+    /// is ready for the next request: also the idle timeout of kept-alive connections
+    /// (kube-apiserver: `ReadHeaderTimeout` 32 s).
+    pub header_read_timeout: Duration,
+    /// HTTP/2: how often an idle connection is pinged, and how long the answer may take
+    /// before the connection is closed.
+    pub http2_keep_alive: Duration,
+    /// The most connections served at once; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+    /// On shutdown, how long open requests (watches) may run before their connections are
+    /// dropped.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(32),
+            http2_keep_alive: Duration::from_secs(30),
+            max_connections: 4096,
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
 }
 
 /// Binds `addr` (port 0 picks a free port) and returns the listener and its address.
@@ -45,27 +114,222 @@ pub async fn bind(addr: &str) -> Result<(TcpListener, SocketAddr), ServeError> {
     Ok((listener, local))
 }
 
-/// Serves `server` on `listener` until `shutdown` is cancelled.
+/// What a secure API server needs besides its [`ApiServer`]: the PKI, the TLS configuration
+/// and the authenticator.
+#[derive(Debug, Clone)]
+pub struct Security {
+    /// The cluster CA and certificates.
+    pub pki: Arc<Pki>,
+    /// The TLS server configuration.
+    pub tls: Arc<rustls::ServerConfig>,
+    /// Client certificates and service-account tokens.
+    pub authenticator: Authenticator,
+}
+
+impl Security {
+    /// Loads (or creates, or renews) the PKI under `data_dir` with `serving_names` in the
+    /// serving certificate, and sets up authentication against `server`'s store.
+    pub fn load(
+        server: &ApiServer,
+        data_dir: &Path,
+        serving_names: &[String],
+    ) -> Result<Security, ServeError> {
+        let pki = Pki::load_or_create(data_dir, serving_names)?;
+        let report = pki.report();
+        if report.ca_created || report.ca_renewed || !report.issued.is_empty() {
+            tracing::info!(dir = %pki.dir().display(), ?report, "PKI ready");
+        }
+        Self::from_pki(server, pki)
+    }
+
+    /// Authentication and TLS over an already loaded `pki`.
+    pub fn from_pki(server: &ApiServer, pki: Pki) -> Result<Security, ServeError> {
+        let tokens = TokenAuthenticator::new(pki.service_account_key_pem(), server.store())?;
+        Ok(Security {
+            tls: pki.server_config()?,
+            pki: Arc::new(pki),
+            authenticator: Authenticator::new().with_tokens(Arc::new(tokens)),
+        })
+    }
+
+    /// Checks service-account token times against `clock` (tests of expiry).
+    pub fn with_token_clock(
+        mut self,
+        server: &ApiServer,
+        clock: Clock,
+    ) -> Result<Self, ServeError> {
+        let tokens = TokenAuthenticator::new(self.pki.service_account_key_pem(), server.store())?
+            .with_clock(clock);
+        self.authenticator = Authenticator::new().with_tokens(Arc::new(tokens));
+        Ok(self)
+    }
+
+    /// The kubeconfig of the admin (`system:masters`) for `addr`, as YAML text.
+    pub fn admin_kubeconfig(&self, addr: SocketAddr) -> String {
+        self.pki.kubeconfig(&https_url(addr), self.pki.admin())
+    }
+}
+
+/// `https://<addr>`, with `localhost`'s and unspecified addresses as `127.0.0.1`.
+pub fn https_url(addr: SocketAddr) -> String {
+    let ip = if addr.ip().is_unspecified() {
+        std::net::IpAddr::from([127, 0, 0, 1])
+    } else {
+        addr.ip()
+    };
+    format!("https://{}", SocketAddr::new(ip, addr.port()))
+}
+
+/// `server`'s router behind authentication: every request gets the [`UserInfo`] of its
+/// client certificate or token, anonymous ones only on the health and version endpoints.
+/// Token requests and reviews use the authenticator's tokens.
+pub fn secure_router(server: &ApiServer, authenticator: Authenticator) -> Router {
+    let mut router = server.router();
+    if let Some(tokens) = authenticator.tokens() {
+        router = router.layer(axum::Extension(tokens.clone()));
+    }
+    router.layer(axum::middleware::from_fn_with_state(
+        authenticator,
+        authn::layer,
+    ))
+}
+
+/// Serves `server` over TLS with `security` on `listener` until `shutdown` is cancelled.
 pub async fn serve(
     server: ApiServer,
+    security: &Security,
     listener: TcpListener,
+    options: ServeOptions,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    axum::serve(listener, server.router())
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await?;
+    let router = secure_router(&server, security.authenticator.clone());
+    serve_tls(router, listener, security.tls.clone(), options, shutdown).await
+}
+
+/// Serves `router` over TLS on `listener` until `shutdown` is cancelled, then lets open
+/// requests finish for [`ServeOptions::shutdown_grace`].
+pub async fn serve_tls(
+    router: Router,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    options: ServeOptions,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let acceptor = TlsAcceptor::from(tls);
+    let max = options.max_connections.max(1);
+    let permits = Arc::new(Semaphore::new(max));
+    let options = Arc::new(options);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(error) => {
+                    // Out of file descriptors and the like: back off rather than spin.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, max, "connection limit reached: closing the new connection");
+            drop(tcp);
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        let options = options.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            serve_connection(tcp, peer, acceptor, router, &options, shutdown).await;
+            drop(permit);
+        });
+    }
+    // Every connection holds a permit until it is done.
+    let _ = permits.acquire_many(max as u32).await;
     Ok(())
 }
 
-/// A kubeconfig for `http://<addr>` (no TLS or auth yet), as YAML text.
-pub fn kubeconfig(addr: SocketAddr) -> String {
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: ccm\n  cluster:\n    server: http://{addr}\ncontexts:\n- name: ccm\n  context:\n    cluster: ccm\n    user: ccm\n    namespace: default\ncurrent-context: ccm\nusers:\n- name: ccm\n  user: {{}}\npreferences: {{}}\n"
-    )
+async fn serve_connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    router: Router,
+    options: &ServeOptions,
+    shutdown: CancellationToken,
+) {
+    let stream = match tokio::time::timeout(options.handshake_timeout, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => {
+            tracing::debug!(%peer, %error, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let (_, session) = stream.get_ref();
+    let identity = session
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(|leaf| pki::client_identity(leaf))
+        .map(|(user, groups)| UserInfo::new(user, groups));
+    let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
+    let peer_certificate = PeerCertificate(identity);
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        request.extensions_mut().insert(peer_certificate.clone());
+        let mut router = router.clone();
+        async move {
+            let response = tower_service::Service::call(&mut router, request.map(Body::new))
+                .await
+                .unwrap_or_else(|never: Infallible| match never {});
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let io = TokioIo::new(stream);
+    let grace = options.shutdown_grace;
+    macro_rules! drive {
+        ($conn:expr) => {{
+            let conn = $conn;
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    match tokio::time::timeout(grace, conn.as_mut()).await {
+                        Ok(r) => r,
+                        Err(_) => Ok(()),
+                    }
+                }
+            };
+            if let Err(error) = result {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+        }};
+    }
+    if h2 {
+        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(options.http2_keep_alive))
+            .keep_alive_timeout(options.http2_keep_alive);
+        drive!(builder.serve_connection(io, service));
+    } else {
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(options.header_read_timeout)
+            .keep_alive(true);
+        drive!(builder.serve_connection(io, service));
+    }
 }
 
-/// Writes the kubeconfig for `addr` to `path` atomically (write, then rename).
-pub fn write_kubeconfig(path: &Path, addr: SocketAddr) -> Result<(), ServeError> {
+/// Writes `contents` to `path` atomically (write, then rename), readable by the owner only
+/// as it holds a private key.
+pub fn write_kubeconfig(path: &Path, contents: &str) -> Result<(), ServeError> {
     let err = |source| ServeError::Kubeconfig {
         path: path.display().to_string(),
         source,
@@ -74,6 +338,156 @@ pub fn write_kubeconfig(path: &Path, addr: SocketAddr) -> Result<(), ServeError>
         std::fs::create_dir_all(parent).map_err(err)?;
     }
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, kubeconfig(addr)).map_err(err)?;
+    {
+        use std::io::Write;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.mode(0o600);
+        }
+        let mut file = options.open(&tmp).map_err(err)?;
+        file.write_all(contents.as_bytes()).map_err(err)?;
+    }
     std::fs::rename(&tmp, path).map_err(err)
+}
+
+/// A kube-rs configuration from kubeconfig YAML text.
+pub async fn client_config(kubeconfig: &str) -> Result<kube::Config, ServeError> {
+    let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig)
+        .map_err(|e| ServeError::Client(e.to_string()))?;
+    kube::Config::from_custom_kubeconfig(parsed, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| ServeError::Client(e.to_string()))
+}
+
+/// An API server served over TLS on a free loopback port, with its PKI in a temporary
+/// directory: for tests and benchmarks. Stops when dropped.
+#[derive(Debug)]
+pub struct TestServer {
+    addr: SocketAddr,
+    server: ApiServer,
+    security: Security,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+    dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    /// Serves `server` with [`ServeOptions::default`].
+    pub async fn start(server: ApiServer) -> Result<TestServer, ServeError> {
+        Self::start_with(server, ServeOptions::default()).await
+    }
+
+    /// Serves `server` with `options`.
+    pub async fn start_with(
+        server: ApiServer,
+        options: ServeOptions,
+    ) -> Result<TestServer, ServeError> {
+        let dir = tempfile::tempdir()?;
+        let security = Security::load(&server, dir.path(), &[])?;
+        Self::start_secured(server, security, options, dir).await
+    }
+
+    /// Serves `server` with `security` (a custom token clock, say), keeping `dir` alive.
+    pub async fn start_secured(
+        server: ApiServer,
+        security: Security,
+        options: ServeOptions,
+        dir: tempfile::TempDir,
+    ) -> Result<TestServer, ServeError> {
+        let (listener, addr) = bind("127.0.0.1:0").await?;
+        let shutdown = CancellationToken::new();
+        let router = secure_router(&server, security.authenticator.clone());
+        let task = tokio::spawn(serve_tls(
+            router,
+            listener,
+            security.tls.clone(),
+            options,
+            shutdown.clone(),
+        ));
+        Ok(TestServer {
+            addr,
+            server,
+            security,
+            shutdown,
+            task,
+            dir,
+        })
+    }
+
+    /// The address served.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        https_url(self.addr)
+    }
+
+    /// The API server.
+    pub fn api(&self) -> &ApiServer {
+        &self.server
+    }
+
+    /// The PKI, authenticator and TLS configuration.
+    pub fn security(&self) -> &Security {
+        &self.security
+    }
+
+    /// The temporary data directory (holding `pki/`).
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().to_owned()
+    }
+
+    /// The admin kubeconfig (`system:masters`), as YAML text.
+    pub fn admin_kubeconfig(&self) -> String {
+        self.security.admin_kubeconfig(self.addr)
+    }
+
+    /// A kubeconfig for a client certificate of `user` in `groups`, as YAML text.
+    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> Result<String, ServeError> {
+        let cert = self.security.pki.issue_client(user, groups)?;
+        Ok(self.security.pki.kubeconfig(&self.url(), &cert))
+    }
+
+    /// A kubeconfig authenticating with a bearer `token`, as YAML text.
+    pub fn kubeconfig_with_token(&self, token: &str) -> String {
+        let ca = self.security.pki.ca_pem();
+        pki::kubeconfig_yaml(&self.url(), ca, Credentials::Token(token))
+    }
+
+    /// A kubeconfig trusting the CA and presenting no credentials (anonymous).
+    pub fn anonymous_kubeconfig(&self) -> String {
+        let ca = self.security.pki.ca_pem();
+        pki::kubeconfig_yaml(&self.url(), ca, Credentials::Anonymous)
+    }
+
+    /// A kube-rs client of the admin.
+    pub async fn admin_client(&self) -> Result<kube::Client, ServeError> {
+        self.client(&self.admin_kubeconfig()).await
+    }
+
+    /// A kube-rs client for `kubeconfig` YAML text.
+    pub async fn client(&self, kubeconfig: &str) -> Result<kube::Client, ServeError> {
+        let config = client_config(kubeconfig).await?;
+        kube::Client::try_from(config).map_err(|e| ServeError::Client(e.to_string()))
+    }
+
+    /// Stops serving and waits for the server to finish.
+    pub async fn stop(mut self) -> Result<(), ServeError> {
+        self.shutdown.cancel();
+        match (&mut self.task).await {
+            Ok(result) => result,
+            Err(e) => Err(ServeError::Client(format!("server task: {e}"))),
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
 }

@@ -1,12 +1,11 @@
 //! kubectl v1.32 against the OpenAPI v3 documents of [`core_cluster::openapi`].
 //!
-//! The real API server serves discovery and `/openapi/v3` on loopback, and the machine's
+//! The real API server serves discovery and `/openapi/v3` on loopback over TLS, and the machine's
 //! `kubectl` runs
 //! `explain` (which reads schemas from `/openapi/v3`) and `apply` (which, with the default
 //! validation, must find the PATCH operation's GVK and `fieldValidation` parameter there to
 //! leave validation to the server instead of asking for `/openapi/v2`).
 
-use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
 
@@ -16,7 +15,9 @@ use serde_json::Value;
 
 /// The real API server on loopback, with a log of what kubectl asked.
 struct Server {
-    addr: SocketAddr,
+    /// The admin kubeconfig (https, the cluster CA, a client certificate).
+    kubeconfig: String,
+    _pki_dir: tempfile::TempDir,
     api: ApiServer,
     /// Every request, as `METHOD path?query`.
     requests: Mutex<Vec<String>>,
@@ -30,40 +31,53 @@ async fn start() -> Shared {
     let api = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
         .await
         .expect("start the API server");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+    let (listener, addr) = core_cluster::serve::bind("127.0.0.1:0")
         .await
         .expect("bind 127.0.0.1:0");
-    let addr = listener.local_addr().expect("local address");
+    let pki_dir = tempfile::tempdir().expect("PKI directory");
+    let security =
+        core_cluster::serve::Security::load(&api, pki_dir.path(), &[]).expect("PKI and TLS");
     let server = Arc::new(Server {
-        addr,
+        kubeconfig: security.admin_kubeconfig(addr),
+        _pki_dir: pki_dir,
         api: api.clone(),
         requests: Mutex::new(Vec::new()),
         patch_content_types: Mutex::new(Vec::new()),
     });
     let log = Arc::clone(&server);
-    let router = api.router().layer(axum::middleware::from_fn(
-        move |request: axum::extract::Request, next: axum::middleware::Next| {
-            let log = Arc::clone(&log);
-            async move {
-                log.requests
-                    .lock()
-                    .push(format!("{} {}", request.method(), request.uri()));
-                if request.method() == axum::http::Method::PATCH {
-                    let ct = request
-                        .headers()
-                        .get("content-type")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("")
-                        .to_owned();
-                    log.patch_content_types.lock().push(ct);
+    // Over TLS behind authentication, as kubectl talks to any cluster.
+    let router = core_cluster::serve::secure_router(&api, security.authenticator.clone()).layer(
+        axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let log = Arc::clone(&log);
+                async move {
+                    log.requests.lock().push(format!(
+                        "{} {}",
+                        request.method(),
+                        // HTTP/2 requests carry the full URI; log the path as HTTP/1 has it.
+                        request.uri().path_and_query().map_or("/", |p| p.as_str())
+                    ));
+                    if request.method() == axum::http::Method::PATCH {
+                        let ct = request
+                            .headers()
+                            .get("content-type")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_owned();
+                        log.patch_content_types.lock().push(ct);
+                    }
+                    next.run(request).await
                 }
-                next.run(request).await
-            }
-        },
+            },
+        ),
+    );
+    tokio::spawn(core_cluster::serve::serve_tls(
+        router,
+        listener,
+        security.tls.clone(),
+        core_cluster::serve::ServeOptions::default(),
+        tokio_util::sync::CancellationToken::new(),
     ));
-    tokio::spawn(async move {
-        axum::serve(listener, router).await.expect("serve");
-    });
     server
 }
 
@@ -109,13 +123,14 @@ fn require_kubectl() {
 }
 
 async fn kubectl(server: &Shared, dir: &std::path::Path, args: &[&str]) -> Output {
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, &server.kubeconfig).expect("write the kubeconfig");
     let mut command = Command::new("kubectl");
     command
-        .arg(format!("--server=http://{}", server.addr))
         .arg(format!("--cache-dir={}", dir.join("cache").display()))
         .args(args)
         // No kubeconfig or home-directory state of the machine leaks in.
-        .env("KUBECONFIG", dir.join("no-kubeconfig"))
+        .env("KUBECONFIG", kubeconfig)
         .env("HOME", dir);
     let output = tokio::task::spawn_blocking(move || command.output())
         .await

@@ -1086,21 +1086,16 @@ async fn row35_a_failed_delete_warns_and_is_retried() {
 /// sync, so with Nodes registering every 20 ms, another writer keeping the watch busy and
 /// 100 ms calls, nearly every Node takes a call of its own (54 to 60 calls measured) instead
 /// of sharing about one call per 100 ms (11 measured).
-/// Real time on loopback (paused time would jump on a real socket).
+/// Real time on loopback over TLS (paused time would jump on a real socket).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nodes_arriving_during_a_sync_over_tcp_share_the_next_batch() {
+async fn nodes_arriving_during_a_sync_over_tls_share_the_next_batch() {
     let server = ApiServer::new(Arc::new(MemoryStore::new()), Default::default())
         .await
         .unwrap();
-    let (listener, addr) = core_cluster::serve::bind("127.0.0.1:0").await.unwrap();
-    let stop_server = CancellationToken::new();
-    tokio::spawn(core_cluster::serve::serve(
-        server.clone(),
-        listener,
-        stop_server.clone(),
-    ));
-    let url: axum::http::Uri = format!("http://{addr}").parse().unwrap();
-    let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+    let served = core_cluster::serve::TestServer::start(server)
+        .await
+        .unwrap();
+    let client = served.admin_client().await.unwrap();
     let cloud = Arc::new(
         FakeCloud::builder()
             .instances((0..61).map(|i| {
@@ -1148,7 +1143,7 @@ async fn nodes_arriving_during_a_sync_over_tcp_share_the_next_batch() {
         batches <= 30,
         "61 nodes took {batches} batched calls; nodes that arrive during a sync should share the next one"
     );
-    stop_server.cancel();
+    served.stop().await.unwrap();
 }
 
 /// Aborts a task when dropped, so a failed assertion does not leave it running.

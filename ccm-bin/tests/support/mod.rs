@@ -35,7 +35,7 @@ impl ApiServerProcess {
             .expect("read the serving line");
         let addr = line
             .trim()
-            .rsplit("http://")
+            .rsplit("https://")
             .next()
             .filter(|a| a.contains(':'))
             .unwrap_or_else(|| panic!("unexpected first line from ccm apiserver: {line:?}"))

@@ -26,6 +26,9 @@ pub fn version() -> Value {
 }
 
 fn verbs(def: &ResourceDef) -> Vec<&'static str> {
+    if crate::registry::resources::CREATE_ONLY.contains(&def.storage) {
+        return vec!["create"];
+    }
     vec![
         "create",
         "delete",
@@ -53,6 +56,7 @@ fn subresource_kind(def: &ResourceDef, sub: &str) -> (&'static str, &'static str
     match sub {
         "binding" => ("", "v1", "Binding"),
         "eviction" => ("policy", "v1", "Eviction"),
+        "token" => ("authentication.k8s.io", "v1", "TokenRequest"),
         _ => ("", "", def.kind),
     }
 }
@@ -278,7 +282,12 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["coordination.k8s.io", "discovery.k8s.io", "events.k8s.io"]
+            [
+                "coordination.k8s.io",
+                "discovery.k8s.io",
+                "events.k8s.io",
+                "authentication.k8s.io"
+            ]
         );
         assert!(group(&Registry::standard(), "events.k8s.io").is_some());
         assert!(group(&Registry::standard(), "apps").is_none());

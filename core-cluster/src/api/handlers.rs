@@ -59,6 +59,10 @@ pub(crate) async fn handle(
     target: Target,
     request: Request<Body>,
 ) -> (String, Response) {
+    let request = match super::tokens::route(state, &target, request).await {
+        Ok(answered) => return answered,
+        Err(request) => request,
+    };
     let method = request.method().clone();
     let headers = request.headers().clone();
     let query = match parse_query(&request) {

@@ -9,6 +9,7 @@ mod handlers;
 pub mod metrics;
 pub mod negotiate;
 pub mod status;
+mod tokens;
 mod watch;
 
 use std::{collections::HashMap, net::IpAddr, ops::RangeInclusive, sync::Arc, time::Duration};

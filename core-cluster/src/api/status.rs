@@ -318,6 +318,12 @@ impl ApiError {
         }
     }
 
+    /// 401 `Unauthorized`, as kube-apiserver answers a request whose credentials are missing
+    /// or refused (the reason is never told to the client).
+    pub fn unauthorized() -> Self {
+        Self::new(401, "Unauthorized", "Unauthorized")
+    }
+
     /// 500.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)

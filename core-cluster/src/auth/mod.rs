@@ -9,6 +9,10 @@
 
 use std::collections::BTreeMap;
 
+pub mod authn;
+pub mod pki;
+pub mod token;
+
 /// The group every authenticated user is in.
 pub const GROUP_AUTHENTICATED: &str = "system:authenticated";
 /// The group of anonymous requests.

@@ -64,8 +64,9 @@ pub struct OpenApiResource {
     /// The subresources served, like `["status"]` or `["status", "binding", "eviction"]`.
     ///
     /// `status`, `ephemeralcontainers` and `resize` are described as get/put/patch of the
-    /// resource's own kind, `scale` as get/put/patch of `autoscaling/v1` `Scale`, `binding`
-    /// and `eviction` as a POST of `v1` `Binding` and `policy/v1` `Eviction`. Other names
+    /// resource's own kind, `scale` as get/put/patch of `autoscaling/v1` `Scale`, `binding`,
+    /// `eviction` and `token` as a POST of `v1` `Binding`, `policy/v1` `Eviction` and
+    /// `authentication.k8s.io/v1` `TokenRequest`. Other names
     /// (streaming subresources like `log` or `exec`) are left out of the documents.
     pub subresources: &'static [&'static str],
     /// Adds the kind's schema (and everything it references) to the generator, returns its

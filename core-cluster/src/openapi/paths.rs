@@ -1,6 +1,7 @@
 //! The `paths` of a group-version document: the operations upstream's API server installs
 //! for a resource, with their parameters, bodies, responses and vendor extensions.
 
+use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::autoscaling::v1::Scale;
 use k8s_openapi::api::core::v1::Binding;
 use k8s_openapi::api::policy::v1::Eviction;
@@ -561,8 +562,16 @@ pub(super) fn add_resource_paths(
                     &suffix,
                 )
             }
-            "binding" | "eviction" => {
-                let (request_gvk, request) = if subresource == "binding" {
+            "binding" | "eviction" | "token" => {
+                let (request_gvk, request) = if subresource == "token" {
+                    let gvk = gvk_value("authentication.k8s.io", "v1", "TokenRequest");
+                    let name = components.add_kind(
+                        schema_of::<TokenRequest>,
+                        fallback_schema_name("authentication.k8s.io", "v1", "TokenRequest"),
+                        gvk.clone(),
+                    );
+                    (gvk, reference(&name))
+                } else if subresource == "binding" {
                     let gvk = gvk_value("", "v1", "Binding");
                     let name = components.add_kind(
                         schema_of::<Binding>,

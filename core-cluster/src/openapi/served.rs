@@ -61,7 +61,7 @@ pub fn served_resources() -> Vec<OpenApiResource> {
             "ServiceAccount",
             "serviceaccounts",
             true,
-            &[],
+            &["token"],
             schema_of::<ServiceAccount>,
         ),
         core("ConfigMap", "configmaps", true, &[], schema_of::<ConfigMap>),

@@ -155,6 +155,16 @@ fn pod_paths_and_subresources() {
         doc["components"]["schemas"]["io.k8s.api.policy.v1.Eviction"]["x-kubernetes-group-version-kind"],
         json!([{ "group": "policy", "version": "v1", "kind": "Eviction" }])
     );
+    // kube-apiserver: POST serviceaccounts/{name}/token takes and returns a TokenRequest.
+    let token = &paths["/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"]["post"];
+    assert_eq!(
+        token["operationId"],
+        "createCoreV1NamespacedServiceAccountToken"
+    );
+    assert_eq!(
+        token["x-kubernetes-group-version-kind"],
+        json!({ "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest" })
+    );
     // Cluster-scoped kinds have no all-namespaces path and no namespace parameter.
     assert!(paths.get("/api/v1/namespaces/{namespace}/nodes").is_none());
     assert_eq!(

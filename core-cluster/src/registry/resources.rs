@@ -2,6 +2,7 @@
 //! type, columns and (where the resource has rules) defaulting and validation.
 
 use k8s_openapi::api::{
+    authentication::v1::TokenReview,
     coordination::v1::Lease,
     core::v1::{
         ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount,
@@ -34,7 +35,12 @@ pub static ALL: &[&ResourceDef] = &[
     &LEASES,
     &ENDPOINT_SLICES,
     &EVENTS_V1,
+    &TOKEN_REVIEWS,
 ];
+
+/// Resources that are never stored: a create is answered at once and nothing else is
+/// served (`authentication.k8s.io` TokenReview), as `storage` entries.
+pub static CREATE_ONLY: &[&str] = &["authentication.k8s.io/tokenreviews"];
 
 fn no_fields(_: &Value, _: &str) -> Option<String> {
     None
@@ -1073,7 +1079,7 @@ pub static SERVICE_ACCOUNTS: ResourceDef = ResourceDef {
     namespaced: true,
     status: false,
     generation: false,
-    extra_subresources: &[],
+    extra_subresources: &["token"],
     storage: "core/serviceaccounts",
     name_rule: NameRule::Subdomain,
     typed: typed::<ServiceAccount>,
@@ -1317,6 +1323,31 @@ pub static ENDPOINT_SLICES: ResourceDef = ResourceDef {
         }
         errors
     },
+    to_storage: identity,
+    from_storage: identity,
+};
+
+/// authentication.k8s.io/v1 tokenreviews: create only, never stored (`api::tokens`).
+pub static TOKEN_REVIEWS: ResourceDef = ResourceDef {
+    group: "authentication.k8s.io",
+    version: "v1",
+    kind: "TokenReview",
+    plural: "tokenreviews",
+    singular: "tokenreview",
+    short_names: &[],
+    categories: &[],
+    namespaced: false,
+    status: false,
+    generation: false,
+    extra_subresources: &[],
+    storage: "authentication.k8s.io/tokenreviews",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<TokenReview>,
+    columns: &[NAME, AGE],
+    field: no_fields,
+    field_paths: &[],
+    prepare_create: no_defaults,
+    validate: no_rules,
     to_storage: identity,
     from_storage: identity,
 };
