@@ -341,6 +341,33 @@ async fn objects_are_bounded_in_size_after_patching() {
     assert_eq!(got["data"]["one"].as_str().map(str::len), Some(1024 * 1024));
 }
 
+/// Issue 10 item 3: a YAML apply body of nested aliases ("billion laughs") is refused
+/// quickly instead of expanding; the server keeps serving.
+#[tokio::test]
+async fn yaml_alias_bombs_are_refused() {
+    let (router, _) = server().await;
+    let mut yaml = String::from(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: bomb\na0: &a0 [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+    );
+    for i in 1..10 {
+        let p = i - 1;
+        yaml.push_str(&format!(
+            "a{i}: &a{i} [*a{p},*a{p},*a{p},*a{p},*a{p},*a{p},*a{p},*a{p},*a{p}]\n"
+        ));
+    }
+    let a = send(
+        &router,
+        "PATCH",
+        &format!("{CONFIGMAPS}/bomb?fieldManager=m"),
+        &[("content-type", "application/apply-patch+yaml")],
+        yaml,
+    )
+    .await;
+    assert_eq!(a.code, 400, "{}", a.body);
+    assert_eq!(get(&router, &format!("{CONFIGMAPS}/bomb")).await.code, 404);
+    assert_eq!(get(&router, CONFIGMAPS).await.code, 200);
+}
+
 /// Issue 10 items 1 and 2 over real TCP: `core_cluster::serve` on loopback.
 #[tokio::test]
 async fn depth_and_size_limits_hold_over_tcp() {

@@ -307,6 +307,18 @@ fn encode(state: &ServerState, def: &ResourceDef, obj: &Value) -> Result<Bytes, 
     meta_mut(&mut stored).remove("resourceVersion");
     let bytes = serde_json::to_vec(&stored)
         .map_err(|e| ApiError::internal(format!("encoding the object: {e}")))?;
+    // The read path's own decoder has the last word on what is readable.
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+        return Err(invalid(
+            def,
+            name,
+            vec![FieldError::invalid(
+                "",
+                &Value::Null,
+                format!("the object could not be read back: {e}"),
+            )],
+        ));
+    }
     let limit = state.config.max_object_bytes;
     if bytes.len() > limit {
         return Err(ApiError::entity_too_large(format!(
