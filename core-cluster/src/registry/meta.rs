@@ -274,6 +274,19 @@ mod tests {
         assert!(!validate_name(&"a".repeat(64), NameRule::Label).is_empty());
     }
 
+    /// Issue 10 item 6: a multibyte character across byte 63 is an error, not a panic.
+    #[test]
+    fn multibyte_characters_across_the_label_limit() {
+        for prefix in 60..64 {
+            let name = format!("{}é", "a".repeat(prefix));
+            assert!(!validate_name(&name, NameRule::Label).is_empty(), "{name}");
+            assert!(
+                !validate_name(&name, NameRule::Subdomain).is_empty(),
+                "{name}"
+            );
+        }
+    }
+
     #[test]
     fn qualified_names() {
         assert!(is_qualified_name("kubernetes.io/hostname"));
