@@ -40,7 +40,7 @@ fn verbs(def: &ResourceDef) -> Vec<&'static str> {
         "watch",
     ]
     .into_iter()
-    .filter(|v| def.plural != "namespaces" || *v != "deletecollection")
+    .filter(|v| def.deletecollection() || *v != "deletecollection")
     .collect()
 }
 

@@ -35,6 +35,9 @@ pub(crate) type Query = HashMap<String, String>;
 /// How many times an unconditional write retries after losing a race (GuaranteedUpdate).
 const MAX_WRITE_ATTEMPTS: usize = 16;
 
+/// The most `Warning` headers one response carries.
+const MAX_WARNINGS: usize = 32;
+
 /// How many names `generateName` tries before giving up (KEP-4420).
 const GENERATE_NAME_ATTEMPTS: usize = 8;
 
@@ -53,8 +56,8 @@ fn flag(query: &Query, key: &str) -> bool {
     matches!(query.get(key).map(String::as_str), Some("true" | "1"))
 }
 
-/// Runs one request; returns the verb (for metrics) and the response.
-pub(crate) async fn handle(
+/// Runs one request (without its warnings).
+async fn handle_inner(
     state: &Arc<ServerState>,
     target: Target,
     request: Request<Body>,
@@ -95,6 +98,10 @@ pub(crate) async fn handle(
                 ApiError::unsupported_media_type(content_type).into_response(),
             );
         }
+    }
+    // Negotiate before acting: a write must not be committed and then answered 406.
+    if let Err(e) = representation(&headers) {
+        return (verb_name(&method, target.name.is_some()), e.into_response());
     }
     let def = target.def;
     let ns = target.namespace.as_deref();
@@ -155,6 +162,9 @@ pub(crate) async fn handle(
                 let (code, obj) = delete_object(state, def, ns, name, options).await?;
                 ("DELETE".into(), json_response(code, &obj, "application/json"))
             }
+            (&Method::DELETE, None, None) if !def.deletecollection() => {
+                return Err(ApiError::method_not_allowed("deletecollection", def.plural));
+            }
             (&Method::DELETE, None, None) => {
                 let body_value = if body.iter().all(u8::is_ascii_whitespace) { Value::Null } else { parse_body(&body)? };
                 let options = DeleteOptions::from_value(&body_value, &query)?;
@@ -168,6 +178,52 @@ pub(crate) async fn handle(
     match result {
         Ok(ok) => ok,
         Err(e) => (verb_name(&method, name.is_some()), e.into_response()),
+    }
+}
+
+tokio::task_local! {
+    /// The `Warning` headers of the request being served (`fieldValidation=Warn`).
+    static WARNINGS: std::cell::RefCell<Vec<String>>;
+}
+
+/// Runs one request; returns the verb (for metrics) and the response, with the warnings
+/// the request collected as `Warning: 299` headers, as kube-apiserver sends them.
+pub(crate) async fn handle(
+    state: &Arc<ServerState>,
+    target: Target,
+    request: Request<Body>,
+) -> (String, Response) {
+    let (warnings, (verb, mut response)) = WARNINGS
+        .scope(Default::default(), async {
+            let out = handle_inner(state, target, request).await;
+            (WARNINGS.with(|w| w.take()), out)
+        })
+        .await;
+    for warning in warnings {
+        let text = format!("299 - {}", json!(warning));
+        if let Ok(value) = axum::http::HeaderValue::from_str(&text) {
+            response.headers_mut().append(header::WARNING, value);
+        }
+    }
+    (verb, response)
+}
+
+/// Records a warning for the response, if a request is being served.
+fn warn(message: String) {
+    let _ = WARNINGS.try_with(|w| w.borrow_mut().push(message));
+}
+
+/// The `resource` label of a request's metrics: the plural, with the subresource only if it
+/// is one the resource serves (a made-up one is `<plural>/other`), so paths cannot grow the
+/// label set.
+pub(crate) fn metric_resource(target: &Target) -> String {
+    let def = target.def;
+    match target.subresource.as_deref() {
+        None => def.plural.to_owned(),
+        Some(sub) if (sub == "status" && def.status) || def.extra_subresources.contains(&sub) => {
+            format!("{}/{sub}", def.plural)
+        }
+        Some(_) => format!("{}/other", def.plural),
     }
 }
 
@@ -239,10 +295,42 @@ fn decode_kv(def: &ResourceDef, kv: &KeyValue) -> Result<Value, ApiError> {
     decode(def, &kv.value, kv.mod_revision)
 }
 
-fn encode(def: &ResourceDef, obj: &Value) -> Bytes {
+/// The stored form of an object, checked to be readable back: not nested deeper than the
+/// read path's decoder accepts (422) and not larger than `max_object_bytes` (413, as etcd's
+/// request size limit upstream). Nothing is stored that a later read would fail on.
+fn encode(state: &ServerState, def: &ResourceDef, obj: &Value) -> Result<Bytes, ApiError> {
+    let name = str_at(obj, &["metadata", "name"]).unwrap_or("");
+    if let Err(why) = patch::limits::check_depth(obj) {
+        return Err(invalid(
+            def,
+            name,
+            vec![FieldError::invalid("", &Value::Null, why)],
+        ));
+    }
     let mut stored = (def.to_storage)(obj.clone());
     meta_mut(&mut stored).remove("resourceVersion");
-    Bytes::from(serde_json::to_vec(&stored).expect("JSON values serialize"))
+    let bytes = serde_json::to_vec(&stored)
+        .map_err(|e| ApiError::internal(format!("encoding the object: {e}")))?;
+    // The read path's own decoder has the last word on what is readable.
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+        return Err(invalid(
+            def,
+            name,
+            vec![FieldError::invalid(
+                "",
+                &Value::Null,
+                format!("the object could not be read back: {e}"),
+            )],
+        ));
+    }
+    let limit = state.config.max_object_bytes;
+    if bytes.len() > limit {
+        return Err(ApiError::entity_too_large(format!(
+            "the object {name:?} would be {} bytes, more than the limit of {limit} bytes per stored object",
+            bytes.len()
+        )));
+    }
+    Ok(Bytes::from(bytes))
 }
 
 pub(crate) async fn get_object(
@@ -260,6 +348,59 @@ pub(crate) async fn get_object(
         .ok_or_else(|| ApiError::not_found(&q))?;
     let obj = decode_kv(def, &kv)?;
     Ok((kv, obj))
+}
+
+/// Where [`quarantine_unreadable`] moves a stored object the server cannot read.
+pub(crate) const QUARANTINE_PREFIX: &str = "/quarantine";
+
+/// Moves every stored object that the read path cannot decode (written by an older,
+/// unchecked server: nested past the decoder's limit, say) out of the registry, to
+/// `/quarantine/<its key>`, with an error log line naming both keys. One bad object then
+/// no longer fails startup, nor every LIST of its resource. Returns how many were moved.
+pub(crate) async fn quarantine_unreadable(state: &ServerState) -> Result<usize, ApiError> {
+    let mut seen = Vec::new();
+    let mut moved = 0;
+    for def in state.registry.all() {
+        if seen.contains(&def.storage) {
+            continue;
+        }
+        seen.push(def.storage);
+        let q = qualified(def, "");
+        let prefix = def.key_prefix(None);
+        let mut start: Option<String> = None;
+        loop {
+            let page = state
+                .store
+                .list(&prefix, start.as_deref(), Some(500), None)
+                .await
+                .map_err(|e| ApiError::from_store(&q, e))?;
+            for kv in &page.items {
+                let Err(e) = decode_kv(def, kv) else {
+                    continue;
+                };
+                let destination = format!("{QUARANTINE_PREFIX}{}", kv.key);
+                tracing::error!(
+                    key = %kv.key,
+                    quarantined_as = %destination,
+                    error = %e.message,
+                    "a stored object cannot be read back: moved out of the registry so the API server can serve its resource; inspect or delete it in the store"
+                );
+                match state.store.create(&destination, kv.value.clone()).await {
+                    Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+                    Err(e) => return Err(ApiError::from_store(&q, e)),
+                }
+                match state.store.delete(&kv.key, Some(kv.mod_revision)).await {
+                    Ok(_) | Err(StoreError::NotFound { .. }) => moved += 1,
+                    Err(e) => return Err(ApiError::from_store(&q, e)),
+                }
+            }
+            start = page.items.last().map(|kv| kv.key.clone());
+            if !page.more {
+                break;
+            }
+        }
+    }
+    Ok(moved)
 }
 
 // ------------------------------------------------------------------ list
@@ -506,9 +647,12 @@ fn field_validation(query: &Query) -> Result<FieldValidation, ApiError> {
     }
 }
 
-/// Checks `apiVersion`/`kind`, decodes through the typed model, and applies
-/// `fieldValidation`.
-fn check_body(def: &ResourceDef, obj: &Value, query: &Query) -> Result<(), ApiError> {
+/// Checks `apiVersion`/`kind` and the nesting depth, decodes through the typed model, and
+/// applies `fieldValidation` to the fields the model does not know: `Strict` rejects them
+/// (400 "unknown field"), `Warn` (the default) drops them with a `Warning` header and
+/// `Ignore` drops them silently, as kube-apiserver prunes unknown fields of built-in types.
+fn check_body(def: &ResourceDef, obj: &mut Value, query: &Query) -> Result<(), ApiError> {
+    patch::limits::check_depth(obj).map_err(ApiError::bad_request)?;
     let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
     let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     if kind.is_empty() {
@@ -536,20 +680,43 @@ fn check_body(def: &ResourceDef, obj: &Value, query: &Query) -> Result<(), ApiEr
             def.kind, def.version, def.kind
         ))
     })?;
-    if field_validation(query)? == FieldValidation::Strict {
-        let unknown = unknown_fields(obj, &normalized);
-        if !unknown.is_empty() {
-            let list: Vec<String> = unknown
-                .iter()
-                .map(|f| format!("unknown field \"{f}\""))
-                .collect();
+    let validation = field_validation(query)?;
+    let unknown = unknown_fields(obj, &normalized);
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = unknown
+        .iter()
+        .map(|f| format!("unknown field \"{f}\""))
+        .collect();
+    match validation {
+        FieldValidation::Strict => {
             return Err(ApiError::bad_request(format!(
                 "strict decoding error: {}",
                 list.join(", ")
             )));
         }
+        FieldValidation::Warn => list.into_iter().take(MAX_WARNINGS).for_each(warn),
+        FieldValidation::Ignore => {}
     }
+    prune_unknown(obj, &normalized);
     Ok(())
+}
+
+/// Removes from `given` the members absent from `known` (its typed round-trip), keeping
+/// explicit nulls, which the typed model drops but which carry no data.
+fn prune_unknown(given: &mut Value, known: &Value) {
+    let mut stack = vec![(given, known)];
+    while let Some((g, k)) = stack.pop() {
+        match (g, k) {
+            (Value::Object(g), Value::Object(k)) => {
+                g.retain(|key, value| value.is_null() || k.contains_key(key));
+                stack.extend(g.iter_mut().filter_map(|(key, v)| Some((v, k.get(key)?))));
+            }
+            (Value::Array(g), Value::Array(k)) => stack.extend(g.iter_mut().zip(k)),
+            _ => {}
+        }
+    }
 }
 
 fn truncate(obj: &Value) -> String {
@@ -596,7 +763,7 @@ pub(crate) async fn create_object(
     mut obj: Value,
     query: &Query,
 ) -> Result<Value, ApiError> {
-    check_body(def, &obj, query)?;
+    check_body(def, &mut obj, query)?;
     let meta = meta_mut(&mut obj);
     if def.namespaced {
         let ns = ns.ok_or_else(|| {
@@ -702,15 +869,18 @@ pub(crate) async fn create_object(
             given_name.clone()
         };
         meta_mut(&mut obj).insert("name".into(), json!(name));
+        let bytes = match encode(state, def, &obj) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                rollback(state, &allocation);
+                return Err(e);
+            }
+        };
         if dry_run {
             rollback(state, &allocation);
             return Ok(obj);
         }
-        match state
-            .store
-            .create(&def.key(ns, &name), encode(def, &obj))
-            .await
-        {
+        match state.store.create(&def.key(ns, &name), bytes).await {
             Ok(revision) => {
                 meta_mut(&mut obj).insert("resourceVersion".into(), json!(revision.to_string()));
                 return Ok(obj);
@@ -791,10 +961,10 @@ pub(crate) async fn update_object(
     ns: Option<&str>,
     name: &str,
     sub: Option<&str>,
-    new: Value,
+    mut new: Value,
     query: &Query,
 ) -> Result<Value, ApiError> {
-    check_body(def, &new, query)?;
+    check_body(def, &mut new, query)?;
     let body_name = str_at(&new, &["metadata", "name"]).unwrap_or("");
     if body_name != name {
         return Err(ApiError::bad_request(format!(
@@ -973,7 +1143,11 @@ async fn commit_update(
             .as_array()
             .is_none_or(Vec::is_empty);
     if deleting && finalizers_empty && grace_done && spec_finalizers_empty {
-        // The last finalizer is gone: the object goes now (ShouldDeleteDuringUpdate).
+        // The last finalizer is gone: the object goes now (ShouldDeleteDuringUpdate). The
+        // new object is never stored, so what this update allocated (a NodePort for a type
+        // change, say) goes back at once; the stored object's allocations are released
+        // below once the delete is done.
+        rollback(state, &allocation);
         let (revision, _) = state
             .store
             .delete(&def.key(ns, name), Some(kv.mod_revision))
@@ -983,9 +1157,16 @@ async fn commit_update(
         meta_mut(&mut new).insert("resourceVersion".into(), json!(revision.to_string()));
         return Ok(new);
     }
+    let bytes = match encode(state, def, &new) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            rollback(state, &allocation);
+            return Err(e);
+        }
+    };
     match state
         .store
-        .update(&def.key(ns, name), encode(def, &new), Some(kv.mod_revision))
+        .update(&def.key(ns, name), bytes, Some(kv.mod_revision))
         .await
     {
         Ok(revision) => {
@@ -1060,8 +1241,13 @@ async fn patch_object(
             }],
         ));
     }
-    let patch_doc =
-        patch::decode_body(patch_type, body).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let patch_doc = {
+        let body = body.clone();
+        off_the_io_threads(move || patch::decode_body(patch_type, &body))
+            .await?
+            .map_err(|e| ApiError::bad_request(e.to_string()))?
+    };
+    let patch_doc = Arc::new(patch_doc);
     let schema = patch::schema_for(def.group, def.kind);
     for _ in 0..MAX_WRITE_ATTEMPTS {
         let current = match get_object(state, def, ns, name).await {
@@ -1070,14 +1256,11 @@ async fn patch_object(
             Err(e) => return Err(e),
         };
         let Some((kv, current)) = current else {
-            let mut obj = patch::apply(
-                None,
-                &patch_doc,
-                &manager,
-                force,
-                schema,
-                &meta::now_rfc3339(),
-            )
+            let (doc, manager) = (patch_doc.clone(), manager.clone());
+            let mut obj = off_the_io_threads(move || {
+                patch::apply(None, &doc, &manager, force, schema, &meta::now_rfc3339())
+            })
+            .await?
             .map_err(|e| apply_error(def, name, e))?;
             if let Some(o) = obj.as_object_mut() {
                 o.entry("apiVersion").or_insert(json!(def.api_version()));
@@ -1088,19 +1271,21 @@ async fn patch_object(
             let created = create_object(state, def, ns, obj, query).await?;
             return Ok((StatusCode::CREATED, created));
         };
-        let patched = match patch_type {
+        let (doc, manager, live) = (patch_doc.clone(), manager.clone(), current.clone());
+        let patched = off_the_io_threads(move || match patch_type {
             patch::PatchType::ApplyPatch => patch::apply(
-                Some(&current),
-                &patch_doc,
+                Some(&live),
+                &doc,
                 &manager,
                 force,
                 schema,
                 &meta::now_rfc3339(),
             )
-            .map_err(|e| apply_error(def, name, e))?,
-            other => patch::patch_object(&current, other, &patch_doc, schema)
-                .map_err(|e| patch_error(def, name, e))?,
-        };
+            .map_err(|e| apply_error(def, name_of(&live), e)),
+            other => patch::patch_object(&live, other, &doc, schema)
+                .map_err(|e| patch_error(def, name_of(&live), e)),
+        })
+        .await??;
         let precondition = str_at(&patched, &["metadata", "resourceVersion"]).map(str::to_owned);
         let explicit = precondition
             .as_deref()
@@ -1113,7 +1298,7 @@ async fn patch_object(
             o.insert("apiVersion".into(), json!(def.api_version()));
             o.insert("kind".into(), json!(def.kind));
         }
-        check_body(def, &patched, query)?;
+        check_body(def, &mut patched, query)?;
         let query = if is_apply {
             // Apply ownership was recorded by the apply itself.
             let mut q = query.clone();
@@ -1131,6 +1316,21 @@ async fn patch_object(
     Err(ApiError::modified(&qualified(def, name)))
 }
 
+/// Runs CPU-heavy work (decoding and applying patches, which grow with the object) on the
+/// blocking pool, so the async workers keep serving every other request (`/healthz`
+/// included) meanwhile. A panic there is a 500 for this request alone.
+async fn off_the_io_threads<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("the patch could not be computed: {e}")))
+}
+
+fn name_of(obj: &Value) -> &str {
+    str_at(obj, &["metadata", "name"]).unwrap_or("")
+}
+
 fn patch_error(def: &ResourceDef, name: &str, e: patch::PatchError) -> ApiError {
     match e.http_status() {
         422 => ApiError::invalid(
@@ -1143,6 +1343,7 @@ fn patch_error(def: &ResourceDef, name: &str, e: patch::PatchError) -> ApiError 
                 message: e.to_string(),
             }],
         ),
+        413 => ApiError::entity_too_large(e.to_string()),
         _ => ApiError::bad_request(e.to_string()),
     }
 }
@@ -1348,9 +1549,12 @@ pub(crate) async fn delete_object(
         // Mark as deleting and keep the object.
         let mut marked = current.clone();
         let now = jiff::Timestamp::now().as_second();
-        let deletion_at = jiff::Timestamp::from_second(now + grace)
-            .map(|t| t.to_string())
-            .unwrap_or_else(|_| meta::now_rfc3339());
+        // A grace period near i64::MAX must not overflow: past jiff's range the deletion
+        // time is the latest representable one.
+        let deletion_at = jiff::Timestamp::from_second(now.saturating_add(grace))
+            .unwrap_or(jiff::Timestamp::MAX)
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
         let m = meta_mut(&mut marked);
         let keep_earlier = already_deleting
             && m.get("deletionGracePeriodSeconds")
@@ -1380,7 +1584,7 @@ pub(crate) async fn delete_object(
             .store
             .update(
                 &def.key(ns, name),
-                encode(def, &marked),
+                encode(state, def, &marked)?,
                 Some(kv.mod_revision),
             )
             .await
@@ -1550,7 +1754,7 @@ async fn bind_pod(
             .store
             .update(
                 &def.key(ns, name),
-                encode(def, &bound),
+                encode(state, def, &bound)?,
                 Some(kv.mod_revision),
             )
             .await

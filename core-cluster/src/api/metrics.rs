@@ -69,9 +69,37 @@ impl Default for Metrics {
     }
 }
 
+/// The verbs that become a label of their own; any other HTTP method is counted as
+/// `other`, as kube-apiserver's request metrics do, so made-up methods cannot grow the label
+/// set (and `/metrics`) without bound.
+const KNOWN_VERBS: &[&str] = &[
+    "GET",
+    "LIST",
+    "WATCH",
+    "POST",
+    "PUT",
+    "PATCH",
+    "DELETE",
+    "DELETECOLLECTION",
+    "HEAD",
+    "OPTIONS",
+    "CONNECT",
+];
+
+/// The label of `verb`: itself if known, else `other`.
+pub fn verb_label(verb: &str) -> &'static str {
+    KNOWN_VERBS
+        .iter()
+        .copied()
+        .find(|known| *known == verb)
+        .unwrap_or("other")
+}
+
 impl Metrics {
-    /// Records one finished request.
+    /// Records one finished request. `verb` is reduced to [`verb_label`]; `resource` must
+    /// come from a bounded set (a served resource and subresource, or empty).
     pub fn observe(&self, verb: &str, resource: &str, code: u16, seconds: f64) {
+        let verb = verb_label(verb);
         self.requests
             .get_or_create(&RequestLabels {
                 verb: verb.to_owned(),
@@ -124,6 +152,26 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 10 item 8: made-up HTTP methods share one label.
+    #[test]
+    fn unknown_verbs_share_one_label() {
+        let m = Metrics::default();
+        for i in 0..1000 {
+            m.observe(&format!("FROB{i}"), "", 404, 0.0);
+        }
+        m.observe("PATCH", "nodes", 200, 0.0);
+        let text = m.render(&[], 1);
+        assert!(
+            text.contains(
+                "apiserver_request_total{verb=\"other\",resource=\"\",code=\"404\"} 1000"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("FROB"));
+        assert!(text.contains("verb=\"PATCH\""));
+        assert!(text.len() < 4096, "{} bytes", text.len());
+    }
 
     #[test]
     fn renders_prometheus_text() {

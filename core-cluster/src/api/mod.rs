@@ -42,6 +42,9 @@ pub struct ApiServerConfig {
     pub service_node_port_range: RangeInclusive<u16>,
     /// The largest request body accepted (kube-apiserver: 3 MiB).
     pub max_request_bytes: usize,
+    /// The largest object stored, checked after every create, update and patch (etcd's
+    /// 1.5 MiB request limit upstream); larger writes get 413.
+    pub max_object_bytes: usize,
     /// How often a watch with `allowWatchBookmarks` gets a bookmark (upstream: about 1 min).
     pub bookmark_interval: Duration,
     /// The watch timeout when the client gives none (upstream: 30–60 min).
@@ -54,6 +57,7 @@ impl Default for ApiServerConfig {
             service_cluster_ip_ranges: vec!["10.96.0.0/12".parse().expect("valid CIDR")],
             service_node_port_range: 30000..=32767,
             max_request_bytes: 3 * 1024 * 1024,
+            max_object_bytes: 3 * 512 * 1024,
             bookmark_interval: Duration::from_secs(60),
             default_watch_timeout: Duration::from_secs(1800),
         }
@@ -122,6 +126,7 @@ impl ApiServer {
     }
 
     async fn bootstrap(&self) -> Result<(), ApiError> {
+        handlers::quarantine_unreadable(&self.state).await?;
         let services = self.def("", "services");
         let listed = handlers::list_all(&self.state, services, None).await?;
         {
@@ -556,10 +561,7 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
             ApiError::no_route(&path).into_response(),
         ),
         Parsed::Resource(target) => {
-            let resource = match &target.subresource {
-                Some(sub) => format!("{}/{}", target.def.plural, sub),
-                None => target.def.plural.to_owned(),
-            };
+            let resource = handlers::metric_resource(&target);
             let (verb, response) = handlers::handle(&state, target, request).await;
             (verb, resource, response)
         }

@@ -281,6 +281,12 @@ impl ApiError {
         )
     }
 
+    /// 413 with a message: a patch or the object it makes is larger than the server
+    /// stores.
+    pub fn entity_too_large(message: impl Into<String>) -> Self {
+        Self::new(413, "RequestEntityTooLarge", message)
+    }
+
     /// 415 for an unsupported body content type, worded as upstream.
     pub fn unsupported_media_type(content_type: &str) -> Self {
         Self::new(

@@ -35,11 +35,14 @@
 //! * An object without `managedFields` that is applied to is first attributed whole to
 //!   the `before-first-apply` manager (operation `Update`), as upstream does.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use serde_json::{Map, Value};
 
-use super::schema::{ListStrategy, TypeNode};
+use super::{
+    id_key,
+    schema::{ListStrategy, TypeNode},
+};
 
 /// One step of a field path, spelled as in FieldsV1: `f:name`, `k:{"type":"Ready"}`,
 /// `v:"value"` or `i:3`.
@@ -297,33 +300,123 @@ fn is_key_field(path: &[String]) -> bool {
     }
 }
 
-/// Whether a list element matches a `k:`, `v:` or `i:` path segment.
-fn element_matches(seg: &str, index: usize, element: &Value) -> bool {
-    if let Some(key) = seg.strip_prefix("k:") {
-        match serde_json::from_str::<Value>(key) {
-            Ok(Value::Object(m)) => m.iter().all(|(k, v)| element.get(k) == Some(v)),
-            _ => false,
+/// A list-element path segment, parsed once (not once per element it is compared with).
+enum ElementSeg {
+    /// `k:{"type":"Ready"}`: the element whose fields have these values.
+    Key(Map<String, Value>),
+    /// `v:"x"`: the element equal to this value.
+    Value(Value),
+    /// `i:3`: the element at this index.
+    Index(usize),
+    /// Anything else matches nothing.
+    Invalid,
+}
+
+impl ElementSeg {
+    fn parse(seg: &str) -> Self {
+        if let Some(key) = seg.strip_prefix("k:") {
+            match serde_json::from_str::<Value>(key) {
+                Ok(Value::Object(m)) => ElementSeg::Key(m),
+                _ => ElementSeg::Invalid,
+            }
+        } else if let Some(v) = seg.strip_prefix("v:") {
+            serde_json::from_str(v).map_or(ElementSeg::Invalid, ElementSeg::Value)
+        } else if let Some(i) = seg.strip_prefix("i:") {
+            i.parse().map_or(ElementSeg::Invalid, ElementSeg::Index)
+        } else {
+            ElementSeg::Invalid
         }
-    } else if let Some(v) = seg.strip_prefix("v:") {
-        serde_json::from_str::<Value>(v).is_ok_and(|v| v == *element)
-    } else if let Some(i) = seg.strip_prefix("i:") {
-        i.parse() == Ok(index)
-    } else {
-        false
+    }
+
+    fn matches(&self, index: usize, element: &Value) -> bool {
+        match self {
+            ElementSeg::Key(m) => m.iter().all(|(k, v)| element.get(k) == Some(v)),
+            ElementSeg::Value(v) => v == element,
+            ElementSeg::Index(i) => *i == index,
+            ElementSeg::Invalid => false,
+        }
+    }
+
+    /// The map key this segment looks an element up by in its list's index, and which
+    /// index (`k:` with the key's field names, or `v:`); `None` for `i:` and invalid.
+    fn lookup_key(&self) -> Option<(String, String)> {
+        match self {
+            ElementSeg::Key(m) => {
+                let names: Vec<&str> = m.keys().map(String::as_str).collect();
+                Some((
+                    format!("k:{}", names.join("\0")),
+                    id_key(&Value::Object(m.clone())),
+                ))
+            }
+            ElementSeg::Value(v) => Some(("v:".to_owned(), id_key(v))),
+            ElementSeg::Index(_) | ElementSeg::Invalid => None,
+        }
     }
 }
 
-fn value_at<'a>(value: &'a Value, path: &[String]) -> Option<&'a Value> {
-    path.iter()
-        .try_fold(value, |v, seg| match (v, seg.strip_prefix("f:")) {
-            (Value::Object(m), Some(name)) => m.get(name),
-            (Value::Array(items), None) => items
-                .iter()
-                .enumerate()
-                .find(|(i, e)| element_matches(seg, *i, e))
-                .map(|(_, e)| e),
-            _ => None,
-        })
+/// The identity of `element` under an index kind from [`ElementSeg::lookup_key`].
+fn element_id(kind: &str, element: &Value) -> Option<String> {
+    match kind.strip_prefix("k:") {
+        Some(names) => {
+            let mut m = Map::new();
+            for name in names.split('\0').filter(|n| !n.is_empty()) {
+                m.insert(name.to_owned(), element.get(name)?.clone());
+            }
+            Some(id_key(&Value::Object(m)))
+        }
+        None => Some(id_key(element)),
+    }
+}
+
+/// Finds values by managed-fields path in one object. Each list a lookup goes through is
+/// indexed (by the key fields or value the path names) the first time, so looking up every
+/// field of an object costs about its size, not its size squared.
+struct Lookup<'a> {
+    root: &'a Value,
+    /// (address of the list, index kind) → element identity → first index.
+    lists: std::cell::RefCell<HashMap<(usize, String), HashMap<String, usize>>>,
+}
+
+impl<'a> Lookup<'a> {
+    fn new(root: &'a Value) -> Self {
+        Lookup {
+            root,
+            lists: Default::default(),
+        }
+    }
+
+    fn get(&self, path: &[String]) -> Option<&'a Value> {
+        let mut cur = self.root;
+        for seg in path {
+            cur = match (cur, seg.strip_prefix("f:")) {
+                (Value::Object(m), Some(name)) => m.get(name)?,
+                (Value::Array(items), None) => self.element(items, seg)?,
+                _ => return None,
+            };
+        }
+        Some(cur)
+    }
+
+    fn element(&self, items: &'a [Value], seg: &str) -> Option<&'a Value> {
+        let parsed = ElementSeg::parse(seg);
+        if let ElementSeg::Index(i) = parsed {
+            return items.get(i);
+        }
+        let (kind, id) = parsed.lookup_key()?;
+        let mut lists = self.lists.borrow_mut();
+        let index = lists
+            .entry((items.as_ptr() as usize, kind))
+            .or_insert_with_key(|(_, kind)| {
+                let mut index = HashMap::with_capacity(items.len());
+                for (i, element) in items.iter().enumerate() {
+                    if let Some(id) = element_id(kind, element) {
+                        index.entry(id).or_insert(i);
+                    }
+                }
+                index
+            });
+        index.get(&id).map(|&i| &items[i])
+    }
 }
 
 fn remove_at(value: &mut Value, path: &[String]) {
@@ -334,11 +427,14 @@ fn remove_at(value: &mut Value, path: &[String]) {
     for seg in parents {
         let next = match (cur, seg.strip_prefix("f:")) {
             (Value::Object(m), Some(name)) => m.get_mut(name),
-            (Value::Array(items), None) => items
-                .iter_mut()
-                .enumerate()
-                .find(|(i, e)| element_matches(seg, *i, e))
-                .map(|(_, e)| e),
+            (Value::Array(items), None) => {
+                let seg = ElementSeg::parse(seg);
+                items
+                    .iter_mut()
+                    .enumerate()
+                    .find(|(i, e)| seg.matches(*i, e))
+                    .map(|(_, e)| e)
+            }
             _ => None,
         };
         match next {
@@ -351,10 +447,11 @@ fn remove_at(value: &mut Value, path: &[String]) {
             m.remove(name);
         }
         (Value::Array(items), None) => {
+            let last = ElementSeg::parse(last);
             let mut i = 0;
             items.retain(|e| {
                 i += 1;
-                !element_matches(last, i - 1, e)
+                !last.matches(i - 1, e)
             });
         }
         _ => {}
@@ -363,9 +460,9 @@ fn remove_at(value: &mut Value, path: &[String]) {
 
 /// Whether the value at `path` differs between two objects. For list elements (the
 /// path ends in `k:`/`v:`/`i:`) only presence counts: their fields are paths of their own.
-fn differs(before: &Value, after: &Value, path: &[String]) -> bool {
+fn differs(before: &Lookup<'_>, after: &Lookup<'_>, path: &[String]) -> bool {
     let element = path.last().is_some_and(|s| !s.starts_with("f:"));
-    match (value_at(before, path), value_at(after, path)) {
+    match (before.get(path), after.get(path)) {
         (Some(_), Some(_)) if element => false,
         (a, b) => a != b,
     }
@@ -403,17 +500,23 @@ fn merge_applied(live: &mut Value, applied: &Value, schema: &TypeNode) {
         }
         (Value::Array(l), Value::Array(a)) if schema.list().0 != ListStrategy::Replace => {
             let (strategy, item) = schema.list();
+            // Elements by merge key (or value, for sets) in a map: the first of equal
+            // identities, as a scan would find it.
+            let identity = |e: &Value| match strategy {
+                ListStrategy::MergeByKey(key) => e.get(key).map(id_key),
+                _ => Some(id_key(e)),
+            };
+            let mut positions: HashMap<Option<String>, usize> = HashMap::with_capacity(l.len());
+            for (i, e) in l.iter().enumerate() {
+                positions.entry(identity(e)).or_insert(i);
+            }
             for element in a {
-                let found = match strategy {
-                    ListStrategy::MergeByKey(key) => {
-                        let id = element.get(key);
-                        l.iter_mut().find(|e| e.get(key) == id)
+                match positions.get(&identity(element)) {
+                    Some(&i) => merge_applied(&mut l[i], element, item),
+                    None => {
+                        positions.insert(identity(element), l.len());
+                        l.push(strip_nulls(element));
                     }
-                    _ => l.iter_mut().find(|e| *e == element),
-                };
-                match found {
-                    Some(existing) => merge_applied(existing, element, item),
-                    None => l.push(strip_nulls(element)),
                 }
             }
         }
@@ -579,12 +682,13 @@ pub fn apply(
     // Conflicts: fields another manager owns to which this apply gives another value.
     let mut causes = Vec::new();
     let mut conflicting: Vec<(usize, Path)> = Vec::new();
+    let (live_values, applied_values) = (Lookup::new(live), Lookup::new(applied));
     for (i, entry) in entries.iter().enumerate() {
         if entry.is(manager, APPLY) {
             continue;
         }
         for path in entry.fields.0.intersection(&applied_fields.0) {
-            if differs(live, applied, path) {
+            if differs(&live_values, &applied_values, path) {
                 causes.push((render_path(path), entry.manager.clone()));
                 conflicting.push((i, path.clone()));
             }
@@ -652,11 +756,11 @@ pub fn record_update(
         _ => read_entries(new),
     };
     let empty = Value::Object(Map::new());
-    let before = old.unwrap_or(&empty);
+    let (before, after) = (Lookup::new(old.unwrap_or(&empty)), Lookup::new(new));
     let changed: BTreeSet<Path> = new_fields
         .0
         .iter()
-        .filter(|p| differs(before, new, p) || !old_fields.0.contains(*p))
+        .filter(|p| differs(&before, &after, p) || !old_fields.0.contains(*p))
         .cloned()
         .collect();
 

@@ -11,7 +11,10 @@
 
 use serde_json::Value;
 
-use super::PatchError;
+use super::{
+    PatchError,
+    limits::{self, MAX_COPY_BYTES, MAX_DEPTH, MAX_OPERATIONS},
+};
 
 /// Parses an RFC 6901 JSON pointer into its unescaped reference tokens.
 ///
@@ -106,6 +109,13 @@ fn missing(pointer: &str) -> PatchError {
 
 fn add(doc: &mut Value, pointer: &str, value: Value) -> Result<(), PatchError> {
     let tokens = parse_pointer(pointer)?;
+    // The value lands `tokens.len()` levels down: refuse before nesting past what the
+    // decoder reads back (an object that deep could never be read again).
+    if limits::depth_capped(&value, MAX_DEPTH) + tokens.len() > MAX_DEPTH {
+        return Err(PatchError::Unprocessable(format!(
+            "adding at {pointer:?} would nest the object deeper than {MAX_DEPTH} levels"
+        )));
+    }
     let Some(last) = tokens.last() else {
         *doc = value;
         return Ok(());
@@ -195,7 +205,13 @@ fn str_field<'a>(
     })
 }
 
-fn apply_op(doc: &mut Value, op: &Value, index: usize) -> Result<(), PatchError> {
+/// Applies one operation; `copied` counts the bytes every `copy` has duplicated so far.
+fn apply_op(
+    doc: &mut Value,
+    op: &Value,
+    index: usize,
+    copied: &mut usize,
+) -> Result<(), PatchError> {
     let Value::Object(op) = op else {
         return Err(PatchError::Malformed(format!(
             "operation {index} is not an object"
@@ -235,9 +251,17 @@ fn apply_op(doc: &mut Value, op: &Value, index: usize) -> Result<(), PatchError>
         }
         "copy" => {
             let from = str_field(op, "from", index)?;
-            let value = get(doc, &parse_pointer(from)?)
-                .cloned()
-                .ok_or_else(|| missing(from))?;
+            let source = get(doc, &parse_pointer(from)?).ok_or_else(|| missing(from))?;
+            // Measured before cloning: doubling copies grow an object exponentially.
+            let budget = MAX_COPY_BYTES - *copied;
+            let size = limits::encoded_len_capped(source, budget);
+            if size > budget {
+                return Err(PatchError::Unprocessable(format!(
+                    "operation {index}: the patch copies more than the accumulated copy size limit of {MAX_COPY_BYTES} bytes"
+                )));
+            }
+            *copied += size;
+            let value = source.clone();
             add(doc, path, value)
         }
         "test" => {
@@ -269,16 +293,25 @@ fn apply_op(doc: &mut Value, op: &Value, index: usize) -> Result<(), PatchError>
 /// Supports `add`, `remove`, `replace`, `move`, `copy` and `test`. On error `target`
 /// is unchanged. A malformed document (not an array, unknown op, missing member,
 /// bad pointer syntax) is [`PatchError::Malformed`]; an operation that does not apply
-/// to this object (missing path, failed test) is [`PatchError::Unprocessable`].
+/// to this object (missing path, failed test, nesting past [`MAX_DEPTH`], copying more
+/// than [`MAX_COPY_BYTES`] in all) is [`PatchError::Unprocessable`]; more than
+/// [`MAX_OPERATIONS`] operations is [`PatchError::TooLarge`].
 pub fn json_patch(target: &Value, patch: &Value) -> Result<Value, PatchError> {
     let Value::Array(ops) = patch else {
         return Err(PatchError::Malformed(
             "a JSON patch must be an array of operations".into(),
         ));
     };
+    if ops.len() > MAX_OPERATIONS {
+        return Err(PatchError::TooLarge(format!(
+            "The allowed maximum operations in a JSON patch is {MAX_OPERATIONS}, got {}",
+            ops.len()
+        )));
+    }
     let mut doc = target.clone();
+    let mut copied = 0;
     for (index, op) in ops.iter().enumerate() {
-        apply_op(&mut doc, op, index)?;
+        apply_op(&mut doc, op, index, &mut copied)?;
     }
     Ok(doc)
 }
@@ -434,5 +467,54 @@ mod tests {
             &json!([{"op":"test","path":"/metadata/finalizers","value":null}]),
         );
         assert!(err.is_err());
+    }
+
+    /// Issue 10 item 1: an `add` at a deep path may not nest the object past what the
+    /// decoder reads back.
+    #[test]
+    fn adds_may_not_nest_past_the_decoder_limit() {
+        let deep: Value =
+            serde_json::from_str(&format!("{}{}", "[".repeat(100), "]".repeat(100))).unwrap();
+        let mut path = String::from("/a");
+        let mut doc = json!({"a": {}});
+        let mut cur = &mut doc["a"];
+        for i in 0..40 {
+            cur[format!("k{i}")] = json!({});
+            cur = &mut cur[format!("k{i}")];
+            path.push_str(&format!("/k{i}"));
+        }
+        path.push_str("/x");
+        let err =
+            json_patch(&doc, &json!([{"op": "add", "path": path, "value": deep}])).unwrap_err();
+        assert!(matches!(err, PatchError::Unprocessable(_)), "{err:?}");
+        assert!(err.to_string().contains("deeper than"), "{err}");
+        // Moving a subtree under itself repeatedly is refused the same way.
+        let mut ops = Vec::new();
+        for i in 0..200 {
+            ops.push(json!({"op": "copy", "from": "/a", "path": format!("/b{i}")}));
+            ops.push(json!({"op": "move", "from": format!("/b{i}"), "path": "/a/k0/x"}));
+        }
+        assert!(json_patch(&doc, &Value::Array(ops)).is_err());
+    }
+
+    /// Issue 10 item 2: doubling copies are stopped by the accumulated copy size limit, as
+    /// kube-apiserver's json-patch `AccumulatedCopySizeLimit`.
+    #[test]
+    fn doubling_copies_hit_the_accumulated_copy_limit() {
+        let mut ops = vec![json!({"op": "add", "path": "/a", "value": ["x".repeat(1000)]})];
+        for _ in 0..40 {
+            ops.push(json!({"op": "copy", "from": "/a", "path": "/a/-"}));
+        }
+        let err = json_patch(&json!({}), &Value::Array(ops)).unwrap_err();
+        assert!(matches!(err, PatchError::Unprocessable(_)), "{err:?}");
+        assert!(err.to_string().contains("copy size limit"), "{err}");
+    }
+
+    /// kube-apiserver's `maxJSONPatchOperations`: more than 10,000 operations is a 413.
+    #[test]
+    fn too_many_operations_is_413() {
+        let ops = vec![json!({"op": "test", "path": "", "value": {}}); MAX_OPERATIONS + 1];
+        let err = json_patch(&json!({}), &Value::Array(ops)).unwrap_err();
+        assert_eq!(err.http_status(), 413);
     }
 }

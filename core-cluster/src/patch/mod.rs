@@ -14,6 +14,7 @@
 
 pub mod apply;
 pub mod json_patch;
+pub mod limits;
 pub mod merge_patch;
 pub mod schema;
 pub mod strategic;
@@ -80,6 +81,10 @@ pub enum PatchError {
     /// a path that does not exist, a list element without its merge key. HTTP 422.
     #[error("the patch could not be applied: {0}")]
     Unprocessable(String),
+    /// The patch is larger than the server accepts (too many JSON patch operations).
+    /// HTTP 413.
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 impl PatchError {
@@ -88,8 +93,16 @@ impl PatchError {
         match self {
             PatchError::Decode(_) | PatchError::Malformed(_) => 400,
             PatchError::Unprocessable(_) => 422,
+            PatchError::TooLarge(_) => 413,
         }
     }
+}
+
+/// A value as a map key: its compact JSON. Object members serialize in sorted order, so two
+/// values give the same key exactly when they are equal; patches use it to find list
+/// elements by merge key or by value in a map instead of scanning the list.
+pub(crate) fn id_key(value: &Value) -> String {
+    value.to_string()
 }
 
 /// Decodes a PATCH body. JSON for every type; for [`PatchType::ApplyPatch`] YAML as

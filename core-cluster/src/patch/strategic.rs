@@ -25,10 +25,12 @@
 //! therefore placed before the server-only elements that follow it: patching
 //! `[{"type": "New"}]` into `[A, B]` gives `[New, A, B]`.
 
+use std::collections::{HashMap, HashSet};
+
 use serde_json::{Map, Value};
 
-use super::PatchError;
 use super::schema::{ListStrategy, TypeNode};
+use super::{PatchError, id_key};
 
 const PATCH: &str = "$patch";
 const RETAIN_KEYS: &str = "$retainKeys";
@@ -204,8 +206,9 @@ fn merge_list(
             let (replace, rest) = special_elements(patch, false)?;
             let mut out = if replace { Vec::new() } else { original };
             let server = out.clone();
+            let mut present: HashSet<String> = out.iter().map(id_key).collect();
             for v in &rest {
-                if !out.contains(v) {
+                if present.insert(id_key(v)) {
                     out.push((*v).clone());
                 }
             }
@@ -216,13 +219,24 @@ fn merge_list(
             let (replace, rest) = special_elements(patch, true)?;
             let mut out = if replace { Vec::new() } else { original };
             // Deletions first, so that the server order is that of what remains.
+            let mut deleted = HashSet::new();
             for element in &rest {
                 if element.get(PATCH).is_some() && !replace {
                     let id = element.get(key).ok_or_else(|| missing_key(element, key))?;
-                    out.retain(|o| o.get(key) != Some(id));
+                    deleted.insert(id_key(id));
                 }
             }
+            if !deleted.is_empty() {
+                out.retain(|o| o.get(key).is_none_or(|id| !deleted.contains(&id_key(id))));
+            }
             let server: Vec<Value> = out.iter().filter_map(|v| v.get(key).cloned()).collect();
+            // Elements by merge key (the first of equal keys, as a scan would find).
+            let mut positions: HashMap<String, usize> = HashMap::with_capacity(out.len());
+            for (i, o) in out.iter().enumerate() {
+                if let Some(id) = o.get(key) {
+                    positions.entry(id_key(id)).or_insert(i);
+                }
+            }
             let mut order = Vec::new();
             for element in rest {
                 let Value::Object(element) = element else {
@@ -239,16 +253,18 @@ fn merge_list(
                     return Err(missing_key(&Value::Object(element.clone()), key));
                 };
                 order.push(id.clone());
-                let found = out.iter().position(|o| o.get(key) == Some(id));
-                match found {
-                    Some(i) => {
+                match positions.get(&id_key(id)) {
+                    Some(&i) => {
                         let existing = match std::mem::take(&mut out[i]) {
                             Value::Object(m) => m,
                             _ => Map::new(),
                         };
                         out[i] = Value::Object(merge_map(existing, element, item)?);
                     }
-                    None => out.push(Value::Object(merge_map(Map::new(), element, item)?)),
+                    None => {
+                        positions.insert(id_key(id), out.len());
+                        out.push(Value::Object(merge_map(Map::new(), element, item)?));
+                    }
                 }
             }
             Ok(normalize_order(out, &order, &server, strategy))
@@ -321,14 +337,32 @@ fn normalize_order(
     server: &[Value],
     strategy: ListStrategy,
 ) -> Vec<Value> {
-    let position = |list: &[Value], v: &Value| {
-        identity(v, strategy).and_then(|id| list.iter().position(|o| *o == id))
+    // Positions by identity, looked up in maps (first occurrence, as a scan finds):
+    // linear in the list, where scanning for each element was quadratic.
+    let first_positions = |list: &[Value]| {
+        let mut map: HashMap<String, usize> = HashMap::with_capacity(list.len());
+        for (i, id) in list.iter().enumerate() {
+            map.entry(id_key(id)).or_insert(i);
+        }
+        map
     };
-    let (mut named, mut server_only): (Vec<Value>, Vec<Value>) = merged
-        .into_iter()
-        .partition(|v| position(order, v).is_some());
-    named.sort_by_key(|v| position(order, v));
-    server_only.sort_by_key(|v| position(server, v).unwrap_or(usize::MAX));
+    let in_order = first_positions(order);
+    let on_server = first_positions(server);
+    // Each element with its position in `order` and on the server.
+    let mut named: Vec<(Option<usize>, Option<usize>, Value)> = Vec::new();
+    let mut server_only = Vec::new();
+    for v in merged {
+        let id = identity(&v, strategy).map(|id| id_key(&id));
+        let positions = id.map_or((None, None), |id| {
+            (in_order.get(&id).copied(), on_server.get(&id).copied())
+        });
+        match positions {
+            (Some(o), s) => named.push((Some(o), s, v)),
+            (None, s) => server_only.push((None, s, v)),
+        }
+    }
+    named.sort_by_key(|(o, _, _)| *o);
+    server_only.sort_by_key(|(_, s, _)| s.unwrap_or(usize::MAX));
 
     let mut out = Vec::with_capacity(named.len() + server_only.len());
     let mut named = named.into_iter().peekable();
@@ -338,17 +372,14 @@ fn normalize_order(
             (None, None) => break,
             (Some(_), None) => true,
             (None, Some(_)) => false,
-            (Some(s), Some(n)) => matches!(
-                (position(server, s), position(server, n)),
-                (Some(a), Some(b)) if a < b
-            ),
+            (Some((_, s, _)), Some((_, n, _))) => matches!((s, n), (Some(a), Some(b)) if a < b),
         };
         let next = if take_server_only {
             server_only.next()
         } else {
             named.next()
         };
-        out.extend(next);
+        out.extend(next.map(|(_, _, v)| v));
     }
     out
 }

@@ -23,8 +23,7 @@ fn is_alnum(c: u8) -> bool {
     c.is_ascii_lowercase() || c.is_ascii_digit()
 }
 
-fn is_label(s: &str) -> bool {
-    let b = s.as_bytes();
+fn is_label_bytes(b: &[u8]) -> bool {
     !b.is_empty()
         && b.len() <= DNS1123_LABEL_MAX
         && is_alnum(b[0])
@@ -58,7 +57,11 @@ pub fn validate_name(name: &str, rule: NameRule) -> Vec<String> {
                     "must be no more than {DNS1123_LABEL_MAX} characters"
                 ));
             }
-            if !is_label(&name[..name.len().min(DNS1123_LABEL_MAX)]) || name.contains('.') {
+            // The characters are checked on the first 63 bytes (the length error covers the
+            // rest); bytes, not a `str` slice, so a multibyte character across byte 63
+            // cannot split a character.
+            let head = &name.as_bytes()[..name.len().min(DNS1123_LABEL_MAX)];
+            if !is_label_bytes(head) || name.contains('.') {
                 errors.push("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')".to_owned());
             }
         }
@@ -269,6 +272,19 @@ mod tests {
         assert!(validate_name("kube-system", NameRule::Label).is_empty());
         assert!(!validate_name("a.b", NameRule::Label).is_empty());
         assert!(!validate_name(&"a".repeat(64), NameRule::Label).is_empty());
+    }
+
+    /// Issue 10 item 6: a multibyte character across byte 63 is an error, not a panic.
+    #[test]
+    fn multibyte_characters_across_the_label_limit() {
+        for prefix in 60..64 {
+            let name = format!("{}é", "a".repeat(prefix));
+            assert!(!validate_name(&name, NameRule::Label).is_empty(), "{name}");
+            assert!(
+                !validate_name(&name, NameRule::Subdomain).is_empty(),
+                "{name}"
+            );
+        }
     }
 
     #[test]

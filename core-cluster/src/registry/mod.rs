@@ -112,6 +112,12 @@ impl ResourceDef {
         }
     }
 
+    /// Whether `DELETE` on the collection (`deletecollection`) is served: not for
+    /// namespaces, as upstream (discovery does not list it, and the request is a 405).
+    pub fn deletecollection(&self) -> bool {
+        !(self.group.is_empty() && self.plural == "namespaces")
+    }
+
     /// Whether a field-selector path is supported.
     pub fn supports_field(&self, path: &str) -> bool {
         matches!(path, "metadata.name" | "metadata.namespace") || self.field_paths.contains(&path)
