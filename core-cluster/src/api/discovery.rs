@@ -278,7 +278,13 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["coordination.k8s.io", "discovery.k8s.io", "events.k8s.io"]
+            [
+                "coordination.k8s.io",
+                "discovery.k8s.io",
+                "events.k8s.io",
+                "rbac.authorization.k8s.io",
+                "authorization.k8s.io"
+            ]
         );
         assert!(group(&Registry::standard(), "events.k8s.io").is_some());
         assert!(group(&Registry::standard(), "apps").is_none());

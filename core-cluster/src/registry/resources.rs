@@ -34,6 +34,14 @@ pub static ALL: &[&ResourceDef] = &[
     &LEASES,
     &ENDPOINT_SLICES,
     &EVENTS_V1,
+    &super::authorization::ROLES,
+    &super::authorization::CLUSTER_ROLES,
+    &super::authorization::ROLE_BINDINGS,
+    &super::authorization::CLUSTER_ROLE_BINDINGS,
+    &super::authorization::SUBJECT_ACCESS_REVIEWS,
+    &super::authorization::LOCAL_SUBJECT_ACCESS_REVIEWS,
+    &super::authorization::SELF_SUBJECT_ACCESS_REVIEWS,
+    &super::authorization::SELF_SUBJECT_RULES_REVIEWS,
 ];
 
 fn no_fields(_: &Value, _: &str) -> Option<String> {
