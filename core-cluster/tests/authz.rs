@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::{Router, body::Body};
 use core_cluster::{
     ApiServer, ApiServerConfig,
-    auth::{GROUP_NODES, UserInfo},
+    auth::{UserInfo, node::node_user},
     store::MemoryStore,
 };
 use http_body_util::BodyExt;
@@ -41,10 +41,6 @@ fn admin(server: &ApiServer) -> Client {
 
 fn alice() -> UserInfo {
     UserInfo::new("alice", ["dev"])
-}
-
-fn node_user(name: &str) -> UserInfo {
-    UserInfo::new(format!("system:node:{name}"), [GROUP_NODES])
 }
 
 /// A raw request: (status, JSON body).
@@ -551,4 +547,53 @@ async fn reviews_and_impersonation() {
             .as_ref()
             .is_some_and(|r| r.contains(&"nodes".to_owned()))
     }));
+}
+
+/// Each simulated kubelet acts through its own client: with node identities the nodes
+/// register and renew their own Leases; a kubelet given another node's identity is refused
+/// (NodeRestriction) and its node never appears.
+#[tokio::test(start_paused = true)]
+async fn simulated_kubelets_act_as_their_own_nodes() {
+    use core_cluster::sim::{NodeSimulator, SimConfig};
+    let server = server().await;
+    let per_node = server.clone();
+    let sim = NodeSimulator::new(
+        admin(&server),
+        SimConfig::default().external_cloud_provider(),
+    )
+    .with_node_clients(Arc::new(move |name: &str| {
+        // "impostor" runs with n1's identity.
+        let identity = if name == "impostor" { "n1" } else { name };
+        Client::new(per_node.router_as(node_user(identity)), "default")
+    }));
+    sim.add_nodes(["n1", "n2", "impostor"]);
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let (sim, stop) = (sim.clone(), stop.clone());
+        async move { sim.run(stop).await.unwrap() }
+    });
+    for _ in 0..100 {
+        if sim.stats().registered >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+    let nodes: Api<Node> = Api::all(admin(&server));
+    let mut names: Vec<String> = nodes
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    names.sort();
+    assert_eq!(names, ["n1", "n2"], "stats: {:?}", sim.stats());
+    let leases: Api<Lease> = Api::namespaced(admin(&server), "kube-node-lease");
+    for n in ["n1", "n2"] {
+        let lease = leases.get(n).await.unwrap();
+        assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some(n));
+    }
+    stop.cancel();
 }

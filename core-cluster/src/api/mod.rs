@@ -216,6 +216,46 @@ impl ApiServer {
         })
     }
 
+    /// Creates (or replaces) the objects of the kinds in `kinds` found in a multi-document
+    /// YAML manifest, as the server itself: how an embedded cluster installs the RBAC of a
+    /// deploy manifest (`deploy/ccm-daemonset.yaml`) without writing it twice. Returns how
+    /// many objects it wrote; documents of other kinds are skipped.
+    pub async fn apply_manifest(&self, yaml: &str, kinds: &[&str]) -> Result<usize, ApiError> {
+        use serde::Deserialize;
+        let mut written = 0;
+        for document in serde_norway::Deserializer::from_str(yaml) {
+            let obj = Value::deserialize(document)
+                .map_err(|e| ApiError::bad_request(format!("the manifest is not YAML: {e}")))?;
+            let kind = obj["kind"].as_str().unwrap_or("");
+            if !kinds.contains(&kind) {
+                continue;
+            }
+            let api_version = obj["apiVersion"].as_str().unwrap_or("");
+            let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+            let def = self
+                .state
+                .registry
+                .all()
+                .iter()
+                .copied()
+                .find(|d| d.group == group && d.version == version && d.kind == kind)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!("{api_version} {kind} is not served"))
+                })?;
+            let ns = obj["metadata"]["namespace"].as_str().map(str::to_owned);
+            let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
+            match create_stored(&self.state, def, ns.as_deref(), obj.clone()).await {
+                Ok(_) => {}
+                Err(e) if e.reason == "AlreadyExists" => {
+                    update_stored(&self.state, def, ns.as_deref(), &name, obj).await?;
+                }
+                Err(e) => return Err(e),
+            }
+            written += 1;
+        }
+        Ok(written)
+    }
+
     /// The store behind the server.
     pub fn store(&self) -> Arc<dyn Store> {
         self.state.store.clone()

@@ -130,6 +130,11 @@ fn authorize_lease(node: &str, attrs: &Attributes) -> Decision {
     Decision::Allow
 }
 
+/// The identity of the kubelet of `node`: `system:node:<node>` in `system:nodes`.
+pub fn node_user(node: &str) -> UserInfo {
+    UserInfo::new(format!("{NODE_USER_PREFIX}{node}"), [super::GROUP_NODES])
+}
+
 /// `Some(name)` for a node identity (`Some("")` for `system:node:` with no name), `None`
 /// for everyone else.
 fn node_identity(user: &UserInfo) -> Option<&str> {
@@ -181,10 +186,12 @@ pub fn node_may_set_label(key: &str) -> bool {
     if !in_domain("kubernetes.io") && !in_domain("k8s.io") {
         return true;
     }
-    const KUBELET_LABELS: [&str; 9] = [
+    const KUBELET_LABELS: [&str; 11] = [
         "kubernetes.io/hostname",
         "kubernetes.io/arch",
         "kubernetes.io/os",
+        "beta.kubernetes.io/arch",
+        "beta.kubernetes.io/os",
         "beta.kubernetes.io/instance-type",
         "node.kubernetes.io/instance-type",
         "failure-domain.beta.kubernetes.io/region",
@@ -324,10 +331,6 @@ mod tests {
     use super::*;
     use crate::registry::resources::{LEASES, NODES};
 
-    fn node_user(name: &str) -> UserInfo {
-        UserInfo::new(format!("system:node:{name}"), [super::super::GROUP_NODES])
-    }
-
     /// Upstream `authorizeLease`: own lease, in kube-node-lease, only the five verbs.
     #[test]
     fn a_node_gets_only_its_own_lease() {
@@ -423,6 +426,7 @@ mod tests {
         let lease = json!({"metadata": {"name": "n2", "namespace": NODE_LEASE_NAMESPACE}});
         assert!(admit_node_write("n1", &LEASES, Write::Create { new: &lease }).is_err());
         assert!(node_may_set_label("node.kubernetes.io/instance-type"));
+        assert!(node_may_set_label("beta.kubernetes.io/os"));
         assert!(!node_may_set_label("a.node-restriction.kubernetes.io/x"));
     }
 }

@@ -32,6 +32,19 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
 /// The service-account user name prefix: `system:serviceaccount:<ns>:<name>`.
 pub const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
 
+/// The identity of a service account as the token authenticator gives it:
+/// `system:serviceaccount:<ns>:<name>` in `system:serviceaccounts`,
+/// `system:serviceaccounts:<ns>` and `system:authenticated`.
+pub fn service_account_user(namespace: &str, name: &str) -> UserInfo {
+    UserInfo::new(
+        format!("{SERVICE_ACCOUNT_PREFIX}{namespace}:{name}"),
+        [
+            "system:serviceaccounts".to_owned(),
+            format!("system:serviceaccounts:{namespace}"),
+        ],
+    )
+}
+
 /// One policy rule, as upstream's `rbacv1.PolicyRule`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rule {
