@@ -22,6 +22,7 @@ use cloud_provider::{
 use cloud_provider_fake::{FakeCloud, FakeInstance};
 use core_cluster::{
     ApiServer,
+    auth::{node::node_user, rbac::service_account_user},
     controllers::{
         garbage_collector::GarbageCollector,
         node_ipam::{NodeIpamConfig, NodeIpamController},
@@ -100,6 +101,15 @@ pub(crate) struct EmbeddedArgs {
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cluster_ip_range: String,
 }
+
+/// The deploy manifest whose RBAC the embedded ccm runs under.
+const CCM_MANIFEST: &str = include_str!("../../deploy/ccm-daemonset.yaml");
+/// The kinds of [`CCM_MANIFEST`] that make the ccm's RBAC.
+const CCM_RBAC_KINDS: [&str; 3] = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"];
+/// The ccm's service account, as in the manifest.
+const CCM_NAMESPACE: &str = "kube-system";
+/// The ccm's service account name, as in the manifest.
+const CCM_SERVICE_ACCOUNT: &str = "cloud-controller-manager";
 
 /// The flags of [`EmbeddedArgs`], by clap id: refused when `ccm` manages another cluster.
 pub(crate) fn embedded_only_flags() -> Vec<String> {
@@ -413,6 +423,12 @@ pub(crate) async fn run(
             .with_context(|| format!("opening the store in {}", data_dir.display()))?,
     );
     let server = ApiServer::new(store, apiserver_args).await?;
+    // The ccm's RBAC, exactly as deployed: the cluster enforces Node,RBAC and the ccm runs
+    // under its service account with that ClusterRole and nothing more.
+    server
+        .apply_manifest(CCM_MANIFEST, &CCM_RBAC_KINDS)
+        .await
+        .context("installing the ccm's RBAC from deploy/ccm-daemonset.yaml")?;
     let shutdown = CancellationToken::new();
     server.spawn_compactor(Duration::from_secs(300), shutdown.clone());
     let secure = crate::apiserver::SecureServing::start(
@@ -459,11 +475,15 @@ pub(crate) async fn run(
         cloud.provider_name(),
         ccm.controllers.join(",")
     ));
+    let ccm_client = kube::Client::new(
+        server.router_as(service_account_user(CCM_NAMESPACE, CCM_SERVICE_ACCOUNT)),
+        "default",
+    );
     let mut manager = tokio::spawn(cloud_provider::app::run_with(
         ccm,
         cloud_provider::app::default_registry(),
         cloud,
-        client.clone(),
+        ccm_client,
         shutdown.child_token(),
         HealthChecks::new(),
     ));
@@ -481,7 +501,12 @@ pub(crate) async fn run(
         ..SimConfig::default()
     }
     .external_cloud_provider();
-    let simulator = NodeSimulator::new(client.clone(), sim_config);
+    // Each kubelet acts as its own node (`system:node:<name>`), under the Node authorizer
+    // and NodeRestriction; the simulator's fleet-wide watches use the loopback client.
+    let per_node = server.clone();
+    let simulator = NodeSimulator::new(client.clone(), sim_config).with_node_clients(Arc::new(
+        move |name: &str| kube::Client::new(per_node.router_as(node_user(name)), "default"),
+    ));
     let node_count = nodes.len();
     simulator.add_nodes(nodes);
     tasks.spawn({

@@ -253,7 +253,8 @@ struct Ccm {
     task: JoinHandle<Result<(), AppError>>,
 }
 
-fn ccm_options() -> CloudControllerManagerOptions {
+/// The ccm's flags in these tests: the fake cloud, routes and pod CIDRs on.
+pub(crate) fn ccm_options() -> CloudControllerManagerOptions {
     CloudControllerManagerOptions::try_parse_from([
         "ccm",
         "--cloud-provider",

@@ -5,6 +5,7 @@ use cloud_provider_fake as _;
 use hello_cloud_provider as _;
 
 mod app;
+mod authz;
 mod batching;
 mod ccm;
 mod cloud_node;

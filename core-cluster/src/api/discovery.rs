@@ -286,7 +286,9 @@ mod tests {
                 "coordination.k8s.io",
                 "discovery.k8s.io",
                 "events.k8s.io",
-                "authentication.k8s.io"
+                "authentication.k8s.io",
+                "rbac.authorization.k8s.io",
+                "authorization.k8s.io"
             ]
         );
         assert!(group(&Registry::standard(), "events.k8s.io").is_some());

@@ -855,6 +855,7 @@ pub(crate) async fn create_object(
     if !errors.is_empty() {
         return Err(invalid(def, &probe_name, errors));
     }
+    crate::auth::node::admit(def, crate::auth::node::Write::Create { new: &obj })?;
     let allocation = allocate(state, def, &mut obj, None, &probe_name)?;
     let dry_run = query.get("dryRun").is_some_and(|d| d == "All");
     record_manager(def, &mut obj, None, query);
@@ -1115,6 +1116,14 @@ async fn commit_update(
     if !errors.is_empty() {
         return Err(invalid(def, name, errors));
     }
+    crate::auth::node::admit(
+        def,
+        crate::auth::node::Write::Update {
+            sub,
+            old: current,
+            new: &new,
+        },
+    )?;
     let allocation = if sub.is_none() {
         allocate(state, def, &mut new, Some(current), name)?
     } else {
@@ -1445,6 +1454,7 @@ pub(crate) async fn delete_object(
     }
     for _ in 0..MAX_WRITE_ATTEMPTS {
         let (kv, current) = get_object(state, def, ns, name).await?;
+        crate::auth::node::admit(def, crate::auth::node::Write::Delete { old: &current })?;
         let meta = &current["metadata"];
         if let Some(uid) = &options.precondition_uid
             && meta["uid"].as_str() != Some(uid)

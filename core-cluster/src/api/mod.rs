@@ -19,6 +19,7 @@ use axum::{
     body::Body,
     extract::{Request, State},
     http::{HeaderValue, Method, StatusCode, header},
+    middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::get,
 };
@@ -27,8 +28,12 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::{
-    auth::UserInfo,
-    registry::{Registry, ResourceDef, allocator::ServiceAllocator, meta},
+    auth::{
+        GROUP_MASTERS, UserInfo,
+        authz::{Attributes, Authorizer, Decision},
+        impersonation,
+    },
+    registry::{Registry, ResourceDef, allocator::ServiceAllocator, authorization, meta},
     store::Store,
 };
 use status::ApiError;
@@ -82,6 +87,8 @@ pub(crate) struct ServerState {
     pub(crate) metrics: metrics::Metrics,
     pub(crate) openapi: crate::openapi::OpenApiDocuments,
     pub(crate) event_cache: watch::EventCache,
+    /// Node, RBAC: decides every request.
+    pub(crate) authorizer: Authorizer,
 }
 
 /// A Kubernetes-compatible API server over a [`Store`].
@@ -119,6 +126,7 @@ impl ApiServer {
             metrics: metrics::Metrics::default(),
             openapi: crate::openapi::OpenApiDocuments::new(&crate::openapi::served_resources()),
             event_cache: watch::EventCache::default(),
+            authorizer: Authorizer::default(),
         });
         let server = ApiServer { state };
         server.bootstrap().await?;
@@ -182,6 +190,7 @@ impl ApiServer {
                 Err(e) => return Err(e),
             }
         }
+        crate::auth::bootstrap::reconcile(&self.state).await?;
         Ok(())
     }
 
@@ -226,6 +235,46 @@ impl ApiServer {
         })
     }
 
+    /// Creates (or replaces) the objects of the kinds in `kinds` found in a multi-document
+    /// YAML manifest, as the server itself: how an embedded cluster installs the RBAC of a
+    /// deploy manifest (`deploy/ccm-daemonset.yaml`) without writing it twice. Returns how
+    /// many objects it wrote; documents of other kinds are skipped.
+    pub async fn apply_manifest(&self, yaml: &str, kinds: &[&str]) -> Result<usize, ApiError> {
+        use serde::Deserialize;
+        let mut written = 0;
+        for document in serde_norway::Deserializer::from_str(yaml) {
+            let obj = Value::deserialize(document)
+                .map_err(|e| ApiError::bad_request(format!("the manifest is not YAML: {e}")))?;
+            let kind = obj["kind"].as_str().unwrap_or("");
+            if !kinds.contains(&kind) {
+                continue;
+            }
+            let api_version = obj["apiVersion"].as_str().unwrap_or("");
+            let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+            let def = self
+                .state
+                .registry
+                .all()
+                .iter()
+                .copied()
+                .find(|d| d.group == group && d.version == version && d.kind == kind)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!("{api_version} {kind} is not served"))
+                })?;
+            let ns = obj["metadata"]["namespace"].as_str().map(str::to_owned);
+            let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
+            match create_stored(&self.state, def, ns.as_deref(), obj.clone()).await {
+                Ok(_) => {}
+                Err(e) if e.reason == "AlreadyExists" => {
+                    update_stored(&self.state, def, ns.as_deref(), &name, obj).await?;
+                }
+                Err(e) => return Err(e),
+            }
+            written += 1;
+        }
+        Ok(written)
+    }
+
     /// The store behind the server.
     pub fn store(&self) -> Arc<dyn Store> {
         self.state.store.clone()
@@ -258,7 +307,68 @@ impl ApiServer {
             .route("/openapi/v3", get(openapi_index))
             .route("/openapi/v3/{*path}", get(openapi_group_version))
             .fallback(dispatch)
+            .layer(middleware::from_fn_with_state(
+                self.state.clone(),
+                authorize,
+            ))
             .with_state(self.state.clone())
+    }
+}
+
+/// The authorization step of every request, resource and non-resource URLs alike:
+/// impersonation, then the authorizer chain (`system:masters`, Node, RBAC), a 403 with
+/// upstream's message when nothing allows. The handler then runs as the effective user
+/// (in the request's extensions and in the admission checks' scope).
+async fn authorize(
+    State(state): State<Arc<ServerState>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let requester = request
+        .extensions()
+        .get::<UserInfo>()
+        .cloned()
+        .unwrap_or_else(UserInfo::loopback);
+    // A write to RBAC objects makes the next decision rebuild the RBAC index.
+    let rbac_write =
+        request.method() != Method::GET && request.uri().path().starts_with(RBAC_PATH_PREFIX);
+    let user = if requester.in_group(GROUP_MASTERS) && !impersonation::requested(request.headers())
+    {
+        // The fast path: the superuser group is allowed everything.
+        requester
+    } else {
+        let (method, uri, headers) = (request.method(), request.uri(), request.headers());
+        match authorize_as(&state, requester, method, uri, headers).await {
+            Ok(user) => user,
+            Err(e) => return e.into_response(),
+        }
+    };
+    request.extensions_mut().insert(user.clone());
+    let response = crate::auth::scope_request_user(user, next.run(request)).await;
+    if rbac_write {
+        state.authorizer.rbac.invalidate();
+    }
+    response
+}
+
+const RBAC_PATH_PREFIX: &str = "/apis/rbac.authorization.k8s.io/";
+
+/// Impersonation and the authorizer chain: the effective user, or the 403.
+async fn authorize_as(
+    state: &ServerState,
+    requester: UserInfo,
+    method: &Method,
+    uri: &axum::http::Uri,
+    headers: &axum::http::HeaderMap,
+) -> Result<UserInfo, ApiError> {
+    let user = impersonation::impersonate(state, requester, headers).await?;
+    let attrs = Attributes::from_request(user, method, uri);
+    match state.authorizer.authorize(state, &attrs).await {
+        Decision::Allow => Ok(attrs.user),
+        Decision::Deny(reason) | Decision::NoOpinion(reason) => {
+            tracing::debug!(user = %attrs.user.name, verb = %attrs.verb, path = %attrs.path, "forbidden");
+            Err(crate::auth::authz::forbidden(&attrs, &reason))
+        }
     }
 }
 
@@ -560,6 +670,11 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
             String::new(),
             ApiError::no_route(&path).into_response(),
         ),
+        Parsed::Resource(target) if target.def.group == authorization::AUTHORIZATION_GROUP => {
+            let resource = target.def.plural.to_owned();
+            let (verb, response) = review(&state, target, request).await;
+            (verb, resource, response)
+        }
         Parsed::Resource(target) => {
             let resource = handlers::metric_resource(&target);
             let (verb, response) = handlers::handle(&state, target, request).await;
@@ -574,6 +689,95 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
     }
     tracing::debug!(%method, %path, code, "request");
     response
+}
+
+/// An access review: POST only, answered and not stored.
+async fn review(state: &ServerState, target: Target, request: Request<Body>) -> (String, Response) {
+    let verb = request.method().to_string();
+    if request.method() != Method::POST || target.name.is_some() {
+        let v = if request.method() == Method::GET {
+            "list"
+        } else {
+            verb.as_str()
+        };
+        return (
+            verb.clone(),
+            ApiError::method_not_allowed(v, target.def.plural).into_response(),
+        );
+    }
+    let user = request
+        .extensions()
+        .get::<UserInfo>()
+        .cloned()
+        .unwrap_or_else(UserInfo::loopback);
+    let body = match axum::body::to_bytes(request.into_body(), state.config.max_request_bytes).await
+    {
+        Ok(b) => b,
+        Err(_) => {
+            return (
+                verb,
+                ApiError::too_large(state.config.max_request_bytes).into_response(),
+            );
+        }
+    };
+    let parsed: Result<Value, ApiError> = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the body of the request could not be decoded as JSON: {e}"
+        ))
+    });
+    let result = match parsed {
+        Ok(body) => {
+            crate::auth::review::create(state, target.def, target.namespace.as_deref(), &user, body)
+                .await
+        }
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(obj) => (
+            verb,
+            json_response(StatusCode::CREATED, &obj, "application/json"),
+        ),
+        Err(e) => (verb, e.into_response()),
+    }
+}
+
+/// Every object of `def` (all namespaces).
+pub(crate) async fn list_all_objects(
+    state: &ServerState,
+    def: &'static ResourceDef,
+) -> Result<Vec<Value>, ApiError> {
+    handlers::list_all(state, def, None).await
+}
+
+/// One stored object.
+pub(crate) async fn get_stored(
+    state: &ServerState,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+) -> Result<Value, ApiError> {
+    Ok(handlers::get_object(state, def, ns, name).await?.1)
+}
+
+/// Creates an object as the server itself.
+pub(crate) async fn create_stored(
+    state: &ServerState,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    obj: Value,
+) -> Result<Value, ApiError> {
+    handlers::create_object(state, def, ns, obj, &HashMap::new()).await
+}
+
+/// Replaces an object as the server itself.
+pub(crate) async fn update_stored(
+    state: &ServerState,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+    obj: Value,
+) -> Result<Value, ApiError> {
+    handlers::update_object(state, def, ns, name, None, obj, &HashMap::new()).await
 }
 
 /// The current time as the API server stamps it (re-exported for callers building objects).

@@ -7,11 +7,38 @@
 //! ([`UserInfo::loopback`]), as kube-apiserver's own loopback client is. Over the network
 //! every request carries the identity the authenticator gave it, `system:anonymous` included.
 
+pub mod authz;
+pub mod bootstrap;
+pub mod impersonation;
+pub mod node;
+pub mod rbac;
+pub mod review;
+
 use std::collections::BTreeMap;
 
 pub mod authn;
 pub mod pki;
 pub mod token;
+
+tokio::task_local! {
+    /// The user of the request being handled, for admission checks deep in the write path
+    /// ([`node::admit`]); the API server scopes every request's handler in it.
+    static REQUEST_USER: UserInfo;
+}
+
+/// Runs `fut` as a request of `user` (see [`with_request_user`]).
+pub(crate) async fn scope_request_user<F: std::future::Future>(
+    user: UserInfo,
+    fut: F,
+) -> F::Output {
+    REQUEST_USER.scope(user, fut).await
+}
+
+/// `f` of the user of the request being handled, or `None` outside a request (the server's
+/// own bootstrap writes, background cleanup).
+pub(crate) fn with_request_user<R>(f: impl FnOnce(&UserInfo) -> R) -> Option<R> {
+    REQUEST_USER.try_with(f).ok()
+}
 
 /// The group every authenticated user is in.
 pub const GROUP_AUTHENTICATED: &str = "system:authenticated";

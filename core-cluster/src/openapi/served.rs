@@ -1,11 +1,15 @@
 //! The resources this API server serves, as [`OpenApiResource`]s.
 
+use k8s_openapi::api::authorization::v1::{
+    LocalSubjectAccessReview, SelfSubjectAccessReview, SelfSubjectRulesReview, SubjectAccessReview,
+};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event as EventsV1Event;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 
 use super::{OpenApiResource, schema_of};
 
@@ -28,9 +32,30 @@ const fn core(
     }
 }
 
+/// A resource of a named group at `v1` with no subresources.
+const fn grouped(
+    group: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+    namespaced: bool,
+    schema: fn(&mut schemars::SchemaGenerator) -> schemars::Schema,
+) -> OpenApiResource {
+    OpenApiResource {
+        group,
+        version: "v1",
+        kind,
+        plural,
+        namespaced,
+        subresources: &[],
+        schema,
+    }
+}
+
 /// The resources the API server serves, in discovery order: core/v1 Namespace, Node, Pod,
 /// Service, Endpoints, Event, ServiceAccount, ConfigMap, Secret; `coordination.k8s.io/v1`
-/// Lease; `discovery.k8s.io/v1` EndpointSlice; `events.k8s.io/v1` Event.
+/// Lease; `discovery.k8s.io/v1` EndpointSlice; `events.k8s.io/v1` Event;
+/// `rbac.authorization.k8s.io/v1` Role, ClusterRole, RoleBinding, ClusterRoleBinding;
+/// `authorization.k8s.io/v1` the four access reviews.
 pub fn served_resources() -> Vec<OpenApiResource> {
     vec![
         core(
@@ -93,5 +118,58 @@ pub fn served_resources() -> Vec<OpenApiResource> {
             subresources: &[],
             schema: schema_of::<EventsV1Event>,
         },
+        grouped(RBAC, "Role", "roles", true, schema_of::<Role>),
+        grouped(
+            RBAC,
+            "ClusterRole",
+            "clusterroles",
+            false,
+            schema_of::<ClusterRole>,
+        ),
+        grouped(
+            RBAC,
+            "RoleBinding",
+            "rolebindings",
+            true,
+            schema_of::<RoleBinding>,
+        ),
+        grouped(
+            RBAC,
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+            false,
+            schema_of::<ClusterRoleBinding>,
+        ),
+        grouped(
+            AUTHZ,
+            "SubjectAccessReview",
+            "subjectaccessreviews",
+            false,
+            schema_of::<SubjectAccessReview>,
+        ),
+        grouped(
+            AUTHZ,
+            "LocalSubjectAccessReview",
+            "localsubjectaccessreviews",
+            true,
+            schema_of::<LocalSubjectAccessReview>,
+        ),
+        grouped(
+            AUTHZ,
+            "SelfSubjectAccessReview",
+            "selfsubjectaccessreviews",
+            false,
+            schema_of::<SelfSubjectAccessReview>,
+        ),
+        grouped(
+            AUTHZ,
+            "SelfSubjectRulesReview",
+            "selfsubjectrulesreviews",
+            false,
+            schema_of::<SelfSubjectRulesReview>,
+        ),
     ]
 }
+
+const RBAC: &str = crate::registry::authorization::RBAC_GROUP;
+const AUTHZ: &str = crate::registry::authorization::AUTHORIZATION_GROUP;

@@ -191,9 +191,11 @@ fn index_links_every_group_version_with_its_hash() {
         keys,
         [
             "api/v1",
+            "apis/authorization.k8s.io/v1",
             "apis/coordination.k8s.io/v1",
             "apis/discovery.k8s.io/v1",
             "apis/events.k8s.io/v1",
+            "apis/rbac.authorization.k8s.io/v1",
         ]
     );
     for key in keys {

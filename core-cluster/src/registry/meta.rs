@@ -17,6 +17,9 @@ pub enum NameRule {
     Subdomain,
     /// DNS-1123 label (namespaces, services).
     Label,
+    /// Any path segment: not `.` or `..`, no `/` or `%` (RBAC roles and bindings, whose names
+    /// are `system:node` and the like; upstream's `path.IsValidPathSegmentName`).
+    PathSegment,
 }
 
 fn is_alnum(c: u8) -> bool {
@@ -63,6 +66,16 @@ pub fn validate_name(name: &str, rule: NameRule) -> Vec<String> {
             let head = &name.as_bytes()[..name.len().min(DNS1123_LABEL_MAX)];
             if !is_label_bytes(head) || name.contains('.') {
                 errors.push("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')".to_owned());
+            }
+        }
+        NameRule::PathSegment => {
+            if name == "." || name == ".." {
+                errors.push(format!("may not be '{name}'"));
+            }
+            for bad in ["/", "%"] {
+                if name.contains(bad) {
+                    errors.push(format!("may not contain '{bad}'"));
+                }
             }
         }
     }
@@ -270,6 +283,11 @@ mod tests {
     #[test]
     fn label_names() {
         assert!(validate_name("kube-system", NameRule::Label).is_empty());
+        assert!(validate_name("system:node", NameRule::PathSegment).is_empty());
+        assert_eq!(
+            validate_name("a/b", NameRule::PathSegment),
+            ["may not contain '/'"]
+        );
         assert!(!validate_name("a.b", NameRule::Label).is_empty());
         assert!(!validate_name(&"a".repeat(64), NameRule::Label).is_empty());
     }

@@ -3,6 +3,7 @@
 //! The HTTP layer ([`crate::api`]) runs every verb generically over these definitions.
 
 pub mod allocator;
+pub mod authorization;
 pub mod events;
 pub mod meta;
 pub mod resources;

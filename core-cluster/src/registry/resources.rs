@@ -36,6 +36,14 @@ pub static ALL: &[&ResourceDef] = &[
     &ENDPOINT_SLICES,
     &EVENTS_V1,
     &TOKEN_REVIEWS,
+    &super::authorization::ROLES,
+    &super::authorization::CLUSTER_ROLES,
+    &super::authorization::ROLE_BINDINGS,
+    &super::authorization::CLUSTER_ROLE_BINDINGS,
+    &super::authorization::SUBJECT_ACCESS_REVIEWS,
+    &super::authorization::LOCAL_SUBJECT_ACCESS_REVIEWS,
+    &super::authorization::SELF_SUBJECT_ACCESS_REVIEWS,
+    &super::authorization::SELF_SUBJECT_RULES_REVIEWS,
 ];
 
 /// Resources that are never stored: a create is answered at once and nothing else is

@@ -272,8 +272,17 @@ impl NodeState {
     }
 }
 
+/// Makes the client a node's kubelet uses, from the node's name: each kubelet then acts as
+/// its own identity (`system:node:<name>`), through `ApiServer::router_as` in process or a
+/// per-node client certificate over TLS.
+pub type NodeClientFactory = Arc<dyn Fn(&str) -> Client + Send + Sync>;
+
 struct Shared {
+    /// The fleet-wide client: the pod watch, the control ConfigMap and annotation watches.
     client: Client,
+    /// Per-node clients (see [`NodeSimulator::with_node_clients`]); none: `client` for all.
+    node_clients: std::sync::OnceLock<NodeClientFactory>,
+    node_client_cache: RwLock<HashMap<String, Client>>,
     config: SimConfig,
     clock: SimClock,
     nodes: RwLock<HashMap<String, Arc<NodeState>>>,
@@ -293,6 +302,21 @@ struct Shared {
 }
 
 impl Shared {
+    /// The client the kubelet of `node` acts through.
+    fn client_for(&self, node: &str) -> Client {
+        let Some(factory) = self.node_clients.get() else {
+            return self.client.clone();
+        };
+        if let Some(client) = self.node_client_cache.read().get(node) {
+            return client.clone();
+        }
+        self.node_client_cache
+            .write()
+            .entry(node.to_owned())
+            .or_insert_with(|| factory(node))
+            .clone()
+    }
+
     fn node(&self, name: &str) -> Result<Arc<NodeState>, SimError> {
         self.nodes
             .read()
@@ -355,6 +379,8 @@ impl NodeSimulator {
         Self {
             shared: Arc::new(Shared {
                 client,
+                node_clients: std::sync::OnceLock::new(),
+                node_client_cache: RwLock::new(HashMap::new()),
                 config,
                 clock: SimClock::new(),
                 nodes: RwLock::new(HashMap::new()),
@@ -372,6 +398,16 @@ impl NodeSimulator {
                 pods: pods::PodTracker::default(),
             }),
         }
+    }
+
+    /// Each kubelet acts through its own client, made by `factory` from the node's name
+    /// (its Node, Lease, status and pod writes); the simulator's own watches keep the client
+    /// given to [`new`](Self::new). Set once, before [`run`](Self::run).
+    pub fn with_node_clients(self, factory: NodeClientFactory) -> Self {
+        if self.shared.node_clients.set(factory).is_err() {
+            tracing::warn!("node clients were already set; keeping the first factory");
+        }
+        self
     }
 
     /// Adds nodes to simulate (names, or [`SimNode`]s with zones and IPs). Nodes added

@@ -240,7 +240,7 @@ impl Kubelet {
     /// Registers the node (retrying with kubelet's 100 ms → 7 s backoff) and creates its
     /// Lease. False on shutdown.
     async fn register(&mut self) -> bool {
-        let api: Api<Node> = Api::all(self.shared.client.clone());
+        let api: Api<Node> = Api::all(self.shared.client_for(&self.node.name));
         let mut backoff = LEASE_BACKOFF_START;
         loop {
             if self.shutdown.is_cancelled() {
@@ -360,7 +360,7 @@ impl Kubelet {
     }
 
     fn lease_api(&self) -> Api<Lease> {
-        Api::namespaced(self.shared.client.clone(), LEASE_NAMESPACE)
+        Api::namespaced(self.shared.client_for(&self.node.name), LEASE_NAMESPACE)
     }
 
     /// The lease controller's `sync`: PUT the cached Lease; otherwise ensure it exists
@@ -448,7 +448,7 @@ impl Kubelet {
             return Ok((l, false));
         }
         // SetNodeOwnerFunc: the owner must exist; without it the create is skipped.
-        let nodes: Api<Node> = Api::all(self.shared.client.clone());
+        let nodes: Api<Node> = Api::all(self.shared.client_for(&self.node.name));
         let node = nodes.get(&self.node.name).await?;
         let lease = Lease {
             metadata: ObjectMeta {
@@ -523,7 +523,7 @@ pub(super) async fn post_status(
     node: &str,
     conditions: Vec<NodeCondition>,
 ) -> bool {
-    let api: Api<Node> = Api::all(shared.client.clone());
+    let api: Api<Node> = Api::all(shared.client_for(node));
     let patch = json!({"status": {"conditions": conditions}});
     match api
         .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))

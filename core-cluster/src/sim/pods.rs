@@ -136,7 +136,7 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
             let Ok(_permit) = shared.pod_writes.acquire().await else {
                 return;
             };
-            let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
+            let api: Api<Pod> = Api::namespaced(shared.client_for(&node.name), &ns);
             let params = DeleteParams {
                 grace_period_seconds: Some(0),
                 preconditions: Some(Preconditions {
@@ -179,7 +179,7 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
         let Ok(_permit) = shared.pod_writes.acquire().await else {
             return;
         };
-        let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
+        let api: Api<Pod> = Api::namespaced(shared.client_for(&node.name), &ns);
         match api
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
             .await
@@ -320,7 +320,7 @@ pub(super) async fn graceful_shutdown(
     let now = shared.clock.now();
     node::post_status(shared, &node.name, node::conditions(now, now, now, true)).await;
 
-    let api: Api<Pod> = Api::all(shared.client.clone());
+    let api: Api<Pod> = Api::all(shared.client_for(&node.name));
     let pods = api
         .list(&ListParams::default().fields(&format!("spec.nodeName={}", node.name)))
         .await?;
@@ -342,8 +342,10 @@ pub(super) async fn graceful_shutdown(
     );
     for (group, period) in [(regular, regular_period), (critical, critical_period)] {
         let kills = group.iter().map(|pod| {
-            let api: Api<Pod> =
-                Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
+            let api: Api<Pod> = Api::namespaced(
+                shared.client_for(&node.name),
+                &pod.namespace().unwrap_or_default(),
+            );
             let status = shutdown_status(shared, pod);
             let name = pod.name_any();
             async move {
