@@ -221,9 +221,10 @@ pub struct CloudControllerManagerOptions {
     /// provider supports it. Default true: one call per sync instead of one per Node.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub batch_instance_metadata: bool,
-    /// Beyond upstream: how long an instance must be gone before its Node is deleted. Default
-    /// 0 = delete at once, as upstream; a grace period rides out transient cloud answers.
-    #[arg(long, default_value = "0")]
+    /// Beyond upstream: how long (and at least two answers) an instance must be gone before
+    /// its Node is deleted. Default 1m rides out an eventually-consistent cloud's "not found"
+    /// about an instance that exists (kubernetes#127424); 0 = delete at once, as upstream.
+    #[arg(long, default_value = "1m")]
     pub node_deletion_grace_period: GoDuration,
     /// Beyond upstream: reconcile routes on Node changes instead of only periodically.
     /// Default false = upstream (its gate is alpha and off).
@@ -499,7 +500,10 @@ mod tests {
         assert!(!o.allow_untagged_cloud);
         assert_eq!((o.cloud_api_qps, o.cloud_api_burst), (0.0, 0));
         assert!(o.batch_instance_metadata);
-        assert!(o.node_deletion_grace_period.value.is_zero());
+        assert_eq!(
+            o.node_deletion_grace_period.value,
+            crate::controllers::node_lifecycle::DEFAULT_DELETE_GRACE_PERIOD
+        );
         assert!(!o.watch_based_routes);
         assert!(o.lb_drift_reensure_period.value.is_zero());
         assert_eq!(o.log_format, LogFormat::Text);

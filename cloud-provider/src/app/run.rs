@@ -13,7 +13,7 @@ use super::options::{
     CloudControllerManagerOptions, LogFormat, OptionsError, is_controller_enabled,
 };
 use super::serve::{self, HealthChecks, Metrics};
-use crate::controllers::{CloudRateLimiter, ControllerContext};
+use crate::controllers::{CloudRateLimiter, ControllerContext, NodeCache};
 use crate::{BoxError, CloudError, CloudProvider, InitContext, RegistryError, SharedClient};
 
 /// A running controller: ends when the context's `shutdown` token is cancelled.
@@ -345,6 +345,8 @@ impl Starter {
             .await
             .map_err(AppError::Initialize)?;
         let disabled = self.controllers.disabled_by_default();
+        // One Node watch for every controller (upstream's shared informer factory).
+        let nodes = NodeCache::new(self.client.clone(), token.clone());
         let mut running = Vec::new();
         for (name, construct, _) in &self.controllers.entries {
             if !is_controller_enabled(&self.options.controllers, name, &disabled) {
@@ -357,7 +359,8 @@ impl Starter {
                 &self.options.cluster_name,
                 token.child_token(),
             )
-            .with_cloud_limiter(self.limiter.clone());
+            .with_cloud_limiter(self.limiter.clone())
+            .with_node_cache(nodes.clone());
             match construct(ctx, &self.options) {
                 Err(source) => {
                     return Err(AppError::Controller {
