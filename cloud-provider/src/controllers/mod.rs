@@ -15,6 +15,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::CloudProvider;
+pub use events::EventRecorder;
 pub use node_cache::{NodeCache, NodeEvent, NodeEvents};
 pub use rate_limit::CloudRateLimiter;
 
@@ -34,6 +35,8 @@ pub struct ControllerContext {
     pub shutdown: CancellationToken,
     /// The Node cache every controller shares (one watch, trimmed Nodes).
     pub nodes: NodeCache,
+    /// The Event recorder every controller shares (client-go's correlator caches).
+    pub events: EventRecorder,
 }
 
 impl ControllerContext {
@@ -46,6 +49,7 @@ impl ControllerContext {
     ) -> Self {
         ControllerContext {
             nodes: NodeCache::new(client.clone(), shutdown.clone()),
+            events: EventRecorder::new(client.clone()),
             client,
             cloud,
             cluster_name: cluster_name.into(),
@@ -57,6 +61,12 @@ impl ControllerContext {
     /// Replaces the Node cache, so several controllers share one watch.
     pub fn with_node_cache(mut self, nodes: NodeCache) -> Self {
         self.nodes = nodes;
+        self
+    }
+
+    /// Replaces the Event recorder, so several controllers share its caches.
+    pub fn with_event_recorder(mut self, events: EventRecorder) -> Self {
+        self.events = events;
         self
     }
 

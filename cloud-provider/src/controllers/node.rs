@@ -21,7 +21,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::events::{self, EventType};
+use super::events::EventType;
 use super::{ControllerContext, NodeEvent};
 use crate::helpers::node_address::node_addresses_from_node_ip;
 use crate::helpers::parse_ip_sloppy;
@@ -281,15 +281,16 @@ impl CloudNodeController {
                 Err(err) => {
                     warn!(node = %name, error = %err, "failed to initialize node");
                     if let Some(node) = self.ctx.nodes.get(&name) {
-                        events::record(
-                            &self.ctx.client,
-                            COMPONENT,
-                            &*node,
-                            EventType::Warning,
-                            "FailedToInitializeNode",
-                            &format!("failed to initialize node {name}: {err}"),
-                        )
-                        .await;
+                        self.ctx
+                            .events
+                            .record(
+                                COMPONENT,
+                                &*node,
+                                EventType::Warning,
+                                "FailedToInitializeNode",
+                                &format!("failed to initialize node {name}: {err}"),
+                            )
+                            .await;
                     }
                     let retry_after = match &err {
                         SyncError::Cloud(err) => err.retry_after_delay(),
@@ -485,15 +486,16 @@ impl CloudNodeController {
             patch_addresses(&api, &updated, addresses).await?;
         }
         info!("successfully initialized node");
-        events::record(
-            &self.ctx.client,
-            COMPONENT,
-            &updated,
-            EventType::Normal,
-            "Synced",
-            "Node synced successfully",
-        )
-        .await;
+        self.ctx
+            .events
+            .record(
+                COMPONENT,
+                &updated,
+                EventType::Normal,
+                "Synced",
+                "Node synced successfully",
+            )
+            .await;
         Ok(())
     }
 

@@ -31,7 +31,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::ControllerContext;
-use super::events::{self, EventType};
+use super::events::EventType;
 use super::node::{ConfigError, has_taint, node_name, provider_id_of, supports_instances};
 use crate::well_known::TAINT_SHUTDOWN;
 use crate::{CloudError, instance_provider_id};
@@ -211,26 +211,28 @@ impl CloudNodeLifecycleController {
         }
         self.gone_since.remove(&name);
         info!("deleting node because it does not exist in the cloud provider");
-        events::record(
-            &self.ctx.client,
-            COMPONENT,
-            node,
-            EventType::Normal,
-            "DeletingNode",
-            &format!("Deleting node {name} because it does not exist in the cloud provider"),
-        )
-        .await;
-        if let Err(err) = api.delete(&name, &DeleteParams::default()).await {
-            warn!(error = %err, "unable to delete node");
-            events::record(
-                &self.ctx.client,
+        self.ctx
+            .events
+            .record(
                 COMPONENT,
                 node,
-                EventType::Warning,
-                "DeletingNodeFailed",
-                &format!("Error deleting node {name}: {err}"),
+                EventType::Normal,
+                "DeletingNode",
+                &format!("Deleting node {name} because it does not exist in the cloud provider"),
             )
             .await;
+        if let Err(err) = api.delete(&name, &DeleteParams::default()).await {
+            warn!(error = %err, "unable to delete node");
+            self.ctx
+                .events
+                .record(
+                    COMPONENT,
+                    node,
+                    EventType::Warning,
+                    "DeletingNodeFailed",
+                    &format!("Error deleting node {name}: {err}"),
+                )
+                .await;
         }
     }
 

@@ -28,7 +28,7 @@ use kube::{Api, ResourceExt};
 use tokio::sync::{Notify, Semaphore};
 use tracing::Instrument;
 
-use super::events::{EventType, record};
+use super::events::EventType;
 use super::{ControllerContext, NodeEvent, NodeEvents};
 use crate::{CloudError, Route, Routes};
 
@@ -419,15 +419,16 @@ impl RouteController {
                         started.elapsed()
                     );
                     tracing::warn!("{message}");
-                    record(
-                        &self.ctx.client,
-                        COMPONENT,
-                        node,
-                        EventType::Warning,
-                        "FailedToCreateRoute",
-                        &message,
-                    )
-                    .await;
+                    self.ctx
+                        .events
+                        .record(
+                            COMPONENT,
+                            node,
+                            EventType::Warning,
+                            "FailedToCreateRoute",
+                            &message,
+                        )
+                        .await;
                     false
                 }
             }

@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
-use super::events::{EventType, record};
+use super::events::EventType;
 use super::{ControllerContext, NodeEvent};
 use crate::helpers::service::{
     has_load_balancer_finalizer, load_balancer_status_equal, wants_load_balancer,
@@ -630,7 +630,10 @@ impl ServiceController {
     }
 
     async fn event(&self, svc: &Service, type_: EventType, reason: &str, message: &str) {
-        record(&self.ctx.client, COMPONENT, svc, type_, reason, message).await;
+        self.ctx
+            .events
+            .record(COMPONENT, svc, type_, reason, message)
+            .await;
     }
 
     /// Syncs one Service by key (`namespace/name`).
