@@ -76,6 +76,8 @@ struct Inner {
 #[derive(Default)]
 struct State {
     nodes: HashMap<String, Arc<Node>>,
+    /// Bumped on every change of `nodes`.
+    generation: u64,
     synced: bool,
     /// The names seen during the list in progress, to find Nodes deleted during a gap.
     relisting: Option<HashSet<String>>,
@@ -101,6 +103,7 @@ impl State {
         if old.as_deref() == Some(&*new) {
             return;
         }
+        self.generation += 1;
         self.send(NodeEvent::Applied { old, new });
     }
 
@@ -109,6 +112,7 @@ impl State {
             return;
         };
         if let Some(old) = self.nodes.remove(name) {
+            self.generation += 1;
             self.send(NodeEvent::Deleted(old));
         }
     }
@@ -123,6 +127,7 @@ impl State {
                 .collect();
             for name in gone {
                 if let Some(old) = self.nodes.remove(&name) {
+                    self.generation += 1;
                     self.send(NodeEvent::Deleted(old));
                 }
             }
@@ -174,6 +179,12 @@ impl NodeCache {
     pub fn list(&self) -> Vec<Arc<Node>> {
         self.start();
         self.inner.state.lock().nodes.values().cloned().collect()
+    }
+
+    /// A number that changes whenever a cached Node does: a reader's derived data is stale
+    /// once it differs.
+    pub fn generation(&self) -> u64 {
+        self.inner.state.lock().generation
     }
 
     /// Whether the initial list has completed.

@@ -299,23 +299,17 @@ struct State {
     /// The node set each Service's load balancer was last given. Services given the same set
     /// share one copy (1,000 Services × 10,000 Nodes would otherwise be 10 million entries).
     last_synced_nodes: HashMap<String, Arc<NodeSet>>,
-    /// The node set most recently computed, which the next equal set reuses.
-    current_node_set: Option<Arc<NodeSet>>,
+    /// The eligible Nodes and their set at a Node cache generation, reused until the cache
+    /// changes (1,000 Services need not copy 10,000 Nodes each).
+    eligible: Option<Eligible>,
 }
 
-impl State {
-    /// `nodes` as a shared [`NodeSet`]: the current one when equal.
-    fn shared_node_set(&mut self, nodes: &[Node]) -> Arc<NodeSet> {
-        let set = node_set(nodes);
-        match &self.current_node_set {
-            Some(current) if **current == set => current.clone(),
-            _ => {
-                let set = Arc::new(set);
-                self.current_node_set = Some(set.clone());
-                set
-            }
-        }
-    }
+/// The eligible Nodes at one Node cache generation.
+#[derive(Clone)]
+struct Eligible {
+    generation: u64,
+    nodes: Arc<Vec<Node>>,
+    set: Arc<NodeSet>,
 }
 
 /// The service controller.
@@ -519,9 +513,16 @@ impl ServiceController {
         }
     }
 
-    /// The eligible Nodes, from the shared Node cache (never a LIST per sync).
-    async fn eligible_nodes(&self) -> Vec<Node> {
+    /// The eligible Nodes and their set, from the shared Node cache (never a LIST per sync),
+    /// computed once per change of the cache.
+    async fn eligible_nodes(&self) -> Eligible {
         self.ctx.nodes.wait_synced().await;
+        let generation = self.ctx.nodes.generation();
+        if let Some(eligible) = &self.state.lock().eligible
+            && eligible.generation == generation
+        {
+            return eligible.clone();
+        }
         let mut nodes: Vec<Node> = self
             .ctx
             .nodes
@@ -531,12 +532,25 @@ impl ServiceController {
             .map(Arc::unwrap_or_clone)
             .collect();
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        nodes
+        let mut state = self.state.lock();
+        let set = node_set(&nodes);
+        // An unchanged set keeps its one shared copy.
+        let set = match &state.eligible {
+            Some(old) if *old.set == set => old.set.clone(),
+            _ => Arc::new(set),
+        };
+        let eligible = Eligible {
+            generation,
+            nodes: Arc::new(nodes),
+            set,
+        };
+        state.eligible = Some(eligible.clone());
+        eligible
     }
 
     /// Updates the hosts of every cached load balancer whose eligible node set changed.
     pub async fn sync_nodes(&self) -> Result<(), kube::Error> {
-        let nodes = self.eligible_nodes().await;
+        let eligible = self.eligible_nodes().await;
         let services: Vec<(String, Service)> = {
             let state = self.state.lock();
             state
@@ -546,13 +560,13 @@ impl ServiceController {
                 .map(|(k, s)| (k.clone(), s.clone()))
                 .collect()
         };
-        let nodes = &nodes;
+        let eligible = &eligible;
         futures::stream::iter(services)
             .for_each_concurrent(
                 self.config.concurrent_service_syncs,
                 |(key, svc)| async move {
                     let span = tracing::info_span!("node_sync", service = %key);
-                    self.node_sync_service(&key, &svc, nodes)
+                    self.node_sync_service(&key, &svc, eligible)
                         .instrument(span)
                         .await;
                 },
@@ -561,12 +575,14 @@ impl ServiceController {
         Ok(())
     }
 
-    async fn node_sync_service(&self, key: &str, svc: &Service, nodes: &[Node]) {
+    async fn node_sync_service(&self, key: &str, svc: &Service, eligible: &Eligible) {
+        let nodes = eligible.nodes.as_slice();
         let changed = {
             let mut state = self.state.lock();
-            let set = state.shared_node_set(nodes);
-            let old = state.last_synced_nodes.insert(key.to_owned(), set.clone());
-            old.is_none_or(|old| old != set)
+            let old = state
+                .last_synced_nodes
+                .insert(key.to_owned(), eligible.set.clone());
+            old.is_none_or(|old| !Arc::ptr_eq(&old, &eligible.set) && *old != *eligible.set)
         };
         if !changed {
             return;
@@ -781,7 +797,8 @@ impl ServiceController {
         if !has_load_balancer_finalizer(svc) {
             self.patch_finalizer(svc, true).await?;
         }
-        let nodes = self.eligible_nodes().await;
+        let eligible = self.eligible_nodes().await;
+        let nodes = eligible.nodes.as_slice();
         if nodes.is_empty() {
             self.event(
                 svc,
@@ -791,15 +808,14 @@ impl ServiceController {
             )
             .await;
         }
-        {
-            let mut state = self.state.lock();
-            let set = state.shared_node_set(&nodes);
-            state.last_synced_nodes.insert(key_of(svc), set);
-        }
+        self.state
+            .lock()
+            .last_synced_nodes
+            .insert(key_of(svc), eligible.set.clone());
         self.ctx.cloud_limiter.acquire().await;
         let status = match self
             .lb()
-            .ensure_load_balancer(&self.ctx.cluster_name, svc, &nodes)
+            .ensure_load_balancer(&self.ctx.cluster_name, svc, nodes)
             .await
         {
             Ok(status) => status,
