@@ -129,8 +129,12 @@ pub enum AppError {
 /// Installs the global `tracing` subscriber: `RUST_LOG` filter (default `info`), text or JSON
 /// lines on stderr. A second call does nothing.
 pub fn init_logging(format: LogFormat) {
+    install_logging("info", format);
+}
+
+fn install_logging(default_level: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -143,18 +147,10 @@ pub fn init_logging(format: LogFormat) {
 /// [`init_logging`] as the flags say: `--logging-format` (else `--log-format`), and `-v`
 /// mapped to a level when `RUST_LOG` is unset.
 pub fn init_logging_for(options: &CloudControllerManagerOptions) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(super::upstream_flags::level_for_verbosity(
-            options.verbosity,
-        ))
-    });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match options.effective_log_format() {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
+    install_logging(
+        super::upstream_flags::level_for_verbosity(options.verbosity),
+        options.effective_log_format(),
+    );
 }
 
 /// The cluster client `--kubeconfig` / `--master` describe, else the in-cluster config.
