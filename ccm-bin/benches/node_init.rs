@@ -12,7 +12,11 @@
 //! (providerID set, uninitialized taint gone), the cloud calls by method, and peak RSS.
 //!
 //! `cargo bench -p ccm-bin --bench node_init -- [--nodes 10000] [--latency-ms 20]
-//! [--concurrent-node-syncs 1] [--upstream]`
+//! [--concurrent-node-syncs 1] [--services 1000] [--upstream]`
+//!
+//! `--services N` LoadBalancer Services exist before the ccm starts (default 1,000), so the
+//! service controller holds N load balancers over every Node while the Nodes join: the peak
+//! RSS goal is measured with them.
 //! (`--upstream`: `--concurrent-node-syncs=1 --batch-instance-metadata=false`, upstream's
 //! behaviour).
 
@@ -62,10 +66,36 @@ fn counts_of(line: &str) -> Option<(u64, u64)> {
     ))
 }
 
+/// `count` LoadBalancer Services in `default`, 64 creates in flight.
+async fn create_services(client: &kube::Client, count: u64) -> anyhow::Result<()> {
+    use futures::{StreamExt, TryStreamExt};
+    use k8s_openapi::api::core::v1::Service;
+    let api: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let svc: Service = serde_json::from_value(serde_json::json!({
+                    "metadata": { "name": format!("lb-{i}") },
+                    "spec": {
+                        "type": "LoadBalancer",
+                        "ports": [{ "port": 80, "protocol": "TCP" }],
+                    },
+                }))?;
+                api.create(&Default::default(), &svc).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(64)
+        .try_collect::<()>()
+        .await
+}
+
 fn main() -> anyhow::Result<()> {
     let nodes = arg("--nodes", 10_000);
     let latency = Duration::from_millis(arg("--latency-ms", 20));
     let upstream = std::env::args().any(|a| a == "--upstream");
+    let services = arg("--services", 1_000);
     let zones = ["zone-a", "zone-b", "zone-c"];
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
@@ -167,6 +197,7 @@ fn main() -> anyhow::Result<()> {
         )
         .await?;
         let client = kube::Client::try_from(config)?;
+        create_services(&client, services).await?;
         let manager = tokio::spawn(run_with(
             options,
             default_registry(),
@@ -197,7 +228,7 @@ fn main() -> anyhow::Result<()> {
         format!("batched,concurrent-node-syncs={syncs}")
     };
     println!(
-        "node_init nodes={nodes} latency={latency:?} mode={mode} all_registered_after={:.1}s all_initialized_after={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={}",
+        "node_init nodes={nodes} services={services} latency={latency:?} mode={mode} all_registered_after={:.1}s all_initialized_after={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={}",
         (registered - started).as_secs_f64(),
         (done - started).as_secs_f64(),
         calls.len(),

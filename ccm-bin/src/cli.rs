@@ -72,7 +72,7 @@ pub(crate) fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => error.exit(),
     };
-    cloud_provider::app::init_logging(cli.ccm.log_format);
+    cloud_provider::app::init_logging_for(&cli.ccm);
     let result = match cli.command {
         None => manage(cli.ccm, cli.embedded, &matches),
         Some(Command::Apiserver(args)) => apiserver(args),

@@ -67,6 +67,12 @@ fn start_lifecycle(
     Stop(token)
 }
 
+/// Upstream's deletion on the first "gone" answer (`--node-deletion-grace-period 0`): the
+/// checklist rows about deletion describe that mode, while our default waits a minute.
+fn upstream_deletion() -> CloudNodeLifecycleConfig {
+    CloudNodeLifecycleConfig::default().with_delete_grace_period(Duration::ZERO)
+}
+
 struct Stop(CancellationToken);
 
 impl Drop for Stop {
@@ -166,6 +172,12 @@ async fn events(client: &kube::Client, node: &str, reason: &str) -> Vec<Event> {
             e.involved_object.name.as_deref() == Some(node) && e.reason.as_deref() == Some(reason)
         })
         .collect()
+}
+
+/// How many times these events were emitted: client-go's correlator (and ours) records a
+/// repeat as `count` on the first Event.
+fn times(events: &[Event]) -> i32 {
+    events.iter().map(|e| e.count.unwrap_or(1)).sum()
 }
 
 fn ip(s: &str) -> std::net::IpAddr {
@@ -344,12 +356,7 @@ async fn an_empty_provider_id_keeps_the_taint_and_warns() {
     assert!(has_taint(&node, TAINT_UNINITIALIZED));
     assert_eq!(provider_id(&node), None);
     // Retried with backoff: more than one warning by now.
-    assert!(
-        events(&client, "node-1", "FailedToInitializeNode")
-            .await
-            .len()
-            > 1
-    );
+    assert!(times(&events(&client, "node-1", "FailedToInitializeNode").await) > 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -815,7 +822,7 @@ async fn a_not_ready_node_gone_from_the_cloud_is_deleted() {
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")]);
     node_with_ready(&client, "node-1", Some("False"), vec![], Some("fake://i-1")).await;
-    let _stop = start_lifecycle(&client, cloud.clone(), CloudNodeLifecycleConfig::default());
+    let _stop = start_lifecycle(&client, cloud.clone(), upstream_deletion());
     tokio::time::sleep(Duration::from_secs(12)).await;
     assert!(get(&client, "node-1").await.is_some());
     // Every 5 s: an existence check per period.
@@ -844,7 +851,7 @@ async fn a_node_without_ready_condition_is_checked() {
     let client = client().await;
     let cloud = fake([]);
     node_with_ready(&client, "node-1", None, vec![], Some("fake://i-gone")).await;
-    let _stop = start_lifecycle(&client, cloud, CloudNodeLifecycleConfig::default());
+    let _stop = start_lifecycle(&client, cloud, upstream_deletion());
     eventually(10, "node deleted", || async {
         get(&client, "node-1").await.is_none().then_some(())
     })
@@ -857,7 +864,7 @@ async fn v1_instance_not_found_for_a_node_without_provider_id_deletes_it() {
     let client = client().await;
     let cloud = Arc::new(FakeCloud::builder().parts(v1_parts()).build());
     node_with_ready(&client, "node-1", Some("Unknown"), vec![], None).await;
-    let _stop = start_lifecycle(&client, cloud.clone(), CloudNodeLifecycleConfig::default());
+    let _stop = start_lifecycle(&client, cloud.clone(), upstream_deletion());
     eventually(10, "node deleted", || async {
         get(&client, "node-1").await.is_none().then_some(())
     })
@@ -892,7 +899,7 @@ async fn instance_not_found_from_the_existence_check_counts_as_gone() {
     let cloud = fake([FakeInstance::new("i-1", "node-1")]);
     cloud.inject(FaultRule::always(Fault::InstanceNotFound).on(Method::InstanceExists));
     node_with_ready(&client, "node-1", Some("False"), vec![], Some("fake://i-1")).await;
-    let _stop = start_lifecycle(&client, cloud, CloudNodeLifecycleConfig::default());
+    let _stop = start_lifecycle(&client, cloud, upstream_deletion());
     eventually(10, "node deleted", || async {
         get(&client, "node-1").await.is_none().then_some(())
     })
@@ -1002,6 +1009,43 @@ async fn the_delete_grace_period_delays_deletion() {
     .await;
 }
 
+/// kubernetes#127424 ("EKS has seen … delete a Node that does exist"): by default one "gone"
+/// answer from an eventually-consistent cloud deletes nothing. The instance is reported gone
+/// for 30 s and then exists again: the Node stays; gone for good, it goes after the default
+/// grace period (60 s of "gone" answers).
+#[tokio::test(start_paused = true)]
+async fn by_default_a_transient_gone_answer_deletes_no_node() {
+    let client = client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1")]);
+    node_with_ready(&client, "node-1", Some("False"), vec![], Some("fake://i-1")).await;
+    cloud.remove_instance("i-1");
+    let _stop = start_lifecycle(&client, cloud.clone(), CloudNodeLifecycleConfig::default());
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(cloud.call_count(Method::InstanceExists) >= 5);
+    assert!(
+        get(&client, "node-1").await.is_some(),
+        "deleted on a transient answer"
+    );
+    cloud.add_instance(FakeInstance::new("i-1", "node-1"));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(
+        get(&client, "node-1").await.is_some(),
+        "the instance exists again"
+    );
+    cloud.remove_instance("i-1");
+    tokio::time::sleep(Duration::from_secs(50)).await;
+    assert!(
+        get(&client, "node-1").await.is_some(),
+        "the grace period starts again after an \"exists\""
+    );
+    eventually(
+        20,
+        "node deleted after the default grace period",
+        || async { get(&client, "node-1").await.is_none().then_some(()) },
+    )
+    .await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_bad_provided_node_ip_annotation_keeps_the_taint() {
     // upstream-cloud-provider.md §6 row 18: two IPs of the same family is a parse error.
@@ -1054,7 +1098,7 @@ async fn row35_a_failed_delete_warns_and_is_retried() {
         "InternalError",
         1,
     );
-    let _stop = start_lifecycle(&client, cloud, CloudNodeLifecycleConfig::default());
+    let _stop = start_lifecycle(&client, cloud, upstream_deletion());
     let failed = eventually(10, "DeletingNodeFailed", || async {
         Some(events(&client, "node-1", "DeletingNodeFailed").await).filter(|e| !e.is_empty())
     })
@@ -1077,7 +1121,7 @@ async fn row35_a_failed_delete_warns_and_is_retried() {
         .map(|s| s.failed_with)
         .collect();
     assert_eq!(deletes, vec![Some(500), None]);
-    assert_eq!(events(&client, "node-1", "DeletingNode").await.len(), 2);
+    assert_eq!(times(&events(&client, "node-1", "DeletingNode").await), 2);
 }
 
 /// Beyond upstream (§5 row 5), over a real socket: Nodes that register while a batched call

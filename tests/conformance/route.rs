@@ -212,6 +212,33 @@ async fn row50_create_failure_condition_and_event() {
     );
 }
 
+/// Issue 13 item 4, client-go's EventCorrelator: a route failing every reconcile (every 10 s
+/// for 5 minutes) bumps `count` and `lastTimestamp` of one Event instead of writing 30.
+#[tokio::test(start_paused = true)]
+async fn a_failing_route_writes_one_event_with_a_count() {
+    let client = client().await;
+    let cloud = cloud(&["n1"]);
+    add_node(&client, "n1", &["10.244.1.0/24"]).await;
+    cloud.inject(FaultRule::always(Fault::Error("quota".into())).on(Method::CreateRoute));
+    let rc = controller(&client, &cloud, &["10.244.0.0/16"]);
+    for _ in 0..30 {
+        assert_eq!(rc.reconcile().await.unwrap().failed_creates, 1);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    let events: Vec<Event> = Api::<Event>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedToCreateRoute"))
+        .collect();
+    assert_eq!(events.len(), 1, "one Event, not one per reconcile");
+    let count = events[0].count.unwrap_or(0);
+    // 25 from the spam filter's burst, then one token per 5 minutes.
+    assert!((25..=27).contains(&count), "count {count}");
+}
+
 /// Row 51: same status with a foreign reason (CalicoIsUp) is overwritten.
 #[tokio::test(start_paused = true)]
 async fn row51_foreign_reason_is_overwritten() {

@@ -48,6 +48,10 @@ pub(crate) struct Tap {
     rules: Mutex<Vec<Rule>>,
     /// Every request fails with 503 (the client's process is gone).
     down: std::sync::atomic::AtomicBool,
+    /// `true` while cut: open response bodies (watches) end when it turns `true`.
+    cut_signal: tokio::sync::watch::Sender<bool>,
+    /// Paths whose next watch is answered with an expired resource version.
+    expire: Mutex<Vec<String>>,
 }
 
 impl Tap {
@@ -81,8 +85,22 @@ impl Tap {
 
     /// From now on every request of this client fails with 503 Service Unavailable without
     /// reaching the API server: the connections of a process that died.
+    /// Open watches end too, as the connections of a dead peer do.
     pub(crate) fn cut(&self) {
         self.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.cut_signal.send_replace(true);
+    }
+
+    /// Undoes [`cut`](Self::cut): requests reach the API server again.
+    pub(crate) fn restore(&self) {
+        self.cut_signal.send_replace(false);
+        self.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Answers the next watch on `path` as an API server that compacted the watch's resource
+    /// version does: `200` and one `ERROR` event with status 410 Gone, so the client relists.
+    pub(crate) fn expire_next_watch(&self, path: &str) {
+        self.expire.lock().push(path.to_owned());
     }
 
     /// Every request so far, in order.
@@ -105,6 +123,15 @@ async fn handle(State(tap): State<Arc<Tap>>, request: Request, next: Next) -> Re
         .await
         .unwrap_or_default();
     let path = parts.uri.path().to_owned();
+    let is_watch = parts
+        .uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+    let expired = is_watch && !tap.down.load(std::sync::atomic::Ordering::SeqCst) && {
+        let mut expire = tap.expire.lock();
+        let found = expire.iter().position(|p| *p == path);
+        found.map(|i| expire.remove(i)).is_some()
+    };
     let failure = if tap.down.load(std::sync::atomic::Ordering::SeqCst) {
         Some((503, "ServiceUnavailable"))
     } else {
@@ -129,6 +156,25 @@ async fn handle(State(tap): State<Arc<Tap>>, request: Request, next: Next) -> Re
         at: Instant::now(),
         failed_with: failure.map(|(status, _)| status),
     });
+    if expired {
+        let event = serde_json::json!({
+            "type": "ERROR",
+            "object": {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": "too old resource version (injected by the test)",
+                "reason": "Expired",
+                "code": 410,
+            },
+        });
+        return Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "application/json")
+            .body(Body::from(format!("{event}\n")))
+            .unwrap_or_default();
+    }
     if let Some((status, reason)) = failure {
         let status_body = serde_json::json!({
             "kind": "Status",
@@ -145,5 +191,18 @@ async fn handle(State(tap): State<Arc<Tap>>, request: Request, next: Next) -> Re
             .body(Body::from(status_body.to_string()))
             .unwrap_or_default();
     }
-    next.run(Request::from_parts(parts, Body::from(body))).await
+    let response = next.run(Request::from_parts(parts, Body::from(body))).await;
+    // The body (a watch's, above all) ends when the tap is cut.
+    let (parts, body) = response.into_parts();
+    let cut = tap.cut_signal.subscribe();
+    let data = body.into_data_stream();
+    let body = futures::stream::unfold((data, cut), |(mut data, mut cut)| async move {
+        use futures::StreamExt;
+        let item = tokio::select! {
+            item = data.next() => item,
+            _ = cut.wait_for(|cut| *cut) => None,
+        };
+        item.map(|item| (item, (data, cut)))
+    });
+    Response::from_parts(parts, Body::from_stream(body))
 }

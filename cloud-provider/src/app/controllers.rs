@@ -41,7 +41,10 @@ fn start_cloud_node(
     let config = CloudNodeConfig::default()
         .with_node_status_update_frequency(options.node_status_update_frequency.value)
         .with_concurrent_node_syncs(usize::try_from(options.concurrent_node_syncs).unwrap_or(0))
-        .with_batch(options.batch_instance_metadata);
+        .with_batch(options.batch_instance_metadata)
+        .with_concurrent_node_status_updates(
+            usize::try_from(options.concurrent_node_status_updates).unwrap_or(0),
+        );
     Ok(CloudNodeController::new(ctx, config)?.map(|c| {
         Box::pin(async move {
             c.run().await;
@@ -76,7 +79,7 @@ fn start_route(
     let cidrs = options.cluster_cidrs().map_err(BoxError::from)?;
     let config = RouteConfig::new(cidrs)
         .with_reconcile_period(options.route_reconciliation_period.value)
-        .with_watch_based(options.watch_based_routes);
+        .with_watch_based(options.watch_based_routes_enabled());
     Ok(RouteController::new(ctx, config)?.map(|c| {
         Box::pin(async move {
             c.run().await;

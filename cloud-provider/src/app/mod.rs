@@ -7,12 +7,13 @@ pub mod leader;
 pub mod options;
 pub mod run;
 pub mod serve;
+pub mod upstream_flags;
 
 pub use controllers::default_registry;
 pub use leader::{LeaderElectionConfig, LeaderElector, LeaderError, LeaderHealth};
 pub use options::{CloudControllerManagerOptions, LogFormat, OptionsError};
 pub use run::{
     API_SERVER_WAIT, AppError, ControllerConstructor, ControllerFuture, ControllerRegistry,
-    init_logging, run, run_with, wait_for_api_server,
+    init_logging, init_logging_for, run, run_with, wait_for_api_server,
 };
 pub use serve::{HealthCheck, HealthChecks, Metrics};

@@ -221,9 +221,10 @@ pub struct CloudControllerManagerOptions {
     /// provider supports it. Default true: one call per sync instead of one per Node.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub batch_instance_metadata: bool,
-    /// Beyond upstream: how long an instance must be gone before its Node is deleted. Default
-    /// 0 = delete at once, as upstream; a grace period rides out transient cloud answers.
-    #[arg(long, default_value = "0")]
+    /// Beyond upstream: how long (and at least two answers) an instance must be gone before
+    /// its Node is deleted. Default 1m rides out an eventually-consistent cloud's "not found"
+    /// about an instance that exists (kubernetes#127424); 0 = delete at once, as upstream.
+    #[arg(long, default_value = "1m")]
     pub node_deletion_grace_period: GoDuration,
     /// Beyond upstream: reconcile routes on Node changes instead of only periodically.
     /// Default false = upstream (its gate is alpha and off).
@@ -236,6 +237,41 @@ pub struct CloudControllerManagerOptions {
     /// Beyond upstream: log format. Default `text`.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Upstream's log format flag (`text` or `json`); overrides `--log-format`.
+    #[arg(long, value_enum)]
+    pub logging_format: Option<LogFormat>,
+    /// klog verbosity (`-v=2`, `--v=2`), mapped to a tracing level when `RUST_LOG` is unset:
+    /// 0–2 info, 3–4 debug, 5+ trace.
+    #[arg(short = 'v', long = "v", value_name = "LEVEL", default_value_t = 0)]
+    pub verbosity: u8,
+    /// Feature gates, `A=true,B=false`. `CloudControllerManagerWatchBasedRoutesReconciliation`
+    /// turns on the watch-based routes; other gates are accepted and ignored.
+    #[arg(long, value_delimiter = ',')]
+    pub feature_gates: Vec<String>,
+    /// Address refresh workers; 0 (the default) means `--concurrent-node-syncs`, as upstream.
+    /// They run beside initialization, never blocking it.
+    #[arg(long, default_value_t = 0)]
+    pub concurrent_node_status_updates: i32,
+    /// Pause between controller starts (jitter 1.0: a random wait in [d, 2d)).
+    #[arg(long, default_value = "0s")]
+    pub controller_start_interval: GoDuration,
+    /// Queries per second to the API server (upstream's CCM default 20). Accepted: kube-rs has
+    /// no client-side limiter; the controllers bound their own concurrency instead.
+    #[arg(long, default_value_t = 20.0)]
+    pub kube_api_qps: f32,
+    /// Burst to the API server (upstream's CCM default 30). Accepted, see `--kube-api-qps`.
+    #[arg(long, default_value_t = 30)]
+    pub kube_api_burst: i32,
+    /// Content type of API requests. Accepted: requests are always JSON.
+    #[arg(long, default_value = "application/vnd.kubernetes.protobuf")]
+    pub kube_api_content_type: String,
+    /// One client per controller with its own service-account token (upstream). Accepted: the
+    /// controllers share the manager's identity.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub use_service_account_credentials: bool,
+    /// Upstream flags accepted for compatibility, with a warning.
+    #[command(flatten)]
+    pub accepted: super::upstream_flags::AcceptedFlags,
 }
 
 impl Default for CloudControllerManagerOptions {
@@ -264,6 +300,51 @@ impl CloudControllerManagerOptions {
             options: CloudControllerManagerOptions,
         }
         <Cli as clap::Parser>::try_parse_from(args).map(|cli| cli.options)
+    }
+
+    /// The log format: `--logging-format` if given, else `--log-format`.
+    pub fn effective_log_format(&self) -> LogFormat {
+        self.logging_format.unwrap_or(self.log_format)
+    }
+
+    /// Whether the route controller reconciles on Node changes: `--watch-based-routes` or
+    /// upstream's feature gate.
+    pub fn watch_based_routes_enabled(&self) -> bool {
+        self.watch_based_routes
+            || super::upstream_flags::parse_feature_gates(&self.feature_gates)
+                .ok()
+                .and_then(|gates| {
+                    gates
+                        .get(super::upstream_flags::FEATURE_GATE_WATCH_BASED_ROUTES)
+                        .copied()
+                })
+                .unwrap_or(false)
+    }
+
+    /// What the manager warns about at start: upstream flags given that have no effect here.
+    pub fn compatibility_warnings(&self) -> Vec<String> {
+        let mut warnings: Vec<String> = self
+            .accepted
+            .given()
+            .into_iter()
+            .map(|(flag, value)| {
+                format!("--{flag}={value} is accepted for compatibility and has no effect")
+            })
+            .collect();
+        if self.use_service_account_credentials {
+            warnings.push(
+                "--use-service-account-credentials: the controllers share the manager's credentials"
+                    .to_owned(),
+            );
+        }
+        if let Ok(gates) = super::upstream_flags::parse_feature_gates(&self.feature_gates) {
+            for gate in gates.keys() {
+                if gate != super::upstream_flags::FEATURE_GATE_WATCH_BASED_ROUTES {
+                    warnings.push(format!("feature gate {gate} has no effect here"));
+                }
+            }
+        }
+        warnings
     }
 
     /// Checks the flags; every problem is listed in the error.
@@ -324,6 +405,17 @@ impl CloudControllerManagerOptions {
             if value.negative && !value.value.is_zero() {
                 errors.push(format!("{flag} cannot be negative"));
             }
+        }
+        if let Err(error) = super::upstream_flags::parse_feature_gates(&self.feature_gates) {
+            errors.push(error);
+        }
+        if self.concurrent_node_status_updates < 0 {
+            errors.push("--concurrent-node-status-updates cannot be negative".to_owned());
+        }
+        if self.controller_start_interval.negative
+            && !self.controller_start_interval.value.is_zero()
+        {
+            errors.push("--controller-start-interval cannot be negative".to_owned());
         }
         if self.cloud_api_qps < 0.0 || !self.cloud_api_qps.is_finite() {
             errors.push("--cloud-api-qps must be a non-negative number".to_owned());
@@ -499,12 +591,118 @@ mod tests {
         assert!(!o.allow_untagged_cloud);
         assert_eq!((o.cloud_api_qps, o.cloud_api_burst), (0.0, 0));
         assert!(o.batch_instance_metadata);
-        assert!(o.node_deletion_grace_period.value.is_zero());
+        assert_eq!(
+            o.node_deletion_grace_period.value,
+            crate::controllers::node_lifecycle::DEFAULT_DELETE_GRACE_PERIOD
+        );
         assert!(!o.watch_based_routes);
         assert!(o.lb_drift_reensure_period.value.is_zero());
         assert_eq!(o.log_format, LogFormat::Text);
+        // Upstream's TestDefaultFlags values of the flags added for issue 13.
+        assert_eq!((o.kube_api_qps, o.kube_api_burst), (20.0, 30));
+        assert_eq!(
+            o.kube_api_content_type,
+            "application/vnd.kubernetes.protobuf"
+        );
+        assert!(!o.use_service_account_credentials);
+        assert_eq!(o.concurrent_node_status_updates, 0);
+        assert!(o.controller_start_interval.value.is_zero());
+        assert_eq!(o.verbosity, 0);
+        assert!(o.compatibility_warnings().is_empty());
         // The defaults are valid once a provider is named.
         assert_eq!(errors(&[]), Vec::<String>::new());
+    }
+
+    /// Issue 13: upstream's example DaemonSet (kubernetes.io "cloud-controller-manager
+    /// DaemonSet example") and the AWS and GCP manifests start unchanged: every upstream flag is
+    /// accepted, and those with no effect here are warned about, never refused.
+    #[test]
+    fn upstream_daemonset_flags_are_accepted() {
+        let manifests: [&[&str]; 3] = [
+            &[
+                "--leader-elect=true",
+                "--use-service-account-credentials",
+                "--allocate-node-cidrs=true",
+                "--configure-cloud-routes=true",
+                "--cluster-cidr=172.17.0.0/16",
+            ],
+            &[
+                "--v=2",
+                "--use-service-account-credentials=true",
+                "--configure-cloud-routes=false",
+            ],
+            &[
+                "--use-service-account-credentials",
+                "--secure-port=10258",
+                "--cloud-config=/etc/kubernetes/cloud.config",
+            ],
+        ];
+        for flags in manifests {
+            let o = parse(flags);
+            o.validate().unwrap();
+            assert!(o.use_service_account_credentials, "{flags:?}");
+        }
+        let o = parse(&[
+            "-v=4",
+            "--vmodule=controller=5",
+            "--kube-api-qps=50",
+            "--kube-api-burst=100",
+            "--kube-api-content-type=application/json",
+            "--feature-gates=CloudControllerManagerWatchBasedRoutesReconciliation=true,LoggingBetaOptions=true",
+            "--authentication-skip-lookup",
+            "--authentication-kubeconfig",
+            "/etc/kubernetes/ccm.conf",
+            "--authorization-always-allow-paths=/healthz,/metrics",
+            "--tls-cert-file=/etc/tls/tls.crt",
+            "--tls-private-key-file=/etc/tls/tls.key",
+            "--cert-dir=/var/run/ccm",
+            "--profiling=false",
+            "--min-resync-period=12h",
+            "--controller-start-interval=2s",
+            "--concurrent-node-status-updates=4",
+            "--logging-format=json",
+            "--enable-leader-migration",
+            "--webhooks=*",
+        ]);
+        o.validate().unwrap();
+        assert_eq!(o.verbosity, 4);
+        assert_eq!((o.kube_api_qps, o.kube_api_burst), (50.0, 100));
+        assert!(
+            o.watch_based_routes_enabled(),
+            "the upstream gate turns it on"
+        );
+        assert_eq!(o.effective_log_format(), LogFormat::Json);
+        assert_eq!(o.concurrent_node_status_updates, 4);
+        assert_eq!(o.controller_start_interval.value, Duration::from_secs(2));
+        assert_eq!(
+            o.accepted.authentication_kubeconfig.as_deref(),
+            Some("/etc/kubernetes/ccm.conf")
+        );
+        assert_eq!(
+            o.accepted.authentication_skip_lookup.as_deref(),
+            Some("true")
+        );
+        let warnings = o.compatibility_warnings().join("\n");
+        for flag in [
+            "--vmodule",
+            "--authentication-skip-lookup",
+            "--tls-cert-file",
+            "--profiling",
+            "--min-resync-period",
+            "LoggingBetaOptions",
+        ] {
+            assert!(
+                warnings.contains(flag),
+                "no warning about {flag}: {warnings}"
+            );
+        }
+        assert!(!warnings.contains("WatchBasedRoutes"), "{warnings}");
+        // Malformed feature gates are an error, as upstream.
+        assert!(
+            errors(&["--feature-gates=Foo"])
+                .iter()
+                .any(|e| e.contains("--feature-gates"))
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use super::options::{
     CloudControllerManagerOptions, LogFormat, OptionsError, is_controller_enabled,
 };
 use super::serve::{self, HealthChecks, Metrics};
-use crate::controllers::{CloudRateLimiter, ControllerContext};
+use crate::controllers::{CloudRateLimiter, ControllerContext, EventRecorder, NodeCache};
 use crate::{BoxError, CloudError, CloudProvider, InitContext, RegistryError, SharedClient};
 
 /// A running controller: ends when the context's `shutdown` token is cancelled.
@@ -129,8 +129,12 @@ pub enum AppError {
 /// Installs the global `tracing` subscriber: `RUST_LOG` filter (default `info`), text or JSON
 /// lines on stderr. A second call does nothing.
 pub fn init_logging(format: LogFormat) {
+    install_logging("info", format);
+}
+
+fn install_logging(default_level: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -138,6 +142,15 @@ pub fn init_logging(format: LogFormat) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// [`init_logging`] as the flags say: `--logging-format` (else `--log-format`), and `-v`
+/// mapped to a level when `RUST_LOG` is unset.
+pub fn init_logging_for(options: &CloudControllerManagerOptions) {
+    install_logging(
+        super::upstream_flags::level_for_verbosity(options.verbosity),
+        options.effective_log_format(),
+    );
 }
 
 /// The cluster client `--kubeconfig` / `--master` describe, else the in-cluster config.
@@ -264,6 +277,9 @@ pub async fn run_with(
     checks: HealthChecks,
 ) -> Result<(), AppError> {
     options.validate_with(&controllers.names())?;
+    for warning in options.compatibility_warnings() {
+        tracing::warn!("{warning}");
+    }
     if !cloud.has_cluster_id() {
         if options.allow_untagged_cloud {
             tracing::warn!("detected a cluster without a ClusterID; running anyway");
@@ -345,11 +361,25 @@ impl Starter {
             .await
             .map_err(AppError::Initialize)?;
         let disabled = self.controllers.disabled_by_default();
+        // One Node watch for every controller (upstream's shared informer factory).
+        let nodes = NodeCache::new(self.client.clone(), token.clone());
+        let events = EventRecorder::new(self.client.clone());
         let mut running = Vec::new();
+        let interval = self.options.controller_start_interval.value;
+        let mut first = true;
         for (name, construct, _) in &self.controllers.entries {
             if !is_controller_enabled(&self.options.controllers, name, &disabled) {
                 tracing::warn!(controller = name, "controller is disabled");
                 continue;
+            }
+            // Upstream's `--controller-start-interval`: a wait in [d, 2d) between starts.
+            if !std::mem::take(&mut first) && !interval.is_zero() {
+                let jitter =
+                    interval.mul_f64(f64::from(uuid::Uuid::new_v4().as_u128() as u16) / 65536.0);
+                tokio::select! {
+                    _ = token.cancelled() => break,
+                    _ = tokio::time::sleep(interval + jitter) => {}
+                }
             }
             let ctx = ControllerContext::new(
                 self.client.clone(),
@@ -357,7 +387,9 @@ impl Starter {
                 &self.options.cluster_name,
                 token.child_token(),
             )
-            .with_cloud_limiter(self.limiter.clone());
+            .with_cloud_limiter(self.limiter.clone())
+            .with_node_cache(nodes.clone())
+            .with_event_recorder(events.clone());
             match construct(ctx, &self.options) {
                 Err(source) => {
                     return Err(AppError::Controller {

@@ -1,10 +1,38 @@
-//! Writing core/v1 Events about the objects a controller manages.
+//! Writing core/v1 Events about the objects a controller manages, through client-go's
+//! `EventCorrelator` rules (`tools/record/events_cache.go`), so that a condition repeating
+//! every reconcile does not write a new Event each time:
+//!
+//! - **spam filter**: a token bucket per source and object (burst 25, one token back every
+//!   5 minutes); an event without a token is dropped;
+//! - **aggregation**: more than 10 distinct messages with the same source, object, type and
+//!   reason within 10 minutes are combined into one Event, "(combined from similar events): …";
+//! - **deduplication**: the same event again bumps `count` and `lastTimestamp` of the Event
+//!   already written (a PATCH), instead of creating one more.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+/// client-go's `defaultSpamBurst`.
+const SPAM_BURST: f64 = 25.0;
+/// client-go's `defaultSpamQPS`: one event per 5 minutes.
+const SPAM_REFILL: Duration = Duration::from_secs(300);
+/// client-go's `defaultAggregateMaxEvents`.
+const AGGREGATE_MAX_EVENTS: usize = 10;
+/// client-go's `defaultAggregateIntervalInSeconds`.
+const AGGREGATE_INTERVAL: Duration = Duration::from_secs(600);
+/// client-go's `maxLruCacheEntries`: beyond it the least recently used entries go.
+const MAX_CACHE_ENTRIES: usize = 4096;
+/// client-go's prefix of a combined message.
+const COMBINED_PREFIX: &str = "(combined from similar events): ";
 
 /// `Normal` or `Warning`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,59 +41,383 @@ pub(crate) enum EventType {
     Warning,
 }
 
-/// Records an event about `obj`; failures are logged, never returned (events are best effort).
-pub(crate) async fn record<K>(
-    client: &kube::Client,
-    component: &str,
-    obj: &K,
-    type_: EventType,
-    reason: &str,
-    message: &str,
-) where
-    K: Resource<DynamicType = ()>,
-{
-    let namespace = obj.namespace().unwrap_or_else(|| "default".to_owned());
-    let now = Timestamp::now();
-    let name = obj.name_any();
-    let event = Event {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{name}.")),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
-        },
-        involved_object: ObjectReference {
+impl EventType {
+    fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// What the correlator decided for one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Decision {
+    /// The spam filter has no token for this source and object.
+    Drop,
+    /// Write a new Event (remembered under `key` once written).
+    Create { key: String, message: String },
+    /// Bump the Event already written.
+    Patch {
+        key: String,
+        namespace: String,
+        name: String,
+        count: i32,
+        message: String,
+    },
+}
+
+#[derive(Debug)]
+struct Written {
+    namespace: String,
+    name: String,
+    count: i32,
+    used: Instant,
+}
+
+#[derive(Debug)]
+struct Similar {
+    messages: HashSet<String>,
+    since: Instant,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// The correlator's caches (client-go's `EventCorrelator`).
+#[derive(Debug, Default)]
+struct Correlator {
+    written: HashMap<String, Written>,
+    similar: HashMap<String, Similar>,
+    buckets: HashMap<String, Bucket>,
+}
+
+impl Correlator {
+    /// `object_key`: source and involved object; `aggregate_key`: that plus type and reason.
+    fn decide(
+        &mut self,
+        object_key: &str,
+        aggregate_key: &str,
+        message: &str,
+        now: Instant,
+    ) -> Decision {
+        // Spam filter: a token bucket per source and object.
+        let bucket = self.buckets.entry(object_key.to_owned()).or_insert(Bucket {
+            tokens: SPAM_BURST,
+            at: now,
+        });
+        let refill = now.duration_since(bucket.at).as_secs_f64() / SPAM_REFILL.as_secs_f64();
+        bucket.tokens = (bucket.tokens + refill).min(SPAM_BURST);
+        bucket.at = now;
+        if bucket.tokens < 1.0 {
+            return Decision::Drop;
+        }
+        bucket.tokens -= 1.0;
+
+        // Aggregation: past 10 distinct messages in the interval, one combined Event.
+        let similar = self
+            .similar
+            .entry(aggregate_key.to_owned())
+            .or_insert_with(|| Similar {
+                messages: HashSet::new(),
+                since: now,
+            });
+        if now.duration_since(similar.since) > AGGREGATE_INTERVAL {
+            similar.messages.clear();
+            similar.since = now;
+        }
+        similar.messages.insert(message.to_owned());
+        let (key, message) = if similar.messages.len() >= AGGREGATE_MAX_EVENTS {
+            (
+                format!("{aggregate_key}\u{0}{COMBINED_PREFIX}"),
+                format!("{COMBINED_PREFIX}{message}"),
+            )
+        } else {
+            (format!("{aggregate_key}\u{0}{message}"), message.to_owned())
+        };
+
+        // Deduplication: the same event bumps the one already written.
+        match self.written.get_mut(&key) {
+            Some(written) => {
+                written.count += 1;
+                written.used = now;
+                Decision::Patch {
+                    namespace: written.namespace.clone(),
+                    name: written.name.clone(),
+                    count: written.count,
+                    key,
+                    message,
+                }
+            }
+            None => Decision::Create { key, message },
+        }
+    }
+
+    fn remember(&mut self, key: String, namespace: String, name: String, now: Instant) {
+        if self.written.len() >= MAX_CACHE_ENTRIES {
+            self.evict();
+        }
+        self.written.insert(
+            key,
+            Written {
+                namespace,
+                name,
+                count: 1,
+                used: now,
+            },
+        );
+    }
+
+    fn forget(&mut self, key: &str) {
+        self.written.remove(key);
+    }
+
+    /// Drops the least recently used half of the caches.
+    fn evict(&mut self) {
+        let mut used: Vec<Instant> = self.written.values().map(|w| w.used).collect();
+        used.sort();
+        let cutoff = used[used.len() / 2];
+        self.written.retain(|_, w| w.used > cutoff);
+        if self.similar.len() >= MAX_CACHE_ENTRIES {
+            self.similar.clear();
+        }
+        if self.buckets.len() >= MAX_CACHE_ENTRIES {
+            self.buckets.retain(|_, b| b.tokens < SPAM_BURST);
+        }
+    }
+}
+
+/// Writes Events through the correlator. Clones share the caches: one recorder per manager.
+#[derive(Clone)]
+pub struct EventRecorder {
+    client: kube::Client,
+    correlator: Arc<Mutex<Correlator>>,
+}
+
+impl std::fmt::Debug for EventRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventRecorder").finish_non_exhaustive()
+    }
+}
+
+impl EventRecorder {
+    /// A recorder writing with `client`, with empty caches.
+    pub fn new(client: kube::Client) -> Self {
+        EventRecorder {
+            client,
+            correlator: Arc::default(),
+        }
+    }
+
+    /// Records an event about `obj`; failures are logged, never returned (events are best
+    /// effort).
+    pub(crate) async fn record<K>(
+        &self,
+        component: &str,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        message: &str,
+    ) where
+        K: Resource<DynamicType = ()>,
+    {
+        let namespace = obj.namespace().unwrap_or_else(|| "default".to_owned());
+        let involved = ObjectReference {
             api_version: Some(K::api_version(&()).into_owned()),
             kind: Some(K::kind(&()).into_owned()),
-            name: Some(name),
+            name: Some(obj.name_any()),
             namespace: obj.namespace(),
             uid: obj.uid(),
             resource_version: obj.resource_version(),
             ..Default::default()
-        },
-        reason: Some(reason.to_owned()),
-        message: Some(message.to_owned()),
-        type_: Some(
-            match type_ {
-                EventType::Normal => "Normal",
-                EventType::Warning => "Warning",
+        };
+        let object_key = [
+            component,
+            involved.kind.as_deref().unwrap_or(""),
+            &namespace,
+            involved.name.as_deref().unwrap_or(""),
+            involved.uid.as_deref().unwrap_or(""),
+            involved.api_version.as_deref().unwrap_or(""),
+        ]
+        .join("\u{0}");
+        let aggregate_key = format!("{object_key}\u{0}{}\u{0}{reason}", type_.as_str());
+        let now = Instant::now();
+        let decision = self
+            .correlator
+            .lock()
+            .decide(&object_key, &aggregate_key, message, now);
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let stamp = Timestamp::now();
+        match decision {
+            Decision::Drop => {
+                tracing::debug!(reason, "event dropped by the spam filter");
             }
-            .to_owned(),
-        ),
-        source: Some(EventSource {
-            component: Some(component.to_owned()),
-            host: None,
-        }),
-        first_timestamp: Some(Time(now)),
-        last_timestamp: Some(Time(now)),
-        event_time: Some(MicroTime(now)),
-        reporting_component: Some(component.to_owned()),
-        reporting_instance: Some(component.to_owned()),
-        action: Some(reason.to_owned()),
-        count: Some(1),
-        ..Default::default()
-    };
-    let api: Api<Event> = Api::namespaced(client.clone(), &namespace);
-    if let Err(err) = api.create(&PostParams::default(), &event).await {
-        tracing::warn!(%err, reason, "failed to record event");
+            Decision::Patch {
+                key,
+                namespace: _,
+                name,
+                count,
+                message,
+            } => {
+                let patch = serde_json::json!({
+                    "count": count,
+                    "lastTimestamp": Time(stamp),
+                    "message": message,
+                });
+                match api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(status)) if status.code == 404 => {
+                        // The Event expired: write it again.
+                        self.correlator.lock().forget(&key);
+                        self.create(&api, component, involved, type_, reason, &message, key)
+                            .await;
+                    }
+                    Err(err) => tracing::warn!(%err, reason, "failed to update event"),
+                }
+            }
+            Decision::Create { key, message } => {
+                self.create(&api, component, involved, type_, reason, &message, key)
+                    .await;
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn create(
+        &self,
+        api: &Api<Event>,
+        component: &str,
+        involved: ObjectReference,
+        type_: EventType,
+        reason: &str,
+        message: &str,
+        key: String,
+    ) {
+        let now = Timestamp::now();
+        let name = involved.name.clone().unwrap_or_default();
+        let namespace = involved
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned());
+        let event = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{name}.")),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            },
+            involved_object: involved,
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            type_: Some(type_.as_str().to_owned()),
+            source: Some(EventSource {
+                component: Some(component.to_owned()),
+                host: None,
+            }),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            event_time: Some(MicroTime(now)),
+            reporting_component: Some(component.to_owned()),
+            reporting_instance: Some(component.to_owned()),
+            action: Some(reason.to_owned()),
+            count: Some(1),
+            ..Default::default()
+        };
+        match api.create(&PostParams::default(), &event).await {
+            Ok(created) => {
+                self.correlator
+                    .lock()
+                    .remember(key, namespace, created.name_any(), Instant::now());
+            }
+            Err(err) => tracing::warn!(%err, reason, "failed to record event"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn create_key(decision: &Decision) -> String {
+        match decision {
+            Decision::Create { key, .. } => key.clone(),
+            other => panic!("expected a create, got {other:?}"),
+        }
+    }
+
+    /// client-go's EventLogger: the same event again is a PATCH of count on the first one.
+    #[tokio::test(start_paused = true)]
+    async fn repeated_events_bump_count() {
+        let mut c = Correlator::default();
+        let first = c.decide("obj", "agg", "route failed", Instant::now());
+        c.remember(
+            create_key(&first),
+            "ns".into(),
+            "ev.1".into(),
+            Instant::now(),
+        );
+        for count in 2..=5 {
+            tokio::time::advance(Duration::from_secs(10)).await;
+            match c.decide("obj", "agg", "route failed", Instant::now()) {
+                Decision::Patch { name, count: n, .. } => {
+                    assert_eq!((name.as_str(), n), ("ev.1", count));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    /// client-go's spam filter: burst 25 per source and object, then one per 5 minutes.
+    #[tokio::test(start_paused = true)]
+    async fn spam_filter_is_a_token_bucket_per_object() {
+        let mut c = Correlator::default();
+        for i in 0..25 {
+            let d = c.decide("obj", "agg", &format!("m{}", i % 3), Instant::now());
+            assert_ne!(d, Decision::Drop, "event {i}");
+        }
+        assert_eq!(c.decide("obj", "agg", "m0", Instant::now()), Decision::Drop);
+        assert_ne!(
+            c.decide("other", "agg2", "m0", Instant::now()),
+            Decision::Drop,
+            "another object has its own bucket"
+        );
+        tokio::time::advance(Duration::from_secs(299)).await;
+        assert_eq!(c.decide("obj", "agg", "m0", Instant::now()), Decision::Drop);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_ne!(c.decide("obj", "agg", "m0", Instant::now()), Decision::Drop);
+    }
+
+    /// client-go's EventAggregator: from the 10th distinct message in 10 minutes on, one
+    /// combined Event.
+    #[tokio::test(start_paused = true)]
+    async fn similar_messages_are_combined() {
+        let mut c = Correlator::default();
+        for i in 0..9 {
+            let d = c.decide("obj", "agg", &format!("node-{i} failed"), Instant::now());
+            assert!(matches!(d, Decision::Create { .. }), "{d:?}");
+        }
+        let tenth = c.decide("obj", "agg", "node-9 failed", Instant::now());
+        let Decision::Create { key, message } = tenth else {
+            panic!("{tenth:?}");
+        };
+        assert_eq!(message, "(combined from similar events): node-9 failed");
+        c.remember(key, "ns".into(), "combined".into(), Instant::now());
+        match c.decide("obj", "agg", "node-10 failed", Instant::now()) {
+            Decision::Patch {
+                name,
+                count,
+                message,
+                ..
+            } => {
+                assert_eq!((name.as_str(), count), ("combined", 2));
+                assert_eq!(message, "(combined from similar events): node-10 failed");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -4,6 +4,7 @@
 
 mod events;
 pub mod node;
+pub mod node_cache;
 pub mod node_lifecycle;
 pub mod rate_limit;
 pub mod route;
@@ -14,6 +15,8 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::CloudProvider;
+pub use events::EventRecorder;
+pub use node_cache::{NodeCache, NodeEvent, NodeEvents};
 pub use rate_limit::CloudRateLimiter;
 
 /// What every controller gets: the cluster, the cloud, and the shared limits.
@@ -30,10 +33,14 @@ pub struct ControllerContext {
     pub cloud_limiter: Arc<CloudRateLimiter>,
     /// Cancelled when the controllers must stop (shutdown or lost leadership).
     pub shutdown: CancellationToken,
+    /// The Node cache every controller shares (one watch, trimmed Nodes).
+    pub nodes: NodeCache,
+    /// The Event recorder every controller shares (client-go's correlator caches).
+    pub events: EventRecorder,
 }
 
 impl ControllerContext {
-    /// A context with an unlimited cloud rate limiter.
+    /// A context with an unlimited cloud rate limiter and its own Node cache.
     pub fn new(
         client: kube::Client,
         cloud: Arc<dyn CloudProvider>,
@@ -41,12 +48,26 @@ impl ControllerContext {
         shutdown: CancellationToken,
     ) -> Self {
         ControllerContext {
+            nodes: NodeCache::new(client.clone(), shutdown.clone()),
+            events: EventRecorder::new(client.clone()),
             client,
             cloud,
             cluster_name: cluster_name.into(),
             cloud_limiter: Arc::new(CloudRateLimiter::unlimited()),
             shutdown,
         }
+    }
+
+    /// Replaces the Node cache, so several controllers share one watch.
+    pub fn with_node_cache(mut self, nodes: NodeCache) -> Self {
+        self.nodes = nodes;
+        self
+    }
+
+    /// Replaces the Event recorder, so several controllers share its caches.
+    pub fn with_event_recorder(mut self, events: EventRecorder) -> Self {
+        self.events = events;
+        self
     }
 
     /// Replaces the shared cloud rate limiter.

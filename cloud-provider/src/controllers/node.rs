@@ -18,14 +18,11 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::ControllerContext;
-use super::events::{self, EventType};
+use super::events::EventType;
+use super::{ControllerContext, NodeEvent};
 use crate::helpers::node_address::node_addresses_from_node_ip;
 use crate::helpers::parse_ip_sloppy;
 use crate::well_known::{
@@ -60,6 +57,9 @@ pub struct CloudNodeConfig {
     /// Look up all waiting Nodes with one batched metadata call (default `true`, beyond
     /// upstream); `false` makes one call per Node, as upstream does.
     pub batch: bool,
+    /// How many address refreshes run at once (`--concurrent-node-status-updates`; 0, the
+    /// default, means `concurrent_node_syncs`, as upstream).
+    pub concurrent_node_status_updates: usize,
 }
 
 impl Default for CloudNodeConfig {
@@ -68,6 +68,7 @@ impl Default for CloudNodeConfig {
             node_status_update_frequency: Duration::from_secs(300),
             concurrent_node_syncs: 1,
             batch: true,
+            concurrent_node_status_updates: 0,
         }
     }
 }
@@ -83,6 +84,19 @@ impl CloudNodeConfig {
     pub fn with_concurrent_node_syncs(mut self, syncs: usize) -> Self {
         self.concurrent_node_syncs = syncs;
         self
+    }
+
+    /// Sets [`concurrent_node_status_updates`](Self::concurrent_node_status_updates).
+    pub fn with_concurrent_node_status_updates(mut self, workers: usize) -> Self {
+        self.concurrent_node_status_updates = workers;
+        self
+    }
+
+    fn status_update_workers(&self) -> usize {
+        match self.concurrent_node_status_updates {
+            0 => self.concurrent_node_syncs.max(1),
+            n => n,
+        }
     }
 
     /// Sets [`batch`](Self::batch).
@@ -163,91 +177,60 @@ impl CloudNodeController {
 
     /// Runs until the context's shutdown token is cancelled.
     pub async fn run(self) {
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
-        let (store, writer) = reflector::store();
-        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-            .default_backoff();
+        // The shared Node cache's events (one watch for every controller, polled by its own
+        // task, so a batch holds every Node that arrived while the previous sync ran).
+        let mut intake = self.ctx.nodes.subscribe();
         let shutdown = self.ctx.shutdown.clone();
-        // The watch is polled by its own task, as an informer: an HTTP body is only read while
-        // it is polled, so a watch polled only between syncs would hand over one event per
-        // sync, and batches would never grow past one Node.
-        let (events, mut intake) = mpsc::unbounded_channel::<Intake>();
-        let watch = tokio::spawn({
-            let shutdown = shutdown.clone();
-            async move {
-                let mut stream = std::pin::pin!(stream);
-                loop {
-                    let event = tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        event = stream.next() => event,
-                    };
-                    let intake = match event {
-                        Some(Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node))) => {
-                            match node.metadata.name.clone() {
-                                Some(name) => Intake::Changed(name),
-                                None => continue,
-                            }
-                        }
-                        Some(Ok(watcher::Event::InitDone)) => Intake::Synced,
-                        Some(Ok(_)) => continue,
-                        Some(Err(err)) => {
-                            warn!(error = %err, "node watch failed");
-                            continue;
-                        }
-                        None => return,
-                    };
-                    if events.send(intake).is_err() {
-                        return;
-                    }
+        let initialize = async {
+            let mut queue = Queue::default();
+            let mut ready = false;
+            loop {
+                let next_retry = queue.next_deadline();
+                tokio::select! {
+                    event = intake.recv() => match event {
+                        Some(event) => take(event, &mut queue, &mut ready),
+                        None => break,
+                    },
+                    _ = sleep_until_opt(next_retry) => {}
+                }
+                if !ready {
+                    continue;
+                }
+                // Take whatever else the watch has delivered, so one sync sees every Node
+                // waiting at this moment.
+                while let Ok(more) = intake.try_recv() {
+                    take(more, &mut queue, &mut ready);
+                }
+                let due = queue.take_due(Instant::now());
+                if !due.is_empty() {
+                    self.sync_nodes(due, &mut queue).await;
                 }
             }
-        });
-        let mut queue = Queue::default();
-        let mut ready = false;
-        let mut refresh = tokio::time::interval_at(
-            Instant::now() + self.config.node_status_update_frequency,
-            self.config.node_status_update_frequency,
-        );
-        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let take = |intake: Intake, queue: &mut Queue, ready: &mut bool| match intake {
-            Intake::Changed(name) => queue.add_now(name),
-            Intake::Synced => *ready = true,
         };
-        loop {
-            let next_retry = queue.next_deadline();
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                intake = intake.recv() => match intake {
-                    Some(intake) => take(intake, &mut queue, &mut ready),
-                    None => break,
-                },
-                _ = sleep_until_opt(next_retry) => {}
-                _ = refresh.tick() => {
-                    if ready {
-                        self.update_node_status(&store).await;
-                    }
+        // The address refresh runs beside initialization, never in its way (upstream's
+        // separate `--concurrent-node-status-updates` workers).
+        let refresh = async {
+            let period = self.config.node_status_update_frequency;
+            let mut refresh = tokio::time::interval_at(Instant::now() + period, period);
+            refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                refresh.tick().await;
+                if self.ctx.nodes.is_synced() {
+                    self.update_node_status().await;
                 }
             }
-            if !ready {
-                continue;
-            }
-            // Take whatever else the watch has delivered, so one sync sees every Node
-            // waiting at this moment.
-            while let Ok(more) = intake.try_recv() {
-                take(more, &mut queue, &mut ready);
-            }
-            let due = queue.take_due(Instant::now());
-            if !due.is_empty() {
-                self.sync_nodes(&store, due, &mut queue).await;
-            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = initialize => {}
+            _ = refresh => {}
         }
-        watch.abort();
     }
 
-    async fn sync_nodes(&self, store: &Store<Node>, names: Vec<String>, queue: &mut Queue) {
+    async fn sync_nodes(&self, names: Vec<String>, queue: &mut Queue) {
         let mut waiting = Vec::new();
         for name in names {
-            let Some(node) = store.get(&ObjectRef::new(&name)) else {
+            let Some(node) = self.ctx.nodes.get(&name) else {
                 queue.forget(&name);
                 continue;
             };
@@ -297,16 +280,17 @@ impl CloudNodeController {
                 Ok(()) => queue.forget(&name),
                 Err(err) => {
                     warn!(node = %name, error = %err, "failed to initialize node");
-                    if let Some(node) = store.get(&ObjectRef::new(&name)) {
-                        events::record(
-                            &self.ctx.client,
-                            COMPONENT,
-                            &*node,
-                            EventType::Warning,
-                            "FailedToInitializeNode",
-                            &format!("failed to initialize node {name}: {err}"),
-                        )
-                        .await;
+                    if let Some(node) = self.ctx.nodes.get(&name) {
+                        self.ctx
+                            .events
+                            .record(
+                                COMPONENT,
+                                &*node,
+                                EventType::Warning,
+                                "FailedToInitializeNode",
+                                &format!("failed to initialize node {name}: {err}"),
+                            )
+                            .await;
                     }
                     let retry_after = match &err {
                         SyncError::Cloud(err) => err.retry_after_delay(),
@@ -502,15 +486,16 @@ impl CloudNodeController {
             patch_addresses(&api, &updated, addresses).await?;
         }
         info!("successfully initialized node");
-        events::record(
-            &self.ctx.client,
-            COMPONENT,
-            &updated,
-            EventType::Normal,
-            "Synced",
-            "Node synced successfully",
-        )
-        .await;
+        self.ctx
+            .events
+            .record(
+                COMPONENT,
+                &updated,
+                EventType::Normal,
+                "Synced",
+                "Node synced successfully",
+            )
+            .await;
         Ok(())
     }
 
@@ -533,9 +518,11 @@ impl CloudNodeController {
     }
 
     /// Upstream's `UpdateNodeStatus`: refreshes the addresses of every initialized Node.
-    async fn update_node_status(&self, store: &Store<Node>) {
-        let nodes: Vec<_> = store
-            .state()
+    async fn update_node_status(&self) {
+        let nodes: Vec<_> = self
+            .ctx
+            .nodes
+            .list()
             .into_iter()
             .filter(|n| !has_taint(n, TAINT_UNINITIALIZED))
             .collect();
@@ -551,11 +538,12 @@ impl CloudNodeController {
                 lookups.push(self.node_addresses_v1(node));
             }
             futures::stream::iter(lookups)
-                .buffered(self.config.concurrent_node_syncs)
+                .buffered(self.config.status_update_workers())
                 .collect()
                 .await
         };
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        let api = &Api::<Node>::all(self.ctx.client.clone());
+        let mut patches = Vec::with_capacity(refs.len());
         for (node, meta) in refs.into_iter().zip(metas) {
             let name = node_name(node);
             let meta = match meta {
@@ -567,15 +555,18 @@ impl CloudNodeController {
                 }
             };
             match desired_addresses(node, &meta.node_addresses) {
-                Ok(Some(addresses)) => {
-                    if let Err(err) = patch_addresses(&api, node, addresses).await {
+                Ok(Some(addresses)) => patches.push(async move {
+                    if let Err(err) = patch_addresses(api, node, addresses).await {
                         warn!(node = %name, error = %err, "failed to patch node addresses");
                     }
-                }
+                }),
                 Ok(None) => {}
                 Err(err) => warn!(node = %name, error = %err, "skipping address update"),
             }
         }
+        futures::stream::iter(patches)
+            .for_each_concurrent(self.config.status_update_workers(), |patch| patch)
+            .await;
     }
 
     async fn node_addresses_v1(&self, node: &Node) -> Result<Option<InstanceMetadata>, SyncError> {
@@ -746,15 +737,20 @@ pub(crate) fn is_kubernetes_label(key: &str) -> bool {
         .any(|d| prefix == *d || prefix.ends_with(&format!(".{d}")))
 }
 
-/// The GA labels that must be set to mirror their beta labels.
-/// What the watch task hands the sync loop.
-enum Intake {
-    /// A Node was added or changed.
-    Changed(String),
-    /// The initial list is complete.
-    Synced,
+/// Queues a changed Node; `Synced` opens the gate (no sync before the first full list).
+fn take(event: NodeEvent, queue: &mut Queue, ready: &mut bool) {
+    match event {
+        NodeEvent::Applied { new, .. } => {
+            if let Some(name) = new.metadata.name.clone() {
+                queue.add_now(name);
+            }
+        }
+        NodeEvent::Deleted(_) => {}
+        NodeEvent::Synced => *ready = true,
+    }
 }
 
+/// The GA labels that must be set to mirror their beta labels.
 pub(crate) fn mirrored_labels(node: &Node) -> BTreeMap<String, String> {
     let empty = BTreeMap::new();
     let labels = node.metadata.labels.as_ref().unwrap_or(&empty);

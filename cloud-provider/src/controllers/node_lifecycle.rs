@@ -1,8 +1,8 @@
 //! The cloud-node-lifecycle controller (upstream
 //! `controllers/nodelifecycle/node_lifecycle_controller.go`, reference §2.2).
 //!
-//! Every [`CloudNodeLifecycleConfig::node_monitor_period`] it looks at every Node (from a
-//! reflector store, no LIST per period):
+//! Every [`CloudNodeLifecycleConfig::node_monitor_period`] it looks at every Node (from the
+//! shared Node cache, no LIST per period):
 //!
 //! - a Ready Node loses the [`TAINT_SHUTDOWN`] taint, without any cloud call;
 //! - a NotReady or Unknown Node (no Ready condition counts as Unknown) is checked in the cloud:
@@ -15,24 +15,30 @@
 //!   the shutdown check (wrapped or not) counts as gone; upstream treats it as an unknown
 //!   answer and the dead Node lingers (reference §5 row 8);
 //! - [`CloudNodeLifecycleConfig::delete_grace_period`]: a Node is deleted only once the cloud
-//!   has said "gone" for that long without saying "exists" in between (0 = upstream: at once).
+//!   has said "gone" for that long, at least twice, without saying "exists" in between
+//!   (0 = upstream: at once). The default, [`DEFAULT_DELETE_GRACE_PERIOD`] (60 s), is safe
+//!   against an eventually-consistent cloud: kubernetes#127424 ("EKS has seen … delete a Node
+//!   that does exist") came from a single "not found" answer about a new instance. It costs
+//!   one minute before a dead Node goes, well inside the 5 minutes the taint-eviction of a
+//!   NotReady Node already waits.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::ControllerContext;
-use super::events::{self, EventType};
+use super::events::EventType;
 use super::node::{ConfigError, has_taint, node_name, provider_id_of, supports_instances};
 use crate::well_known::TAINT_SHUTDOWN;
 use crate::{CloudError, instance_provider_id};
+
+/// The default of [`CloudNodeLifecycleConfig::delete_grace_period`] and of
+/// `--node-deletion-grace-period`: one minute of "gone" answers before a Node is deleted.
+pub const DEFAULT_DELETE_GRACE_PERIOD: Duration = Duration::from_secs(60);
 
 /// The event source component of this controller.
 pub const COMPONENT: &str = "cloud-node-lifecycle-controller";
@@ -43,8 +49,9 @@ pub const COMPONENT: &str = "cloud-node-lifecycle-controller";
 pub struct CloudNodeLifecycleConfig {
     /// How often every Node is checked (`--node-monitor-period`, default 5 s).
     pub node_monitor_period: Duration,
-    /// How long the cloud must keep saying "gone" before the Node is deleted (beyond upstream;
-    /// default 0, upstream's immediate deletion).
+    /// How long the cloud must keep saying "gone" (at least twice) before the Node is deleted
+    /// (beyond upstream; default [`DEFAULT_DELETE_GRACE_PERIOD`]; 0 is upstream's immediate
+    /// deletion on the first answer).
     pub delete_grace_period: Duration,
 }
 
@@ -52,7 +59,7 @@ impl Default for CloudNodeLifecycleConfig {
     fn default() -> Self {
         CloudNodeLifecycleConfig {
             node_monitor_period: Duration::from_secs(5),
-            delete_grace_period: Duration::ZERO,
+            delete_grace_period: DEFAULT_DELETE_GRACE_PERIOD,
         }
     }
 }
@@ -83,8 +90,9 @@ enum Existence {
 pub struct CloudNodeLifecycleController {
     ctx: ControllerContext,
     config: CloudNodeLifecycleConfig,
-    /// When the cloud first said "gone" for each Node, for the grace period.
-    gone_since: HashMap<String, Instant>,
+    /// When the cloud first said "gone" for each Node, and how many times since, for the
+    /// grace period.
+    gone_since: HashMap<String, (Instant, u32)>,
 }
 
 impl std::fmt::Debug for CloudNodeLifecycleController {
@@ -120,46 +128,31 @@ impl CloudNodeLifecycleController {
 
     /// Runs until the context's shutdown token is cancelled.
     pub async fn run(mut self) {
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
-        let (store, writer) = reflector::store();
-        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-            .default_backoff();
         let shutdown = self.ctx.shutdown.clone();
-        let drive = async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(event) = stream.next().await {
-                if let Err(err) = event {
-                    warn!(error = %err, "node watch failed");
-                }
-            }
-        };
         let monitor = async {
-            if store.wait_until_ready().await.is_err() {
-                return;
-            }
+            self.ctx.nodes.wait_synced().await;
             let mut ticker = tokio::time::interval(self.config.node_monitor_period);
             ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
             loop {
                 ticker.tick().await;
-                self.monitor_nodes(&store).await;
+                self.monitor_nodes().await;
             }
         };
         tokio::select! {
             _ = shutdown.cancelled() => {}
-            _ = drive => {}
             _ = monitor => {}
         }
     }
 
-    /// Upstream's `MonitorNodes`: one pass over every Node.
-    async fn monitor_nodes(&mut self, store: &Store<Node>) {
-        let nodes = store.state();
+    /// Upstream's `MonitorNodes`: one pass over every Node of the shared cache.
+    async fn monitor_nodes(&mut self) {
+        let nodes = self.ctx.nodes.list();
+        let names: HashSet<&str> = nodes.iter().map(|n| node_name(n)).collect();
         self.gone_since
-            .retain(|name, _| nodes.iter().any(|n| node_name(n) == name));
-        for node in nodes {
-            let name = node_name(&node).to_owned();
-            let span = info_span!("monitor_node", node = %name);
-            self.monitor_node(&node).instrument(span).await;
+            .retain(|name, _| names.contains(name.as_str()));
+        for node in &nodes {
+            let span = info_span!("monitor_node", node = %node_name(node));
+            self.monitor_node(node).instrument(span).await;
         }
     }
 
@@ -206,33 +199,40 @@ impl CloudNodeLifecycleController {
             }
         }
         let now = Instant::now();
-        let first = *self.gone_since.entry(name.clone()).or_insert(now);
-        if now.duration_since(first) < self.config.delete_grace_period {
+        let (first, answers) = {
+            let entry = self.gone_since.entry(name.clone()).or_insert((now, 0));
+            entry.1 += 1;
+            *entry
+        };
+        let grace = self.config.delete_grace_period;
+        if !grace.is_zero() && (now.duration_since(first) < grace || answers < 2) {
             debug!("the cloud says the node is gone; waiting out the grace period");
             return;
         }
         self.gone_since.remove(&name);
         info!("deleting node because it does not exist in the cloud provider");
-        events::record(
-            &self.ctx.client,
-            COMPONENT,
-            node,
-            EventType::Normal,
-            "DeletingNode",
-            &format!("Deleting node {name} because it does not exist in the cloud provider"),
-        )
-        .await;
-        if let Err(err) = api.delete(&name, &DeleteParams::default()).await {
-            warn!(error = %err, "unable to delete node");
-            events::record(
-                &self.ctx.client,
+        self.ctx
+            .events
+            .record(
                 COMPONENT,
                 node,
-                EventType::Warning,
-                "DeletingNodeFailed",
-                &format!("Error deleting node {name}: {err}"),
+                EventType::Normal,
+                "DeletingNode",
+                &format!("Deleting node {name} because it does not exist in the cloud provider"),
             )
             .await;
+        if let Err(err) = api.delete(&name, &DeleteParams::default()).await {
+            warn!(error = %err, "unable to delete node");
+            self.ctx
+                .events
+                .record(
+                    COMPONENT,
+                    node,
+                    EventType::Warning,
+                    "DeletingNodeFailed",
+                    &format!("Error deleting node {name}: {err}"),
+                )
+                .await;
         }
     }
 

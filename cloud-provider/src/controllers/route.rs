@@ -14,24 +14,22 @@
 //! (beyond upstream's alpha) reconciles on Node add/delete/pod-CIDR/address changes, at most
 //! once per period, and retries failed creates.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::future::join_all;
 use ipnet::IpNet;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, NodeAddress};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{ListParams, Patch, PatchParams};
-use kube::runtime::watcher;
+use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use tokio::sync::{Notify, Semaphore};
 use tracing::Instrument;
 
-use super::ControllerContext;
-use super::events::{EventType, record};
+use super::events::EventType;
+use super::{ControllerContext, NodeEvent, NodeEvents};
 use crate::{CloudError, Route, Routes};
 
 /// Upstream's cap on in-flight create/delete route calls.
@@ -215,7 +213,7 @@ impl RouteController {
 
     async fn run_watch_based(&self) {
         let trigger = Arc::new(Notify::new());
-        let watch = watch_nodes(Api::all(self.ctx.client.clone()), trigger.clone());
+        let watch = watch_nodes(self.ctx.nodes.subscribe(), trigger.clone());
         let reconciles = async {
             let mut last: Option<tokio::time::Instant> = None;
             loop {
@@ -247,15 +245,13 @@ impl RouteController {
             .list_routes(&self.ctx.cluster_name)
             .await
             .map_err(RouteError::ListRoutes)?;
-        let nodes = Api::<Node>::all(self.ctx.client.clone())
-            .list(&ListParams::default())
-            .await
-            .map_err(RouteError::ListNodes)?
-            .items;
+        // The shared Node cache, never a LIST of every Node per reconcile.
+        self.ctx.nodes.wait_synced().await;
+        let nodes = self.ctx.nodes.list();
         Ok(self.reconcile_with(&nodes, routes).await)
     }
 
-    async fn reconcile_with(&self, nodes: &[Node], routes: Vec<Route>) -> RouteSyncReport {
+    async fn reconcile_with(&self, nodes: &[Arc<Node>], routes: Vec<Route>) -> RouteSyncReport {
         let mut report = RouteSyncReport::default();
         let sequenced = routes.first().is_some_and(|r| r.enable_node_addresses);
 
@@ -308,7 +304,11 @@ impl RouteController {
         // Creates.
         let to_create: Vec<(&Node, IpNet)> = nodes
             .iter()
-            .flat_map(|node| pod_cidrs(node).into_iter().map(move |cidr| (node, cidr)))
+            .flat_map(|node| {
+                pod_cidrs(node)
+                    .into_iter()
+                    .map(move |cidr| (node.as_ref(), cidr))
+            })
             .filter(|(node, cidr)| {
                 matches!(
                     actions.get(&(node.name_any(), *cidr)),
@@ -341,17 +341,18 @@ impl RouteController {
             }
         }
 
-        // Conditions.
+        // Conditions. The actions grouped by Node once: a scan of every action per Node is
+        // quadratic, 200 million comparisons per reconcile at 10,000 Nodes.
+        let mut by_node: HashMap<&str, Vec<Action>> = HashMap::new();
+        for ((name, _), action) in &actions {
+            by_node.entry(name.as_str()).or_default().push(*action);
+        }
         let patches = nodes.iter().filter_map(|node| {
             let name = node.name_any();
             if !route_map.contains_key(name.as_str()) && pod_cidrs(node).is_empty() {
                 return None;
             }
-            let node_actions: Vec<Action> = actions
-                .iter()
-                .filter(|((n, _), _)| *n == name)
-                .map(|(_, a)| *a)
-                .collect();
+            let node_actions = by_node.get(name.as_str()).map_or(&[][..], Vec::as_slice);
             let unavailable =
                 node_actions.is_empty() || node_actions.iter().any(|a| *a != Action::Keep);
             Some(self.update_network_condition(node, unavailable))
@@ -418,15 +419,16 @@ impl RouteController {
                         started.elapsed()
                     );
                     tracing::warn!("{message}");
-                    record(
-                        &self.ctx.client,
-                        COMPONENT,
-                        node,
-                        EventType::Warning,
-                        "FailedToCreateRoute",
-                        &message,
-                    )
-                    .await;
+                    self.ctx
+                        .events
+                        .record(
+                            COMPONENT,
+                            node,
+                            EventType::Warning,
+                            "FailedToCreateRoute",
+                            &message,
+                        )
+                        .await;
                     false
                 }
             }
@@ -514,73 +516,30 @@ fn address_set(addresses: &[NodeAddress]) -> BTreeSet<(&str, &str)> {
         .collect()
 }
 
-/// What a Node change is compared on in watch mode.
-#[derive(PartialEq)]
-struct NodeKey {
-    pod_cidrs: Vec<IpNet>,
-    addresses: Vec<NodeAddress>,
-    resource_version: Option<String>,
+/// Upstream's watch-mode trigger for a Node update: pod CIDRs or addresses changed, or a
+/// resync (same resource version).
+fn triggers(old: &Node, new: &Node) -> bool {
+    pod_cidrs(old) != pod_cidrs(new)
+        || node_addresses(old) != node_addresses(new)
+        || old.metadata.resource_version == new.metadata.resource_version
 }
 
-impl NodeKey {
-    fn of(node: &Node) -> Self {
-        NodeKey {
-            pod_cidrs: pod_cidrs(node),
-            addresses: node_addresses(node),
-            resource_version: node.resource_version(),
-        }
-    }
-
-    /// Upstream's watch-mode trigger: pod CIDRs or addresses changed, or a resync (same version).
-    fn triggers(&self, new: &NodeKey) -> bool {
-        self.pod_cidrs != new.pod_cidrs
-            || self.addresses != new.addresses
-            || self.resource_version == new.resource_version
-    }
-}
-
-async fn watch_nodes(api: Api<Node>, trigger: Arc<Notify>) {
-    let mut known: BTreeMap<String, NodeKey> = BTreeMap::new();
+/// Upstream's watch-mode triggers, from the shared Node cache: an added or deleted Node, a
+/// pod-CIDR or address change, and the first complete list.
+async fn watch_nodes(mut events: NodeEvents, trigger: Arc<Notify>) {
     let mut listed = false;
-    let mut stream = watcher(api, watcher::Config::default()).boxed();
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(watcher::Event::Apply(node)) => {
-                let key = NodeKey::of(&node);
-                let fire = known
-                    .get(&node.name_any())
-                    .is_none_or(|old| old.triggers(&key));
-                known.insert(node.name_any(), key);
-                if fire {
-                    trigger.notify_one();
-                }
-            }
-            Ok(watcher::Event::InitApply(node)) => {
-                // A (re-)list after a watch restart: only real changes count.
-                let key = NodeKey::of(&node);
-                let fire = known.get(&node.name_any()).is_none_or(|old| {
-                    old.pod_cidrs != key.pod_cidrs || old.addresses != key.addresses
-                });
-                known.insert(node.name_any(), key);
-                if fire && listed {
-                    trigger.notify_one();
-                }
-            }
-            Ok(watcher::Event::Delete(node)) => {
-                known.remove(&node.name_any());
-                trigger.notify_one();
-            }
-            Ok(watcher::Event::Init) => {}
-            Ok(watcher::Event::InitDone) => {
-                if !listed {
-                    listed = true;
-                    trigger.notify_one();
-                }
-            }
-            Err(err) => {
-                tracing::warn!(%err, "node watch failed");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
+    while let Some(event) = events.recv().await {
+        let fire = match event {
+            NodeEvent::Applied { old: None, .. } => listed,
+            NodeEvent::Applied {
+                old: Some(old),
+                new,
+            } => listed && triggers(&old, &new),
+            NodeEvent::Deleted(_) => true,
+            NodeEvent::Synced => !std::mem::replace(&mut listed, true),
+        };
+        if fire {
+            trigger.notify_one();
         }
     }
 }
@@ -621,16 +580,16 @@ mod tests {
     fn row54_watch_triggers() {
         let mut node = Node::default();
         node.metadata.resource_version = Some("1".into());
-        let old = NodeKey::of(&node);
+        let old = node.clone();
         // Resync: same resource version.
-        assert!(old.triggers(&NodeKey::of(&node)));
+        assert!(triggers(&old, &node));
         // Another update (labels, say): new version, same CIDRs and addresses.
         node.metadata.resource_version = Some("2".into());
-        assert!(!old.triggers(&NodeKey::of(&node)));
+        assert!(!triggers(&old, &node));
         node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
             pod_cidrs: Some(vec!["10.1.0.0/24".into()]),
             ..Default::default()
         });
-        assert!(old.triggers(&NodeKey::of(&node)));
+        assert!(triggers(&old, &node));
     }
 }

@@ -17,15 +17,15 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
-use super::ControllerContext;
-use super::events::{EventType, record};
+use super::events::EventType;
+use super::{ControllerContext, NodeEvent};
 use crate::helpers::service::{
     has_load_balancer_finalizer, load_balancer_status_equal, wants_load_balancer,
 };
@@ -143,7 +143,10 @@ fn provider_id(node: &Node) -> Option<&str> {
     node.spec.as_ref().and_then(|s| s.provider_id.as_deref())
 }
 
-fn node_set(nodes: &[Node]) -> BTreeMap<String, Option<String>> {
+/// The identity of a load balancer's hosts: eligible Node name → providerID.
+type NodeSet = BTreeMap<String, Option<String>>;
+
+fn node_set(nodes: &[Node]) -> NodeSet {
     nodes
         .iter()
         .map(|n| (n.name_any(), provider_id(n).map(str::to_owned)))
@@ -293,8 +296,20 @@ impl Queue {
 struct State {
     /// Last seen Service per key (for deletions without a finalizer and UID changes).
     cache: HashMap<String, Service>,
-    /// The nodes each Service's load balancer was last given.
-    last_synced_nodes: HashMap<String, Vec<Node>>,
+    /// The node set each Service's load balancer was last given. Services given the same set
+    /// share one copy (1,000 Services × 10,000 Nodes would otherwise be 10 million entries).
+    last_synced_nodes: HashMap<String, Arc<NodeSet>>,
+    /// The eligible Nodes and their set at a Node cache generation, reused until the cache
+    /// changes (1,000 Services need not copy 10,000 Nodes each).
+    eligible: Option<Eligible>,
+}
+
+/// The eligible Nodes at one Node cache generation.
+#[derive(Clone)]
+struct Eligible {
+    generation: u64,
+    nodes: Arc<Vec<Node>>,
+    set: Arc<NodeSet>,
 }
 
 /// The service controller.
@@ -389,11 +404,15 @@ impl ServiceController {
     async fn watch_services(&self) {
         let api: Api<Service> = Api::all(self.ctx.client.clone());
         let mut seen: HashMap<String, Service> = HashMap::new();
+        let mut relisting: Option<HashSet<String>> = None;
         let mut stream = watcher(api, watcher::Config::default()).boxed();
         while let Some(event) = stream.next().await {
             match event {
                 Ok(watcher::Event::Apply(svc)) | Ok(watcher::Event::InitApply(svc)) => {
                     let key = key_of(&svc);
+                    if let Some(relisted) = relisting.as_mut() {
+                        relisted.insert(key.clone());
+                    }
                     let enqueue = match seen.get(&key) {
                         None => wants_load_balancer(&svc) || needs_cleanup(&svc),
                         Some(old) => needs_update(old, &svc) || needs_cleanup(&svc),
@@ -403,14 +422,25 @@ impl ServiceController {
                         self.queue.add(&key);
                     }
                 }
-                Ok(watcher::Event::Delete(svc)) => {
-                    let key = key_of(&svc);
-                    seen.remove(&key);
-                    if self.state.lock().cache.contains_key(&key) {
-                        self.queue.add(&key);
+                Ok(watcher::Event::Delete(svc)) => self.service_gone(&mut seen, &key_of(&svc)),
+                // A relist after a watch gap (issue 10 item 14): a Service deleted during the
+                // gap never gets a Delete event, so whatever the relist lacks is gone, as an
+                // informer's `Replace` reports it. Its load balancer must not leak even when
+                // its finalizer was removed out of band.
+                Ok(watcher::Event::Init) => relisting = Some(HashSet::new()),
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(relisted) = relisting.take() {
+                        let gone: Vec<String> = seen
+                            .keys()
+                            .filter(|key| !relisted.contains(*key))
+                            .cloned()
+                            .collect();
+                        for key in gone {
+                            tracing::info!(service = %key, "service deleted while the watch was down");
+                            self.service_gone(&mut seen, &key);
+                        }
                     }
                 }
-                Ok(_) => {}
                 Err(err) => {
                     tracing::warn!(%err, "service watch failed");
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -419,42 +449,33 @@ impl ServiceController {
         }
     }
 
+    /// A Service left the cluster: clean up its load balancer if one was made for it.
+    fn service_gone(&self, seen: &mut HashMap<String, Service>, key: &str) {
+        seen.remove(key);
+        if self.state.lock().cache.contains_key(key) {
+            self.queue.add(key);
+        }
+    }
+
+    /// Node changes from the shared Node cache that can change a load balancer's hosts.
     async fn watch_nodes(&self) {
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
-        let mut seen: HashMap<String, Node> = HashMap::new();
+        let mut events = self.ctx.nodes.subscribe();
         let mut initialised = false;
-        let mut stream = watcher(api, watcher::Config::default()).boxed();
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(watcher::Event::InitApply(node)) => {
-                    let trigger = initialised
-                        && seen
-                            .get(&node.name_any())
-                            .is_none_or(|old| should_sync_updated_node(old, &node));
-                    seen.insert(node.name_any(), node);
-                    if trigger {
-                        self.node_trigger.notify_one();
-                    }
+        while let Some(event) = events.recv().await {
+            let trigger = match event {
+                NodeEvent::Applied { old: None, .. } => initialised,
+                NodeEvent::Applied {
+                    old: Some(old),
+                    new,
+                } => should_sync_updated_node(&old, &new),
+                NodeEvent::Deleted(_) => true,
+                NodeEvent::Synced => {
+                    initialised = true;
+                    false
                 }
-                Ok(watcher::Event::InitDone) => initialised = true,
-                Ok(watcher::Event::Apply(node)) => {
-                    let trigger = seen
-                        .get(&node.name_any())
-                        .is_none_or(|old| should_sync_updated_node(old, &node));
-                    seen.insert(node.name_any(), node);
-                    if trigger {
-                        self.node_trigger.notify_one();
-                    }
-                }
-                Ok(watcher::Event::Delete(node)) => {
-                    seen.remove(&node.name_any());
-                    self.node_trigger.notify_one();
-                }
-                Ok(watcher::Event::Init) => {}
-                Err(err) => {
-                    tracing::warn!(%err, "node watch failed");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
+            };
+            if trigger {
+                self.node_trigger.notify_one();
             }
         }
     }
@@ -492,17 +513,44 @@ impl ServiceController {
         }
     }
 
-    async fn eligible_nodes(&self) -> Result<Vec<Node>, kube::Error> {
-        let nodes = Api::<Node>::all(self.ctx.client.clone())
-            .list(&ListParams::default())
-            .await?
-            .items;
-        Ok(nodes.into_iter().filter(node_eligible).collect())
+    /// The eligible Nodes and their set, from the shared Node cache (never a LIST per sync),
+    /// computed once per change of the cache.
+    async fn eligible_nodes(&self) -> Eligible {
+        self.ctx.nodes.wait_synced().await;
+        let generation = self.ctx.nodes.generation();
+        if let Some(eligible) = &self.state.lock().eligible
+            && eligible.generation == generation
+        {
+            return eligible.clone();
+        }
+        let mut nodes: Vec<Node> = self
+            .ctx
+            .nodes
+            .list()
+            .into_iter()
+            .filter(|node| node_eligible(node))
+            .map(Arc::unwrap_or_clone)
+            .collect();
+        nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let mut state = self.state.lock();
+        let set = node_set(&nodes);
+        // An unchanged set keeps its one shared copy.
+        let set = match &state.eligible {
+            Some(old) if *old.set == set => old.set.clone(),
+            _ => Arc::new(set),
+        };
+        let eligible = Eligible {
+            generation,
+            nodes: Arc::new(nodes),
+            set,
+        };
+        state.eligible = Some(eligible.clone());
+        eligible
     }
 
     /// Updates the hosts of every cached load balancer whose eligible node set changed.
     pub async fn sync_nodes(&self) -> Result<(), kube::Error> {
-        let nodes = self.eligible_nodes().await?;
+        let eligible = self.eligible_nodes().await;
         let services: Vec<(String, Service)> = {
             let state = self.state.lock();
             state
@@ -512,13 +560,13 @@ impl ServiceController {
                 .map(|(k, s)| (k.clone(), s.clone()))
                 .collect()
         };
-        let nodes = &nodes;
+        let eligible = &eligible;
         futures::stream::iter(services)
             .for_each_concurrent(
                 self.config.concurrent_service_syncs,
                 |(key, svc)| async move {
                     let span = tracing::info_span!("node_sync", service = %key);
-                    self.node_sync_service(&key, &svc, nodes)
+                    self.node_sync_service(&key, &svc, eligible)
                         .instrument(span)
                         .await;
                 },
@@ -527,15 +575,14 @@ impl ServiceController {
         Ok(())
     }
 
-    async fn node_sync_service(&self, key: &str, svc: &Service, nodes: &[Node]) {
+    async fn node_sync_service(&self, key: &str, svc: &Service, eligible: &Eligible) {
+        let nodes = eligible.nodes.as_slice();
         let changed = {
             let mut state = self.state.lock();
             let old = state
                 .last_synced_nodes
-                .insert(key.to_owned(), nodes.to_vec())
-                .unwrap_or_default();
-            let old: Vec<Node> = old.into_iter().filter(node_eligible).collect();
-            node_set(&old) != node_set(nodes)
+                .insert(key.to_owned(), eligible.set.clone());
+            old.is_none_or(|old| !Arc::ptr_eq(&old, &eligible.set) && *old != *eligible.set)
         };
         if !changed {
             return;
@@ -599,7 +646,10 @@ impl ServiceController {
     }
 
     async fn event(&self, svc: &Service, type_: EventType, reason: &str, message: &str) {
-        record(&self.ctx.client, COMPONENT, svc, type_, reason, message).await;
+        self.ctx
+            .events
+            .record(COMPONENT, svc, type_, reason, message)
+            .await;
     }
 
     /// Syncs one Service by key (`namespace/name`).
@@ -747,7 +797,8 @@ impl ServiceController {
         if !has_load_balancer_finalizer(svc) {
             self.patch_finalizer(svc, true).await?;
         }
-        let nodes = self.eligible_nodes().await?;
+        let eligible = self.eligible_nodes().await;
+        let nodes = eligible.nodes.as_slice();
         if nodes.is_empty() {
             self.event(
                 svc,
@@ -760,11 +811,11 @@ impl ServiceController {
         self.state
             .lock()
             .last_synced_nodes
-            .insert(key_of(svc), nodes.clone());
+            .insert(key_of(svc), eligible.set.clone());
         self.ctx.cloud_limiter.acquire().await;
         let status = match self
             .lb()
-            .ensure_load_balancer(&self.ctx.cluster_name, svc, &nodes)
+            .ensure_load_balancer(&self.ctx.cluster_name, svc, nodes)
             .await
         {
             Ok(status) => status,
