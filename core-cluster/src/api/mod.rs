@@ -544,6 +544,10 @@ mod tests {
         // A namespaced resource by name without a namespace is not a path.
         assert_eq!(parse("/api/v1/pods/p"), None);
         assert_eq!(parse("/api/v1/widgets"), None);
-        assert_eq!(parse("/apis/apps/v1/deployments"), None);
+        assert_eq!(parse("/apis/apps/v1/statefulsets"), None);
+        assert_eq!(
+            parse("/apis/apps/v1/deployments"),
+            Some(("deployments".into(), None, None, None))
+        );
     }
 }

@@ -1,5 +1,7 @@
 //! The resources this API server serves, as [`OpenApiResource`]s.
 
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount,
@@ -30,7 +32,8 @@ const fn core(
 
 /// The resources the API server serves, in discovery order: core/v1 Namespace, Node, Pod,
 /// Service, Endpoints, Event, ServiceAccount, ConfigMap, Secret; `coordination.k8s.io/v1`
-/// Lease; `discovery.k8s.io/v1` EndpointSlice; `events.k8s.io/v1` Event.
+/// Lease; `discovery.k8s.io/v1` EndpointSlice; `events.k8s.io/v1` Event; `apps/v1` Deployment,
+/// ReplicaSet, DaemonSet; `batch/v1` Job.
 pub fn served_resources() -> Vec<OpenApiResource> {
     vec![
         core(
@@ -92,6 +95,42 @@ pub fn served_resources() -> Vec<OpenApiResource> {
             namespaced: true,
             subresources: &[],
             schema: schema_of::<EventsV1Event>,
+        },
+        OpenApiResource {
+            group: "apps",
+            version: "v1",
+            kind: "Deployment",
+            plural: "deployments",
+            namespaced: true,
+            subresources: &["status"],
+            schema: schema_of::<Deployment>,
+        },
+        OpenApiResource {
+            group: "apps",
+            version: "v1",
+            kind: "ReplicaSet",
+            plural: "replicasets",
+            namespaced: true,
+            subresources: &["status"],
+            schema: schema_of::<ReplicaSet>,
+        },
+        OpenApiResource {
+            group: "apps",
+            version: "v1",
+            kind: "DaemonSet",
+            plural: "daemonsets",
+            namespaced: true,
+            subresources: &["status"],
+            schema: schema_of::<DaemonSet>,
+        },
+        OpenApiResource {
+            group: "batch",
+            version: "v1",
+            kind: "Job",
+            plural: "jobs",
+            namespaced: true,
+            subresources: &["status"],
+            schema: schema_of::<Job>,
         },
     ]
 }
