@@ -10,6 +10,7 @@ use core_cluster::{
     controllers::{
         deployment::{DeploymentController, POD_TEMPLATE_HASH},
         garbage_collector::GarbageCollector,
+        job::JobController,
         replicaset::ReplicaSetController,
         scheduler::{Scheduler, SchedulerConfig},
     },
@@ -18,6 +19,7 @@ use core_cluster::{
 };
 use k8s_openapi::api::{
     apps::v1::{Deployment, ReplicaSet},
+    batch::v1::Job,
     core::v1::Pod,
 };
 use kube::{
@@ -56,6 +58,7 @@ async fn cluster() -> Cluster {
     tokio::spawn(ReplicaSetController::new(client.clone()).run(stop.clone()));
     tokio::spawn(DeploymentController::new(client.clone()).run(stop.clone()));
     tokio::spawn(GarbageCollector::new(client.clone()).run(stop.clone()));
+    tokio::spawn(JobController::new(client.clone()).run(stop.clone()));
     Cluster { client, stop }
 }
 
@@ -376,4 +379,171 @@ async fn invalid_deployment_is_refused() {
         other => panic!("expected 422, got {other:?}"),
     }
     assert!(api.get_opt("bad").await.unwrap().is_none());
+}
+
+fn job(
+    name: &str,
+    completions: i32,
+    parallelism: i32,
+    annotations: Value,
+    backoff_limit: i32,
+) -> Job {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "completions": completions, "parallelism": parallelism, "backoffLimit": backoff_limit,
+            "template": {"metadata": {"annotations": annotations},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "work", "image": "busybox"}]}},
+        }
+    }))
+    .unwrap()
+}
+
+fn job_condition(j: &Job, t: &str) -> Option<(String, String)> {
+    j.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == t && c.status == "True")
+        .map(|c| {
+            (
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
+}
+
+/// Job controller (NonIndexed): `completions` successes, at most `parallelism` pods at a
+/// time, then `SuccessCriteriaMet` and `Complete` with `completionTime`; the simulated
+/// kubelet ends each pod after its `sim.ccm-rs.io/run-duration`.
+#[tokio::test(start_paused = true)]
+async fn job_runs_completions_with_parallelism_to_complete() {
+    let c = cluster().await;
+    let api: Api<Job> = Api::namespaced(c.client.clone(), "default");
+    let created = api
+        .create(
+            &PostParams::default(),
+            &job("pi", 3, 2, json!({"sim.ccm-rs.io/run-duration": "10s"}), 6),
+        )
+        .await
+        .unwrap();
+    let uid = created.uid().unwrap();
+    let pods_api: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let selector = ListParams::default().labels("batch.kubernetes.io/job-name=pi");
+    let mut max_active = 0;
+    let mut done = None;
+    for _ in 0..1200 {
+        let pods = pods_api.list(&selector).await.unwrap().items;
+        let active = pods
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Pending" | "Running")
+                )
+            })
+            .count();
+        max_active = max_active.max(active);
+        let j = api.get("pi").await.unwrap();
+        if job_condition(&j, "Complete").is_some() {
+            done = Some((j, pods));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let done = done.expect("job complete");
+    let (j, pods) = done;
+    assert!(
+        max_active <= 2,
+        "parallelism 2, saw {max_active} active pods"
+    );
+    let status = j.status.unwrap();
+    assert_eq!(
+        (status.succeeded, status.active, status.failed),
+        (Some(3), Some(0), Some(0))
+    );
+    assert!(status.completion_time.is_some() && status.start_time.is_some());
+    assert!(job_condition(&api.get("pi").await.unwrap(), "SuccessCriteriaMet").is_some());
+    assert_eq!(pods.len(), 3);
+    for p in &pods {
+        assert_eq!(p.owner_references()[0].uid, uid);
+        assert_eq!(p.labels()["batch.kubernetes.io/controller-uid"], uid);
+        assert!(p.name_any().starts_with("pi-"));
+        let cs = &p
+            .status
+            .as_ref()
+            .unwrap()
+            .container_statuses
+            .as_ref()
+            .unwrap()[0];
+        assert_eq!(
+            cs.state
+                .as_ref()
+                .unwrap()
+                .terminated
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("Completed")
+        );
+    }
+}
+
+/// Job controller: failed pods are replaced after 10 s, then 20 s (pod failure backoff);
+/// more failures than `backoffLimit` fail the Job with `BackoffLimitExceeded`.
+#[tokio::test(start_paused = true)]
+async fn job_fails_after_backoff_limit_with_backoff_between_pods() {
+    let c = cluster().await;
+    let api: Api<Job> = Api::namespaced(c.client.clone(), "default");
+    let start = tokio::time::Instant::now();
+    api.create(
+        &PostParams::default(),
+        &job(
+            "flaky",
+            1,
+            1,
+            json!({"sim.ccm-rs.io/run-duration": "1s", "sim.ccm-rs.io/exit-code": "1"}),
+            2,
+        ),
+    )
+    .await
+    .unwrap();
+    let j = eventually(300, "job failed", || async {
+        let j = api.get("flaky").await.unwrap();
+        job_condition(&j, "Failed").map(|_| j)
+    })
+    .await;
+    let elapsed = start.elapsed();
+    assert_eq!(
+        job_condition(&j, "Failed"),
+        Some((
+            "BackoffLimitExceeded".into(),
+            "Job has reached the specified backoff limit".into()
+        ))
+    );
+    assert!(job_condition(&j, "FailureTarget").is_some());
+    assert_eq!(
+        j.status.as_ref().unwrap().failed,
+        Some(3),
+        "backoffLimit 2: the third failure fails the Job"
+    );
+    // Three 1 s runs with 10 s and 20 s of backoff between them.
+    assert!(
+        elapsed >= Duration::from_secs(33),
+        "replacements waited for their backoff: {elapsed:?}"
+    );
+    assert!(elapsed < Duration::from_secs(60), "{elapsed:?}");
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let list = pods
+        .list(&ListParams::default().labels("job-name=flaky"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(list.len(), 3);
+    assert!(
+        list.iter()
+            .all(|p| p.status.as_ref().unwrap().phase.as_deref() == Some("Failed"))
+    );
 }

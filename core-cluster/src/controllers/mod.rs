@@ -5,6 +5,7 @@
 
 pub mod deployment;
 pub mod garbage_collector;
+pub mod job;
 pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod pod_gc;
