@@ -8,6 +8,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 use core_cluster::{
     ApiServer, ApiServerConfig,
     controllers::{
+        daemonset::DaemonSetController,
         deployment::{DeploymentController, POD_TEMPLATE_HASH},
         garbage_collector::GarbageCollector,
         job::JobController,
@@ -18,9 +19,9 @@ use core_cluster::{
     store::MemoryStore,
 };
 use k8s_openapi::api::{
-    apps::v1::{Deployment, ReplicaSet},
+    apps::v1::{DaemonSet, Deployment, ReplicaSet},
     batch::v1::Job,
-    core::v1::Pod,
+    core::v1::{Node, Pod},
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -59,6 +60,7 @@ async fn cluster() -> Cluster {
     tokio::spawn(DeploymentController::new(client.clone()).run(stop.clone()));
     tokio::spawn(GarbageCollector::new(client.clone()).run(stop.clone()));
     tokio::spawn(JobController::new(client.clone()).run(stop.clone()));
+    tokio::spawn(DaemonSetController::new(client.clone()).run(stop.clone()));
     Cluster { client, stop }
 }
 
@@ -546,4 +548,90 @@ async fn job_fails_after_backoff_limit_with_backoff_between_pods() {
         list.iter()
             .all(|p| p.status.as_ref().unwrap().phase.as_deref() == Some("Failed"))
     );
+}
+
+/// DaemonSet controller (`NodeShouldRunDaemonPod`, `AddOrUpdateDaemonPodTolerations`): one
+/// running pod per eligible node, bound by the scheduler through its node affinity; a
+/// cordoned node keeps its pod (unschedulable is tolerated), a node with an untolerated
+/// NoSchedule taint loses it.
+#[tokio::test(start_paused = true)]
+async fn daemonset_runs_one_pod_per_eligible_node() {
+    let c = cluster().await;
+    let api: Api<DaemonSet> = Api::namespaced(c.client.clone(), "default");
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "agent"},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}},
+            "template": {"metadata": {"labels": {"app": "agent"}},
+                "spec": {"containers": [{"name": "agent", "image": "fluentd"}]}}}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &ds).await.unwrap();
+    let pods = eventually(60, "a running pod on each node", || async {
+        let pods = live_pods(&c.client, "agent").await;
+        (pods.len() == 3 && pods.iter().all(running)).then_some(pods)
+    })
+    .await;
+    let mut nodes: Vec<String> = pods
+        .iter()
+        .map(|p| p.spec.as_ref().unwrap().node_name.clone().unwrap())
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, ["node-a", "node-b", "node-c"]);
+    let tolerations = pods[0].spec.as_ref().unwrap().tolerations.clone().unwrap();
+    let unreachable = tolerations
+        .iter()
+        .find(|t| t.key.as_deref() == Some("node.kubernetes.io/unreachable"))
+        .unwrap();
+    assert_eq!(
+        (
+            unreachable.effect.as_deref(),
+            unreachable.toleration_seconds
+        ),
+        (Some("NoExecute"), None)
+    );
+    let status = eventually(10, "status", || async {
+        let s = api.get("agent").await.unwrap().status?;
+        (s.number_available == Some(3)).then_some(s)
+    })
+    .await;
+    assert_eq!(
+        (
+            status.desired_number_scheduled,
+            status.current_number_scheduled,
+            status.number_ready,
+            status.updated_number_scheduled
+        ),
+        (3, 3, 3, Some(3))
+    );
+
+    let nodes_api: Api<Node> = Api::all(c.client.clone());
+    nodes_api
+        .patch(
+            "node-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap();
+    nodes_api.patch("node-c", &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}}))).await.unwrap();
+    let pods = eventually(30, "node-c's pod removed", || async {
+        let pods = live_pods(&c.client, "agent").await;
+        (pods.len() == 2).then_some(pods)
+    })
+    .await;
+    let mut on: Vec<String> = pods
+        .iter()
+        .map(|p| p.spec.as_ref().unwrap().node_name.clone().unwrap())
+        .collect();
+    on.sort();
+    assert_eq!(
+        on,
+        ["node-a", "node-b"],
+        "the cordoned node keeps its daemon pod"
+    );
+    eventually(10, "desired 2", || async {
+        let s = api.get("agent").await.unwrap().status?;
+        (s.desired_number_scheduled == 2 && s.number_misscheduled == 0).then_some(())
+    })
+    .await;
 }

@@ -3,6 +3,7 @@
 //! garbage collection, pod garbage collection, the scheduler and the workload controllers
 //! (ReplicaSet, Deployment, Job, DaemonSet).
 
+pub mod daemonset;
 pub mod deployment;
 pub mod garbage_collector;
 pub mod job;
