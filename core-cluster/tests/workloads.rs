@@ -635,3 +635,38 @@ async fn daemonset_runs_one_pod_per_eligible_node() {
     })
     .await;
 }
+
+/// The `scale` subresource (upstream `ScaleREST` of Deployments and ReplicaSets): an
+/// `autoscaling/v1` Scale with the selector as a string; PATCH and PUT change
+/// `spec.replicas`, and a negative count is a 422.
+#[tokio::test(start_paused = true)]
+async fn scale_subresource_reads_and_writes_replicas() {
+    let c = cluster().await;
+    let api: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
+    api.create(&PostParams::default(), &deployment("sc", 1, "nginx"))
+        .await
+        .unwrap();
+    let scale = api.get_scale("sc").await.unwrap();
+    assert_eq!(scale.spec.unwrap().replicas, Some(1));
+    assert_eq!(scale.status.unwrap().selector.as_deref(), Some("app=sc"));
+    let patched = api
+        .patch_scale(
+            "sc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 4}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.spec.unwrap().replicas, Some(4));
+    assert_eq!(api.get("sc").await.unwrap().spec.unwrap().replicas, Some(4));
+    eventually(60, "scaled to 4", || rolled_out(&api, "sc", 4)).await;
+    let bad = api
+        .patch_scale(
+            "sc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": -1}})),
+        )
+        .await;
+    assert!(matches!(bad, Err(kube::Error::Api(s)) if s.code == 422));
+    assert_eq!(api.get("sc").await.unwrap().spec.unwrap().replicas, Some(4));
+}

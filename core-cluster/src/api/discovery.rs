@@ -43,7 +43,7 @@ fn verbs(def: &ResourceDef) -> Vec<&'static str> {
 
 fn subresource_verbs(sub: &str) -> Vec<&'static str> {
     match sub {
-        "status" => vec!["get", "patch", "update"],
+        "status" | "scale" => vec!["get", "patch", "update"],
         "finalize" => vec!["update"],
         _ => vec!["create"],
     }
@@ -53,6 +53,7 @@ fn subresource_kind(def: &ResourceDef, sub: &str) -> (&'static str, &'static str
     match sub {
         "binding" => ("", "v1", "Binding"),
         "eviction" => ("policy", "v1", "Eviction"),
+        "scale" => ("autoscaling", "v1", "Scale"),
         _ => ("", "", def.kind),
     }
 }

@@ -8,6 +8,7 @@ pub mod discovery;
 mod handlers;
 pub mod metrics;
 pub mod negotiate;
+mod scale;
 pub mod status;
 mod watch;
 

@@ -102,7 +102,7 @@ pub fn served_resources() -> Vec<OpenApiResource> {
             kind: "Deployment",
             plural: "deployments",
             namespaced: true,
-            subresources: &["status"],
+            subresources: &["status", "scale"],
             schema: schema_of::<Deployment>,
         },
         OpenApiResource {
@@ -111,7 +111,7 @@ pub fn served_resources() -> Vec<OpenApiResource> {
             kind: "ReplicaSet",
             plural: "replicasets",
             namespaced: true,
-            subresources: &["status"],
+            subresources: &["status", "scale"],
             schema: schema_of::<ReplicaSet>,
         },
         OpenApiResource {
