@@ -253,6 +253,10 @@ fn prepare_deployment(o: &mut Value) {
             spec[field] = value;
         }
     }
+    // `strategy: {}` (as `kubectl create deployment` writes it) is a RollingUpdate.
+    if spec["strategy"]["type"].is_null() {
+        spec["strategy"]["type"] = json!("RollingUpdate");
+    }
     if spec["strategy"]["type"] == "RollingUpdate" {
         let ru = &mut spec["strategy"]["rollingUpdate"];
         if ru["maxSurge"].is_null() {
@@ -756,6 +760,13 @@ mod tests {
         assert_eq!(d["spec"]["revisionHistoryLimit"], 10);
         assert_eq!(d["spec"]["template"]["spec"]["restartPolicy"], "Always");
         assert!(validate_deployment(&d, None).is_empty());
+        // kubectl create deployment writes `strategy: {}`.
+        let mut k = deployment(
+            json!({"strategy": {}, "selector": {"matchLabels": {"app": "web"}}, "template": template(json!({"app": "web"}))}),
+        );
+        prepare_deployment(&mut k);
+        assert_eq!(k["spec"]["strategy"]["type"], "RollingUpdate");
+        assert!(validate_deployment(&k, None).is_empty());
     }
 
     /// Upstream `ValidateDeploymentSpec`: the selector must select the template's labels,
