@@ -270,8 +270,15 @@ impl NodeFacts {
                 (cap - used) * 100 / cap
             }
         };
-        (free(self.allocatable.milli_cpu, self.requested.milli_cpu + cpu)
-            + free(self.allocatable.memory, self.requested.memory + mem))
+        // Placed pods count at least the defaults too (upstream `NonZeroRequested`; here
+        // approximated per pod from the totals), so pods without requests spread out.
+        let placed_cpu = self.requested.milli_cpu.max(self.requested.pods * 100);
+        let placed_mem = self
+            .requested
+            .memory
+            .max(self.requested.pods * 200 * 1024 * 1024);
+        (free(self.allocatable.milli_cpu, placed_cpu + cpu)
+            + free(self.allocatable.memory, placed_mem + mem))
             / 2
     }
 

@@ -643,6 +643,29 @@ mod tests {
         assert_eq!(num_feasible_nodes_to_find(10_000), 500);
     }
 
+    /// `LeastAllocated` with upstream's non-zero defaults: pods without requests spread
+    /// over equal nodes instead of piling onto the first.
+    #[tokio::test(start_paused = true)]
+    async fn best_effort_pods_spread() {
+        let mut core = SchedulerCore::new(&SchedulerConfig::default());
+        for n in ["a", "b", "c"] {
+            core.node_applied(node(n, "4"));
+        }
+        for i in 0..6 {
+            let mut p = pod(&format!("p{i}"), "0");
+            p.spec.as_mut().unwrap().containers[0].resources = None;
+            core.pod_applied(p);
+        }
+        let mut per_node = std::collections::HashMap::new();
+        while let Some(p) = core.next_pod() {
+            let Decision::Bind(n) = core.schedule(&p) else {
+                panic!("unschedulable")
+            };
+            *per_node.entry(n).or_insert(0) += 1;
+        }
+        assert_eq!(per_node.values().copied().collect::<Vec<_>>(), [2, 2, 2]);
+    }
+
     /// Upstream's assume-then-bind: a chosen node is charged at once, so the next pod sees
     /// it fuller; a failed bind releases it; a deleted bound pod frees its node and retries
     /// the unschedulable pods.
