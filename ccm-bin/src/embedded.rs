@@ -468,6 +468,22 @@ pub(crate) async fn run(
     if ipam.allocate_node_cidrs {
         tasks.spawn(NodeIpamController::new(client.clone(), ipam)?.run(shutdown.clone()));
     }
+    // Pods run: the scheduler binds them, the workload controllers make them.
+    {
+        use core_cluster::controllers::{
+            daemonset::DaemonSetController,
+            deployment::DeploymentController,
+            job::JobController,
+            replicaset::ReplicaSetController,
+            scheduler::{Scheduler, SchedulerConfig},
+        };
+        let scheduler = Scheduler::new(client.clone(), SchedulerConfig::default());
+        tasks.spawn(scheduler.run(shutdown.clone()));
+        tasks.spawn(ReplicaSetController::new(client.clone()).run(shutdown.clone()));
+        tasks.spawn(DeploymentController::new(client.clone()).run(shutdown.clone()));
+        tasks.spawn(DaemonSetController::new(client.clone()).run(shutdown.clone()));
+        tasks.spawn(JobController::new(client.clone()).run(shutdown.clone()));
+    }
 
     // The cloud-controller-manager, exactly as against any cluster.
     say(format_args!(

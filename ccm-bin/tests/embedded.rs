@@ -75,14 +75,17 @@ impl Embedded {
         Embedded { child, dir }
     }
 
-    fn kubectl(&self, args: &[&str]) -> String {
-        let out = Command::new("kubectl")
-            .env("KUBECONFIG", self.dir.path().join("kubeconfig"))
+    /// kubectl against this cluster, with its own cache directory.
+    fn command(&self) -> Command {
+        let mut c = Command::new("kubectl");
+        c.env("KUBECONFIG", self.dir.path().join("kubeconfig"))
             .arg("--cache-dir")
-            .arg(self.dir.path().join("cache"))
-            .args(args)
-            .output()
-            .unwrap();
+            .arg(self.dir.path().join("cache"));
+        c
+    }
+
+    fn kubectl(&self, args: &[&str]) -> String {
+        let out = self.command().args(args).output().unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
@@ -255,4 +258,119 @@ fn the_fake_cloud_initializes_nodes_routes_them_and_ensures_load_balancers() {
     ]);
     assert!(events.contains("EnsuredLoadBalancer"), "{events}");
     assert!(events.contains("DeletedLoadBalancer"), "{events}");
+}
+
+impl Embedded {
+    /// kubectl with `input` on stdin; stdout and stderr together.
+    fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
+        use std::io::Write;
+        let mut child = self
+            .command()
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+}
+
+/// The README's workload walkthrough: a Deployment made with `kubectl create deployment
+/// --dry-run=client -o yaml | kubectl apply -f -` rolls out (`kubectl rollout status`
+/// watches it), `kubectl scale` uses the scale subresource, a Job runs to Complete on the
+/// simulated kubelets, `kubectl run` pods are scheduled and Running, and deleting the
+/// Deployment cascades to its ReplicaSet and pods (kube-scheduler, Deployment, ReplicaSet,
+/// Job controllers; GC background deletion).
+#[test]
+fn workloads_roll_out_and_run_with_kubectl() {
+    require_kubectl();
+    let cluster = Embedded::start();
+    let ready = wait_until(Duration::from_secs(30), || {
+        let out = cluster.kubectl(&["get", "nodes", "--no-headers"]);
+        out.lines().count() == 3 && out.lines().all(|l| l.contains(" Ready "))
+    });
+    assert!(ready, "{}", cluster.kubectl(&["get", "nodes"]));
+    let manifest = cluster.kubectl(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=nginx",
+        "--replicas=3",
+        "--dry-run=client",
+        "-o",
+        "yaml",
+    ]);
+    let applied = cluster.kubectl_stdin(&["apply", "-f", "-"], &manifest);
+    assert!(applied.contains("deployment.apps/web created"), "{applied}");
+    let rollout = cluster.kubectl_stdin(
+        &["rollout", "status", "deployment/web", "--timeout=90s"],
+        "",
+    );
+    assert!(rollout.contains("successfully rolled out"), "{rollout}");
+    let row = cluster.kubectl(&["get", "deployment", "web", "--no-headers"]);
+    assert!(row.split_whitespace().nth(1) == Some("3/3"), "{row}");
+    let scaled = cluster.kubectl_stdin(&["scale", "deployment/web", "--replicas=5"], "");
+    assert!(scaled.contains("deployment.apps/web scaled"), "{scaled}");
+    let rollout = cluster.kubectl_stdin(
+        &["rollout", "status", "deployment/web", "--timeout=90s"],
+        "",
+    );
+    assert!(rollout.contains("successfully rolled out"), "{rollout}");
+    let running = cluster.kubectl(&[
+        "get",
+        "pods",
+        "-l",
+        "app=web",
+        "--field-selector=status.phase=Running",
+        "--no-headers",
+    ]);
+    assert_eq!(running.lines().count(), 5, "{running}");
+
+    let job = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: pi}\nspec:\n  completions: 2\n  template:\n    metadata:\n      annotations: {sim.ccm-rs.io/run-duration: 2s}\n    spec:\n      restartPolicy: Never\n      containers: [{name: pi, image: perl}]\n";
+    let applied = cluster.kubectl_stdin(&["apply", "-f", "-"], job);
+    assert!(applied.contains("job.batch/pi created"), "{applied}");
+    let waited = cluster.kubectl_stdin(
+        &[
+            "wait",
+            "--for=condition=Complete",
+            "job/pi",
+            "--timeout=60s",
+        ],
+        "",
+    );
+    assert!(waited.contains("condition met"), "{waited}");
+    let row = cluster.kubectl(&["get", "job", "pi", "--no-headers"]);
+    assert!(row.contains("Complete") && row.contains("2/2"), "{row}");
+
+    cluster.kubectl(&["run", "solo", "--image=nginx"]);
+    let solo = wait_until(Duration::from_secs(30), || {
+        cluster.kubectl(&["get", "pod", "solo", "-o", "jsonpath={.status.phase}"]) == "Running"
+    });
+    assert!(
+        solo,
+        "{}",
+        cluster.kubectl(&["get", "pod", "solo", "-o", "yaml"])
+    );
+
+    let deleted = cluster.kubectl_stdin(&["delete", "deployment", "web"], "");
+    assert!(deleted.contains("deleted"), "{deleted}");
+    let gone = wait_until(Duration::from_secs(60), || {
+        cluster
+            .kubectl(&["get", "replicasets,pods", "-l", "app=web", "--no-headers"])
+            .trim()
+            .is_empty()
+    });
+    assert!(gone, "{}", cluster.kubectl(&["get", "all"]));
 }

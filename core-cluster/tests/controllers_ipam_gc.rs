@@ -567,8 +567,8 @@ async fn gc_keeps_dependents_of_unserved_owner_kinds() {
     cms.create(
         &PostParams::default(),
         &cm_owned(
-            "by-deploy",
-            vec![owner_ref("Deployment", "apps/v1", "web", uid, true)],
+            "by-statefulset",
+            vec![owner_ref("StatefulSet", "apps/v1", "web", uid, true)],
         ),
     )
     .await
@@ -585,7 +585,7 @@ async fn gc_keeps_dependents_of_unserved_owner_kinds() {
     .unwrap();
     wait_gone(&cms, "by-cm").await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(!gone(&cms, "by-deploy").await);
+    assert!(!gone(&cms, "by-statefulset").await);
     stop.cancel();
 }
 

@@ -46,7 +46,7 @@ fn verbs(def: &ResourceDef) -> Vec<&'static str> {
 
 fn subresource_verbs(sub: &str) -> Vec<&'static str> {
     match sub {
-        "status" => vec!["get", "patch", "update"],
+        "status" | "scale" => vec!["get", "patch", "update"],
         "finalize" => vec!["update"],
         _ => vec!["create"],
     }
@@ -57,6 +57,7 @@ fn subresource_kind(def: &ResourceDef, sub: &str) -> (&'static str, &'static str
         "binding" => ("", "v1", "Binding"),
         "eviction" => ("policy", "v1", "Eviction"),
         "token" => ("authentication.k8s.io", "v1", "TokenRequest"),
+        "scale" => ("autoscaling", "v1", "Scale"),
         _ => ("", "", def.kind),
     }
 }
@@ -288,10 +289,12 @@ mod tests {
                 "events.k8s.io",
                 "authentication.k8s.io",
                 "rbac.authorization.k8s.io",
-                "authorization.k8s.io"
+                "authorization.k8s.io",
+                "apps",
+                "batch"
             ]
         );
         assert!(group(&Registry::standard(), "events.k8s.io").is_some());
-        assert!(group(&Registry::standard(), "apps").is_none());
+        assert!(group(&Registry::standard(), "policy").is_none());
     }
 }

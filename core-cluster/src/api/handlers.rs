@@ -171,6 +171,17 @@ async fn handle_inner(
                 delete_collection(state, def, ns, &query, options).await?;
                 ("DELETECOLLECTION".into(), json_response(StatusCode::OK, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}), "application/json"))
             }
+            (&Method::GET | &Method::PUT | &Method::PATCH, Some(name), Some("scale")) => {
+                let scale = match method {
+                    Method::GET => super::scale::get(state, def, ns, name).await?,
+                    Method::PUT => super::scale::put(state, def, ns, name, parse_body(&body)?, &query).await?,
+                    _ => {
+                        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+                        super::scale::patch(state, def, ns, name, ct, &body, &query).await?
+                    }
+                };
+                (method.to_string(), json_response(StatusCode::OK, &scale, "application/json"))
+            }
             (m, _, _) => return Err(ApiError::method_not_allowed(&verb_name(m, name.is_some()), def.plural)),
         })
     }

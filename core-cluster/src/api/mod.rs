@@ -8,6 +8,7 @@ pub mod discovery;
 mod handlers;
 pub mod metrics;
 pub mod negotiate;
+mod scale;
 pub mod status;
 mod tokens;
 mod watch;
@@ -855,6 +856,10 @@ mod tests {
         // A namespaced resource by name without a namespace is not a path.
         assert_eq!(parse("/api/v1/pods/p"), None);
         assert_eq!(parse("/api/v1/widgets"), None);
-        assert_eq!(parse("/apis/apps/v1/deployments"), None);
+        assert_eq!(parse("/apis/apps/v1/statefulsets"), None);
+        assert_eq!(
+            parse("/apis/apps/v1/deployments"),
+            Some(("deployments".into(), None, None, None))
+        );
     }
 }

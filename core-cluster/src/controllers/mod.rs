@@ -1,10 +1,17 @@
 //! The control-plane controllers of the node side, each a kube-rs client of the API server
 //! like any other (they never touch the store): node lifecycle, taint eviction, node IPAM,
-//! garbage collection, pod garbage collection.
+//! garbage collection, pod garbage collection, the scheduler and the workload controllers
+//! (ReplicaSet, Deployment, Job, DaemonSet).
 
+pub mod daemonset;
+pub mod deployment;
 pub mod garbage_collector;
+pub mod job;
 pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod pod_gc;
 mod queue;
+pub mod replicaset;
+pub mod scheduler;
 pub mod taint_eviction;
+mod workload;

@@ -55,6 +55,12 @@ impl<K: Hash + Eq + Clone> WorkQueue<K> {
         delay
     }
 
+    /// Queues `key` after `delay` (a requeue the work asked for; not a failure).
+    pub(crate) fn add_after(&mut self, key: K, delay: Duration) {
+        self.seq += 1;
+        self.delayed.insert((Instant::now() + delay, self.seq), key);
+    }
+
     /// Clears `key`'s failure count (it succeeded).
     pub(crate) fn forget(&mut self, key: &K) {
         self.failures.remove(key);

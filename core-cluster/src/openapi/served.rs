@@ -3,6 +3,8 @@
 use k8s_openapi::api::authorization::v1::{
     LocalSubjectAccessReview, SelfSubjectAccessReview, SelfSubjectRulesReview, SubjectAccessReview,
 };
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount,
@@ -55,7 +57,8 @@ const fn grouped(
 /// Service, Endpoints, Event, ServiceAccount, ConfigMap, Secret; `coordination.k8s.io/v1`
 /// Lease; `discovery.k8s.io/v1` EndpointSlice; `events.k8s.io/v1` Event;
 /// `rbac.authorization.k8s.io/v1` Role, ClusterRole, RoleBinding, ClusterRoleBinding;
-/// `authorization.k8s.io/v1` the four access reviews.
+/// `authorization.k8s.io/v1` the four access reviews; `apps/v1` Deployment, ReplicaSet,
+/// DaemonSet; `batch/v1` Job.
 pub fn served_resources() -> Vec<OpenApiResource> {
     vec![
         core(
@@ -168,6 +171,42 @@ pub fn served_resources() -> Vec<OpenApiResource> {
             false,
             schema_of::<SelfSubjectRulesReview>,
         ),
+        OpenApiResource {
+            group: "apps",
+            version: "v1",
+            kind: "Deployment",
+            plural: "deployments",
+            namespaced: true,
+            subresources: &["status", "scale"],
+            schema: schema_of::<Deployment>,
+        },
+        OpenApiResource {
+            group: "apps",
+            version: "v1",
+            kind: "ReplicaSet",
+            plural: "replicasets",
+            namespaced: true,
+            subresources: &["status", "scale"],
+            schema: schema_of::<ReplicaSet>,
+        },
+        OpenApiResource {
+            group: "apps",
+            version: "v1",
+            kind: "DaemonSet",
+            plural: "daemonsets",
+            namespaced: true,
+            subresources: &["status"],
+            schema: schema_of::<DaemonSet>,
+        },
+        OpenApiResource {
+            group: "batch",
+            version: "v1",
+            kind: "Job",
+            plural: "jobs",
+            namespaced: true,
+            subresources: &["status"],
+            schema: schema_of::<Job>,
+        },
     ]
 }
 

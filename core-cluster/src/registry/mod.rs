@@ -9,6 +9,7 @@ pub mod meta;
 pub mod resources;
 pub mod selectors;
 pub mod table;
+pub mod workloads;
 
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;

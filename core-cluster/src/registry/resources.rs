@@ -44,6 +44,10 @@ pub static ALL: &[&ResourceDef] = &[
     &super::authorization::LOCAL_SUBJECT_ACCESS_REVIEWS,
     &super::authorization::SELF_SUBJECT_ACCESS_REVIEWS,
     &super::authorization::SELF_SUBJECT_RULES_REVIEWS,
+    &super::workloads::DEPLOYMENTS,
+    &super::workloads::REPLICA_SETS,
+    &super::workloads::DAEMON_SETS,
+    &super::workloads::JOBS,
 ];
 
 /// Resources that are never stored: a create is answered at once and nothing else is
@@ -60,11 +64,11 @@ fn no_rules(_: &Value, _: Option<&Value>) -> Vec<FieldError> {
     Vec::new()
 }
 
-fn s(v: &Value, path: &[&str]) -> String {
+pub(super) fn s(v: &Value, path: &[&str]) -> String {
     str_at(v, path).unwrap_or("").to_owned()
 }
 
-fn none_if_empty(s: String) -> Value {
+pub(super) fn none_if_empty(s: String) -> Value {
     json!(if s.is_empty() { "<none>".to_owned() } else { s })
 }
 
@@ -372,37 +376,53 @@ fn add_default_tolerations(spec: &mut Value) {
     }
 }
 
+/// The defaults upstream gives a pod spec (`SetDefaults_PodSpec`, `SetDefaults_Container`),
+/// also applied to the pod templates of workloads.
+pub(super) fn default_pod_spec(spec: &mut Value) {
+    if !spec.is_object() {
+        return;
+    }
+    for (field, value) in [
+        ("restartPolicy", json!("Always")),
+        ("dnsPolicy", json!("ClusterFirst")),
+        ("schedulerName", json!("default-scheduler")),
+        ("terminationGracePeriodSeconds", json!(30)),
+        ("securityContext", json!({})),
+    ] {
+        if spec[field].is_null() {
+            spec[field] = value;
+        }
+    }
+    if let Some(containers) = spec["containers"].as_array_mut() {
+        for c in containers {
+            let image = c["image"].as_str().unwrap_or("").to_owned();
+            if c["imagePullPolicy"].is_null() {
+                let latest = image.ends_with(":latest")
+                    || !image.rsplit('/').next().unwrap_or("").contains(':');
+                c["imagePullPolicy"] = json!(if latest { "Always" } else { "IfNotPresent" });
+            }
+            if c["terminationMessagePath"].is_null() {
+                c["terminationMessagePath"] = json!("/dev/termination-log");
+            }
+            if c["terminationMessagePolicy"].is_null() {
+                c["terminationMessagePolicy"] = json!("File");
+            }
+        }
+    }
+}
+
 fn prepare_pod(o: &mut Value) {
     let spec = &mut o["spec"];
     if spec.is_object() {
+        default_pod_spec(spec);
+        // Admission defaults of pods only (not of templates).
         for (field, value) in [
-            ("restartPolicy", json!("Always")),
-            ("dnsPolicy", json!("ClusterFirst")),
-            ("schedulerName", json!("default-scheduler")),
-            ("terminationGracePeriodSeconds", json!(30)),
-            ("securityContext", json!({})),
             ("enableServiceLinks", json!(true)),
             ("preemptionPolicy", json!("PreemptLowerPriority")),
             ("priority", json!(0)),
         ] {
             if spec[field].is_null() {
                 spec[field] = value;
-            }
-        }
-        if let Some(containers) = spec["containers"].as_array_mut() {
-            for c in containers {
-                let image = c["image"].as_str().unwrap_or("").to_owned();
-                if c["imagePullPolicy"].is_null() {
-                    let latest = image.ends_with(":latest")
-                        || !image.rsplit('/').next().unwrap_or("").contains(':');
-                    c["imagePullPolicy"] = json!(if latest { "Always" } else { "IfNotPresent" });
-                }
-                if c["terminationMessagePath"].is_null() {
-                    c["terminationMessagePath"] = json!("/dev/termination-log");
-                }
-                if c["terminationMessagePolicy"].is_null() {
-                    c["terminationMessagePolicy"] = json!("File");
-                }
             }
         }
         add_default_tolerations(spec);
@@ -417,28 +437,33 @@ fn prepare_pod(o: &mut Value) {
     });
 }
 
-fn validate_pod(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+/// The container rules of a pod spec at `prefix` (`spec`, `spec.template.spec`).
+pub(super) fn validate_pod_spec(spec: &Value, prefix: &str) -> Vec<FieldError> {
     let mut errors = Vec::new();
-    let containers = new["spec"]["containers"].as_array();
-    match containers {
+    match spec["containers"].as_array() {
         Some(cs) if !cs.is_empty() => {
             for (i, c) in cs.iter().enumerate() {
                 if c["name"].as_str().unwrap_or("").is_empty() {
                     errors.push(FieldError::required(
-                        format!("spec.containers[{i}].name"),
+                        format!("{prefix}.containers[{i}].name"),
                         "",
                     ));
                 }
                 if c["image"].as_str().unwrap_or("").is_empty() {
                     errors.push(FieldError::required(
-                        format!("spec.containers[{i}].image"),
+                        format!("{prefix}.containers[{i}].image"),
                         "",
                     ));
                 }
             }
         }
-        _ => errors.push(FieldError::required("spec.containers", "")),
+        _ => errors.push(FieldError::required(format!("{prefix}.containers"), "")),
     }
+    errors
+}
+
+fn validate_pod(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let mut errors = validate_pod_spec(&new["spec"], "spec");
     if let Some(old) = old {
         let old_node = old["spec"]["nodeName"].as_str().unwrap_or("");
         if !old_node.is_empty() && new["spec"]["nodeName"].as_str().unwrap_or("") != old_node {

@@ -14,6 +14,9 @@
 //!   the API shows or every 5 minutes;
 //! - **pods** bound to its nodes go `Running` (podIP, ready containers, `Ready` and
 //!   `ContainersReady` conditions); a terminating pod is finished with a delete of grace 0;
+//!   a pod annotated `sim.ccm-rs.io/run-duration` (`30s`) exits after that long with
+//!   `sim.ccm-rs.io/exit-code` (default 0): `Succeeded`/`Failed` under `restartPolicy:
+//!   Never`, a counted container restart under `Always` (and `OnFailure` when it failed);
 //! - **graceful node shutdown** ([`shutdown_node`](NodeSimulator::shutdown_node)).
 //!
 //! Timers are tokio timers (one task per node, sleeping), so tests run with paused time;
@@ -86,6 +89,7 @@ pub use config::{
     NodeInfo, NodeResources, PROVIDED_NODE_IP_ANNOTATION, SimConfig, UNINITIALIZED_TAINT_KEY,
     uninitialized_taint,
 };
+pub use pods::{EXIT_CODE_ANNOTATION, RUN_DURATION_ANNOTATION, parse_run_duration};
 
 /// Node annotation controlling a node's heartbeats: `stopped`, `running` or `flapping`.
 pub const HEARTBEAT_ANNOTATION: &str = "sim.ccm-rs.io/heartbeat";

@@ -27,6 +27,52 @@ pub(super) const SHUTDOWN_REASON: &str = "Terminated";
 /// kubelet's graceful-shutdown pod message.
 pub(super) const SHUTDOWN_MESSAGE: &str =
     "Pod was terminated in response to imminent node shutdown.";
+/// Pod annotation: how long the pod's containers run before they exit (`30`, `30s`,
+/// `500ms`, `2m`, `1h`). Without it containers run until the pod is deleted.
+pub const RUN_DURATION_ANNOTATION: &str = "sim.ccm-rs.io/run-duration";
+/// Pod annotation: the exit code of the containers when they exit (default 0).
+pub const EXIT_CODE_ANNOTATION: &str = "sim.ccm-rs.io/exit-code";
+/// kubelet's container restart backoff: 10 s doubling to 5 minutes.
+const RESTART_BACKOFF: Duration = Duration::from_secs(10);
+const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(300);
+
+/// Parses a run duration: seconds, or a number with `ms`, `s`, `m` or `h`.
+pub fn parse_run_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = number
+        .parse()
+        .ok()
+        .filter(|n: &f64| n.is_finite() && *n >= 0.0)?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(secs))
+}
+
+/// The run duration and exit code a pod's annotations ask for; `None` when it runs
+/// forever (or the annotation is malformed, which is logged).
+fn run_plan(pod: &Pod) -> Option<(Duration, i32)> {
+    let annotations = pod.metadata.annotations.as_ref()?;
+    let raw = annotations.get(RUN_DURATION_ANNOTATION)?;
+    let Some(duration) = parse_run_duration(raw) else {
+        tracing::warn!(pod = %pod.name_any(), value = %raw, "ignoring malformed {RUN_DURATION_ANNOTATION}");
+        return None;
+    };
+    let code = annotations
+        .get(EXIT_CODE_ANNOTATION)
+        .and_then(|c| c.trim().parse().ok())
+        .unwrap_or(0);
+    Some((duration, code))
+}
+
 /// Pod priority from which a pod is critical (`scheduling.SystemCriticalPriority`).
 const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
@@ -174,24 +220,132 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
     } else {
         running_status(shared, &node, pod)
     };
-    let (shared, node) = (shared.clone(), node.clone());
+    let plan = if shutting_down { None } else { run_plan(pod) };
+    let (shared, node, pod, shutdown) =
+        (shared.clone(), node.clone(), pod.clone(), shutdown.clone());
     tokio::spawn(async move {
+        let api: Api<Pod> = Api::namespaced(shared.client_for(&node.name), &ns);
+        {
+            let Ok(_permit) = shared.pod_writes.acquire().await else {
+                return;
+            };
+            match api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+            {
+                Ok(_) if !shutting_down => bump(&shared.counters.pods_started),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(node = %node.name, pod = %format!("{ns}/{name}"), error = %e, "pod status update failed");
+                    shared.pods.starting.lock().remove(&uid);
+                    return;
+                }
+            }
+        }
+        if let Some((duration, code)) = plan {
+            run_to_exit(
+                &shared, &node, &api, &pod, status, duration, code, &shutdown,
+            )
+            .await;
+        }
+    });
+}
+
+/// Lets the containers of a started pod run for `duration`, then exit with `code`: the pod
+/// is `Succeeded` or `Failed` (restartPolicy `Never`), or its containers restart after
+/// kubelet's backoff (`Always`; `OnFailure` when the code is not 0).
+#[allow(clippy::too_many_arguments)]
+async fn run_to_exit(
+    shared: &Arc<Shared>,
+    node: &Arc<NodeState>,
+    api: &Api<Pod>,
+    pod: &Pod,
+    mut status: Value,
+    duration: Duration,
+    code: i32,
+    shutdown: &CancellationToken,
+) {
+    let name = pod.name_any();
+    let policy = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.clone())
+        .unwrap_or_else(|| "Always".into());
+    let restart = policy == "Always" || (policy == "OnFailure" && code != 0);
+    let mut restarts: i32 = 0;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(duration) => {}
+        }
+        // An unreachable kubelet reports nothing; the pod stays as the API last saw it.
+        if shared.heartbeat_stopped(node) {
+            return;
+        }
+        let now = shared.clock.now().to_string();
+        let terminated = json!({"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
+            "startedAt": status["status"]["startTime"], "finishedAt": now});
+        if let Some(cs) = status["status"]["containerStatuses"].as_array_mut() {
+            for c in cs {
+                c["ready"] = json!(false);
+                c["started"] = json!(false);
+                c["state"] = json!({"terminated": terminated});
+            }
+        }
+        if !restart {
+            let phase = if code == 0 { "Succeeded" } else { "Failed" };
+            status["status"]["phase"] = json!(phase);
+            if let Some(conds) = status["status"]["conditions"].as_array_mut() {
+                for c in conds.iter_mut() {
+                    if matches!(
+                        c["type"].as_str(),
+                        Some("Ready" | "ContainersReady" | "PodReadyToStartContainers")
+                    ) {
+                        c["status"] = json!("False");
+                        c["reason"] = json!("PodCompleted");
+                        c["lastTransitionTime"] = json!(now);
+                    }
+                }
+            }
+        } else {
+            // The container restarts at once with its restart counted (kubelet's crash
+            // loop backoff is applied before the next run).
+            restarts += 1;
+            if let Some(cs) = status["status"]["containerStatuses"].as_array_mut() {
+                for c in cs {
+                    c["lastState"] = json!({"terminated": terminated});
+                    c["restartCount"] = json!(restarts);
+                    c["ready"] = json!(true);
+                    c["started"] = json!(true);
+                    c["state"] = json!({"running": {"startedAt": now}});
+                }
+            }
+        }
         let Ok(_permit) = shared.pod_writes.acquire().await else {
             return;
         };
-        let api: Api<Pod> = Api::namespaced(shared.client_for(&node.name), &ns);
         match api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
             .await
         {
-            Ok(_) if !shutting_down => bump(&shared.counters.pods_started),
             Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => return,
             Err(e) => {
-                tracing::warn!(node = %node.name, pod = %format!("{ns}/{name}"), error = %e, "pod status update failed");
-                shared.pods.starting.lock().remove(&uid);
+                tracing::warn!(pod = %name, error = %e, "pod exit status update failed");
+                return;
             }
         }
-    });
+        if !restart {
+            return;
+        }
+        let backoff = RESTART_BACKOFF
+            .saturating_mul(1u32.checked_shl(restarts as u32 - 1).unwrap_or(u32::MAX))
+            .min(MAX_RESTART_BACKOFF);
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+    }
 }
 
 /// The status of a pod whose containers all started and are ready.
@@ -371,4 +525,22 @@ pub(super) async fn graceful_shutdown(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_durations() {
+        assert_eq!(parse_run_duration("30"), Some(Duration::from_secs(30)));
+        assert_eq!(
+            parse_run_duration("500ms"),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(parse_run_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_run_duration("1.5h"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_run_duration("soon"), None);
+        assert_eq!(parse_run_duration("-1s"), None);
+    }
 }

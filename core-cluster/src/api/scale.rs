@@ -1,0 +1,133 @@
+//! The `scale` subresource of Deployments and ReplicaSets: an `autoscaling/v1` `Scale`
+//! view of `spec.replicas`, read, replaced and patched (`kubectl scale`, HPA).
+
+use serde_json::{Value, json};
+
+use super::{
+    handlers::{Query, get_object, update_object},
+    status::{ApiError, FieldError},
+};
+use crate::{
+    api::ServerState,
+    patch::{self, PatchType},
+    registry::{ResourceDef, meta::meta_mut, workloads::selector_string},
+};
+
+/// The `Scale` of an object (upstream `scaleFromDeployment`): name, namespace, uid,
+/// resourceVersion and creationTimestamp of the object, `spec.replicas`, `status.replicas`
+/// and the selector as a string.
+pub(crate) fn to_scale(obj: &Value) -> Value {
+    let m = &obj["metadata"];
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": m["name"], "namespace": m["namespace"], "uid": m["uid"],
+            "resourceVersion": m["resourceVersion"], "creationTimestamp": m["creationTimestamp"],
+        },
+        "spec": {"replicas": obj["spec"]["replicas"].as_i64().unwrap_or(0)},
+        "status": {
+            "replicas": obj["status"]["replicas"].as_i64().unwrap_or(0),
+            "selector": selector_string(&obj["spec"]["selector"]),
+        },
+    })
+}
+
+/// GET of the scale subresource.
+pub(crate) async fn get(
+    state: &ServerState,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+) -> Result<Value, ApiError> {
+    Ok(to_scale(&get_object(state, def, ns, name).await?.1))
+}
+
+/// PUT of the scale subresource: `spec.replicas` of the `Scale` becomes the object's (with
+/// the `Scale`'s resourceVersion as precondition when given).
+pub(crate) async fn put(
+    state: &ServerState,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+    scale: Value,
+    query: &Query,
+) -> Result<Value, ApiError> {
+    let replicas = &scale["spec"]["replicas"];
+    let n = match replicas.as_i64() {
+        Some(n) if n >= 0 && n <= i64::from(i32::MAX) => n,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "Scale",
+                "autoscaling",
+                name,
+                vec![FieldError::invalid(
+                    "spec.replicas",
+                    replicas,
+                    "must be greater than or equal to 0",
+                )],
+            ));
+        }
+        None if replicas.is_null() => 0,
+        None => {
+            return Err(ApiError::bad_request(format!(
+                "spec.replicas must be an integer, got {replicas}"
+            )));
+        }
+    };
+    let mut obj = get_object(state, def, ns, name).await?.1;
+    obj["spec"]["replicas"] = json!(n);
+    match scale["metadata"]["resourceVersion"].as_str() {
+        Some(rv) if !rv.is_empty() => {
+            meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv));
+        }
+        _ => {
+            meta_mut(&mut obj).remove("resourceVersion");
+        }
+    }
+    let updated = update_object(state, def, ns, name, None, obj, query).await?;
+    Ok(to_scale(&updated))
+}
+
+/// PATCH of the scale subresource: the patch (JSON, merge or strategic merge) is applied
+/// to the `Scale`, then written as a PUT.
+pub(crate) async fn patch(
+    state: &ServerState,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+    content_type: &str,
+    body: &[u8],
+    query: &Query,
+) -> Result<Value, ApiError> {
+    let patch_type = PatchType::from_content_type(content_type)
+        .filter(|t| *t != PatchType::ApplyPatch)
+        .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
+    let patch =
+        patch::decode_body(patch_type, body).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let mut scale = get(state, def, ns, name).await?;
+    match patch_type {
+        PatchType::JsonPatch => {
+            scale = patch::json_patch::json_patch(&scale, &patch)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        }
+        _ => patch::merge_patch::merge_patch(&mut scale, &patch),
+    }
+    put(state, def, ns, name, scale, query).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_view() {
+        let d = json!({"metadata": {"name": "web", "namespace": "default", "uid": "u", "resourceVersion": "7"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}}},
+            "status": {"replicas": 2}});
+        let s = to_scale(&d);
+        assert_eq!(s["spec"]["replicas"], 3);
+        assert_eq!(s["status"], json!({"replicas": 2, "selector": "app=web"}));
+        assert_eq!(s["metadata"]["resourceVersion"], "7");
+    }
+}

@@ -1,0 +1,672 @@
+//! The workload controllers with the scheduler and the node simulator against the
+//! in-process API server (kube-rs over the axum router, paused tokio time): pods are
+//! created by controllers, bound by the scheduler and run by the simulated kubelets. Each
+//! test names the upstream rule it checks.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use core_cluster::{
+    ApiServer, ApiServerConfig,
+    controllers::{
+        daemonset::DaemonSetController,
+        deployment::{DeploymentController, POD_TEMPLATE_HASH},
+        garbage_collector::GarbageCollector,
+        job::JobController,
+        replicaset::ReplicaSetController,
+        scheduler::{Scheduler, SchedulerConfig},
+    },
+    sim::{NodeSimulator, SimConfig},
+    store::MemoryStore,
+};
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, Deployment, ReplicaSet},
+    batch::v1::Job,
+    core::v1::{Node, Pod},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy},
+};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+struct Cluster {
+    client: Client,
+    stop: CancellationToken,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// An API server, three simulated nodes, the scheduler, the garbage collector and the
+/// workload controllers.
+async fn cluster() -> Cluster {
+    let server = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
+        .await
+        .unwrap();
+    let client = Client::new(server.router(), "default");
+    let stop = CancellationToken::new();
+    let sim = NodeSimulator::new(client.clone(), SimConfig::default());
+    sim.add_nodes(["node-a", "node-b", "node-c"]);
+    tokio::spawn({
+        let (sim, stop) = (sim.clone(), stop.clone());
+        async move { sim.run(stop).await.unwrap() }
+    });
+    tokio::spawn(Scheduler::new(client.clone(), SchedulerConfig::default()).run(stop.clone()));
+    tokio::spawn(ReplicaSetController::new(client.clone()).run(stop.clone()));
+    tokio::spawn(DeploymentController::new(client.clone()).run(stop.clone()));
+    tokio::spawn(GarbageCollector::new(client.clone()).run(stop.clone()));
+    tokio::spawn(JobController::new(client.clone()).run(stop.clone()));
+    tokio::spawn(DaemonSetController::new(client.clone()).run(stop.clone()));
+    Cluster { client, stop }
+}
+
+async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    for _ in 0..secs * 10 {
+        if let Some(v) = check().await {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+fn deployment(name: &str, replicas: i32, image: &str) -> Deployment {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "web", "image": image}]}},
+        }
+    }))
+    .unwrap()
+}
+
+/// Pods with `app=<name>` that are not being deleted and not finished.
+async fn live_pods(client: &Client, app: &str) -> Vec<Pod> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), "default");
+    api.list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+fn running(p: &Pod) -> bool {
+    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+async fn rolled_out(api: &Api<Deployment>, name: &str, replicas: i32) -> Option<Deployment> {
+    let d = api.get(name).await.unwrap();
+    let s = d.status.clone()?;
+    let progressed =
+        s.conditions.as_ref()?.iter().any(|c| {
+            c.type_ == "Progressing" && c.reason.as_deref() == Some("NewReplicaSetAvailable")
+        });
+    (s.observed_generation == d.metadata.generation
+        && s.updated_replicas == Some(replicas)
+        && s.available_replicas == Some(replicas)
+        && s.replicas == Some(replicas)
+        && progressed)
+        .then_some(d)
+}
+
+/// ReplicaSet controller (`manageReplicas`): a ReplicaSet keeps `replicas` pods carrying
+/// its controllerRef; a deleted pod is replaced, scaling down deletes the extra pods.
+#[tokio::test(start_paused = true)]
+async fn replicaset_keeps_replicas_with_owner_references() {
+    let c = cluster().await;
+    let api: Api<ReplicaSet> = Api::namespaced(c.client.clone(), "default");
+    let rs: ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": "rs1"},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "rs1"}},
+            "template": {"metadata": {"labels": {"app": "rs1"}},
+                "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}
+    }))
+    .unwrap();
+    let rs = api.create(&PostParams::default(), &rs).await.unwrap();
+    let pods = eventually(30, "3 running pods", || async {
+        let pods = live_pods(&c.client, "rs1").await;
+        (pods.len() == 3 && pods.iter().all(running)).then_some(pods)
+    })
+    .await;
+    for p in &pods {
+        let owner = &p.owner_references()[0];
+        assert_eq!(
+            (
+                owner.kind.as_str(),
+                owner.uid.as_str(),
+                owner.controller,
+                owner.block_owner_deletion
+            ),
+            (
+                "ReplicaSet",
+                rs.uid().unwrap().as_str(),
+                Some(true),
+                Some(true)
+            )
+        );
+        assert!(p.name_any().starts_with("rs1-"));
+        assert!(
+            p.spec.as_ref().unwrap().node_name.is_some(),
+            "bound by the scheduler"
+        );
+    }
+    let status = eventually(10, "status counts", || async {
+        let s = api.get("rs1").await.unwrap().status?;
+        (s.available_replicas == Some(3)).then_some(s)
+    })
+    .await;
+    assert_eq!(
+        (
+            status.replicas,
+            status.ready_replicas,
+            status.fully_labeled_replicas
+        ),
+        (3, Some(3), Some(3))
+    );
+    // A deleted pod is replaced.
+    let pod_api: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    pod_api
+        .delete(&pods[0].name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(30, "replacement pod", || async {
+        let now = live_pods(&c.client, "rs1").await;
+        (now.len() == 3 && !now.iter().any(|p| p.name_any() == pods[0].name_any())).then_some(())
+    })
+    .await;
+    // Scale down to 1.
+    api.patch(
+        "rs1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 1}})),
+    )
+    .await
+    .unwrap();
+    eventually(30, "scaled down to 1", || async {
+        (live_pods(&c.client, "rs1").await.len() == 1).then_some(())
+    })
+    .await;
+}
+
+/// Deployment controller `rolloutRolling`: a new ReplicaSet per template
+/// (`pod-template-hash`), never more than `replicas + maxSurge` pods and never fewer than
+/// `replicas - maxUnavailable` available during the rollout; status as `kubectl rollout
+/// status` reads it.
+#[tokio::test(start_paused = true)]
+async fn deployment_rolls_replica_sets_within_surge_and_unavailable() {
+    let c = cluster().await;
+    let api: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
+    api.create(&PostParams::default(), &deployment("web", 3, "nginx:1"))
+        .await
+        .unwrap();
+    let d = eventually(60, "first rollout", || rolled_out(&api, "web", 3)).await;
+    assert_eq!(
+        d.annotations()
+            .get("deployment.kubernetes.io/revision")
+            .map(String::as_str),
+        Some("1")
+    );
+    let rs_api: Api<ReplicaSet> = Api::namespaced(c.client.clone(), "default");
+    let first = rs_api.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(first.len(), 1);
+    let hash = first[0].labels()[POD_TEMPLATE_HASH].clone();
+    assert_eq!(first[0].name_any(), format!("web-{hash}"));
+
+    // Change the image: a second ReplicaSet takes over, one surge pod at a time.
+    api.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"template": {"spec": {"containers": [{"name": "web", "image": "nginx:2"}]}}}})))
+        .await
+        .unwrap();
+    let mut max_pods = 0;
+    let mut min_running = usize::MAX;
+    for _ in 0..600 {
+        let pods = live_pods(&c.client, "web").await;
+        max_pods = max_pods.max(pods.len());
+        min_running = min_running.min(pods.iter().filter(|p| running(p)).count());
+        if rolled_out(&api, "web", 3).await.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let d = rolled_out(&api, "web", 3)
+        .await
+        .expect("second rollout finished");
+    assert!(max_pods <= 4, "maxSurge 1 allows 4 pods, saw {max_pods}");
+    assert!(
+        min_running >= 3,
+        "maxUnavailable 0 keeps 3 running, saw {min_running}"
+    );
+    assert_eq!(
+        d.annotations()
+            .get("deployment.kubernetes.io/revision")
+            .map(String::as_str),
+        Some("2")
+    );
+    let sets = rs_api.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(sets.len(), 2);
+    for rs in &sets {
+        let want = if rs.name_any() == first[0].name_any() {
+            0
+        } else {
+            3
+        };
+        assert_eq!(
+            rs.spec.as_ref().unwrap().replicas,
+            Some(want),
+            "{}",
+            rs.name_any()
+        );
+    }
+    let pods = live_pods(&c.client, "web").await;
+    assert!(
+        pods.iter()
+            .all(|p| p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some("nginx:2"))
+    );
+
+    // Scaling alone resizes the new ReplicaSet.
+    api.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 5}})),
+    )
+    .await
+    .unwrap();
+    eventually(60, "scaled to 5", || rolled_out(&api, "web", 5)).await;
+}
+
+/// Garbage collection of a Deployment (node-lifecycle.md §4.2, upstream
+/// `garbagecollector`): background deletes the ReplicaSet and pods after the Deployment,
+/// foreground keeps the Deployment until its dependents are gone, orphan leaves the
+/// ReplicaSet and pods without the ownerReference.
+#[tokio::test(start_paused = true)]
+async fn cascading_deletion_of_a_deployment() {
+    let c = cluster().await;
+    let api: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
+    let rs_api: Api<ReplicaSet> = Api::namespaced(c.client.clone(), "default");
+    for (name, policy) in [
+        ("bg", PropagationPolicy::Background),
+        ("fg", PropagationPolicy::Foreground),
+        ("orphan", PropagationPolicy::Orphan),
+    ] {
+        api.create(&PostParams::default(), &deployment(name, 2, "nginx"))
+            .await
+            .unwrap();
+        eventually(60, "rolled out", || rolled_out(&api, name, 2)).await;
+        let dp = DeleteParams {
+            propagation_policy: Some(policy.clone()),
+            ..Default::default()
+        };
+        api.delete(name, &dp).await.unwrap();
+        let selector = ListParams::default().labels(&format!("app={name}"));
+        match policy {
+            PropagationPolicy::Foreground => {
+                // The Deployment stays (finalizer foregroundDeletion) while dependents exist.
+                let d = api.get(name).await.unwrap();
+                assert!(d.finalizers().iter().any(|f| f == "foregroundDeletion"));
+                eventually(60, "fg deployment gone last", || async {
+                    api.get_opt(name).await.unwrap().is_none().then_some(())
+                })
+                .await;
+                assert!(rs_api.list(&selector).await.unwrap().items.is_empty());
+                assert!(live_pods(&c.client, name).await.is_empty());
+            }
+            PropagationPolicy::Orphan => {
+                eventually(30, "orphan deployment gone", || async {
+                    api.get_opt(name).await.unwrap().is_none().then_some(())
+                })
+                .await;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let sets = rs_api.list(&selector).await.unwrap().items;
+                assert_eq!(sets.len(), 1, "the ReplicaSet is orphaned, not deleted");
+                assert!(sets[0].owner_references().is_empty());
+                let pods = live_pods(&c.client, name).await;
+                assert_eq!(pods.len(), 2, "the ReplicaSet still keeps its pods");
+                assert!(
+                    pods.iter()
+                        .all(|p| p.owner_references()[0].kind == "ReplicaSet")
+                );
+            }
+            _ => {
+                eventually(60, "bg dependents gone", || async {
+                    let gone = api.get_opt(name).await.unwrap().is_none()
+                        && rs_api.list(&selector).await.unwrap().items.is_empty()
+                        && live_pods(&c.client, name).await.is_empty();
+                    gone.then_some(())
+                })
+                .await;
+            }
+        }
+    }
+}
+
+/// Validation of apps/v1 Deployments (upstream `ValidateDeployment`): the selector must
+/// select the template's labels; a clear 422, nothing stored.
+#[tokio::test(start_paused = true)]
+async fn invalid_deployment_is_refused() {
+    let c = cluster().await;
+    let api: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
+    let mut d = deployment("bad", 1, "nginx");
+    let mut v: Value = serde_json::to_value(&d).unwrap();
+    v["spec"]["template"]["metadata"]["labels"] = json!({"app": "other"});
+    d = serde_json::from_value(v).unwrap();
+    match api.create(&PostParams::default(), &d).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 422);
+            assert!(
+                s.message
+                    .contains("spec.template.metadata.labels: Invalid value"),
+                "{}",
+                s.message
+            );
+            assert!(
+                s.message
+                    .contains("`selector` does not match template `labels`"),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("expected 422, got {other:?}"),
+    }
+    assert!(api.get_opt("bad").await.unwrap().is_none());
+}
+
+fn job(
+    name: &str,
+    completions: i32,
+    parallelism: i32,
+    annotations: Value,
+    backoff_limit: i32,
+) -> Job {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "completions": completions, "parallelism": parallelism, "backoffLimit": backoff_limit,
+            "template": {"metadata": {"annotations": annotations},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "work", "image": "busybox"}]}},
+        }
+    }))
+    .unwrap()
+}
+
+fn job_condition(j: &Job, t: &str) -> Option<(String, String)> {
+    j.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == t && c.status == "True")
+        .map(|c| {
+            (
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
+}
+
+/// Job controller (NonIndexed): `completions` successes, at most `parallelism` pods at a
+/// time, then `SuccessCriteriaMet` and `Complete` with `completionTime`; the simulated
+/// kubelet ends each pod after its `sim.ccm-rs.io/run-duration`.
+#[tokio::test(start_paused = true)]
+async fn job_runs_completions_with_parallelism_to_complete() {
+    let c = cluster().await;
+    let api: Api<Job> = Api::namespaced(c.client.clone(), "default");
+    let created = api
+        .create(
+            &PostParams::default(),
+            &job("pi", 3, 2, json!({"sim.ccm-rs.io/run-duration": "10s"}), 6),
+        )
+        .await
+        .unwrap();
+    let uid = created.uid().unwrap();
+    let pods_api: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let selector = ListParams::default().labels("batch.kubernetes.io/job-name=pi");
+    let mut max_active = 0;
+    let mut done = None;
+    for _ in 0..1200 {
+        let pods = pods_api.list(&selector).await.unwrap().items;
+        let active = pods
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Pending" | "Running")
+                )
+            })
+            .count();
+        max_active = max_active.max(active);
+        let j = api.get("pi").await.unwrap();
+        if job_condition(&j, "Complete").is_some() {
+            done = Some((j, pods));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let done = done.expect("job complete");
+    let (j, pods) = done;
+    assert!(
+        max_active <= 2,
+        "parallelism 2, saw {max_active} active pods"
+    );
+    let status = j.status.unwrap();
+    assert_eq!(
+        (status.succeeded, status.active, status.failed),
+        (Some(3), Some(0), Some(0))
+    );
+    assert!(status.completion_time.is_some() && status.start_time.is_some());
+    assert!(job_condition(&api.get("pi").await.unwrap(), "SuccessCriteriaMet").is_some());
+    assert_eq!(pods.len(), 3);
+    for p in &pods {
+        assert_eq!(p.owner_references()[0].uid, uid);
+        assert_eq!(p.labels()["batch.kubernetes.io/controller-uid"], uid);
+        assert!(p.name_any().starts_with("pi-"));
+        let cs = &p
+            .status
+            .as_ref()
+            .unwrap()
+            .container_statuses
+            .as_ref()
+            .unwrap()[0];
+        assert_eq!(
+            cs.state
+                .as_ref()
+                .unwrap()
+                .terminated
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("Completed")
+        );
+    }
+}
+
+/// Job controller: failed pods are replaced after 10 s, then 20 s (pod failure backoff);
+/// more failures than `backoffLimit` fail the Job with `BackoffLimitExceeded`.
+#[tokio::test(start_paused = true)]
+async fn job_fails_after_backoff_limit_with_backoff_between_pods() {
+    let c = cluster().await;
+    let api: Api<Job> = Api::namespaced(c.client.clone(), "default");
+    let start = tokio::time::Instant::now();
+    api.create(
+        &PostParams::default(),
+        &job(
+            "flaky",
+            1,
+            1,
+            json!({"sim.ccm-rs.io/run-duration": "1s", "sim.ccm-rs.io/exit-code": "1"}),
+            2,
+        ),
+    )
+    .await
+    .unwrap();
+    let j = eventually(300, "job failed", || async {
+        let j = api.get("flaky").await.unwrap();
+        job_condition(&j, "Failed").map(|_| j)
+    })
+    .await;
+    let elapsed = start.elapsed();
+    assert_eq!(
+        job_condition(&j, "Failed"),
+        Some((
+            "BackoffLimitExceeded".into(),
+            "Job has reached the specified backoff limit".into()
+        ))
+    );
+    assert!(job_condition(&j, "FailureTarget").is_some());
+    assert_eq!(
+        j.status.as_ref().unwrap().failed,
+        Some(3),
+        "backoffLimit 2: the third failure fails the Job"
+    );
+    // Three 1 s runs with 10 s and 20 s of backoff between them.
+    assert!(
+        elapsed >= Duration::from_secs(33),
+        "replacements waited for their backoff: {elapsed:?}"
+    );
+    assert!(elapsed < Duration::from_secs(60), "{elapsed:?}");
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let list = pods
+        .list(&ListParams::default().labels("job-name=flaky"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(list.len(), 3);
+    assert!(
+        list.iter()
+            .all(|p| p.status.as_ref().unwrap().phase.as_deref() == Some("Failed"))
+    );
+}
+
+/// DaemonSet controller (`NodeShouldRunDaemonPod`, `AddOrUpdateDaemonPodTolerations`): one
+/// running pod per eligible node, bound by the scheduler through its node affinity; a
+/// cordoned node keeps its pod (unschedulable is tolerated), a node with an untolerated
+/// NoSchedule taint loses it.
+#[tokio::test(start_paused = true)]
+async fn daemonset_runs_one_pod_per_eligible_node() {
+    let c = cluster().await;
+    let api: Api<DaemonSet> = Api::namespaced(c.client.clone(), "default");
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "agent"},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}},
+            "template": {"metadata": {"labels": {"app": "agent"}},
+                "spec": {"containers": [{"name": "agent", "image": "fluentd"}]}}}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &ds).await.unwrap();
+    let pods = eventually(60, "a running pod on each node", || async {
+        let pods = live_pods(&c.client, "agent").await;
+        (pods.len() == 3 && pods.iter().all(running)).then_some(pods)
+    })
+    .await;
+    let mut nodes: Vec<String> = pods
+        .iter()
+        .map(|p| p.spec.as_ref().unwrap().node_name.clone().unwrap())
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, ["node-a", "node-b", "node-c"]);
+    let tolerations = pods[0].spec.as_ref().unwrap().tolerations.clone().unwrap();
+    let unreachable = tolerations
+        .iter()
+        .find(|t| t.key.as_deref() == Some("node.kubernetes.io/unreachable"))
+        .unwrap();
+    assert_eq!(
+        (
+            unreachable.effect.as_deref(),
+            unreachable.toleration_seconds
+        ),
+        (Some("NoExecute"), None)
+    );
+    let status = eventually(10, "status", || async {
+        let s = api.get("agent").await.unwrap().status?;
+        (s.number_available == Some(3)).then_some(s)
+    })
+    .await;
+    assert_eq!(
+        (
+            status.desired_number_scheduled,
+            status.current_number_scheduled,
+            status.number_ready,
+            status.updated_number_scheduled
+        ),
+        (3, 3, 3, Some(3))
+    );
+
+    let nodes_api: Api<Node> = Api::all(c.client.clone());
+    nodes_api
+        .patch(
+            "node-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap();
+    nodes_api.patch("node-c", &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}}))).await.unwrap();
+    let pods = eventually(30, "node-c's pod removed", || async {
+        let pods = live_pods(&c.client, "agent").await;
+        (pods.len() == 2).then_some(pods)
+    })
+    .await;
+    let mut on: Vec<String> = pods
+        .iter()
+        .map(|p| p.spec.as_ref().unwrap().node_name.clone().unwrap())
+        .collect();
+    on.sort();
+    assert_eq!(
+        on,
+        ["node-a", "node-b"],
+        "the cordoned node keeps its daemon pod"
+    );
+    eventually(10, "desired 2", || async {
+        let s = api.get("agent").await.unwrap().status?;
+        (s.desired_number_scheduled == 2 && s.number_misscheduled == 0).then_some(())
+    })
+    .await;
+}
+
+/// The `scale` subresource (upstream `ScaleREST` of Deployments and ReplicaSets): an
+/// `autoscaling/v1` Scale with the selector as a string; PATCH and PUT change
+/// `spec.replicas`, and a negative count is a 422.
+#[tokio::test(start_paused = true)]
+async fn scale_subresource_reads_and_writes_replicas() {
+    let c = cluster().await;
+    let api: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
+    api.create(&PostParams::default(), &deployment("sc", 1, "nginx"))
+        .await
+        .unwrap();
+    let scale = api.get_scale("sc").await.unwrap();
+    assert_eq!(scale.spec.unwrap().replicas, Some(1));
+    assert_eq!(scale.status.unwrap().selector.as_deref(), Some("app=sc"));
+    let patched = api
+        .patch_scale(
+            "sc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 4}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.spec.unwrap().replicas, Some(4));
+    assert_eq!(api.get("sc").await.unwrap().spec.unwrap().replicas, Some(4));
+    eventually(60, "scaled to 4", || rolled_out(&api, "sc", 4)).await;
+    let bad = api
+        .patch_scale(
+            "sc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": -1}})),
+        )
+        .await;
+    assert!(matches!(bad, Err(kube::Error::Api(s)) if s.code == 422));
+    assert_eq!(api.get("sc").await.unwrap().spec.unwrap().replicas, Some(4));
+}
