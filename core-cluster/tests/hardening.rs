@@ -368,21 +368,17 @@ async fn yaml_alias_bombs_are_refused() {
     assert_eq!(get(&router, CONFIGMAPS).await.code, 200);
 }
 
-/// Issue 10 items 1 and 2 over real TCP: `core_cluster::serve` on loopback.
+/// Issue 10 items 1 and 2 over real TCP: `core_cluster::serve` on loopback, over TLS as the
+/// admin.
 #[tokio::test]
 async fn depth_and_size_limits_hold_over_tcp() {
     let server = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
         .await
         .unwrap();
-    let (listener, addr) = core_cluster::serve::bind("127.0.0.1:0").await.unwrap();
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let serving = tokio::spawn(core_cluster::serve::serve(
-        server,
-        listener,
-        shutdown.clone(),
-    ));
-    let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
-    let client = kube::Client::try_from(config).unwrap();
+    let serving = core_cluster::serve::TestServer::start(server)
+        .await
+        .unwrap();
+    let client = serving.admin_client().await.unwrap();
     let call = |method: &str, uri: &str, content_type: &str, body: Value| {
         let request = axum::http::Request::builder()
             .method(method)
@@ -418,11 +414,9 @@ async fn depth_and_size_limits_hold_over_tcp() {
     assert_eq!(code, 422, "{body}");
     let (code, _) = call("GET", "/api/v1/services", "application/json", json!({})).await;
     assert_eq!(code, 200);
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), serving)
+    tokio::time::timeout(Duration::from_secs(10), serving.stop())
         .await
         .expect("the server stops")
-        .unwrap()
         .unwrap();
 }
 
