@@ -192,8 +192,8 @@ fn index_links_every_group_version_with_its_hash() {
         [
             "api/v1",
             "apis/apps/v1",
-            "apis/batch/v1",
             "apis/authorization.k8s.io/v1",
+            "apis/batch/v1",
             "apis/coordination.k8s.io/v1",
             "apis/discovery.k8s.io/v1",
             "apis/events.k8s.io/v1",
