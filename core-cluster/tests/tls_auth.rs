@@ -420,6 +420,32 @@ async fn service_account(server: &TestServer, name: &str) -> String {
     sa["metadata"]["uid"].as_str().unwrap().to_owned()
 }
 
+/// Lets the service account `default/<name>` list namespaces and get nodes (RBAC), so a
+/// request with its token shows authentication (200, not 401) rather than authorization.
+async fn grant_reads(server: &TestServer, name: &str) {
+    let (code, role) = post_admin(
+        server,
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": format!("{name}-reads")},
+               "rules": [{"apiGroups": [""], "resources": ["namespaces", "nodes"],
+                          "verbs": ["get", "list"]}]}),
+    )
+    .await;
+    assert_eq!(code, 201, "{role}");
+    let (code, binding) = post_admin(
+        server,
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": format!("{name}-reads")},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": format!("{name}-reads")},
+               "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}]}),
+    )
+    .await;
+    assert_eq!(code, 201, "{binding}");
+}
+
 async fn token_request(server: &TestServer, name: &str, spec: Value) -> (u16, Value) {
     post_admin(
         server,
@@ -452,6 +478,7 @@ async fn get_with_token(server: &TestServer, token: &str, path: &str) -> u16 {
 async fn token_request_authenticates_as_the_service_account_until_expiry() {
     let (server, now) = start_with_clock().await;
     let uid = service_account(&server, "robot").await;
+    grant_reads(&server, "robot").await;
     let (code, answer) = token_request(&server, "robot", json!({})).await;
     assert_eq!(code, 201, "{answer}");
     assert_eq!(answer["kind"], "TokenRequest");
@@ -547,6 +574,7 @@ async fn token_request_validation() {
 async fn wrong_audience_and_deleted_service_accounts_are_refused() {
     let server = start().await;
     service_account(&server, "robot").await;
+    grant_reads(&server, "robot").await;
     let (_, vault) = token_request(&server, "robot", json!({"audiences": ["vault"]})).await;
     let vault = vault["status"]["token"].as_str().unwrap().to_owned();
     assert_eq!(get_with_token(&server, &vault, "/api/v1/nodes").await, 401);
