@@ -2,7 +2,8 @@
 //! DescribeInstanceTopology (upstream: `topology.go`).
 //!
 //! Only instances whose type matches `SupportedTopologyInstanceTypePattern` are asked about, up
-//! to 100 instance IDs per call. Answers are cached. The labels are best effort: a failed or
+//! to 100 instance IDs per call (upstream asks about every type and uses the pattern to decide
+//! whether an answer is required). Answers are cached. The labels are best effort: a failed or
 //! empty answer never fails the node's metadata, the labels are just left out. Upstream's rules
 //! for remembering what does not work are kept (24 h for a region answering
 //! `UnsupportedOperation` or `UnauthorizedOperation`, and for an instance EC2 gives no topology),
