@@ -7,7 +7,7 @@
 //! empty answer never fails the node's metadata, the labels are just left out. Upstream's rules
 //! for remembering what does not work are kept (24 h for a region answering
 //! `UnsupportedOperation` or `UnauthorizedOperation`, and for an instance EC2 gives no topology),
-//! and any other failure is remembered for [`FAILURE_BACKOFF`], so a failing API (moto answers
+//! and any other failure is remembered for `AwsOptions::topology_failure_backoff` (5 min), so a failing API (moto answers
 //! with a 500) costs one call of one attempt per period, not the SDK's retries on every sync.
 
 use std::{collections::HashMap, time::Duration};
@@ -34,8 +34,6 @@ const TOPOLOGY_TTL: Duration = Duration::from_secs(600);
 /// How long an unsupported region or an instance without topology is not asked about again
 /// (upstream's `instanceTopologyManagerCacheTimeout`).
 const UNSUPPORTED_TTL: Duration = Duration::from_secs(24 * 3600);
-/// How long any other failure of DescribeInstanceTopology stops further calls.
-pub(crate) const FAILURE_BACKOFF: Duration = Duration::from_secs(300);
 
 /// What is known of instance topologies.
 #[derive(Default)]
@@ -131,9 +129,8 @@ impl Inner {
         let region_off = state
             .unsupported_since
             .is_some_and(|at| at.elapsed() < UNSUPPORTED_TTL);
-        let backing_off = state
-            .failed_at
-            .is_some_and(|at| at.elapsed() < FAILURE_BACKOFF);
+        let backoff = self.options.topology_failure_backoff;
+        let backing_off = state.failed_at.is_some_and(|at| at.elapsed() < backoff);
         if ask.is_empty() || region_off || backing_off {
             return out;
         }
@@ -188,7 +185,7 @@ impl Inner {
                     _ => {
                         tracing::warn!(
                             %err,
-                            backoff_secs = FAILURE_BACKOFF.as_secs(),
+                            backoff_secs = backoff.as_secs(),
                             "DescribeInstanceTopology failed; network topology labels left out"
                         );
                         state.failed_at = Some(now);

@@ -7,6 +7,7 @@ mod common;
 use std::{
     collections::{BTreeMap, HashMap},
     sync::Arc,
+    time::Duration,
 };
 
 use anyhow::{Context, ensure};
@@ -21,8 +22,8 @@ const NS: &str = "xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"";
 #[derive(Default)]
 struct FakeEc2 {
     types: HashMap<String, String>,
-    /// An error code DescribeInstanceTopology answers with (HTTP 400) instead of topologies.
-    topology_error: Option<&'static str>,
+    /// An error DescribeInstanceTopology answers with (HTTP status, code) instead of topologies.
+    topology_error: Mutex<Option<(u16, &'static str)>>,
     topology_calls: Mutex<Vec<Vec<String>>>,
 }
 
@@ -78,9 +79,9 @@ impl FakeEc2 {
             ),
             "DescribeInstanceTopology" => {
                 self.topology_calls.lock().push(ids.clone());
-                if let Some(code) = self.topology_error {
+                if let Some((status, code)) = *self.topology_error.lock() {
                     return (
-                        400,
+                        status,
                         format!(
                             "<Response><Errors><Error><Code>{code}</Code><Message>no</Message>\
                              </Error></Errors><RequestID>r</RequestID></Response>"
@@ -120,27 +121,31 @@ fn instance_id(n: usize) -> String {
 
 /// A provider for a fake EC2 running `types`.
 async fn fake(types: &[(String, &str)]) -> anyhow::Result<(Arc<FakeEc2>, AwsCloud)> {
-    fake_failing(types, None).await
+    fake_failing(types, None, AwsOptions::default()).await
 }
 
-/// A provider for a fake EC2 running `types` whose DescribeInstanceTopology fails with `error`.
+/// A provider (with `options`) for a fake EC2 running `types` whose DescribeInstanceTopology
+/// fails with `topology_error` (HTTP status, code).
 async fn fake_failing(
     types: &[(String, &str)],
-    topology_error: Option<&'static str>,
+    topology_error: Option<(u16, &'static str)>,
+    options: AwsOptions,
 ) -> anyhow::Result<(Arc<FakeEc2>, AwsCloud)> {
     let ec2 = Arc::new(FakeEc2 {
         types: types
             .iter()
             .map(|(id, ty)| (id.clone(), ty.to_string()))
             .collect(),
-        topology_error,
+        topology_error: Mutex::new(topology_error),
         ..Default::default()
     });
     let handler = ec2.clone();
     let endpoint = common::serve(Arc::new(move |body: &str| handler.answer(body))).await?;
-    let options = AwsOptions::default()
+    // Three attempts, so a test shows DescribeInstanceTopology is never retried.
+    let options = options
         .with_static_credentials("testing", "testing")
-        .with_max_attempts(1);
+        .with_max_attempts(3)
+        .with_backoff(Duration::from_millis(1), Duration::from_millis(5));
     let cloud = AwsCloud::from_config_text_with(&common::config(&endpoint, ""), options)?;
     Ok((ec2, cloud))
 }
@@ -269,7 +274,12 @@ async fn an_unauthorized_region_is_not_asked_again_and_metadata_still_comes_back
 -> anyhow::Result<()> {
     for code in ["UnauthorizedOperation", "UnsupportedOperation"] {
         let id = instance_id(7);
-        let (ec2, cloud) = fake_failing(&[(id.clone(), "p5.48xlarge")], Some(code)).await?;
+        let (ec2, cloud) = fake_failing(
+            &[(id.clone(), "p5.48xlarge")],
+            Some((400, code)),
+            AwsOptions::default(),
+        )
+        .await?;
         let instances = cloud.instances_v2().context("instances")?;
         let node = Fixture::node(&id, None);
         for _ in 0..3 {
@@ -290,5 +300,51 @@ async fn an_unauthorized_region_is_not_asked_again_and_metadata_still_comes_back
         let calls = ec2.topology_calls.lock().len();
         ensure!(calls == 1, "{code}: {calls} calls");
     }
+    Ok(())
+}
+
+/// Any other failure (a 500 here, as moto gives) is sent once, not retried, and remembered for
+/// `topology_failure_backoff`: syncs within it make no call; the first after it asks again.
+#[tokio::test]
+async fn a_failure_is_remembered_for_the_backoff_then_asked_again() -> anyhow::Result<()> {
+    let id = instance_id(9);
+    let backoff = Duration::from_secs(2);
+    let (ec2, cloud) = fake_failing(
+        &[(id.clone(), "hpc7g.16xlarge")],
+        Some((500, "InternalError")),
+        AwsOptions::default().with_topology_failure_backoff(backoff),
+    )
+    .await?;
+    let instances = cloud.instances_v2().context("instances")?;
+    let node = Fixture::node(&id, None);
+    let started = tokio::time::Instant::now();
+    for _ in 0..3 {
+        let meta = instances
+            .instance_metadata(&node)
+            .await?
+            .context("metadata")?;
+        ensure!(topology_labels(&meta).is_empty(), "{meta:?}");
+        ensure!(
+            meta.additional_labels.contains_key(ZONE_ID_LABEL),
+            "{meta:?}"
+        );
+    }
+    ensure!(
+        started.elapsed() < backoff,
+        "the syncs took longer than the backoff"
+    );
+    ensure!(
+        ec2.topology_calls.lock().len() == 1,
+        "one attempt, no retries"
+    );
+
+    *ec2.topology_error.lock() = None;
+    tokio::time::sleep(backoff + Duration::from_millis(100)).await;
+    let meta = instances
+        .instance_metadata(&node)
+        .await?
+        .context("metadata")?;
+    ensure!(topology_labels(&meta) == expected_labels(&id), "{meta:?}");
+    ensure!(ec2.topology_calls.lock().len() == 2);
     Ok(())
 }
