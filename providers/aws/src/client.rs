@@ -95,6 +95,9 @@ pub struct AwsOptions {
     /// How long a load balancer's security group deletion is retried while AWS still reports
     /// it in use (`DependencyViolation`) before asking the controller to come back. Default 30 s.
     pub security_group_delete_timeout: Duration,
+    /// How long a failed DescribeInstanceTopology (other than an unsupported region) stops
+    /// further calls; the topology labels are left out meanwhile. Default 5 min.
+    pub topology_failure_backoff: Duration,
 }
 
 impl Default for AwsOptions {
@@ -109,6 +112,7 @@ impl Default for AwsOptions {
             instance_cache_ttl: Duration::from_secs(10),
             coalesce_window: Duration::from_millis(20),
             security_group_delete_timeout: Duration::from_secs(30),
+            topology_failure_backoff: Duration::from_secs(300),
         }
     }
 }
@@ -142,6 +146,12 @@ impl AwsOptions {
     /// Sets the instance cache lifetime.
     pub fn with_instance_cache_ttl(mut self, ttl: Duration) -> Self {
         self.instance_cache_ttl = ttl;
+        self
+    }
+
+    /// Sets how long a failed DescribeInstanceTopology stops further calls.
+    pub fn with_topology_failure_backoff(mut self, backoff: Duration) -> Self {
+        self.topology_failure_backoff = backoff;
         self
     }
 

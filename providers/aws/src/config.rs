@@ -164,9 +164,18 @@ pub struct AwsConfig {
     pub node_ip_families: Vec<IpFamily>,
     /// `NLBSecurityGroupMode`.
     pub nlb_security_group_mode: NlbSecurityGroupMode,
+    /// `SupportedTopologyInstanceTypePattern`: a regular expression of the instance types whose
+    /// network topology labels are asked of DescribeInstanceTopology; `None` means upstream's
+    /// default, [`DEFAULT_TOPOLOGY_INSTANCE_TYPE_PATTERN`]. Validated when parsed.
+    pub supported_topology_instance_type_pattern: Option<String>,
     /// `[ServiceOverride "N"]` sections.
     pub service_overrides: Vec<ServiceOverride>,
 }
+
+/// Upstream's default `SupportedTopologyInstanceTypePattern`: the p*, trn* and hpc* families,
+/// the ones EC2 gives an instance topology (`topology.go`).
+pub const DEFAULT_TOPOLOGY_INSTANCE_TYPE_PATTERN: &str =
+    r"^(hpc|trn|p)[0-9]+[a-z]*(-[a-z0-9]+)?(\.[0-9a-z]*)$";
 
 /// Upstream keys that exist but are not supported here, with why.
 const UNSUPPORTED_GLOBAL: &[(&str, &str)] = &[
@@ -185,10 +194,6 @@ const UNSUPPORTED_GLOBAL: &[(&str, &str)] = &[
     (
         "clusterservicesharedloadbalancerhealthprobepath",
         "only the ServiceNodePort health-probe mode is supported",
-    ),
-    (
-        "supportedtopologyinstancetypepattern",
-        "instance topology labels are not supported",
     ),
 ];
 
@@ -381,6 +386,17 @@ impl AwsConfig {
                                 });
                             }
                             cfg.node_ip_families.push(family);
+                        }
+                        "supportedtopologyinstancetypepattern" => {
+                            if let Err(err) = regex_lite::Regex::new(&value) {
+                                return Err(ConfigError::InvalidValue {
+                                    key: full,
+                                    value,
+                                    why: format!("not a regular expression: {err}"),
+                                });
+                            }
+                            cfg.supported_topology_instance_type_pattern =
+                                (!value.is_empty()).then_some(value);
                         }
                         "nlbsecuritygroupmode" => {
                             cfg.nlb_security_group_mode = match value.to_ascii_lowercase().as_str()
@@ -689,5 +705,27 @@ URL = http://127.0.0.1:5001 ; the load balancers
         assert_eq!(zone_to_region("us-west-2-lax-1a"), "us-west-2-lax-1");
         let cfg = AwsConfig::parse("[Global]\nZone = eu-west-1b\n").unwrap();
         assert_eq!(cfg.configured_region().as_deref(), Some("eu-west-1"));
+    }
+
+    #[test]
+    fn supported_topology_instance_type_pattern_is_a_checked_regex() {
+        let cfg = AwsConfig::parse(
+            "[Global]\nSupportedTopologyInstanceTypePattern = \"^(p|trn)[0-9]+\\.\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.supported_topology_instance_type_pattern.as_deref(),
+            Some("^(p|trn)[0-9]+\\.")
+        );
+        // Unset means upstream's default.
+        let cfg = AwsConfig::parse("[Global]\nRegion = us-east-1\n").unwrap();
+        assert_eq!(cfg.supported_topology_instance_type_pattern, None);
+        let err =
+            AwsConfig::parse("[Global]\nSupportedTopologyInstanceTypePattern = (p\n").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("Global.SupportedTopologyInstanceTypePattern"),
+            "{err}"
+        );
     }
 }

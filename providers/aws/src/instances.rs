@@ -18,6 +18,7 @@ use crate::{
     AwsCloud, Inner, ZONE_ID_LABEL,
     client::{aws_error, error_code},
     ids::{self, Lifecycle},
+    topology,
 };
 
 /// Instance IDs per DescribeInstances call.
@@ -400,12 +401,13 @@ impl Inner {
     }
 
     /// The metadata of `instance`, with the `topology.k8s.aws/zone-id` label when `zone_ids`
-    /// knows its zone.
+    /// knows its zone and the network topology labels when `topologies` has its network nodes.
     pub(crate) fn metadata_of(
         &self,
         instance: &Instance,
         region: &str,
         zone_ids: &HashMap<String, String>,
+        topologies: &HashMap<String, Vec<String>>,
     ) -> InstanceMetadata {
         let zone = zone_of(instance);
         let id = instance.instance_id().unwrap_or_default();
@@ -420,6 +422,14 @@ impl Inner {
             .with_addresses(ids::node_addresses(instance, &self.config.node_ip_families));
         if let Some(zone_id) = zone_ids.get(zone) {
             meta = meta.with_label(ZONE_ID_LABEL, zone_id.clone());
+        }
+        for (key, value) in topologies
+            .get(id)
+            .map(Vec::as_slice)
+            .into_iter()
+            .flat_map(topology::labels)
+        {
+            meta = meta.with_label(key, value);
         }
         meta
     }
@@ -447,7 +457,13 @@ impl InstancesV2 for AwsCloud {
         match self.inner.instance_for_node(node).await? {
             Some(instance) => {
                 let zone_ids = self.inner.zone_ids(&[zone_of(&instance)]).await?;
-                Ok(Some(self.inner.metadata_of(&instance, &region, &zone_ids)))
+                let topologies = self.inner.topologies(&[&instance]).await;
+                Ok(Some(self.inner.metadata_of(
+                    &instance,
+                    &region,
+                    &zone_ids,
+                    &topologies,
+                )))
             }
             None => Err(CloudError::InstanceNotFound),
         }
@@ -494,6 +510,13 @@ impl InstancesV2 for AwsCloud {
             .flat_map(|m| m.values().map(zone_of))
             .collect();
         let zone_ids = inner.zone_ids(&zones.into_iter().collect::<Vec<_>>()).await;
+        let live: Vec<&Instance> = by_id
+            .iter()
+            .chain(by_dns.iter())
+            .flat_map(|m| m.values())
+            .filter(|i| ids::lifecycle(i) != Lifecycle::Gone)
+            .collect();
+        let topologies = inner.topologies(&live).await;
         nodes
             .iter()
             .zip(keys)
@@ -508,7 +531,12 @@ impl InstancesV2 for AwsCloud {
                             inner.remember_node_name(&instance, name);
                         }
                         let zone_ids = zone_ids.as_ref().map_err(copy_error)?;
-                        Ok(Some(inner.metadata_of(&instance, &region, zone_ids)))
+                        Ok(Some(inner.metadata_of(
+                            &instance,
+                            &region,
+                            zone_ids,
+                            &topologies,
+                        )))
                     }
                     None => Err(CloudError::InstanceNotFound),
                 }

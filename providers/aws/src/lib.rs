@@ -20,7 +20,9 @@
 //!   once the retries are spent.
 //! - **Load balancers**: Network Load Balancers ([`lb`] says what differs from upstream); a
 //!   Classic ELB left by cloud-provider-aws is refused, reported and deleted, never duplicated.
-//! - **Labels**: `topology.k8s.aws/zone-id` from a cached DescribeAvailabilityZones.
+//! - **Labels**: `topology.k8s.aws/zone-id` from a cached DescribeAvailabilityZones, and
+//!   `topology.k8s.aws/network-node-layer-N` from a cached DescribeInstanceTopology (100
+//!   instances a call) for the types of `SupportedTopologyInstanceTypePattern`; best effort.
 //! - **Node names** of route targets and backends come from the cluster's Nodes by instance ID
 //!   (after [`CloudProvider::initialize`]), so they survive a restart.
 //! - **Metrics**: AWS call durations, errors and throttles on the ccm's `/metrics` under
@@ -35,8 +37,10 @@ mod instances;
 pub mod lb;
 pub mod moto;
 mod routes;
+mod topology;
 mod zones;
 
+pub use topology::NETWORK_NODE_LABEL_PREFIX;
 pub use zones::ZONE_ID_LABEL;
 
 use std::{collections::BTreeSet, sync::Arc};
@@ -76,6 +80,7 @@ pub(crate) struct Inner {
     vpc: OnceCell<String>,
     pub(crate) instances: instances::InstanceState,
     pub(crate) zones: zones::ZoneCache,
+    pub(crate) topology: topology::TopologyCache,
     /// The cluster, from [`CloudProvider::initialize`]: its Nodes name route targets.
     pub(crate) cluster: std::sync::OnceLock<kube::Client>,
 }
@@ -97,6 +102,11 @@ impl AwsCloudBuilder {
     /// The provider. No AWS call is made until the first use (or
     /// [`CloudProvider::initialize`]).
     pub fn build(self) -> AwsCloud {
+        let topology = topology::TopologyCache::new(
+            self.config
+                .supported_topology_instance_type_pattern
+                .as_deref(),
+        );
         AwsCloud {
             inner: Arc::new(Inner {
                 config: self.config,
@@ -106,6 +116,7 @@ impl AwsCloudBuilder {
                 vpc: OnceCell::new(),
                 instances: instances::InstanceState::default(),
                 zones: zones::ZoneCache::default(),
+                topology,
                 cluster: std::sync::OnceLock::new(),
             }),
         }

@@ -204,6 +204,64 @@ async fn metadata_matches_ec2() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// aws.md row 12 (upstream `topology.go`): moto answers DescribeInstanceTopology with a 500.
+/// Topology labels are best effort, so node metadata still comes back with its other labels and
+/// zone ID; the failing call is sent once (no SDK retries) and remembered, so the next sync makes
+/// no new call within the remembered-failure period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_describe_instance_topology_never_blocks_metadata() -> anyhow::Result<()> {
+    let (moto, seed, _) = setup("topology", 2).await?;
+    // Make the seeded m5.large a type that must be asked about.
+    let cloud = cloud_with(
+        &moto,
+        &seed,
+        "SupportedTopologyInstanceTypePattern = ^m5\\.large$",
+    )?;
+    let instances = cloud.instances_v2().context("instances")?;
+    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let refs: Vec<&Node> = nodes.iter().collect();
+    for sync in 0..2 {
+        let batch = instances.instance_metadata_batch(&refs).await;
+        for result in &batch {
+            let meta = result
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("sync {sync}: {e}"))?
+                .clone()
+                .context("metadata")?;
+            ensure!(meta.instance_type == "m5.large", "{meta:?}");
+            ensure!(
+                meta.additional_labels
+                    .get(cloud_provider_aws::ZONE_ID_LABEL)
+                    .is_some_and(|z| z.starts_with("use1-az")),
+                "{meta:?}"
+            );
+            ensure!(
+                !meta
+                    .additional_labels
+                    .keys()
+                    .any(|k| k.starts_with(cloud_provider_aws::NETWORK_NODE_LABEL_PREFIX)),
+                "{meta:?}"
+            );
+        }
+        let single = instances
+            .instance_metadata(&nodes[0])
+            .await?
+            .context("single")?;
+        ensure!(
+            single
+                .additional_labels
+                .contains_key(cloud_provider_aws::ZONE_ID_LABEL),
+            "{single:?}"
+        );
+    }
+    let stats = cloud.metrics().snapshot();
+    ensure!(
+        cloud.metrics().attempts_of("DescribeInstanceTopology") == 1,
+        "one attempt in all, neither retried nor repeated: {stats:?}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_lookups_close_together_share_one_call() -> anyhow::Result<()> {
     let (_moto, seed, cloud) = setup("coalesce", 12).await?;

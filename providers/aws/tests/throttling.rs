@@ -1,9 +1,8 @@
 //! Throttling and unreachable endpoints, without moto (which never throttles): a loopback HTTP
 //! server answers every EC2 call with `RequestLimitExceeded`, and the real SDK client retries
 //! through its adaptive retry strategy until the provider gives up with a clear error.
-//!
-//! This uses a real socket rather than the SDK's `test-util` replay client, so the SDK crates
-//! are compiled once with one feature set for the whole workspace.
+
+mod common;
 
 use std::sync::{
     Arc,
@@ -12,10 +11,6 @@ use std::sync::{
 
 use cloud_provider::{CloudProvider, ErrorKind, conformance::Fixture};
 use cloud_provider_aws::{AwsCloud, AwsOptions};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpListener,
-};
 
 const THROTTLED: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error>\
 <Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors>\
@@ -23,61 +18,18 @@ const THROTTLED: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><
 
 /// Serves `THROTTLED` with HTTP 503 to every request; returns the endpoint and a request count.
 async fn throttling_server() -> anyhow::Result<(String, Arc<AtomicUsize>)> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
     let count = Arc::new(AtomicUsize::new(0));
     let counter = count.clone();
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            let counter = counter.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                // Read the headers and the body (Content-Length), then answer and close.
-                loop {
-                    let Ok(n) = sock.read(&mut chunk).await else {
-                        return;
-                    };
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    let text = String::from_utf8_lossy(&buf).to_string();
-                    if let Some(end) = text.find("\r\n\r\n") {
-                        let len = text[..end]
-                            .lines()
-                            .find_map(|l| {
-                                let (k, v) = l.split_once(':')?;
-                                k.eq_ignore_ascii_case("content-length")
-                                    .then(|| v.trim().parse::<usize>().ok())
-                                    .flatten()
-                            })
-                            .unwrap_or(0);
-                        if buf.len() >= end + 4 + len {
-                            break;
-                        }
-                    }
-                }
-                counter.fetch_add(1, Ordering::SeqCst);
-                let resp = format!(
-                    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/xml\r\n\
-                     Content-Length: {}\r\nConnection: close\r\n\r\n{THROTTLED}",
-                    THROTTLED.len()
-                );
-                let _ = sock.write_all(resp.as_bytes()).await;
-                let _ = sock.shutdown().await;
-            });
-        }
-    });
-    Ok((format!("http://{addr}"), count))
+    let endpoint = common::serve(Arc::new(move |_: &str| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        (503, THROTTLED.to_owned())
+    }))
+    .await?;
+    Ok((endpoint, count))
 }
 
 fn config(endpoint: &str) -> String {
-    format!(
-        "[Global]\nRegion = us-east-1\nVPC = vpc-1\nKubernetesClusterID = t\n\
-         [ServiceOverride \"1\"]\nService = ec2\nURL = {endpoint}\n\
-         [ServiceOverride \"2\"]\nService = elasticloadbalancing\nURL = {endpoint}\n"
-    )
+    common::config(endpoint, "")
 }
 
 #[tokio::test]
