@@ -11,14 +11,14 @@ mod support;
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader, Read, Write},
-    net::{TcpListener, TcpStream},
+    io::{BufRead, BufReader},
+    net::TcpListener,
     process::{Child, Command, Stdio},
     time::Duration,
 };
 
 use cloud_provider_aws::moto::{MotoServer, SeedSpec};
-use support::{require_kubectl, wait_until};
+use support::{http_get, require_kubectl, wait_until};
 
 struct Ccm {
     child: Child,
@@ -44,19 +44,6 @@ impl Ccm {
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
-}
-
-/// `GET path` on the ccm's metrics port; `None` while it does not answer.
-fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    Some(response)
 }
 
 #[test]

@@ -7,14 +7,13 @@
 mod support;
 
 use std::{
-    io::{Read, Write},
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     path::Path,
     process::{Child, Command, Output, Stdio},
     time::Duration,
 };
 
-use support::{ApiServerProcess, require_kubectl, wait_until};
+use support::{ApiServerProcess, http_get, require_kubectl, wait_until};
 
 const CLOUD: &str = r#"
 region = "test-region"
@@ -79,18 +78,6 @@ fn ccm(args: &[&str]) -> Command {
 
 fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("run ccm")
-}
-
-fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    Some(response)
 }
 
 struct Manager(Child);

@@ -746,8 +746,9 @@ fn service_ports(o: &Value, _: i64) -> Value {
     none_if_empty(ports.join(","))
 }
 
-fn service_selector(o: &Value, _: i64) -> Value {
-    let sel: Vec<String> = o["spec"]["selector"]
+/// A string map as a table cell, `k1=v1,k2=v2` (kubectl's selector columns), or `<none>`.
+pub(super) fn key_values_cell(map: &Value) -> Value {
+    let pairs: Vec<String> = map
         .as_object()
         .map(|m| {
             m.iter()
@@ -755,7 +756,11 @@ fn service_selector(o: &Value, _: i64) -> Value {
                 .collect()
         })
         .unwrap_or_default();
-    none_if_empty(sel.join(","))
+    none_if_empty(pairs.join(","))
+}
+
+fn service_selector(o: &Value, _: i64) -> Value {
+    key_values_cell(&o["spec"]["selector"])
 }
 
 /// core/v1 services.

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::{
     Column, NameRule, ResourceDef,
     events::identity,
-    resources::{default_pod_spec, none_if_empty, s, validate_pod_spec},
+    resources::{default_pod_spec, key_values_cell, none_if_empty, s, validate_pod_spec},
     table::{AGE, NAME, age},
     typed,
 };
@@ -468,15 +468,7 @@ fn validate_daemon_set(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
 }
 
 fn node_selector_cell(o: &Value) -> Value {
-    let parts: Vec<String> = o["spec"]["template"]["spec"]["nodeSelector"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                .collect()
-        })
-        .unwrap_or_default();
-    none_if_empty(parts.join(","))
+    key_values_cell(&o["spec"]["template"]["spec"]["nodeSelector"])
 }
 
 /// apps/v1 daemonsets.
