@@ -1,16 +1,16 @@
 //! Node IPAM, garbage collector and pod GC controllers against the in-process API server
 //! (kube-rs over the axum router, paused tokio time). Rules: node-lifecycle.md §2 and §4.
 
-use std::{future::Future, sync::Arc, time::Duration};
+mod support;
 
-use core_cluster::{
-    ApiServer, ApiServerConfig,
-    controllers::{
-        garbage_collector::GarbageCollector,
-        node_ipam::{NodeIpamConfig, NodeIpamController},
-        pod_gc::PodGcController,
-    },
-    store::MemoryStore,
+use std::{sync::Arc, time::Duration};
+
+use support::{client, eventually};
+
+use core_cluster::controllers::{
+    garbage_collector::GarbageCollector,
+    node_ipam::{NodeIpamConfig, NodeIpamController},
+    pod_gc::PodGcController,
 };
 use k8s_openapi::api::{
     coordination::v1::Lease,
@@ -23,28 +23,6 @@ use kube::{
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-
-async fn client() -> Client {
-    let server = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
-        .await
-        .unwrap();
-    Client::new(server.router(), "default")
-}
-
-/// Polls `check` every 100ms (paused time) for up to `secs` seconds until it gives a value.
-async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    for _ in 0..secs * 10 {
-        if let Some(v) = check().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for: {what}");
-}
 
 fn node(name: &str) -> Node {
     serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))

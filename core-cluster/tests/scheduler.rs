@@ -1,13 +1,11 @@
 //! The scheduler against the in-process API server (kube-rs over the axum router, paused
 //! tokio time). Each test names the kube-scheduler rule it checks.
 
-use std::{future::Future, sync::Arc, time::Duration};
+mod support;
 
-use core_cluster::{
-    ApiServer, ApiServerConfig,
-    controllers::scheduler::{Scheduler, SchedulerConfig},
-    store::MemoryStore,
-};
+use support::{client, eventually};
+
+use core_cluster::controllers::scheduler::{Scheduler, SchedulerConfig};
 use k8s_openapi::api::{
     core::v1::{Node, Pod},
     events::v1::Event,
@@ -18,27 +16,6 @@ use kube::{
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-
-async fn client() -> Client {
-    let server = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
-        .await
-        .unwrap();
-    Client::new(server.router(), "default")
-}
-
-async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    for _ in 0..secs * 10 {
-        if let Some(v) = check().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for: {what}");
-}
 
 fn start(client: &Client) -> CancellationToken {
     let token = CancellationToken::new();

@@ -3,7 +3,10 @@
 //! created by controllers, bound by the scheduler and run by the simulated kubelets. Each
 //! test names the upstream rule it checks.
 
-use std::{future::Future, sync::Arc, time::Duration};
+mod support;
+
+use std::{sync::Arc, time::Duration};
+use support::eventually;
 
 use core_cluster::{
     ApiServer, ApiServerConfig,
@@ -62,20 +65,6 @@ async fn cluster() -> Cluster {
     tokio::spawn(JobController::new(client.clone()).run(stop.clone()));
     tokio::spawn(DaemonSetController::new(client.clone()).run(stop.clone()));
     Cluster { client, stop }
-}
-
-async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    for _ in 0..secs * 10 {
-        if let Some(v) = check().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for: {what}");
 }
 
 fn deployment(name: &str, replicas: i32, image: &str) -> Deployment {
