@@ -438,6 +438,9 @@ async fn job_runs_completions_with_parallelism_to_complete() {
         max_active = max_active.max(active);
         let j = api.get("pi").await.unwrap();
         if job_condition(&j, "Complete").is_some() {
+            // List again: the Job can complete between the list above and the get, and
+            // every pod the Job counted must show its terminated state by now.
+            let pods = pods_api.list(&selector).await.unwrap().items;
             done = Some((j, pods));
             break;
         }
