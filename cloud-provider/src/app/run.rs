@@ -13,7 +13,9 @@ use super::options::{
     CloudControllerManagerOptions, LogFormat, OptionsError, is_controller_enabled,
 };
 use super::serve::{self, HealthChecks, Metrics};
-use crate::controllers::{CloudRateLimiter, ControllerContext, EventRecorder, NodeCache};
+use crate::controllers::{
+    CloudRateLimiter, ControllerContext, ControllerMetrics, EventRecorder, NodeCache,
+};
 use crate::{BoxError, CloudError, CloudProvider, InitContext, RegistryError, SharedClient};
 
 /// A running controller: ends when the context's `shutdown` token is cancelled.
@@ -293,6 +295,8 @@ pub async fn run_with(
     ));
     let metrics = Metrics::new(limiter.clone());
     cloud.register_metrics(&mut metrics.registry().lock());
+    let controller_metrics = ControllerMetrics::new();
+    controller_metrics.register(&mut metrics.registry().lock());
     let server = if options.secure_port != 0 {
         let addr = std::net::SocketAddr::new(options.bind_address, options.secure_port);
         let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -314,6 +318,7 @@ pub async fn run_with(
         client: client.clone(),
         checks: checks.clone(),
         metrics,
+        controller_metrics,
         limiter,
     };
     let result = if options.leader_elect {
@@ -346,6 +351,7 @@ struct Starter {
     client: kube::Client,
     checks: HealthChecks,
     metrics: Metrics,
+    controller_metrics: ControllerMetrics,
     limiter: Arc<CloudRateLimiter>,
 }
 
@@ -389,7 +395,8 @@ impl Starter {
             )
             .with_cloud_limiter(self.limiter.clone())
             .with_node_cache(nodes.clone())
-            .with_event_recorder(events.clone());
+            .with_event_recorder(events.clone())
+            .with_metrics(self.controller_metrics.clone());
             match construct(ctx, &self.options) {
                 Err(source) => {
                     return Err(AppError::Controller {

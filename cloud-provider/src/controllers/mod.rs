@@ -3,12 +3,14 @@
 //! core-cluster) and calls the provider through a [`ControllerContext`].
 
 mod events;
+pub mod metrics;
 pub mod node;
 pub mod node_cache;
 pub mod node_lifecycle;
 pub mod rate_limit;
 pub mod route;
 pub mod service;
+mod sync_trigger;
 
 use std::sync::Arc;
 
@@ -16,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::CloudProvider;
 pub use events::EventRecorder;
+pub use metrics::ControllerMetrics;
 pub use node_cache::{NodeCache, NodeEvent, NodeEvents};
 pub use rate_limit::CloudRateLimiter;
 
@@ -37,10 +40,13 @@ pub struct ControllerContext {
     pub nodes: NodeCache,
     /// The Event recorder every controller shares (client-go's correlator caches).
     pub events: EventRecorder,
+    /// The controllers' metrics (upstream's names), shared by every controller.
+    pub metrics: ControllerMetrics,
 }
 
 impl ControllerContext {
-    /// A context with an unlimited cloud rate limiter and its own Node cache.
+    /// A context with an unlimited cloud rate limiter, its own Node cache and its own
+    /// (unregistered) metrics.
     pub fn new(
         client: kube::Client,
         cloud: Arc<dyn CloudProvider>,
@@ -50,6 +56,7 @@ impl ControllerContext {
         ControllerContext {
             nodes: NodeCache::new(client.clone(), shutdown.clone()),
             events: EventRecorder::new(client.clone()),
+            metrics: ControllerMetrics::new(),
             client,
             cloud,
             cluster_name: cluster_name.into(),
@@ -67,6 +74,12 @@ impl ControllerContext {
     /// Replaces the Event recorder, so several controllers share its caches.
     pub fn with_event_recorder(mut self, events: EventRecorder) -> Self {
         self.events = events;
+        self
+    }
+
+    /// Replaces the metrics, so every controller counts into the registered ones.
+    pub fn with_metrics(mut self, metrics: ControllerMetrics) -> Self {
+        self.metrics = metrics;
         self
     }
 

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::events::EventType;
+use super::metrics::{QUEUE_NODES, QueueMetrics, seconds_since_creation};
 use super::{ControllerContext, NodeEvent};
 use crate::helpers::node_address::node_addresses_from_node_ip;
 use crate::helpers::parse_ip_sloppy;
@@ -182,7 +183,7 @@ impl CloudNodeController {
         let mut intake = self.ctx.nodes.subscribe();
         let shutdown = self.ctx.shutdown.clone();
         let initialize = async {
-            let mut queue = Queue::default();
+            let mut queue = Queue::new(self.ctx.metrics.queue(QUEUE_NODES));
             let mut ready = false;
             loop {
                 let next_retry = queue.next_deadline();
@@ -203,6 +204,7 @@ impl CloudNodeController {
                 }
                 let due = queue.take_due(Instant::now());
                 if !due.is_empty() {
+                    let _work = queue.metrics.start(due.len());
                     self.sync_nodes(due, &mut queue).await;
                 }
             }
@@ -466,7 +468,14 @@ impl CloudNodeController {
                 break current;
             }
             match api.replace(&name, &PostParams::default(), &desired).await {
-                Ok(updated) => break updated,
+                Ok(updated) => {
+                    self.ctx
+                        .metrics
+                        .node
+                        .taint_removal_delay
+                        .observe(seconds_since_creation(&updated));
+                    break updated;
+                }
                 Err(kube::Error::Api(status))
                     if status.code == 409 && attempt + 1 < UPDATE_CONFLICT_STEPS =>
                 {
@@ -496,6 +505,11 @@ impl CloudNodeController {
                 "Node synced successfully",
             )
             .await;
+        self.ctx
+            .metrics
+            .node
+            .initial_sync_delay
+            .observe(seconds_since_creation(&updated));
         Ok(())
     }
 
@@ -792,20 +806,39 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     }
 }
 
-/// The work queue: keys due now or at a backoff deadline, with per-key failure counts.
-#[derive(Default)]
+/// The work queue: keys due now or at a backoff deadline, with per-key failure counts, and
+/// client-go's workqueue metrics (queue `Nodes`).
 struct Queue {
-    due: BTreeMap<String, Instant>,
+    due: BTreeMap<String, Due>,
     failures: HashMap<String, u32>,
+    metrics: QueueMetrics,
+}
+
+/// When a key is due, and whether it is already counted in the queue's depth (a key waiting
+/// for its backoff enters the queue at its deadline, as with client-go's `AddAfter`).
+struct Due {
+    at: Instant,
+    counted: bool,
 }
 
 impl Queue {
+    fn new(metrics: QueueMetrics) -> Self {
+        Queue {
+            due: BTreeMap::new(),
+            failures: HashMap::new(),
+            metrics,
+        }
+    }
+
     fn add_now(&mut self, name: String) {
-        // A key waiting for its backoff keeps its deadline, as a rate-limited workqueue does.
-        if self.failures.contains_key(&name) && self.due.contains_key(&name) {
+        // A queued key stays queued once (client-go's dirty set); a key waiting for its
+        // backoff keeps its deadline, as a rate-limited workqueue does.
+        if self.due.contains_key(&name) {
             return;
         }
-        self.due.insert(name, Instant::now());
+        self.metrics.added();
+        let at = Instant::now();
+        self.due.insert(name, Due { at, counted: true });
     }
 
     fn retry(&mut self, name: String, retry_after: Option<Duration>) {
@@ -815,7 +848,10 @@ impl Queue {
             .min(BACKOFF_MAX);
         *failures += 1;
         let delay = retry_after.map_or(delay, |after| after.max(delay));
-        self.due.insert(name, Instant::now() + delay);
+        self.metrics.retried();
+        let at = Instant::now() + delay;
+        let counted = self.due.get(&name).is_some_and(|d| d.counted);
+        self.due.insert(name, Due { at, counted });
     }
 
     fn forget(&mut self, name: &str) {
@@ -823,18 +859,23 @@ impl Queue {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.due.values().min().copied()
+        self.due.values().map(|d| d.at).min()
     }
 
     fn take_due(&mut self, now: Instant) -> Vec<String> {
         let due: Vec<String> = self
             .due
             .iter()
-            .filter(|(_, at)| **at <= now)
+            .filter(|(_, d)| d.at <= now)
             .map(|(name, _)| name.clone())
             .collect();
         for name in &due {
-            self.due.remove(name);
+            if let Some(d) = self.due.remove(name) {
+                if !d.counted {
+                    self.metrics.added();
+                }
+                self.metrics.taken(d.at);
+            }
         }
         due
     }

@@ -25,10 +25,12 @@ use k8s_openapi::api::core::v1::{Node, NodeAddress};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Semaphore;
 use tracing::Instrument;
 
 use super::events::EventType;
+use super::metrics::QUEUE_ROUTES;
+use super::sync_trigger::SyncTrigger;
 use super::{ControllerContext, NodeEvent, NodeEvents};
 use crate::{CloudError, Route, Routes};
 
@@ -212,24 +214,28 @@ impl RouteController {
     }
 
     async fn run_watch_based(&self) {
-        let trigger = Arc::new(Notify::new());
-        let watch = watch_nodes(self.ctx.nodes.subscribe(), trigger.clone());
+        // Upstream's `Routes` queue, rate limited to one reconcile per period.
+        let trigger = SyncTrigger::new(self.ctx.metrics.queue(QUEUE_ROUTES));
+        let watch = watch_nodes(self.ctx.nodes.subscribe(), &trigger);
         let reconciles = async {
             let mut last: Option<tokio::time::Instant> = None;
             loop {
-                trigger.notified().await;
+                trigger.queued().await;
                 if let Some(last) = last {
                     tokio::time::sleep_until(last + self.config.reconcile_period).await;
                 }
+                let Some(_work) = trigger.take() else {
+                    continue;
+                };
                 last = Some(tokio::time::Instant::now());
                 match self.reconcile().await {
                     Ok(report) if report.failed_creates > 0 || report.failed_deletes > 0 => {
-                        trigger.notify_one();
+                        trigger.add_rate_limited();
                     }
                     Ok(_) => {}
                     Err(err) => {
                         tracing::warn!(%err, "route reconcile failed");
-                        trigger.notify_one();
+                        trigger.add_rate_limited();
                     }
                 }
             }
@@ -239,6 +245,8 @@ impl RouteController {
 
     /// One full reconcile: list routes and Nodes, delete, create, write conditions.
     pub async fn reconcile(&self) -> Result<RouteSyncReport, RouteError> {
+        // Upstream counts every reconcile, before it lists anything.
+        self.ctx.metrics.route.route_sync.inc();
         self.ctx.cloud_limiter.acquire().await;
         let routes = self
             .routes()
@@ -526,7 +534,7 @@ fn triggers(old: &Node, new: &Node) -> bool {
 
 /// Upstream's watch-mode triggers, from the shared Node cache: an added or deleted Node, a
 /// pod-CIDR or address change, and the first complete list.
-async fn watch_nodes(mut events: NodeEvents, trigger: Arc<Notify>) {
+async fn watch_nodes(mut events: NodeEvents, trigger: &SyncTrigger) {
     let mut listed = false;
     while let Some(event) = events.recv().await {
         let fire = match event {
@@ -539,7 +547,7 @@ async fn watch_nodes(mut events: NodeEvents, trigger: Arc<Notify>) {
             NodeEvent::Synced => !std::mem::replace(&mut listed, true),
         };
         if fire {
-            trigger.notify_one();
+            trigger.add();
         }
     }
 }

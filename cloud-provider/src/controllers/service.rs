@@ -21,10 +21,11 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use parking_lot::Mutex;
-use tokio::sync::Notify;
 use tracing::Instrument;
 
 use super::events::EventType;
+use super::metrics::{QUEUE_NODE, QUEUE_SERVICE, QueueMetrics, seconds_since};
+use super::sync_trigger::SyncTrigger;
 use super::{ControllerContext, NodeEvent};
 use crate::helpers::service::{
     has_load_balancer_finalizer, load_balancer_status_equal, wants_load_balancer,
@@ -210,28 +211,42 @@ fn key_of(service: &Service) -> String {
     )
 }
 
-/// A work queue: a key is processed by one worker at a time; failures back off.
-#[derive(Default)]
+/// A work queue: a key is processed by one worker at a time; failures back off. Reports
+/// client-go's workqueue metrics (queue `service`).
 struct Queue {
     inner: Mutex<QueueInner>,
-    notify: Notify,
+    notify: tokio::sync::Notify,
+    metrics: QueueMetrics,
 }
 
 #[derive(Default)]
 struct QueueInner {
     queue: VecDeque<String>,
-    queued: HashSet<String>,
+    /// The queued keys and when each entered the queue.
+    queued: HashMap<String, tokio::time::Instant>,
     processing: HashSet<String>,
     dirty: HashSet<String>,
     failures: HashMap<String, u32>,
 }
 
 impl Queue {
+    fn new(metrics: QueueMetrics) -> Self {
+        Queue {
+            inner: Mutex::default(),
+            notify: tokio::sync::Notify::new(),
+            metrics,
+        }
+    }
+
+    /// Queues `key` (counted when it enters the queue; a key being processed enters it when
+    /// its worker is done).
     fn add(&self, key: &str) {
         let mut q = self.inner.lock();
         if q.processing.contains(key) {
             q.dirty.insert(key.to_owned());
-        } else if q.queued.insert(key.to_owned()) {
+        } else if !q.queued.contains_key(key) {
+            q.queued.insert(key.to_owned(), tokio::time::Instant::now());
+            self.metrics.added();
             q.queue.push_back(key.to_owned());
             drop(q);
             self.notify.notify_waiters();
@@ -253,6 +268,7 @@ impl Queue {
             *n += 1;
             *n - 1
         };
+        self.metrics.retried();
         let delay = BACKOFF_BASE
             .saturating_mul(2u32.saturating_pow(failures.min(16)))
             .min(BACKOFF_MAX);
@@ -271,7 +287,9 @@ impl Queue {
             {
                 let mut q = self.inner.lock();
                 if let Some(key) = q.queue.pop_front() {
-                    q.queued.remove(&key);
+                    if let Some(queued_at) = q.queued.remove(&key) {
+                        self.metrics.taken(queued_at);
+                    }
                     q.processing.insert(key.clone());
                     return key;
                 }
@@ -318,7 +336,8 @@ pub struct ServiceController {
     config: ServiceConfig,
     queue: Arc<Queue>,
     state: Mutex<State>,
-    node_trigger: Notify,
+    /// Upstream's `node` queue: the node syncs asked for by Node changes.
+    node_queue: SyncTrigger,
 }
 
 impl std::fmt::Debug for ServiceController {
@@ -345,11 +364,11 @@ impl ServiceController {
             return Ok(None);
         }
         Ok(Some(ServiceController {
+            queue: Arc::new(Queue::new(ctx.metrics.queue(QUEUE_SERVICE))),
+            node_queue: SyncTrigger::new(ctx.metrics.queue(QUEUE_NODE)),
             ctx,
             config,
-            queue: Arc::default(),
             state: Mutex::default(),
-            node_trigger: Notify::new(),
         }))
     }
 
@@ -379,6 +398,7 @@ impl ServiceController {
     async fn service_worker(&self) {
         loop {
             let key = self.queue.get().await;
+            let work = self.queue.metrics.start(1);
             let result = self
                 .sync_service(&key)
                 .instrument(tracing::info_span!("sync_service", service = %key))
@@ -397,6 +417,7 @@ impl ServiceController {
                     }
                 },
             }
+            drop(work);
             self.queue.done(&key);
         }
     }
@@ -475,7 +496,7 @@ impl ServiceController {
                 }
             };
             if trigger {
-                self.node_trigger.notify_one();
+                self.node_queue.add();
             }
         }
     }
@@ -483,9 +504,10 @@ impl ServiceController {
     async fn node_worker(&self) {
         loop {
             tokio::select! {
-                () = self.node_trigger.notified() => {}
-                () = tokio::time::sleep(self.config.node_sync_period) => {}
+                () = self.node_queue.queued() => {}
+                () = tokio::time::sleep(self.config.node_sync_period) => self.node_queue.add(),
             }
+            let _work = self.node_queue.take();
             if let Err(err) = self.sync_nodes().await {
                 tracing::warn!(%err, "node sync failed");
             }
@@ -550,6 +572,7 @@ impl ServiceController {
 
     /// Updates the hosts of every cached load balancer whose eligible node set changed.
     pub async fn sync_nodes(&self) -> Result<(), kube::Error> {
+        let started = tokio::time::Instant::now();
         let eligible = self.eligible_nodes().await;
         let services: Vec<(String, Service)> = {
             let state = self.state.lock();
@@ -572,6 +595,11 @@ impl ServiceController {
                 },
             )
             .await;
+        self.ctx
+            .metrics
+            .service
+            .nodesync_latency
+            .observe(seconds_since(started));
         Ok(())
     }
 
@@ -588,11 +616,17 @@ impl ServiceController {
             return;
         }
         self.ctx.cloud_limiter.acquire().await;
-        match self
+        let metrics = &self.ctx.metrics.service;
+        metrics.loadbalancer_sync.inc();
+        let started = tokio::time::Instant::now();
+        let updated = self
             .lb()
             .update_load_balancer(&self.ctx.cluster_name, svc, nodes)
-            .await
-        {
+            .await;
+        metrics
+            .update_loadbalancer_host_latency
+            .observe(seconds_since(started));
+        match updated {
             Ok(()) => {
                 if nodes.is_empty() {
                     self.event(
@@ -633,6 +667,7 @@ impl ServiceController {
                     "Error updating load balancer with new hosts {list} [node names limited, total number of nodes: {}], error: {err}",
                     nodes.len()
                 );
+                metrics.nodesync_error.inc();
                 self.event(
                     svc,
                     EventType::Warning,
