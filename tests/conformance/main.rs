@@ -9,6 +9,7 @@ mod authz;
 mod batching;
 mod ccm;
 mod cloud_node;
+mod metrics;
 mod provider_kit;
 mod registry;
 mod route;
