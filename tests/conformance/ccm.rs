@@ -699,3 +699,120 @@ async fn a_faulty_cloud_converges_with_nothing_leaked() {
     ccm.stop().await;
     cluster.shutdown().await;
 }
+
+/// Issue 13 item 3 end to end: a running manager's `/metrics` shows upstream's controller
+/// metrics (controllers/{node,service,route}/metrics.go and client-go's workqueue metrics,
+/// labelled with upstream's queue names) with values that follow what the controllers did:
+/// every Node initialized once, a load balancer ensured and its hosts updated once a Node was
+/// excluded, routes synced.
+#[tokio::test(start_paused = true)]
+async fn metrics_show_upstream_names_with_the_controllers_work() {
+    use crate::metrics::sample;
+    let cluster = Cluster::start(FakeCloud::builder().instances(instances(3)).build()).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut options = ccm_options();
+    options.secure_port = port;
+    options.bind_address = IpAddr::from([127, 0, 0, 1]);
+    let shutdown = CancellationToken::new();
+    let app = tokio::spawn(cloud_provider::app::run_with(
+        options,
+        cloud_provider::app::default_registry(),
+        Arc::new(cluster.cloud.clone()),
+        cluster.client.clone(),
+        shutdown.clone(),
+        HealthChecks::new(),
+    ));
+    cluster.create_lb_service("web").await;
+    cluster.wait_converged(120, &["web"]).await;
+    // A Node leaves the load balancers: the hosts are updated.
+    let exclude = serde_json::json!({"metadata": {"labels": {
+        "node.kubernetes.io/exclude-from-external-load-balancers": "true"}}});
+    Api::<Node>::all(cluster.client.clone())
+        .patch(
+            &cluster.nodes[0],
+            &PatchParams::default(),
+            &Patch::Merge(&exclude),
+        )
+        .await
+        .unwrap();
+    let text = eventually(60, "the hosts update on /metrics", || async {
+        let text = scrape(port).await?;
+        (sample(&text, "service_controller_loadbalancer_sync_total") >= 1.0).then_some(text)
+    })
+    .await;
+
+    let nodes = cluster.nodes.len() as f64;
+    for histogram in [
+        "node_controller_cloud_provider_taint_removal_delay_seconds",
+        "node_controller_initial_node_sync_delay_seconds",
+    ] {
+        assert_eq!(
+            sample(&text, &format!("{histogram}_count")),
+            nodes,
+            "{histogram}"
+        );
+    }
+    let host = "service_controller_update_loadbalancer_host_latency_seconds_count";
+    assert_eq!(
+        sample(&text, host),
+        sample(&text, "service_controller_loadbalancer_sync_total")
+    );
+    assert!(sample(&text, "service_controller_nodesync_latency_seconds_count") >= 1.0);
+    assert_eq!(
+        sample(&text, "service_controller_nodesync_error_total"),
+        0.0
+    );
+    assert!(sample(&text, "route_controller_route_sync_total") >= 1.0);
+    for queue in ["Nodes", "service", "node"] {
+        let adds = sample(&text, &format!("workqueue_adds_total{{name=\"{queue}\"}}"));
+        assert!(adds >= 1.0, "{queue}: {adds}");
+        assert!(
+            sample(
+                &text,
+                &format!("workqueue_work_duration_seconds_count{{name=\"{queue}\"}}")
+            ) >= 1.0,
+            "{queue}"
+        );
+        for gauge in [
+            "workqueue_depth",
+            "workqueue_unfinished_work_seconds",
+            "workqueue_longest_running_processor_seconds",
+        ] {
+            sample(&text, &format!("{gauge}{{name=\"{queue}\"}}"));
+        }
+        sample(
+            &text,
+            &format!("workqueue_retries_total{{name=\"{queue}\"}}"),
+        );
+        sample(
+            &text,
+            &format!("workqueue_queue_duration_seconds_count{{name=\"{queue}\"}}"),
+        );
+    }
+    assert!(
+        text.contains("running_managed_controllers{"),
+        "the manager's own metrics stay:\n{text}"
+    );
+    shutdown.cancel();
+    app.await.unwrap().expect("graceful shutdown is Ok");
+    cluster.shutdown().await;
+}
+
+/// `GET /metrics` on the manager's port: the body of a 200, else `None`.
+async fn scrape(port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
