@@ -796,6 +796,10 @@ async fn metrics_show_upstream_names_with_the_controllers_work() {
         text.contains("running_managed_controllers{"),
         "the manager's own metrics stay:\n{text}"
     );
+    // No series per Node: the cost does not grow with the cluster.
+    for name in &cluster.nodes {
+        assert!(!text.contains(&format!("\"{name}\"")), "{name} in\n{text}");
+    }
     shutdown.cancel();
     app.await.unwrap().expect("graceful shutdown is Ok");
     cluster.shutdown().await;
