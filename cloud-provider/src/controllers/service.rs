@@ -21,6 +21,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 use tracing::Instrument;
 
 use super::events::EventType;
@@ -215,7 +216,7 @@ fn key_of(service: &Service) -> String {
 /// client-go's workqueue metrics (queue `service`).
 struct Queue {
     inner: Mutex<QueueInner>,
-    notify: tokio::sync::Notify,
+    notify: Notify,
     metrics: QueueMetrics,
 }
 
@@ -233,7 +234,7 @@ impl Queue {
     fn new(metrics: QueueMetrics) -> Self {
         Queue {
             inner: Mutex::default(),
-            notify: tokio::sync::Notify::new(),
+            notify: Notify::new(),
             metrics,
         }
     }
