@@ -658,33 +658,13 @@ fn field_validation(query: &Query) -> Result<FieldValidation, ApiError> {
     }
 }
 
-/// Checks `apiVersion`/`kind` and the nesting depth, decodes through the typed model, and
+/// Defaults `apiVersion`/`kind` from the endpoint and checks them, checks the nesting depth, decodes through the typed model, and
 /// applies `fieldValidation` to the fields the model does not know: `Strict` rejects them
 /// (400 "unknown field"), `Warn` (the default) drops them with a `Warning` header and
 /// `Ignore` drops them silently, as kube-apiserver prunes unknown fields of built-in types.
 fn check_body(def: &ResourceDef, obj: &mut Value, query: &Query) -> Result<(), ApiError> {
     patch::limits::check_depth(obj).map_err(ApiError::bad_request)?;
-    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
-    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-    if kind.is_empty() {
-        return Err(ApiError::bad_request(format!(
-            "Object 'Kind' is missing in '{}'",
-            truncate(obj)
-        )));
-    }
-    if api_version.is_empty() {
-        return Err(ApiError::bad_request(format!(
-            "Object 'apiVersion' is missing in '{}'",
-            truncate(obj)
-        )));
-    }
-    if kind != def.kind || api_version != def.api_version() {
-        return Err(ApiError::bad_request(format!(
-            "the object provided is unrecognized (kind {api_version}, Kind={kind}); this endpoint serves {}, Kind={}",
-            def.api_version(),
-            def.kind
-        )));
-    }
+    super::type_meta::default_from_path(obj, &def.api_version(), def.kind)?;
     let normalized = (def.typed)(obj).map_err(|e| {
         ApiError::bad_request(format!(
             "{} in version \"{}\" cannot be handled as a {}: {e}",
@@ -728,11 +708,6 @@ fn prune_unknown(given: &mut Value, known: &Value) {
             _ => {}
         }
     }
-}
-
-fn truncate(obj: &Value) -> String {
-    let text = obj.to_string();
-    text.chars().take(200).collect()
 }
 
 fn invalid(def: &ResourceDef, name: &str, errors: Vec<FieldError>) -> ApiError {

@@ -11,6 +11,7 @@ pub mod negotiate;
 mod scale;
 pub mod status;
 mod tokens;
+mod type_meta;
 mod watch;
 
 use std::{collections::HashMap, net::IpAddr, ops::RangeInclusive, sync::Arc, time::Duration};
@@ -721,11 +722,17 @@ async fn review(state: &ServerState, target: Target, request: Request<Body>) -> 
             );
         }
     };
-    let parsed: Result<Value, ApiError> = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request(format!(
-            "the body of the request could not be decoded as JSON: {e}"
-        ))
-    });
+    let parsed: Result<Value, ApiError> = serde_json::from_slice(&body)
+        .map_err(|e| {
+            ApiError::bad_request(format!(
+                "the body of the request could not be decoded as JSON: {e}"
+            ))
+        })
+        .and_then(|mut body| {
+            let def = target.def;
+            type_meta::default_from_path(&mut body, &def.api_version(), def.kind)?;
+            Ok(body)
+        });
     let result = match parsed {
         Ok(body) => {
             crate::auth::review::create(state, target.def, target.namespace.as_deref(), &user, body)
