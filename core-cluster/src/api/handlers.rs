@@ -52,8 +52,9 @@ fn parse_query(request: &Request<Body>) -> Result<Query, ApiError> {
     Ok(pairs.into_iter().collect())
 }
 
-fn flag(query: &Query, key: &str) -> bool {
-    matches!(query.get(key).map(String::as_str), Some("true" | "1"))
+/// A boolean query parameter (see [`super::query_bool`]).
+pub(crate) fn flag(query: &Query, key: &str) -> bool {
+    super::query_bool(query.get(key).map(String::as_str))
 }
 
 /// Runs one request (without its warnings).
@@ -1397,7 +1398,7 @@ impl DeleteOptions {
         if let Some(p) = query.get("propagationPolicy") {
             o.propagation_policy = Some(p.clone());
         }
-        if query.get("orphanDependents").map(String::as_str) == Some("true") {
+        if flag(query, "orphanDependents") {
             o.propagation_policy.get_or_insert_with(|| "Orphan".into());
         }
         if query.get("dryRun").is_some_and(|d| d == "All") {

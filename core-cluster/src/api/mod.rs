@@ -788,6 +788,13 @@ pub(crate) async fn update_stored(
     handlers::update_object(state, def, ns, name, None, obj, &HashMap::new()).await
 }
 
+/// A boolean query parameter as upstream's `Convert_Slice_string_To_bool` reads it (for list
+/// options and the request attributes alike): present and neither "0" nor "false" in any case
+/// is true, so the Python client's `watch=True` is a watch.
+pub(crate) fn query_bool(value: Option<&str>) -> bool {
+    value.is_some_and(|v| v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
 /// The current time as the API server stamps it (re-exported for callers building objects).
 pub fn now() -> String {
     meta::now_rfc3339()

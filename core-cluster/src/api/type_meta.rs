@@ -122,8 +122,12 @@ mod tests {
     #[test]
     fn a_different_pair_is_refused_as_upstream() {
         assert_eq!(
-            decode(json!({"kind": "Event", "apiVersion": "events.k8s.io/v1"}), "v1", "Event")
-                .unwrap_err(),
+            decode(
+                json!({"kind": "Event", "apiVersion": "events.k8s.io/v1"}),
+                "v1",
+                "Event"
+            )
+            .unwrap_err(),
             "the API version in the data (events.k8s.io/v1) does not match the expected API version (v1)"
         );
         assert_eq!(
@@ -131,8 +135,12 @@ mod tests {
             "Pod in version \"v1\" cannot be handled as a Node: converting (v1.Pod) to (core.Node): unknown conversion"
         );
         assert_eq!(
-            decode(json!({"kind": "Role", "apiVersion": "rbac.authorization.k8s.io/v1"}), "rbac.authorization.k8s.io/v1", "ClusterRole")
-                .unwrap_err(),
+            decode(
+                json!({"kind": "Role", "apiVersion": "rbac.authorization.k8s.io/v1"}),
+                "rbac.authorization.k8s.io/v1",
+                "ClusterRole"
+            )
+            .unwrap_err(),
             "Role in version \"v1\" cannot be handled as a ClusterRole: converting (v1.Role) to (rbac.ClusterRole): unknown conversion"
         );
         assert_eq!(
