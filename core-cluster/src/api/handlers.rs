@@ -843,6 +843,7 @@ pub(crate) async fn create_object(
         return Err(invalid(def, &probe_name, errors));
     }
     crate::auth::node::admit(def, crate::auth::node::Write::Create { new: &obj })?;
+    crate::auth::escalation::admit(state, def, ns, &obj, None).await?;
     let allocation = allocate(state, def, &mut obj, None, &probe_name)?;
     let dry_run = query.get("dryRun").is_some_and(|d| d == "All");
     record_manager(def, &mut obj, None, query);
@@ -1111,6 +1112,7 @@ async fn commit_update(
             new: &new,
         },
     )?;
+    crate::auth::escalation::admit(state, def, ns, &new, Some(current)).await?;
     let allocation = if sub.is_none() {
         allocate(state, def, &mut new, Some(current), name)?
     } else {
