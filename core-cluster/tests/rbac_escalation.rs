@@ -46,11 +46,19 @@ fn binding(name: &str, kind: &str, role: &str, user: &str) -> RoleBinding {
     }))
 }
 
-fn kube_status(e: kube::Error) -> (u16, String) {
-    match e {
-        kube::Error::Api(s) => (s.code, s.message),
-        other => panic!("not an API error: {other}"),
+/// The code and message of a refused request.
+fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) {
+    match result {
+        Err(kube::Error::Api(s)) => (s.code, s.message),
+        other => panic!("not refused by the API: {other:?}"),
     }
+}
+
+/// The message of a request refused with 403.
+fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
+    let (code, message) = refused(result);
+    assert_eq!(code, 403, "{message}");
+    message
 }
 
 /// The 403 upstream's `ConfirmNoEscalation` gives alice, for `missing` (one rule per line).
@@ -120,13 +128,7 @@ async fn a_role_may_grant_only_permissions_its_creator_holds() {
         "pod-deleter",
         json!([{"apiGroups": [""], "resources": ["pods", "secrets"], "verbs": ["get", "delete"]}]),
     );
-    let (code, message) = kube_status(
-        roles
-            .create(&PostParams::default(), &deleter)
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(code, 403);
+    let message = forbidden(roles.create(&PostParams::default(), &deleter).await);
     assert_eq!(
         message,
         not_held(
@@ -142,17 +144,13 @@ async fn a_role_may_grant_only_permissions_its_creator_holds() {
     assert!(admin_roles.get_opt("pod-deleter").await.unwrap().is_none());
 
     // Updates too: adding a rule alice lacks to her own Role is refused, by patch or PUT.
-    let (code, message) = kube_status(
-        roles
+    let message = forbidden(roles
             .patch(
                 "pod-reader",
                 &PatchParams::default(),
                 &Patch::Merge(json!({"rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"]}]})),
             )
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(code, 403);
+            .await);
     assert_eq!(
         message,
         not_held(
@@ -241,12 +239,7 @@ async fn a_binding_needs_the_roles_permissions_or_the_bind_verb() {
         .await
         .unwrap();
     // Not `get secrets`.
-    let (code, message) = kube_status(
-        create(binding("bob-secrets", "Role", "secret-reader", "bob"))
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(code, 403);
+    let message = forbidden(create(binding("bob-secrets", "Role", "secret-reader", "bob")).await);
     assert_eq!(
         message,
         not_held(
@@ -260,23 +253,14 @@ async fn a_binding_needs_the_roles_permissions_or_the_bind_verb() {
         .await
         .unwrap();
     // …and only that one.
-    let (code, message) = kube_status(
-        create(binding("bob-edit", "ClusterRole", "edit", "bob"))
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(code, 403);
+    let message = forbidden(create(binding("bob-edit", "ClusterRole", "edit", "bob")).await);
     assert!(
         message.starts_with(
             "rolebindings.rbac.authorization.k8s.io \"bob-edit\" is forbidden: user \"alice\" (groups=[\"dev\" \"system:authenticated\"]) is attempting to grant RBAC permissions not currently held:\n"
         ),
         "{message}"
     );
-    let (code, _) = kube_status(
-        create(binding("bob-ghost", "Role", "no-such-role", "bob"))
-            .await
-            .unwrap_err(),
-    );
+    let (code, _) = refused(create(binding("bob-ghost", "Role", "no-such-role", "bob")).await);
     assert_eq!(code, 404);
     let admin_bindings: Api<RoleBinding> = Api::namespaced(admin, NS);
     for refused in ["bob-secrets", "bob-edit", "bob-ghost"] {
@@ -325,17 +309,15 @@ async fn updates_of_garbage_collection_fields_alone_are_not_checked() {
         )
         .await
         .unwrap();
-    let (code, message) = kube_status(
+    let message = forbidden(
         bindings
             .patch(
                 "admins",
                 &PatchParams::default(),
                 &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
             )
-            .await
-            .unwrap_err(),
+            .await,
     );
-    assert_eq!(code, 403);
     assert!(
         message.contains("is attempting to grant RBAC permissions not currently held"),
         "{message}"
@@ -388,7 +370,7 @@ async fn cluster_roles_count_only_cluster_wide_grants() {
         .await
         .unwrap();
     // `get secrets` is hers in `team` only, not cluster-wide.
-    let (code, message) = kube_status(
+    let message = forbidden(
         alice_cluster_roles
             .create(
                 &PostParams::default(),
@@ -397,10 +379,8 @@ async fn cluster_roles_count_only_cluster_wide_grants() {
                     {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}
                 ]})),
             )
-            .await
-            .unwrap_err(),
+            .await,
     );
-    assert_eq!(code, 403);
     assert_eq!(
         message,
         not_held(
@@ -417,13 +397,11 @@ async fn cluster_roles_count_only_cluster_wide_grants() {
         "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "cluster-admin"},
         "subjects": [{"kind": "User", "name": "bob"}]
     }));
-    let (code, message) = kube_status(
+    let message = forbidden(
         Api::<ClusterRoleBinding>::all(alice)
             .create(&PostParams::default(), &bind_all)
-            .await
-            .unwrap_err(),
+            .await,
     );
-    assert_eq!(code, 403);
     assert_eq!(
         message,
         not_held(
