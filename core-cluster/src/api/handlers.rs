@@ -659,8 +659,9 @@ fn field_validation(query: &Query) -> Result<FieldValidation, ApiError> {
     }
 }
 
-/// Defaults `apiVersion`/`kind` from the endpoint and checks them, checks the nesting depth, decodes through the typed model, and
-/// applies `fieldValidation` to the fields the model does not know: `Strict` rejects them
+/// Checks the nesting depth, defaults `apiVersion`/`kind` from the endpoint and checks them
+/// ([`super::type_meta`]), decodes through the typed model, and applies `fieldValidation` to
+/// the fields the model does not know: `Strict` rejects them
 /// (400 "unknown field"), `Warn` (the default) drops them with a `Warning` header and
 /// `Ignore` drops them silently, as kube-apiserver prunes unknown fields of built-in types.
 fn check_body(def: &ResourceDef, obj: &mut Value, query: &Query) -> Result<(), ApiError> {
