@@ -52,8 +52,9 @@ fn parse_query(request: &Request<Body>) -> Result<Query, ApiError> {
     Ok(pairs.into_iter().collect())
 }
 
-fn flag(query: &Query, key: &str) -> bool {
-    matches!(query.get(key).map(String::as_str), Some("true" | "1"))
+/// A boolean query parameter (see [`super::query_bool`]).
+pub(crate) fn flag(query: &Query, key: &str) -> bool {
+    super::query_bool(query.get(key).map(String::as_str))
 }
 
 /// Runs one request (without its warnings).
@@ -658,33 +659,14 @@ fn field_validation(query: &Query) -> Result<FieldValidation, ApiError> {
     }
 }
 
-/// Checks `apiVersion`/`kind` and the nesting depth, decodes through the typed model, and
-/// applies `fieldValidation` to the fields the model does not know: `Strict` rejects them
+/// Checks the nesting depth, defaults `apiVersion`/`kind` from the endpoint and checks them
+/// ([`super::type_meta`]), decodes through the typed model, and applies `fieldValidation` to
+/// the fields the model does not know: `Strict` rejects them
 /// (400 "unknown field"), `Warn` (the default) drops them with a `Warning` header and
 /// `Ignore` drops them silently, as kube-apiserver prunes unknown fields of built-in types.
 fn check_body(def: &ResourceDef, obj: &mut Value, query: &Query) -> Result<(), ApiError> {
     patch::limits::check_depth(obj).map_err(ApiError::bad_request)?;
-    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
-    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-    if kind.is_empty() {
-        return Err(ApiError::bad_request(format!(
-            "Object 'Kind' is missing in '{}'",
-            truncate(obj)
-        )));
-    }
-    if api_version.is_empty() {
-        return Err(ApiError::bad_request(format!(
-            "Object 'apiVersion' is missing in '{}'",
-            truncate(obj)
-        )));
-    }
-    if kind != def.kind || api_version != def.api_version() {
-        return Err(ApiError::bad_request(format!(
-            "the object provided is unrecognized (kind {api_version}, Kind={kind}); this endpoint serves {}, Kind={}",
-            def.api_version(),
-            def.kind
-        )));
-    }
+    super::type_meta::default_from_path(obj, &def.api_version(), def.kind)?;
     let normalized = (def.typed)(obj).map_err(|e| {
         ApiError::bad_request(format!(
             "{} in version \"{}\" cannot be handled as a {}: {e}",
@@ -728,11 +710,6 @@ fn prune_unknown(given: &mut Value, known: &Value) {
             _ => {}
         }
     }
-}
-
-fn truncate(obj: &Value) -> String {
-    let text = obj.to_string();
-    text.chars().take(200).collect()
 }
 
 fn invalid(def: &ResourceDef, name: &str, errors: Vec<FieldError>) -> ApiError {
@@ -867,6 +844,7 @@ pub(crate) async fn create_object(
         return Err(invalid(def, &probe_name, errors));
     }
     crate::auth::node::admit(def, crate::auth::node::Write::Create { new: &obj })?;
+    crate::auth::escalation::admit(state, def, ns, &obj, None).await?;
     let allocation = allocate(state, def, &mut obj, None, &probe_name)?;
     let dry_run = query.get("dryRun").is_some_and(|d| d == "All");
     record_manager(def, &mut obj, None, query);
@@ -1135,6 +1113,7 @@ async fn commit_update(
             new: &new,
         },
     )?;
+    crate::auth::escalation::admit(state, def, ns, &new, Some(current)).await?;
     let allocation = if sub.is_none() {
         allocate(state, def, &mut new, Some(current), name)?
     } else {
@@ -1422,7 +1401,7 @@ impl DeleteOptions {
         if let Some(p) = query.get("propagationPolicy") {
             o.propagation_policy = Some(p.clone());
         }
-        if query.get("orphanDependents").map(String::as_str) == Some("true") {
+        if flag(query, "orphanDependents") {
             o.propagation_policy.get_or_insert_with(|| "Orphan".into());
         }
         if query.get("dryRun").is_some_and(|d| d == "All") {

@@ -11,6 +11,7 @@ pub mod negotiate;
 mod scale;
 pub mod status;
 mod tokens;
+mod type_meta;
 mod watch;
 
 use std::{collections::HashMap, net::IpAddr, ops::RangeInclusive, sync::Arc, time::Duration};
@@ -721,11 +722,17 @@ async fn review(state: &ServerState, target: Target, request: Request<Body>) -> 
             );
         }
     };
-    let parsed: Result<Value, ApiError> = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request(format!(
-            "the body of the request could not be decoded as JSON: {e}"
-        ))
-    });
+    let parsed: Result<Value, ApiError> = serde_json::from_slice(&body)
+        .map_err(|e| {
+            ApiError::bad_request(format!(
+                "the body of the request could not be decoded as JSON: {e}"
+            ))
+        })
+        .and_then(|mut body| {
+            let def = target.def;
+            type_meta::default_from_path(&mut body, &def.api_version(), def.kind)?;
+            Ok(body)
+        });
     let result = match parsed {
         Ok(body) => {
             crate::auth::review::create(state, target.def, target.namespace.as_deref(), &user, body)
@@ -779,6 +786,13 @@ pub(crate) async fn update_stored(
     obj: Value,
 ) -> Result<Value, ApiError> {
     handlers::update_object(state, def, ns, name, None, obj, &HashMap::new()).await
+}
+
+/// A boolean query parameter as upstream's `Convert_Slice_string_To_bool` reads it (for list
+/// options and the request attributes alike): present and neither "0" nor "false" in any case
+/// is true, so the Python client's `watch=True` is a watch.
+pub(crate) fn query_bool(value: Option<&str>) -> bool {
+    value.is_some_and(|v| v != "0" && !v.eq_ignore_ascii_case("false"))
 }
 
 /// The current time as the API server stamps it (re-exported for callers building objects).

@@ -24,6 +24,8 @@ use crate::{
 
 /// kube-apiserver's default `expirationSeconds` of a TokenRequest (1 hour).
 pub(crate) const DEFAULT_EXPIRATION_SECONDS: i64 = 3600;
+/// The group-version of TokenRequest bodies.
+const TOKEN_REQUEST_VERSION: &str = "authentication.k8s.io/v1";
 /// The shortest token a TokenRequest may ask for (`MinTokenAgeSec`, 10 minutes).
 pub(crate) const MIN_EXPIRATION_SECONDS: i64 = 600;
 /// The longest: 2^32 seconds, as upstream's validation.
@@ -86,11 +88,13 @@ pub(crate) async fn route(
         let body = axum::body::to_bytes(request.into_body(), limit)
             .await
             .map_err(|_| ApiError::too_large(limit))?;
-        let body: Value = serde_json::from_slice(&body)
+        let mut body: Value = serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
         if is_review {
+            super::type_meta::default_from_path(&mut body, &def.api_version(), def.kind)?;
             review(&tokens, body).await
         } else {
+            super::type_meta::default_from_path(&mut body, TOKEN_REQUEST_VERSION, "TokenRequest")?;
             let ns = target.namespace.as_deref().unwrap_or_default();
             let name = target.name.as_deref().unwrap_or_default();
             token_request(state, &tokens, ns, name, body).await
@@ -165,8 +169,6 @@ async fn token_request(
     let expires = jiff::Timestamp::from_second(exp)
         .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
         .unwrap_or_default();
-    body["apiVersion"] = json!("authentication.k8s.io/v1");
-    body["kind"] = json!("TokenRequest");
     body["metadata"] =
         json!({"name": name, "namespace": ns, "creationTimestamp": meta::now_rfc3339()});
     body["spec"]["audiences"] = json!(audiences);
@@ -233,8 +235,6 @@ async fn review(tokens: &TokenAuthenticator, mut body: Value) -> Result<Value, A
             }
         }
     };
-    body["apiVersion"] = json!("authentication.k8s.io/v1");
-    body["kind"] = json!("TokenReview");
     if !body["metadata"].is_object() {
         body["metadata"] = json!({});
     }

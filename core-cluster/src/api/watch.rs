@@ -211,11 +211,8 @@ pub(crate) async fn watch(
     repr: Representation,
 ) -> Result<Response, ApiError> {
     let opts = ListOptions::parse(def, query)?;
-    let bookmarks = matches!(
-        query.get("allowWatchBookmarks").map(String::as_str),
-        Some("true" | "1")
-    );
-    let send_initial = query.get("sendInitialEvents").map(String::as_str) == Some("true");
+    let bookmarks = super::handlers::flag(query, "allowWatchBookmarks");
+    let send_initial = super::handlers::flag(query, "sendInitialEvents");
     if send_initial && opts.resource_version_match.as_deref() != Some("NotOlderThan") {
         return Err(ApiError::invalid(
             "ListOptions",

@@ -99,7 +99,7 @@ impl Attributes {
                 .map(|(_, v)| v.as_str())
         };
         let mut rest = rest;
-        let mut watch = matches!(param("watch"), Some("true" | "1"));
+        let mut watch = crate::api::query_bool(param("watch"));
         if rest.first() == Some(&"watch") {
             watch = true;
             rest = &rest[1..];
@@ -277,6 +277,10 @@ mod tests {
             "/api/v1/nodes?watch=true&fieldSelector=metadata.name%3Dn1",
         );
         assert_eq!((a.verb.as_str(), a.name.as_str()), ("watch", "n1"));
+        // Upstream's query booleans: the Python client's `True` is a watch, `false`/`0` not.
+        assert_eq!(attrs(Method::GET, "/api/v1/nodes?watch=True").verb, "watch");
+        assert_eq!(attrs(Method::GET, "/api/v1/nodes?watch=False").verb, "list");
+        assert_eq!(attrs(Method::GET, "/api/v1/nodes?watch=0").verb, "list");
         let a = attrs(
             Method::PATCH,
             "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1",

@@ -138,7 +138,8 @@ pub struct RbacIndex {
     by_group: HashMap<String, Vec<Grant>>,
 }
 
-fn rules_of(obj: &Value) -> Arc<[Rule]> {
+/// The rules of a Role or ClusterRole object (none when malformed).
+pub(crate) fn rules_of(obj: &Value) -> Arc<[Rule]> {
     let rules: Vec<PolicyRule> = serde_json::from_value(obj["rules"].clone()).unwrap_or_default();
     rules.into_iter().map(Rule::from).collect()
 }

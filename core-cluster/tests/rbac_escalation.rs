@@ -1,0 +1,416 @@
+//! RBAC privilege-escalation prevention as kube-apiserver's RBAC storage
+//! (`pkg/registry/rbac/*/policybased`): creating or updating a Role or ClusterRole needs every
+//! permission it grants (`ConfirmNoEscalation`) or the `escalate` verb
+//! (`RoleEscalationAuthorized`); a RoleBinding or ClusterRoleBinding needs the referenced role's
+//! permissions in the binding's namespace or the `bind` verb on that role
+//! (`BindingAuthorized`); `system:masters` is exempt (`EscalationAllowed`). Clients act as
+//! users through `ApiServer::router_as` (in-process, no TLS).
+
+use std::sync::Arc;
+
+use core_cluster::{ApiServer, ApiServerConfig, auth::UserInfo, store::MemoryStore};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+const RBAC: &str = "rbac.authorization.k8s.io";
+const NS: &str = "team";
+
+async fn server() -> ApiServer {
+    ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
+        .await
+        .unwrap()
+}
+
+fn object<T: DeserializeOwned>(v: Value) -> T {
+    serde_json::from_value(v).unwrap()
+}
+
+fn alice() -> UserInfo {
+    UserInfo::new("alice", ["dev"])
+}
+
+fn role(name: &str, rules: Value) -> Role {
+    object(json!({"metadata": {"name": name}, "rules": rules}))
+}
+
+fn binding(name: &str, kind: &str, role: &str, user: &str) -> RoleBinding {
+    object(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": RBAC, "kind": kind, "name": role},
+        "subjects": [{"kind": "User", "name": user}]
+    }))
+}
+
+/// The code and message of a refused request.
+fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) {
+    match result {
+        Err(kube::Error::Api(s)) => (s.code, s.message),
+        other => panic!("not refused by the API: {other:?}"),
+    }
+}
+
+/// The message of a request refused with 403.
+fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
+    let (code, message) = refused(result);
+    assert_eq!(code, 403, "{message}");
+    message
+}
+
+/// The 403 upstream's `ConfirmNoEscalation` gives alice, for `missing` (one rule per line).
+fn not_held(resource: &str, name: &str, missing: &[&str]) -> String {
+    format!(
+        "{resource}.{RBAC} \"{name}\" is forbidden: user \"alice\" (groups=[\"dev\" \"system:authenticated\"]) is attempting to grant RBAC permissions not currently held:\n{}",
+        missing.join("\n")
+    )
+}
+
+/// The admin creates namespace `team`'s "manager" Role for alice (RBAC writes, pods read)
+/// plus `extra` rules, and binds it to her.
+async fn manager(server: &ApiServer, extra: Value) {
+    let admin = Client::new(server.router(), "default");
+    let mut rules = json!([
+        {"apiGroups": [RBAC], "resources": ["roles", "rolebindings"], "verbs": ["create", "update", "patch", "get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}
+    ]);
+    rules
+        .as_array_mut()
+        .unwrap()
+        .extend(extra.as_array().cloned().unwrap_or_default());
+    let roles: Api<Role> = Api::namespaced(admin.clone(), NS);
+    roles
+        .create(&PostParams::default(), &role("manager", rules))
+        .await
+        .unwrap();
+    let bindings: Api<RoleBinding> = Api::namespaced(admin, NS);
+    bindings
+        .create(
+            &PostParams::default(),
+            &binding("manager", "Role", "manager", "alice"),
+        )
+        .await
+        .unwrap();
+}
+
+async fn with_namespace() -> ApiServer {
+    let server = server().await;
+    let admin = Client::new(server.router(), "default");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin);
+    namespaces
+        .create(
+            &PostParams::default(),
+            &object(json!({"metadata": {"name": NS}})),
+        )
+        .await
+        .unwrap();
+    server
+}
+
+/// Upstream `ConfirmNoEscalation`: a Role may grant only what its creator holds; a refused
+/// Role is not stored, and the 403 lists the missing rules in `CompactString` form.
+#[tokio::test]
+async fn a_role_may_grant_only_permissions_its_creator_holds() {
+    let server = with_namespace().await;
+    manager(&server, json!([])).await;
+    let roles: Api<Role> = Api::namespaced(Client::new(server.router_as(alice()), "default"), NS);
+
+    let reader = role(
+        "pod-reader",
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]),
+    );
+    roles.create(&PostParams::default(), &reader).await.unwrap();
+
+    let deleter = role(
+        "pod-deleter",
+        json!([{"apiGroups": [""], "resources": ["pods", "secrets"], "verbs": ["get", "delete"]}]),
+    );
+    let message = forbidden(roles.create(&PostParams::default(), &deleter).await);
+    assert_eq!(
+        message,
+        not_held(
+            "roles",
+            "pod-deleter",
+            &[
+                r#"{APIGroups:[""], Resources:["pods"], Verbs:["delete"]}"#,
+                r#"{APIGroups:[""], Resources:["secrets"], Verbs:["get" "delete"]}"#,
+            ]
+        )
+    );
+    let admin_roles: Api<Role> = Api::namespaced(Client::new(server.router(), "default"), NS);
+    assert!(admin_roles.get_opt("pod-deleter").await.unwrap().is_none());
+
+    // Updates too: adding a rule alice lacks to her own Role is refused, by patch or PUT.
+    let message = forbidden(roles
+            .patch(
+                "pod-reader",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"]}]})),
+            )
+            .await);
+    assert_eq!(
+        message,
+        not_held(
+            "roles",
+            "pod-reader",
+            &[r#"{APIGroups:["apps"], Resources:["deployments"], Verbs:["get"]}"#]
+        )
+    );
+    let stored = admin_roles.get("pod-reader").await.unwrap();
+    assert_eq!(
+        stored.rules.unwrap()[0].resources.as_deref(),
+        Some(&["pods".to_owned()][..])
+    );
+
+    // The superuser group is exempt (`EscalationAllowed`).
+    admin_roles
+        .create(&PostParams::default(), &deleter)
+        .await
+        .unwrap();
+}
+
+/// Upstream `RoleEscalationAuthorized`: the `escalate` verb on roles lets a user grant what
+/// they do not hold.
+#[tokio::test]
+async fn the_escalate_verb_allows_granting_more() {
+    let server = with_namespace().await;
+    manager(
+        &server,
+        json!([{"apiGroups": [RBAC], "resources": ["roles"], "verbs": ["escalate"]}]),
+    )
+    .await;
+    let roles: Api<Role> = Api::namespaced(Client::new(server.router_as(alice()), "default"), NS);
+    let secrets = role(
+        "secret-admin",
+        json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}]),
+    );
+    let created = roles
+        .create(&PostParams::default(), &secrets)
+        .await
+        .unwrap();
+    assert_eq!(created.rules.unwrap()[0].verbs, ["*"]);
+}
+
+/// Upstream `BindingAuthorized` and the rolebinding storage: binding a role needs its
+/// permissions in the binding's namespace, or `bind` on that role by name; a binding to a
+/// missing role is a 404 for a user who may not bind it.
+#[tokio::test]
+async fn a_binding_needs_the_roles_permissions_or_the_bind_verb() {
+    let server = with_namespace().await;
+    manager(
+        &server,
+        json!([{"apiGroups": [RBAC], "resources": ["clusterroles"], "verbs": ["bind"], "resourceNames": ["view"]}]),
+    )
+    .await;
+    let admin = Client::new(server.router(), "default");
+    let admin_roles: Api<Role> = Api::namespaced(admin.clone(), NS);
+    admin_roles
+        .create(
+            &PostParams::default(),
+            &role(
+                "pod-reader",
+                json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]),
+            ),
+        )
+        .await
+        .unwrap();
+    admin_roles
+        .create(
+            &PostParams::default(),
+            &role(
+                "secret-reader",
+                json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]),
+            ),
+        )
+        .await
+        .unwrap();
+    let bindings: Api<RoleBinding> =
+        Api::namespaced(Client::new(server.router_as(alice()), "default"), NS);
+    let create = |b: RoleBinding| {
+        let bindings = bindings.clone();
+        async move { bindings.create(&PostParams::default(), &b).await }
+    };
+
+    // Alice holds `list pods` in the namespace: she may hand it on.
+    create(binding("bob-pods", "Role", "pod-reader", "bob"))
+        .await
+        .unwrap();
+    // Not `get secrets`.
+    let message = forbidden(create(binding("bob-secrets", "Role", "secret-reader", "bob")).await);
+    assert_eq!(
+        message,
+        not_held(
+            "rolebindings",
+            "bob-secrets",
+            &[r#"{APIGroups:[""], Resources:["secrets"], Verbs:["get"]}"#]
+        )
+    );
+    // `bind` on the ClusterRole "view" by name: allowed without holding its rules…
+    create(binding("bob-view", "ClusterRole", "view", "bob"))
+        .await
+        .unwrap();
+    // …and only that one.
+    let message = forbidden(create(binding("bob-edit", "ClusterRole", "edit", "bob")).await);
+    assert!(
+        message.starts_with(
+            "rolebindings.rbac.authorization.k8s.io \"bob-edit\" is forbidden: user \"alice\" (groups=[\"dev\" \"system:authenticated\"]) is attempting to grant RBAC permissions not currently held:\n"
+        ),
+        "{message}"
+    );
+    let (code, _) = refused(create(binding("bob-ghost", "Role", "no-such-role", "bob")).await);
+    assert_eq!(code, 404);
+    let admin_bindings: Api<RoleBinding> = Api::namespaced(admin, NS);
+    for refused in ["bob-secrets", "bob-edit", "bob-ghost"] {
+        assert!(
+            admin_bindings.get_opt(refused).await.unwrap().is_none(),
+            "{refused} stored"
+        );
+    }
+
+    // An update is checked again (upstream checks every update but one of garbage-collection
+    // fields only): `bind view` still holds, so alice may change the subjects.
+    let patched = bindings
+        .patch(
+            "bob-view",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"subjects": [{"apiGroup": RBAC, "kind": "User", "name": "carol"}]}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.subjects.unwrap()[0].name, "carol");
+}
+
+/// Upstream `IsOnlyMutatingGCFields`: a user who cannot grant a binding's role may still
+/// change only its finalizers or owner references, but not its labels.
+#[tokio::test]
+async fn updates_of_garbage_collection_fields_alone_are_not_checked() {
+    let server = with_namespace().await;
+    manager(&server, json!([])).await;
+    let admin = Client::new(server.router(), "default");
+    Api::<RoleBinding>::namespaced(admin, NS)
+        .create(
+            &PostParams::default(),
+            &binding("admins", "ClusterRole", "admin", "bob"),
+        )
+        .await
+        .unwrap();
+    let bindings: Api<RoleBinding> =
+        Api::namespaced(Client::new(server.router_as(alice()), "default"), NS);
+    bindings
+        .patch(
+            "admins",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/keep"]}})),
+        )
+        .await
+        .unwrap();
+    let message = forbidden(
+        bindings
+            .patch(
+                "admins",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+            )
+            .await,
+    );
+    assert!(
+        message.contains("is attempting to grant RBAC permissions not currently held"),
+        "{message}"
+    );
+}
+
+/// ClusterRoles and ClusterRoleBindings: only cluster-wide grants count (upstream resolves the
+/// owner's rules with no namespace).
+#[tokio::test]
+async fn cluster_roles_count_only_cluster_wide_grants() {
+    let server = with_namespace().await;
+    let admin = Client::new(server.router(), "default");
+    // Alice may write ClusterRoles and ClusterRoleBindings, list nodes cluster-wide, and get
+    // secrets in `team` only.
+    let cluster_roles: Api<ClusterRole> = Api::all(admin.clone());
+    cluster_roles
+        .create(
+            &PostParams::default(),
+            &object(json!({"metadata": {"name": "rbac-writer"}, "rules": [
+                {"apiGroups": [RBAC], "resources": ["clusterroles", "clusterrolebindings"], "verbs": ["create"]},
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}
+            ]})),
+        )
+        .await
+        .unwrap();
+    let crb: ClusterRoleBinding = object(json!({
+        "metadata": {"name": "alice-rbac-writer"},
+        "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "rbac-writer"},
+        "subjects": [{"kind": "User", "name": "alice"}]
+    }));
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &crb)
+        .await
+        .unwrap();
+    manager(
+        &server,
+        json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]),
+    )
+    .await;
+
+    let alice = Client::new(server.router_as(alice()), "default");
+    let alice_cluster_roles: Api<ClusterRole> = Api::all(alice.clone());
+    alice_cluster_roles
+        .create(
+            &PostParams::default(),
+            &object(json!({"metadata": {"name": "node-lister"}, "rules": [
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}
+            ]})),
+        )
+        .await
+        .unwrap();
+    // `get secrets` is hers in `team` only, not cluster-wide.
+    let message = forbidden(
+        alice_cluster_roles
+            .create(
+                &PostParams::default(),
+                &object(json!({"metadata": {"name": "secret-getter"}, "rules": [
+                    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+                    {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}
+                ]})),
+            )
+            .await,
+    );
+    assert_eq!(
+        message,
+        not_held(
+            "clusterroles",
+            "secret-getter",
+            &[
+                r#"{APIGroups:[""], Resources:["secrets"], Verbs:["get"]}"#,
+                r#"{NonResourceURLs:["/metrics"], Verbs:["get"]}"#,
+            ]
+        )
+    );
+    let bind_all: ClusterRoleBinding = object(json!({
+        "metadata": {"name": "bob-cluster-admin"},
+        "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "User", "name": "bob"}]
+    }));
+    let message = forbidden(
+        Api::<ClusterRoleBinding>::all(alice)
+            .create(&PostParams::default(), &bind_all)
+            .await,
+    );
+    assert_eq!(
+        message,
+        not_held(
+            "clusterrolebindings",
+            "bob-cluster-admin",
+            &[
+                r#"{APIGroups:["*"], Resources:["*"], Verbs:["*"]}"#,
+                r#"{NonResourceURLs:["*"], Verbs:["*"]}"#,
+            ]
+        )
+    );
+}
