@@ -542,6 +542,80 @@ async fn job_fails_after_backoff_limit_with_backoff_between_pods() {
     );
 }
 
+/// Job controller (`pastActiveDeadline`): a Job active for `activeDeadlineSeconds` since its
+/// `startTime` gets `FailureTarget` with reason `DeadlineExceeded` and upstream's message
+/// "Job was active longer than specified deadline", its running pods are deleted, and
+/// `Failed` follows once none is left; the deadline is measured on tokio's clock.
+#[tokio::test(start_paused = true)]
+async fn job_past_its_active_deadline_fails_with_deadline_exceeded() {
+    let c = cluster().await;
+    let api: Api<Job> = Api::namespaced(c.client.clone(), "default");
+    let mut slow = job("slow", 4, 2, json!({"sim.ccm-rs.io/run-duration": "1h"}), 6);
+    slow.spec.as_mut().unwrap().active_deadline_seconds = Some(30);
+    let start = tokio::time::Instant::now();
+    api.create(&PostParams::default(), &slow).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let selector = ListParams::default().labels("batch.kubernetes.io/job-name=slow");
+    eventually(30, "two running pods", || async {
+        let list = pods.list(&selector).await.unwrap().items;
+        (list.len() == 2 && list.iter().all(running)).then_some(())
+    })
+    .await;
+    let target = eventually(60, "FailureTarget", || async {
+        let j = api.get("slow").await.unwrap();
+        job_condition(&j, "FailureTarget")
+    })
+    .await;
+    let at = start.elapsed();
+    assert!(
+        (Duration::from_secs(29)..Duration::from_secs(32)).contains(&at),
+        "activeDeadlineSeconds 30: FailureTarget after {at:?}"
+    );
+    let deadline_exceeded = (
+        "DeadlineExceeded".to_string(),
+        "Job was active longer than specified deadline".to_string(),
+    );
+    assert_eq!(target, deadline_exceeded);
+    let j = eventually(60, "Failed", || async {
+        let j = api.get("slow").await.unwrap();
+        job_condition(&j, "Failed").map(|_| j)
+    })
+    .await;
+    assert_eq!(job_condition(&j, "Failed"), Some(deadline_exceeded));
+    assert!(job_condition(&j, "Complete").is_none());
+    let status = j.status.unwrap();
+    assert_eq!((status.active, status.succeeded), (Some(0), Some(0)));
+    assert!(
+        status.completion_time.is_none(),
+        "a failed Job has no completionTime"
+    );
+    // startTime and the condition follow the same clock: 30 s apart.
+    let failed_at = status
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "FailureTarget")
+        .unwrap()
+        .last_transition_time
+        .unwrap()
+        .0;
+    let active_for = failed_at.duration_since(status.start_time.unwrap().0);
+    assert!(
+        active_for >= jiff::SignedDuration::from_secs(29)
+            && active_for < jiff::SignedDuration::from_secs(32),
+        "{active_for:?}"
+    );
+    eventually(60, "the Job's pods deleted", || async {
+        pods.list(&selector)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+}
+
 /// DaemonSet controller (`NodeShouldRunDaemonPod`, `AddOrUpdateDaemonPodTolerations`): one
 /// running pod per eligible node, bound by the scheduler through its node affinity; a
 /// cordoned node keeps its pod (unschedulable is tolerated), a node with an untolerated

@@ -28,6 +28,8 @@
 //!   and `uncountedTerminatedPods`): deleting finished pods of a running Job lowers them.
 //! - No Indexed completion mode, pod failure policy, success policy or `backoffLimitPerIndex`.
 //! - The backoff is measured from when this controller saw the failure.
+//! - Time (`startTime`, the `activeDeadlineSeconds` check and its requeue, condition
+//!   timestamps) is read through tokio's clock ([`WallClock`]), as every timer here.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -41,6 +43,8 @@ use kube::{
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::clock::WallClock;
 
 use super::{
     replicaset::slow_start_create,
@@ -96,6 +100,7 @@ impl JobController {
             events,
             expectations: Expectations::default(),
             failures: HashMap::new(),
+            clock: WallClock::new(),
         };
         drive(sync, vec![job_events, pod_events], shutdown).await;
     }
@@ -109,6 +114,7 @@ struct Sync {
     expectations: Expectations,
     /// Per Job: failures last seen and when that count was first seen.
     failures: HashMap<String, (u32, Instant)>,
+    clock: WallClock,
 }
 
 fn has_condition(job: &Job, type_: &str) -> bool {
@@ -118,8 +124,8 @@ fn has_condition(job: &Job, type_: &str) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == type_ && c.status == "True"))
 }
 
-fn condition(type_: &str, reason: &str, message: &str) -> Value {
-    let now = jiff::Timestamp::now().to_string();
+fn condition(now: jiff::Timestamp, type_: &str, reason: &str, message: &str) -> Value {
+    let now = now.to_string();
     json!({"type": type_, "status": "True", "reason": reason, "message": message,
         "lastProbeTime": now, "lastTransitionTime": now})
 }
@@ -178,7 +184,7 @@ impl Reconcile for Sync {
         };
         let failures = failed as u32 + restart_failures;
         let status = job.status.clone().unwrap_or_default();
-        let now = jiff::Timestamp::now();
+        let now = self.clock.now();
         let start = status.start_time.as_ref().map(|t| t.0).unwrap_or(now);
         let mut conditions: Vec<Value> = status
             .conditions
@@ -201,22 +207,21 @@ impl Reconcile for Sync {
                 "BackoffLimitExceeded",
                 "Job has reached the specified backoff limit",
             ))
-        } else if let Some(d) = deadline
-            && (now - start).get_seconds() >= d
-        {
-            Some((
-                "DeadlineExceeded",
-                "Job was active longer than specified deadline",
-            ))
-        } else {
-            if let Some(d) = deadline {
-                let left = d - (now - start).get_seconds();
-                again = Some(Duration::from_secs(left.max(1) as u64));
+        } else if let Some(left) = deadline.map(|d| deadline_left(d, start, now)) {
+            if left.is_zero() {
+                Some((
+                    "DeadlineExceeded",
+                    "Job was active longer than specified deadline",
+                ))
+            } else {
+                again = Some(left);
+                None
             }
+        } else {
             None
         };
         if let Some((reason, message)) = failure {
-            conditions.push(condition("FailureTarget", reason, message));
+            conditions.push(condition(now, "FailureTarget", reason, message));
             self.events
                 .warning(&owner, reason, "Fail", message.to_owned());
         }
@@ -236,6 +241,7 @@ impl Reconcile for Sync {
                     .cloned()
                     .unwrap_or_default();
                 conditions.push(condition(
+                    now,
                     "Failed",
                     target["reason"].as_str().unwrap_or(""),
                     target["message"].as_str().unwrap_or(""),
@@ -244,6 +250,7 @@ impl Reconcile for Sync {
         } else if success && (completions.is_some() || active.is_empty()) {
             if !has(&conditions, "SuccessCriteriaMet") {
                 conditions.push(condition(
+                    now,
                     "SuccessCriteriaMet",
                     "CompletionsReached",
                     "Reached expected number of succeeded pods",
@@ -254,6 +261,7 @@ impl Reconcile for Sync {
             }
             if active.is_empty() && terminating == 0 {
                 conditions.push(condition(
+                    now,
                     "Complete",
                     "CompletionsReached",
                     "Reached expected number of succeeded pods",
@@ -267,7 +275,7 @@ impl Reconcile for Sync {
                 delete_pod(&self.client, &self.events, &owner, p).await?;
             }
             if !has(&conditions, "Suspended") {
-                conditions.push(condition("Suspended", "JobSuspended", "Job suspended"));
+                conditions.push(condition(now, "Suspended", "JobSuspended", "Job suspended"));
                 self.events
                     .normal(&owner, "Suspended", "Suspend", "Job suspended".into());
             }
@@ -347,9 +355,37 @@ impl Reconcile for Sync {
     }
 }
 
+/// How long a Job started at `start` may still run under `activeDeadlineSeconds` =
+/// `deadline` at `now` (upstream `pastActiveDeadline`: past once the time since `startTime`
+/// is at least the deadline); zero once it is past.
+fn deadline_left(deadline: i64, start: jiff::Timestamp, now: jiff::Timestamp) -> Duration {
+    let allowed = jiff::SignedDuration::from_secs(deadline);
+    let left = allowed - now.duration_since(start);
+    if left.is_positive() {
+        Duration::try_from(left).unwrap_or(Duration::ZERO)
+    } else {
+        Duration::ZERO
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Upstream `pastActiveDeadline`: `time.Since(startTime) >= activeDeadlineSeconds`.
+    #[test]
+    fn deadline_is_reached_at_active_deadline_seconds() {
+        let start: jiff::Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let at = |secs: i64| start + jiff::SignedDuration::from_millis(secs);
+        assert_eq!(deadline_left(30, start, at(0)), Duration::from_secs(30));
+        assert_eq!(
+            deadline_left(30, start, at(29_500)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(deadline_left(30, start, at(30_000)), Duration::ZERO);
+        assert_eq!(deadline_left(30, start, at(90_000)), Duration::ZERO);
+        assert_eq!(deadline_left(0, start, at(0)), Duration::ZERO);
+    }
 
     /// Upstream's pod failure backoff: 10 s doubling, capped at 6 minutes.
     #[test]

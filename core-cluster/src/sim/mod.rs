@@ -85,6 +85,8 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::WallClock;
+
 pub use config::{
     NodeInfo, NodeResources, PROVIDED_NODE_IP_ANNOTATION, SimConfig, UNINITIALIZED_TAINT_KEY,
     uninitialized_taint,
@@ -202,27 +204,6 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Wall-clock time that follows the tokio clock (so it advances with paused time).
-#[derive(Debug, Clone, Copy)]
-struct SimClock {
-    wall: jiff::Timestamp,
-    mono: Instant,
-}
-
-impl SimClock {
-    fn new() -> Self {
-        Self {
-            wall: jiff::Timestamp::now(),
-            mono: Instant::now(),
-        }
-    }
-
-    fn now(&self) -> jiff::Timestamp {
-        let elapsed = jiff::SignedDuration::try_from(self.mono.elapsed()).unwrap_or_default();
-        self.wall.checked_add(elapsed).unwrap_or(self.wall)
-    }
-}
-
 /// How the node annotation sets a node's heartbeats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum HeartbeatMode {
@@ -288,7 +269,7 @@ struct Shared {
     node_clients: std::sync::OnceLock<NodeClientFactory>,
     node_client_cache: RwLock<HashMap<String, Client>>,
     config: SimConfig,
-    clock: SimClock,
+    clock: WallClock,
     nodes: RwLock<HashMap<String, Arc<NodeState>>>,
     stopped_zones: RwLock<BTreeSet<String>>,
     new_nodes: mpsc::UnboundedSender<Arc<NodeState>>,
@@ -386,7 +367,7 @@ impl NodeSimulator {
                 node_clients: std::sync::OnceLock::new(),
                 node_client_cache: RwLock::new(HashMap::new()),
                 config,
-                clock: SimClock::new(),
+                clock: WallClock::new(),
                 nodes: RwLock::new(HashMap::new()),
                 stopped_zones: RwLock::new(BTreeSet::new()),
                 new_nodes,
