@@ -618,8 +618,9 @@ async fn job_past_its_active_deadline_fails_with_deadline_exceeded() {
 
 /// DaemonSet controller (`NodeShouldRunDaemonPod`, `AddOrUpdateDaemonPodTolerations`): one
 /// running pod per eligible node, bound by the scheduler through its node affinity; a
-/// cordoned node keeps its pod (unschedulable is tolerated), a node with an untolerated
-/// NoSchedule taint loses it.
+/// cordoned node keeps its pod (unschedulable is tolerated); a node with an untolerated
+/// NoSchedule taint keeps it too (`shouldContinueRunning`) but no longer counts as desired
+/// and the pod as misscheduled; an untolerated NoExecute taint removes it.
 #[tokio::test(start_paused = true)]
 async fn daemonset_runs_one_pod_per_eligible_node() {
     let c = cluster().await;
@@ -680,6 +681,18 @@ async fn daemonset_runs_one_pod_per_eligible_node() {
         .await
         .unwrap();
     nodes_api.patch("node-c", &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}}))).await.unwrap();
+    eventually(10, "node-c misscheduled", || async {
+        let s = api.get("agent").await.unwrap().status?;
+        (s.desired_number_scheduled == 2 && s.number_misscheduled == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        live_pods(&c.client, "agent").await.len(),
+        3,
+        "a NoSchedule taint does not evict a running daemon pod"
+    );
+    nodes_api.patch("node-c", &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoExecute"}]}}))).await.unwrap();
     let pods = eventually(30, "node-c's pod removed", || async {
         let pods = live_pods(&c.client, "agent").await;
         (pods.len() == 2).then_some(pods)
