@@ -15,8 +15,10 @@ use core_cluster::{
         deployment::{DeploymentController, POD_TEMPLATE_HASH},
         garbage_collector::GarbageCollector,
         job::JobController,
+        node_lifecycle::{NodeLifecycleConfig, NodeLifecycleController},
         replicaset::ReplicaSetController,
         scheduler::{Scheduler, SchedulerConfig},
+        taint_eviction::TaintEvictionController,
     },
     sim::{NodeSimulator, SimConfig},
     store::MemoryStore,
@@ -35,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 struct Cluster {
     client: Client,
+    sim: NodeSimulator,
     stop: CancellationToken,
 }
 
@@ -44,8 +47,8 @@ impl Drop for Cluster {
     }
 }
 
-/// An API server, three simulated nodes, the scheduler, the garbage collector and the
-/// workload controllers.
+/// An API server, three simulated nodes, the scheduler, the node lifecycle and taint
+/// eviction controllers, the garbage collector and the workload controllers.
 async fn cluster() -> Cluster {
     let server = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
         .await
@@ -64,7 +67,13 @@ async fn cluster() -> Cluster {
     tokio::spawn(GarbageCollector::new(client.clone()).run(stop.clone()));
     tokio::spawn(JobController::new(client.clone()).run(stop.clone()));
     tokio::spawn(DaemonSetController::new(client.clone()).run(stop.clone()));
-    Cluster { client, stop }
+    let lifecycle = NodeLifecycleController::new(client.clone(), NodeLifecycleConfig::default());
+    tokio::spawn({
+        let stop = stop.clone();
+        async move { lifecycle.run(stop).await.unwrap() }
+    });
+    tokio::spawn(TaintEvictionController::new(client.clone()).run(stop.clone()));
+    Cluster { client, sim, stop }
 }
 
 fn deployment(name: &str, replicas: i32, image: &str) -> Deployment {
@@ -748,4 +757,309 @@ async fn scale_subresource_reads_and_writes_replicas() {
         .await;
     assert!(matches!(bad, Err(kube::Error::Api(s)) if s.code == 422));
     assert_eq!(api.get("sc").await.unwrap().spec.unwrap().replicas, Some(4));
+}
+
+// ------------------------------------------------- pods on NotReady nodes (issue 14 item 3)
+
+const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+
+fn node_of(p: &Pod) -> String {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
+/// The status of the pod's `Ready` condition.
+fn ready_status(p: &Pod) -> Option<String> {
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.clone())
+}
+
+/// Whether the pod is gone or being deleted.
+async fn evicted(api: &Api<Pod>, name: &str) -> bool {
+    api.get_opt(name)
+        .await
+        .unwrap()
+        .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+}
+
+async fn has_no_execute_taint(client: &Client, node: &str, key: &str) -> bool {
+    let node = Api::<Node>::all(client.clone()).get(node).await.unwrap();
+    node.spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .iter()
+        .any(|t| t.key == key && t.effect == "NoExecute")
+}
+
+/// Polls `check` once a second (paused time) for up to `secs` seconds; how long it took.
+async fn within<F, Fut>(secs: u64, what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = tokio::time::Instant::now();
+    for _ in 0..=secs {
+        if check().await {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!("timed out after {secs} s waiting for: {what}");
+}
+
+/// A Deployment `web` of 3 and a DaemonSet `agent`, all running; the node of one `web`
+/// pod and the pods on it.
+async fn web_and_agent(c: &Cluster) -> (String, Vec<Pod>) {
+    let deployments: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
+    deployments
+        .create(&PostParams::default(), &deployment("web", 3, "nginx"))
+        .await
+        .unwrap();
+    let daemonsets: Api<DaemonSet> = Api::namespaced(c.client.clone(), "default");
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "agent"},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}},
+            "template": {"metadata": {"labels": {"app": "agent"}},
+                "spec": {"containers": [{"name": "agent", "image": "fluentd"}]}}}
+    }))
+    .unwrap();
+    daemonsets
+        .create(&PostParams::default(), &ds)
+        .await
+        .unwrap();
+    eventually(60, "web rolled out", || rolled_out(&deployments, "web", 3)).await;
+    eventually(60, "a running agent on each node", || async {
+        let pods = live_pods(&c.client, "agent").await;
+        (pods.len() == 3 && pods.iter().all(running)).then_some(())
+    })
+    .await;
+    let victim = node_of(&live_pods(&c.client, "web").await[0]);
+    let mut on_victim = live_pods(&c.client, "web").await;
+    on_victim.extend(live_pods(&c.client, "agent").await);
+    on_victim.retain(|p| node_of(p) == victim);
+    (victim, on_victim)
+}
+
+/// Upstream node lifecycle controller, DefaultTolerationSeconds admission and taint
+/// eviction controller, end to end: a node whose kubelet stops reporting goes Unknown after
+/// the 50 s grace period, its pods are marked `Ready=False` (`MarkPodsNotReady`) and it gets
+/// the `node.kubernetes.io/unreachable` NoExecute taint; every pod carries the admission's
+/// 300 s tolerations, so the taint eviction controller deletes the Deployment's pods 300 s
+/// after the taint and a pod tolerating it for 30 s after 30 s; the ReplicaSet replaces its
+/// pods on the other nodes; the DaemonSet's pod tolerates the taint forever
+/// (`AddOrUpdateDaemonPodTolerations`) and stays.
+#[tokio::test(start_paused = true)]
+async fn pods_on_an_unreachable_node_are_evicted_when_their_toleration_expires() {
+    let c = cluster().await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let (victim, on_victim) = web_and_agent(&c).await;
+    let web_on_victim: Vec<String> = on_victim
+        .iter()
+        .filter(|p| p.labels()["app"] == "web")
+        .map(|p| p.name_any())
+        .collect();
+    let agent = on_victim
+        .iter()
+        .find(|p| p.labels()["app"] == "agent")
+        .expect("an agent pod on every node")
+        .name_any();
+    let web = pods.get(&web_on_victim[0]).await.unwrap();
+    for key in ["node.kubernetes.io/not-ready", UNREACHABLE] {
+        let t = web
+            .spec
+            .as_ref()
+            .unwrap()
+            .tolerations
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|t| t.key.as_deref() == Some(key))
+            .unwrap_or_else(|| panic!("DefaultTolerationSeconds gives a toleration for {key}"));
+        assert_eq!(
+            (
+                t.operator.as_deref(),
+                t.effect.as_deref(),
+                t.toleration_seconds
+            ),
+            (Some("Exists"), Some("NoExecute"), Some(300))
+        );
+    }
+    // A pod that tolerates an unreachable node for 30 s only.
+    let impatient: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "impatient", "labels": {"app": "impatient"}},
+        "spec": {"nodeName": victim, "containers": [{"name": "c", "image": "nginx"}],
+            "tolerations": [{"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &impatient)
+        .await
+        .unwrap();
+    eventually(30, "impatient running", || async {
+        running(&pods.get("impatient").await.unwrap()).then_some(())
+    })
+    .await;
+
+    c.sim.stop_heartbeats(&victim).unwrap();
+    let silent = within(120, "unreachable NoExecute taint", || {
+        has_no_execute_taint(&c.client, &victim, UNREACHABLE)
+    })
+    .await;
+    let tainted = tokio::time::Instant::now();
+    // Lease renewals every 10 s, grace period 50 s, monitor pass every 5 s.
+    assert!(
+        (Duration::from_secs(40)..Duration::from_secs(70)).contains(&silent),
+        "tainted {silent:?} after the kubelet stopped"
+    );
+    let node = Api::<Node>::all(c.client.clone())
+        .get(&victim)
+        .await
+        .unwrap();
+    let ready = node
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_deref()),
+        ("Unknown", Some("NodeStatusUnknown"))
+    );
+    for name in web_on_victim
+        .iter()
+        .chain([&agent, &"impatient".to_string()])
+    {
+        eventually(10, "pod marked not ready", || async {
+            (ready_status(&pods.get(name).await.unwrap()).as_deref() == Some("False")).then_some(())
+        })
+        .await;
+    }
+
+    let after = within(60, "impatient evicted", || evicted(&pods, "impatient")).await;
+    assert!(
+        (Duration::from_secs(28)..Duration::from_secs(34)).contains(&after),
+        "tolerationSeconds 30: evicted {after:?} after the taint"
+    );
+    for name in &web_on_victim {
+        assert!(!evicted(&pods, name).await, "{name} tolerates 300 s");
+    }
+    within(330, "web pods evicted", || async {
+        for name in &web_on_victim {
+            if !evicted(&pods, name).await {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    let since_taint = tainted.elapsed();
+    assert!(
+        (Duration::from_secs(298)..Duration::from_secs(306)).contains(&since_taint),
+        "tolerationSeconds 300: evicted {since_taint:?} after the taint"
+    );
+    if let Some(p) = pods.get_opt(&web_on_victim[0]).await.unwrap() {
+        let disruption = p
+            .status
+            .unwrap()
+            .conditions
+            .unwrap()
+            .into_iter()
+            .find(|c| c.type_ == "DisruptionTarget")
+            .expect("DisruptionTarget condition");
+        assert_eq!(disruption.reason.as_deref(), Some("DeletionByTaintManager"));
+    }
+    // The ReplicaSet replaces them on the nodes that are left.
+    let web = eventually(60, "3 web pods running elsewhere", || async {
+        let pods = live_pods(&c.client, "web").await;
+        (pods.len() == 3 && pods.iter().all(running)).then_some(pods)
+    })
+    .await;
+    assert!(
+        web.iter().all(|p| node_of(p) != victim),
+        "replacements avoid the unreachable node: {:?}",
+        web.iter().map(node_of).collect::<Vec<_>>()
+    );
+    let deployments: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
+    eventually(30, "web available again", || {
+        rolled_out(&deployments, "web", 3)
+    })
+    .await;
+    // The daemon pod outlives every finite toleration.
+    tokio::time::sleep_until(tainted + Duration::from_secs(600)).await;
+    let agent = pods.get(&agent).await.unwrap();
+    assert!(
+        agent.metadata.deletion_timestamp.is_none(),
+        "daemon pods stay"
+    );
+    assert_eq!(ready_status(&agent).as_deref(), Some("False"));
+}
+
+/// Upstream node lifecycle and taint eviction: when the kubelet comes back before the
+/// tolerations run out, the node is Ready again, the NoExecute taint is removed
+/// (`markNodeAsReachable`), the scheduled evictions are cancelled and the pods stay; the
+/// kubelet's status manager reports them Ready again.
+#[tokio::test(start_paused = true)]
+async fn pods_stay_when_their_node_comes_back_before_the_deadline() {
+    let c = cluster().await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let (victim, on_victim) = web_and_agent(&c).await;
+    let before: Vec<String> = {
+        let mut v: Vec<String> = live_pods(&c.client, "web")
+            .await
+            .iter()
+            .map(|p| p.name_any())
+            .collect();
+        v.sort();
+        v
+    };
+    c.sim.stop_heartbeats(&victim).unwrap();
+    within(120, "unreachable NoExecute taint", || {
+        has_no_execute_taint(&c.client, &victim, UNREACHABLE)
+    })
+    .await;
+    let tainted = tokio::time::Instant::now();
+    for p in &on_victim {
+        eventually(10, "pod marked not ready", || async {
+            (ready_status(&pods.get(&p.name_any()).await.unwrap()).as_deref() == Some("False"))
+                .then_some(())
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(200)).await;
+    c.sim.resume_heartbeats(&victim).unwrap();
+    let gone = within(60, "taint removed", || async {
+        !has_no_execute_taint(&c.client, &victim, UNREACHABLE).await
+    })
+    .await;
+    assert!(tainted.elapsed() < Duration::from_secs(300), "{gone:?}");
+    for p in &on_victim {
+        eventually(30, "pod ready again", || async {
+            (ready_status(&pods.get(&p.name_any()).await.unwrap()).as_deref() == Some("True"))
+                .then_some(())
+        })
+        .await;
+    }
+    tokio::time::sleep_until(tainted + Duration::from_secs(600)).await;
+    for p in &on_victim {
+        assert!(
+            !evicted(&pods, &p.name_any()).await,
+            "{} stays on its node",
+            p.name_any()
+        );
+    }
+    let mut after: Vec<String> = live_pods(&c.client, "web")
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    after.sort();
+    assert_eq!(after, before, "no pod was replaced");
 }
