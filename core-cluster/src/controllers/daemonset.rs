@@ -52,7 +52,7 @@ use super::{
         select, watch,
     },
 };
-use crate::registry::workloads::defaulted_template;
+use crate::{clock::WallClock, registry::workloads::defaulted_template};
 
 /// The label carrying the template revision of a daemon pod.
 pub const CONTROLLER_REVISION_HASH: &str = "controller-revision-hash";
@@ -192,6 +192,7 @@ impl DaemonSetController {
             pods,
             events,
             expectations: Expectations::default(),
+            clock: WallClock::new(),
         };
         drive(sync, vec![ds_events, node_events, pod_events], shutdown).await;
     }
@@ -204,6 +205,7 @@ struct Sync {
     pods: Store<Pod>,
     events: EventSink,
     expectations: Expectations,
+    clock: WallClock,
 }
 
 #[async_trait]
@@ -228,6 +230,7 @@ impl Reconcile for Sync {
         let hash = pod_template_hash(&template, None);
         add_daemon_tolerations(&mut template);
         let min_ready = i64::from(spec.min_ready_seconds.unwrap_or(0));
+        let now = self.clock.now();
         let pods = select(&self.pods, |p| {
             p.namespace().as_deref() == Some(ns) && controlled_by(p, &uid)
         });
@@ -280,7 +283,7 @@ impl Reconcile for Sync {
             if is_ready(pod) {
                 ready += 1;
             }
-            match availability(pod, min_ready) {
+            match availability(pod, min_ready, now) {
                 Ok(()) => available += 1,
                 Err(Some(d)) => again = Some(again.map_or(d, |a| a.min(d))),
                 Err(None) => {}
@@ -315,10 +318,10 @@ impl Reconcile for Sync {
             };
             let unavailable = desired - available;
             // Old pods that are not available anyway go first.
-            old_pods.sort_by_key(|p| availability(p, min_ready).is_ok());
+            old_pods.sort_by_key(|p| availability(p, min_ready, now).is_ok());
             let mut budget = max_unavailable - unavailable;
             for p in old_pods {
-                if availability(&p, min_ready).is_err() {
+                if availability(&p, min_ready, now).is_err() {
                     delete.push(p);
                 } else if budget > 0 {
                     budget -= 1;
