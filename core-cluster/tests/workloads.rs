@@ -106,6 +106,26 @@ fn running(p: &Pod) -> bool {
     p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
 
+/// Waits (up to 60 s) for exactly `n` live pods `app=<app>`, all Running.
+async fn all_running(client: &Client, app: &str, n: usize) -> Vec<Pod> {
+    eventually(60, &format!("{n} running {app} pods"), || async {
+        let pods = live_pods(client, app).await;
+        (pods.len() == n && pods.iter().all(running)).then_some(pods)
+    })
+    .await
+}
+
+/// A DaemonSet running `<name>` pods labelled `app=<name>`.
+fn daemonset(name: &str) -> DaemonSet {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": name, "image": "fluentd"}]}}}
+    }))
+    .unwrap()
+}
+
 async fn rolled_out(api: &Api<Deployment>, name: &str, replicas: i32) -> Option<Deployment> {
     let d = api.get(name).await.unwrap();
     let s = d.status.clone()?;
@@ -198,6 +218,39 @@ async fn replicaset_keeps_replicas_with_owner_references() {
         (live_pods(&c.client, "rs1").await.len() == 1).then_some(())
     })
     .await;
+}
+
+/// ReplicaSet controller (`IsPodAvailable`): a ready pod counts as available once it has
+/// been ready for `minReadySeconds`; the wait follows tokio's clock (paused here).
+#[tokio::test(start_paused = true)]
+async fn replicaset_counts_pods_available_after_min_ready_seconds() {
+    let c = cluster().await;
+    let api: Api<ReplicaSet> = Api::namespaced(c.client.clone(), "default");
+    let rs: ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": "slow"},
+        "spec": {"replicas": 2, "minReadySeconds": 20, "selector": {"matchLabels": {"app": "slow"}},
+            "template": {"metadata": {"labels": {"app": "slow"}},
+                "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &rs).await.unwrap();
+    let status = eventually(30, "2 ready", || async {
+        let s = api.get("slow").await.unwrap().status?;
+        (s.ready_replicas == Some(2)).then_some(s)
+    })
+    .await;
+    let ready = tokio::time::Instant::now();
+    assert_eq!(status.available_replicas.unwrap_or(0), 0);
+    eventually(60, "2 available", || async {
+        let s = api.get("slow").await.unwrap().status?;
+        (s.available_replicas == Some(2)).then_some(())
+    })
+    .await;
+    let waited = ready.elapsed();
+    assert!(
+        (Duration::from_secs(15)..Duration::from_secs(22)).contains(&waited),
+        "minReadySeconds 20: available {waited:?} after ready"
+    );
 }
 
 /// Deployment controller `rolloutRolling`: a new ReplicaSet per template
@@ -634,19 +687,10 @@ async fn job_past_its_active_deadline_fails_with_deadline_exceeded() {
 async fn daemonset_runs_one_pod_per_eligible_node() {
     let c = cluster().await;
     let api: Api<DaemonSet> = Api::namespaced(c.client.clone(), "default");
-    let ds: DaemonSet = serde_json::from_value(json!({
-        "metadata": {"name": "agent"},
-        "spec": {"selector": {"matchLabels": {"app": "agent"}},
-            "template": {"metadata": {"labels": {"app": "agent"}},
-                "spec": {"containers": [{"name": "agent", "image": "fluentd"}]}}}
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &ds).await.unwrap();
-    let pods = eventually(60, "a running pod on each node", || async {
-        let pods = live_pods(&c.client, "agent").await;
-        (pods.len() == 3 && pods.iter().all(running)).then_some(pods)
-    })
-    .await;
+    api.create(&PostParams::default(), &daemonset("agent"))
+        .await
+        .unwrap();
+    let pods = all_running(&c.client, "agent", 3).await;
     let mut nodes: Vec<String> = pods
         .iter()
         .map(|p| p.spec.as_ref().unwrap().node_name.clone().unwrap())
@@ -814,37 +858,76 @@ where
     panic!("timed out after {secs} s waiting for: {what}");
 }
 
-/// A Deployment `web` of 3 and a DaemonSet `agent`, all running; the node of one `web`
-/// pod and the pods on it.
-async fn web_and_agent(c: &Cluster) -> (String, Vec<Pod>) {
+/// Sets `spec.unschedulable` of `nodes` (kubectl cordon / uncordon), once they registered.
+async fn cordon(client: &Client, nodes: &[&str], unschedulable: bool) {
+    let api: Api<Node> = Api::all(client.clone());
+    for node in nodes {
+        eventually(30, "node registered", || async {
+            api.get_opt(node).await.unwrap().map(|_| ())
+        })
+        .await;
+        api.patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": unschedulable}})),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// The node whose kubelet stops in the NotReady tests.
+const VICTIM: &str = "node-a";
+
+/// `node-a` runs a Deployment `web` of 3, a Job `batch` of one pod that runs for an hour and
+/// the `agent` pod of a DaemonSet; the other nodes run only their `agent` pod (they were
+/// cordoned while the workloads were placed, and are uncordoned now). The pods on `node-a`.
+async fn workloads_on_the_victim(c: &Cluster) -> Vec<Pod> {
+    cordon(&c.client, &["node-b", "node-c"], true).await;
     let deployments: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
     deployments
         .create(&PostParams::default(), &deployment("web", 3, "nginx"))
         .await
         .unwrap();
-    let daemonsets: Api<DaemonSet> = Api::namespaced(c.client.clone(), "default");
-    let ds: DaemonSet = serde_json::from_value(json!({
-        "metadata": {"name": "agent"},
-        "spec": {"selector": {"matchLabels": {"app": "agent"}},
-            "template": {"metadata": {"labels": {"app": "agent"}},
-                "spec": {"containers": [{"name": "agent", "image": "fluentd"}]}}}
-    }))
-    .unwrap();
-    daemonsets
-        .create(&PostParams::default(), &ds)
+    Api::<DaemonSet>::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &daemonset("agent"))
+        .await
+        .unwrap();
+    let mut batch = job(
+        "batch",
+        1,
+        1,
+        json!({"sim.ccm-rs.io/run-duration": "1h"}),
+        6,
+    );
+    batch
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .metadata
+        .as_mut()
+        .unwrap()
+        .labels = Some([("app".to_string(), "batch".to_string())].into());
+    Api::<Job>::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &batch)
         .await
         .unwrap();
     eventually(60, "web rolled out", || rolled_out(&deployments, "web", 3)).await;
-    eventually(60, "a running agent on each node", || async {
-        let pods = live_pods(&c.client, "agent").await;
-        (pods.len() == 3 && pods.iter().all(running)).then_some(())
-    })
-    .await;
-    let victim = node_of(&live_pods(&c.client, "web").await[0]);
-    let mut on_victim = live_pods(&c.client, "web").await;
-    on_victim.extend(live_pods(&c.client, "agent").await);
-    on_victim.retain(|p| node_of(p) == victim);
-    (victim, on_victim)
+    all_running(&c.client, "agent", 3).await;
+    all_running(&c.client, "batch", 1).await;
+    cordon(&c.client, &["node-b", "node-c"], false).await;
+    let mut on_victim = Vec::new();
+    for app in ["web", "batch", "agent"] {
+        on_victim.extend(live_pods(&c.client, app).await);
+    }
+    on_victim.retain(|p| node_of(p) == VICTIM);
+    assert_eq!(on_victim.len(), 5, "3 web, 1 batch, 1 agent on {VICTIM}");
+    on_victim
+}
+
+fn app_of(p: &Pod) -> &str {
+    p.labels().get("app").map_or("", String::as_str)
 }
 
 /// Upstream node lifecycle controller, DefaultTolerationSeconds admission and taint
@@ -859,18 +942,19 @@ async fn web_and_agent(c: &Cluster) -> (String, Vec<Pod>) {
 async fn pods_on_an_unreachable_node_are_evicted_when_their_toleration_expires() {
     let c = cluster().await;
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
-    let (victim, on_victim) = web_and_agent(&c).await;
-    let web_on_victim: Vec<String> = on_victim
+    let on_victim = workloads_on_the_victim(&c).await;
+    let victim = VICTIM;
+    let evictable: Vec<String> = on_victim
         .iter()
-        .filter(|p| p.labels()["app"] == "web")
+        .filter(|p| app_of(p) != "agent")
         .map(|p| p.name_any())
         .collect();
     let agent = on_victim
         .iter()
-        .find(|p| p.labels()["app"] == "agent")
-        .expect("an agent pod on every node")
+        .find(|p| app_of(p) == "agent")
+        .unwrap()
         .name_any();
-    let web = pods.get(&web_on_victim[0]).await.unwrap();
+    let web = pods.get(&evictable[0]).await.unwrap();
     for key in ["node.kubernetes.io/not-ready", UNREACHABLE] {
         let t = web
             .spec
@@ -906,9 +990,9 @@ async fn pods_on_an_unreachable_node_are_evicted_when_their_toleration_expires()
     })
     .await;
 
-    c.sim.stop_heartbeats(&victim).unwrap();
+    c.sim.stop_heartbeats(victim).unwrap();
     let silent = within(120, "unreachable NoExecute taint", || {
-        has_no_execute_taint(&c.client, &victim, UNREACHABLE)
+        has_no_execute_taint(&c.client, victim, UNREACHABLE)
     })
     .await;
     let tainted = tokio::time::Instant::now();
@@ -918,7 +1002,7 @@ async fn pods_on_an_unreachable_node_are_evicted_when_their_toleration_expires()
         "tainted {silent:?} after the kubelet stopped"
     );
     let node = Api::<Node>::all(c.client.clone())
-        .get(&victim)
+        .get(victim)
         .await
         .unwrap();
     let ready = node
@@ -933,10 +1017,7 @@ async fn pods_on_an_unreachable_node_are_evicted_when_their_toleration_expires()
         (ready.status.as_str(), ready.reason.as_deref()),
         ("Unknown", Some("NodeStatusUnknown"))
     );
-    for name in web_on_victim
-        .iter()
-        .chain([&agent, &"impatient".to_string()])
-    {
+    for name in evictable.iter().chain([&agent, &"impatient".to_string()]) {
         eventually(10, "pod marked not ready", || async {
             (ready_status(&pods.get(name).await.unwrap()).as_deref() == Some("False")).then_some(())
         })
@@ -948,11 +1029,11 @@ async fn pods_on_an_unreachable_node_are_evicted_when_their_toleration_expires()
         (Duration::from_secs(28)..Duration::from_secs(34)).contains(&after),
         "tolerationSeconds 30: evicted {after:?} after the taint"
     );
-    for name in &web_on_victim {
+    for name in &evictable {
         assert!(!evicted(&pods, name).await, "{name} tolerates 300 s");
     }
-    within(330, "web pods evicted", || async {
-        for name in &web_on_victim {
+    within(330, "web and batch pods evicted", || async {
+        for name in &evictable {
             if !evicted(&pods, name).await {
                 return false;
             }
@@ -965,7 +1046,7 @@ async fn pods_on_an_unreachable_node_are_evicted_when_their_toleration_expires()
         (Duration::from_secs(298)..Duration::from_secs(306)).contains(&since_taint),
         "tolerationSeconds 300: evicted {since_taint:?} after the taint"
     );
-    if let Some(p) = pods.get_opt(&web_on_victim[0]).await.unwrap() {
+    if let Some(p) = pods.get_opt(&evictable[0]).await.unwrap() {
         let disruption = p
             .status
             .unwrap()
@@ -976,16 +1057,24 @@ async fn pods_on_an_unreachable_node_are_evicted_when_their_toleration_expires()
             .expect("DisruptionTarget condition");
         assert_eq!(disruption.reason.as_deref(), Some("DeletionByTaintManager"));
     }
-    // The ReplicaSet replaces them on the nodes that are left.
-    let web = eventually(60, "3 web pods running elsewhere", || async {
-        let pods = live_pods(&c.client, "web").await;
-        (pods.len() == 3 && pods.iter().all(running)).then_some(pods)
-    })
-    .await;
+    // The ReplicaSet and the Job replace them on the nodes that are left.
+    let mut replaced = all_running(&c.client, "web", 3).await;
+    replaced.extend(all_running(&c.client, "batch", 1).await);
     assert!(
-        web.iter().all(|p| node_of(p) != victim),
+        replaced
+            .iter()
+            .all(|p| node_of(p) != victim && !evictable.contains(&p.name_any())),
         "replacements avoid the unreachable node: {:?}",
-        web.iter().map(node_of).collect::<Vec<_>>()
+        replaced.iter().map(node_of).collect::<Vec<_>>()
+    );
+    let batch = Api::<Job>::namespaced(c.client.clone(), "default")
+        .get("batch")
+        .await
+        .unwrap();
+    assert_eq!(batch.status.as_ref().unwrap().active, Some(1));
+    assert!(
+        job_condition(&batch, "FailureTarget").is_none(),
+        "an evicted pod is replaced, the Job goes on"
     );
     let deployments: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
     eventually(30, "web available again", || {
@@ -1010,7 +1099,8 @@ async fn pods_on_an_unreachable_node_are_evicted_when_their_toleration_expires()
 async fn pods_stay_when_their_node_comes_back_before_the_deadline() {
     let c = cluster().await;
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
-    let (victim, on_victim) = web_and_agent(&c).await;
+    let on_victim = workloads_on_the_victim(&c).await;
+    let victim = VICTIM;
     let before: Vec<String> = {
         let mut v: Vec<String> = live_pods(&c.client, "web")
             .await
@@ -1020,9 +1110,9 @@ async fn pods_stay_when_their_node_comes_back_before_the_deadline() {
         v.sort();
         v
     };
-    c.sim.stop_heartbeats(&victim).unwrap();
+    c.sim.stop_heartbeats(victim).unwrap();
     within(120, "unreachable NoExecute taint", || {
-        has_no_execute_taint(&c.client, &victim, UNREACHABLE)
+        has_no_execute_taint(&c.client, victim, UNREACHABLE)
     })
     .await;
     let tainted = tokio::time::Instant::now();
@@ -1034,9 +1124,9 @@ async fn pods_stay_when_their_node_comes_back_before_the_deadline() {
         .await;
     }
     tokio::time::sleep(Duration::from_secs(200)).await;
-    c.sim.resume_heartbeats(&victim).unwrap();
+    c.sim.resume_heartbeats(victim).unwrap();
     let gone = within(60, "taint removed", || async {
-        !has_no_execute_taint(&c.client, &victim, UNREACHABLE).await
+        !has_no_execute_taint(&c.client, victim, UNREACHABLE).await
     })
     .await;
     assert!(tainted.elapsed() < Duration::from_secs(300), "{gone:?}");

@@ -17,11 +17,15 @@
 //!   a pod annotated `sim.ccm-rs.io/run-duration` (`30s`) exits after that long with
 //!   `sim.ccm-rs.io/exit-code` (default 0): `Succeeded`/`Failed` under `restartPolicy:
 //!   Never`, a counted container restart under `Always` (and `OnFailure` when it failed);
+//!   a running pod whose `Ready` condition someone else set to False (the node lifecycle
+//!   controller's `MarkPodsNotReady` while the node was unreachable) gets `Ready=True` back
+//!   while its containers are ready, as kubelet's status manager reconciles;
 //! - **graceful node shutdown** ([`shutdown_node`](NodeSimulator::shutdown_node)).
 //!
 //! Timers are tokio timers (one task per node, sleeping), so tests run with paused time;
 //! timestamps written to the API (`renewTime`, `lastHeartbeatTime`, `startTime`) follow the
-//! tokio clock from the wall-clock time the simulator was created.
+//! tokio clock from the wall-clock time the simulator was created
+//! ([`WallClock`](crate::clock::WallClock)).
 //!
 //! ## Fault injection with kubectl
 //!
