@@ -1023,6 +1023,13 @@ async fn pods_on_an_unreachable_node_are_evicted_when_their_toleration_expires()
         })
         .await;
     }
+    // Not-ready pods are not available: the Deployment (all its pods on the node) has none.
+    let deployments: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
+    eventually(10, "web unavailable", || async {
+        let s = deployments.get("web").await.unwrap().status?;
+        (s.available_replicas.unwrap_or(0) == 0 && s.ready_replicas.unwrap_or(0) == 0).then_some(())
+    })
+    .await;
 
     let after = within(60, "impatient evicted", || evicted(&pods, "impatient")).await;
     assert!(
@@ -1076,7 +1083,6 @@ async fn pods_on_an_unreachable_node_are_evicted_when_their_toleration_expires()
         job_condition(&batch, "FailureTarget").is_none(),
         "an evicted pod is replaced, the Job goes on"
     );
-    let deployments: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
     eventually(30, "web available again", || {
         rolled_out(&deployments, "web", 3)
     })
