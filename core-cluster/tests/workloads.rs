@@ -678,6 +678,81 @@ async fn job_past_its_active_deadline_fails_with_deadline_exceeded() {
     .await;
 }
 
+/// Job controller with `suspend` (API rules of `JobSpec.suspend` and `JobStatus.startTime`):
+/// a Job created suspended runs no pod, has no `startTime` and its `activeDeadlineSeconds`
+/// does not run; resumed, its `Suspended` condition turns False (`JobResumed`), `startTime`
+/// is set then, and the deadline counts from there.
+#[tokio::test(start_paused = true)]
+async fn suspended_job_starts_its_deadline_when_resumed() {
+    let c = cluster().await;
+    let api: Api<Job> = Api::namespaced(c.client.clone(), "default");
+    let mut held = job("held", 1, 1, json!({"sim.ccm-rs.io/run-duration": "1h"}), 6);
+    held.spec.as_mut().unwrap().active_deadline_seconds = Some(30);
+    held.spec.as_mut().unwrap().suspend = Some(true);
+    api.create(&PostParams::default(), &held).await.unwrap();
+    let j = eventually(30, "Suspended", || async {
+        let j = api.get("held").await.unwrap();
+        job_condition(&j, "Suspended").map(|_| j)
+    })
+    .await;
+    assert_eq!(
+        job_condition(&j, "Suspended"),
+        Some(("JobSuspended".into(), "Job suspended".into()))
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let j = api.get("held").await.unwrap();
+    let status = j.status.as_ref().unwrap();
+    assert!(status.start_time.is_none(), "no startTime while suspended");
+    assert!(
+        job_condition(&j, "FailureTarget").is_none(),
+        "the deadline does not run"
+    );
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let selector = ListParams::default().labels("batch.kubernetes.io/job-name=held");
+    assert!(pods.list(&selector).await.unwrap().items.is_empty());
+
+    api.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"suspend": false}})),
+    )
+    .await
+    .unwrap();
+    let resumed = tokio::time::Instant::now();
+    let j = eventually(30, "a running pod", || async {
+        let list = pods.list(&selector).await.unwrap().items;
+        let j = api.get("held").await.unwrap();
+        (list.len() == 1 && running(&list[0])).then_some(j)
+    })
+    .await;
+    let suspended = j
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|c| c.type_ == "Suspended")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (suspended.status.as_str(), suspended.reason.as_deref()),
+        ("False", Some("JobResumed"))
+    );
+    assert!(j.status.unwrap().start_time.is_some());
+    let target = eventually(60, "FailureTarget", || async {
+        job_condition(&api.get("held").await.unwrap(), "FailureTarget")
+    })
+    .await;
+    assert_eq!(target.0, "DeadlineExceeded");
+    let after = resumed.elapsed();
+    assert!(
+        (Duration::from_secs(29)..Duration::from_secs(33)).contains(&after),
+        "the 30 s deadline counts from the resume: {after:?}"
+    );
+}
+
 /// DaemonSet controller (`NodeShouldRunDaemonPod`, `AddOrUpdateDaemonPodTolerations`): one
 /// running pod per eligible node, bound by the scheduler through its node affinity; a
 /// cordoned node keeps its pod (unschedulable is tolerated); a node with an untolerated

@@ -18,7 +18,9 @@
 //!   once no pod is left running or terminating.
 //! - Enough successes add `SuccessCriteriaMet`, then `Complete` with `completionTime` once
 //!   no pod is active, and the event `Completed` "Job completed".
-//! - `suspend: true` deletes the active pods and sets `Suspended`.
+//! - `suspend: true` deletes the active pods and sets `Suspended`; a suspended Job has no
+//!   `startTime` (its `activeDeadlineSeconds` does not run), and resuming it sets
+//!   `startTime` anew and turns `Suspended` False with reason `JobResumed`.
 //! - Status: `active`, `ready`, `succeeded`, `failed`, `terminating`, `startTime`,
 //!   `completionTime`, `conditions`.
 //!
@@ -130,6 +132,32 @@ fn condition(now: jiff::Timestamp, type_: &str, reason: &str, message: &str) -> 
         "lastProbeTime": now, "lastTransitionTime": now})
 }
 
+/// Sets condition `type_` to `status` (upstream `ensureJobConditionStatus`): a condition of
+/// that type whose status differs is updated with the reason, message and transition time,
+/// a missing one is added. Whether anything changed.
+fn set_condition(
+    conditions: &mut Vec<Value>,
+    now: jiff::Timestamp,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+) -> bool {
+    let mut new = condition(now, type_, reason, message);
+    new["status"] = json!(status);
+    match conditions.iter_mut().find(|c| c["type"] == type_) {
+        Some(c) if c["status"] == status => false,
+        Some(c) => {
+            *c = new;
+            true
+        }
+        None => {
+            conditions.push(new);
+            true
+        }
+    }
+}
+
 fn restarts(pod: &Pod) -> u32 {
     pod.status
         .as_ref()
@@ -185,7 +213,6 @@ impl Reconcile for Sync {
         let failures = failed as u32 + restart_failures;
         let status = job.status.clone().unwrap_or_default();
         let now = self.clock.now();
-        let start = status.start_time.as_ref().map(|t| t.0).unwrap_or(now);
         let mut conditions: Vec<Value> = status
             .conditions
             .clone()
@@ -195,6 +222,26 @@ impl Reconcile for Sync {
             .collect();
         let has =
             |cs: &[Value], t: &str| cs.iter().any(|c| c["type"] == t && c["status"] == "True");
+        let suspended = spec.suspend == Some(true);
+        // JobSpec.suspend, JobStatus.startTime: no startTime while suspended, and a resumed
+        // Job starts again now, its activeDeadlineSeconds with it.
+        let start = if suspended {
+            None
+        } else if has(&conditions, "Suspended") {
+            set_condition(
+                &mut conditions,
+                now,
+                "Suspended",
+                "False",
+                "JobResumed",
+                "Job resumed",
+            );
+            self.events
+                .normal(&owner, "Resumed", "Resume", "Job resumed".into());
+            Some(now)
+        } else {
+            Some(status.start_time.as_ref().map_or(now, |t| t.0))
+        };
         let mut again = None;
         let mut completion_time = None;
 
@@ -207,7 +254,8 @@ impl Reconcile for Sync {
                 "BackoffLimitExceeded",
                 "Job has reached the specified backoff limit",
             ))
-        } else if let Some(left) = deadline.map(|d| deadline_left(d, start, now)) {
+        } else if let Some((d, start)) = deadline.zip(start) {
+            let left = deadline_left(d, start, now);
             if left.is_zero() {
                 Some((
                     "DeadlineExceeded",
@@ -274,13 +322,18 @@ impl Reconcile for Sync {
             for p in &active {
                 delete_pod(&self.client, &self.events, &owner, p).await?;
             }
-            if !has(&conditions, "Suspended") {
-                conditions.push(condition(now, "Suspended", "JobSuspended", "Job suspended"));
+            if set_condition(
+                &mut conditions,
+                now,
+                "Suspended",
+                "True",
+                "JobSuspended",
+                "Job suspended",
+            ) {
                 self.events
                     .normal(&owner, "Suspended", "Suspend", "Job suspended".into());
             }
         } else if self.expectations.satisfied(key, &self.pods, ns) {
-            conditions.retain(|c| c["type"] != "Suspended");
             let parallelism = spec.parallelism.unwrap_or(1).max(0);
             let wanted = match completions {
                 Some(c) => parallelism.min(c - succeeded).max(0),
@@ -328,7 +381,7 @@ impl Reconcile for Sync {
             "succeeded": succeeded,
             "failed": failed,
             "terminating": terminating,
-            "startTime": start.to_string(),
+            "startTime": start.map(|t| t.to_string()),
             "conditions": conditions,
             "uncountedTerminatedPods": {},
         });
@@ -336,12 +389,18 @@ impl Reconcile for Sync {
             new_status["completionTime"] = json!(t);
         }
         let before = serde_json::to_value(&status).unwrap_or_default();
-        let changed = status.start_time.is_none()
+        let condition_states = |cs: &[Value]| -> Vec<(String, String)> {
+            cs.iter()
+                .map(|c| (c["type"].to_string(), c["status"].to_string()))
+                .collect()
+        };
+        let changed = status.start_time.as_ref().map(|t| t.0) != start
             || new_status.get("completionTime").is_some()
             || ["active", "ready", "succeeded", "failed", "terminating"]
                 .iter()
                 .any(|f| before[f].as_i64().unwrap_or(0) != new_status[f].as_i64().unwrap_or(0))
-            || before["conditions"].as_array().map_or(0, Vec::len) != conditions.len();
+            || condition_states(before["conditions"].as_array().map_or(&[], Vec::as_slice))
+                != condition_states(&conditions);
         if changed {
             let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
             api.patch_status(
