@@ -25,7 +25,7 @@ use core_cluster::{
 };
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment, ReplicaSet},
-    batch::v1::Job,
+    batch::v1::{Job, JobCondition},
     core::v1::{Node, Pod},
 };
 use kube::{
@@ -452,19 +452,22 @@ fn job(
     .unwrap()
 }
 
-fn job_condition(j: &Job, t: &str) -> Option<(String, String)> {
+/// The Job's condition of type `t`, whatever its status.
+fn find_job_condition(j: &Job, t: &str) -> Option<JobCondition> {
     j.status
         .as_ref()?
         .conditions
         .as_ref()?
         .iter()
-        .find(|c| c.type_ == t && c.status == "True")
-        .map(|c| {
-            (
-                c.reason.clone().unwrap_or_default(),
-                c.message.clone().unwrap_or_default(),
-            )
-        })
+        .find(|c| c.type_ == t)
+        .cloned()
+}
+
+/// Reason and message of the Job's condition `t` when it is True.
+fn job_condition(j: &Job, t: &str) -> Option<(String, String)> {
+    find_job_condition(j, t)
+        .filter(|c| c.status == "True")
+        .map(|c| (c.reason.unwrap_or_default(), c.message.unwrap_or_default()))
 }
 
 /// Job controller (NonIndexed): `completions` successes, at most `parallelism` pods at a
@@ -645,23 +648,18 @@ async fn job_past_its_active_deadline_fails_with_deadline_exceeded() {
     .await;
     assert_eq!(job_condition(&j, "Failed"), Some(deadline_exceeded));
     assert!(job_condition(&j, "Complete").is_none());
-    let status = j.status.unwrap();
+    let status = j.status.as_ref().unwrap();
     assert_eq!((status.active, status.succeeded), (Some(0), Some(0)));
     assert!(
         status.completion_time.is_none(),
         "a failed Job has no completionTime"
     );
     // startTime and the condition follow the same clock: 30 s apart.
-    let failed_at = status
-        .conditions
-        .unwrap()
-        .into_iter()
-        .find(|c| c.type_ == "FailureTarget")
-        .unwrap()
-        .last_transition_time
+    let failed_at = find_job_condition(&j, "FailureTarget")
+        .and_then(|c| c.last_transition_time)
         .unwrap()
         .0;
-    let active_for = failed_at.duration_since(status.start_time.unwrap().0);
+    let active_for = failed_at.duration_since(status.start_time.as_ref().unwrap().0);
     assert!(
         active_for >= jiff::SignedDuration::from_secs(29)
             && active_for < jiff::SignedDuration::from_secs(32),
@@ -725,17 +723,7 @@ async fn suspended_job_starts_its_deadline_when_resumed() {
         (list.len() == 1 && running(&list[0])).then_some(j)
     })
     .await;
-    let suspended = j
-        .status
-        .as_ref()
-        .unwrap()
-        .conditions
-        .as_ref()
-        .unwrap()
-        .iter()
-        .find(|c| c.type_ == "Suspended")
-        .cloned()
-        .unwrap();
+    let suspended = find_job_condition(&j, "Suspended").unwrap();
     assert_eq!(
         (suspended.status.as_str(), suspended.reason.as_deref()),
         ("False", Some("JobResumed"))
