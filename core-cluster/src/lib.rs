@@ -10,6 +10,7 @@
 //! - [`patch`]: JSON, merge, strategic-merge patches and server-side apply;
 //! - [`api`]: the REST surface (discovery, CRUD, watch, tables, Status errors, metrics);
 //! - [`auth`]: the identity of a request ([`auth::UserInfo`]);
+//! - [`clock`]: wall-clock time that follows tokio's clock (paused in tests);
 //! - [`serve`]: serving on a socket and writing a kubeconfig;
 //! - [`sim`]: a kubelet stand-in simulating many nodes (registration, leases, pods,
 //!   graceful shutdown, fault injection), in the spirit of kwok.
@@ -21,6 +22,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod clock;
 pub mod controllers;
 pub mod openapi;
 pub mod patch;

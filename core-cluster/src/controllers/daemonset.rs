@@ -10,9 +10,11 @@
 //!   `unschedulable` NoSchedule, and `network-unavailable` NoSchedule for hostNetwork pods.
 //!   A cordoned node is thus still eligible.
 //! - An eligible node without a daemon pod gets one, pinned by a required node affinity
-//!   term `matchFields metadata.name In [node]` and bound by the default scheduler; an
-//!   ineligible node's daemon pods are deleted, as are extra pods and failed pods (which
-//!   are then recreated).
+//!   term `matchFields metadata.name In [node]` and bound by the default scheduler. A pod
+//!   already on a node that is no longer eligible keeps running as long as it tolerates the
+//!   node's NoExecute taints (`shouldContinueRunning`: a new NoSchedule taint does not
+//!   evict, it only counts the pod as misscheduled); otherwise it is deleted. Extra pods and
+//!   failed pods are deleted (failed ones then recreated where the node is eligible).
 //! - RollingUpdate (maxUnavailable 1, maxSurge 0 by default): pods whose
 //!   `controller-revision-hash` is not the template's are deleted while no more than
 //!   `maxUnavailable` eligible nodes lack an available pod; OnDelete leaves them.
@@ -43,13 +45,14 @@ use tokio_util::sync::CancellationToken;
 use super::{
     deployment::pod_template_hash,
     scheduler::fit::{matches_node_selector, untolerated_taint},
+    taint_eviction::tolerates,
     workload::{
         EventSink, Expectations, Reconcile, availability, controlled_by, controller_key,
         controller_ref, create_pod, delete_pod, drive, is_ready, key_of, phase, pod_from_template,
         select, watch,
     },
 };
-use crate::registry::workloads::defaulted_template;
+use crate::{clock::WallClock, registry::workloads::defaulted_template};
 
 /// The label carrying the template revision of a daemon pod.
 pub const CONTROLLER_REVISION_HASH: &str = "controller-revision-hash";
@@ -85,9 +88,20 @@ pub fn add_daemon_tolerations(template: &mut PodTemplateSpec) {
     }
 }
 
-/// Whether a daemon pod from `template` should run on `node` (upstream
-/// `NodeShouldRunDaemonPod`).
-pub fn should_run(template: &PodTemplateSpec, node: &Node) -> bool {
+/// Where a daemon pod belongs (upstream `NodeShouldRunDaemonPod`'s two answers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// A daemon pod should run on the node (`shouldRun`): node name, node affinity and the
+    /// NoSchedule and NoExecute taints all admit it.
+    pub run: bool,
+    /// A daemon pod already there may stay (`shouldContinueRunning`): node name and
+    /// affinity admit it and it tolerates every NoExecute taint.
+    pub keep: bool,
+}
+
+/// Whether a daemon pod from `template` should run on `node`, and whether one already
+/// there may stay (upstream `NodeShouldRunDaemonPod`).
+pub fn should_run(template: &PodTemplateSpec, node: &Node) -> Placement {
     let pod = Pod {
         metadata: Default::default(),
         spec: template.spec.clone(),
@@ -103,7 +117,18 @@ pub fn should_run(template: &PodTemplateSpec, node: &Node) -> bool {
         .as_ref()
         .and_then(|s| s.tolerations.as_deref())
         .unwrap_or_default();
-    matches_node_selector(&pod, node) && untolerated_taint(taints, tolerations).is_none()
+    if !matches_node_selector(&pod, node) {
+        return Placement {
+            run: false,
+            keep: false,
+        };
+    }
+    let run = untolerated_taint(taints, tolerations).is_none();
+    let keep = run
+        || !taints
+            .iter()
+            .any(|t| t.effect == "NoExecute" && !tolerations.iter().any(|tol| tolerates(tol, t)));
+    Placement { run, keep }
 }
 
 /// The node a daemon pod is for: its `nodeName`, else its `matchFields` affinity target.
@@ -167,6 +192,7 @@ impl DaemonSetController {
             pods,
             events,
             expectations: Expectations::default(),
+            clock: WallClock::new(),
         };
         drive(sync, vec![ds_events, node_events, pod_events], shutdown).await;
     }
@@ -179,6 +205,7 @@ struct Sync {
     pods: Store<Pod>,
     events: EventSink,
     expectations: Expectations,
+    clock: WallClock,
 }
 
 #[async_trait]
@@ -203,6 +230,7 @@ impl Reconcile for Sync {
         let hash = pod_template_hash(&template, None);
         add_daemon_tolerations(&mut template);
         let min_ready = i64::from(spec.min_ready_seconds.unwrap_or(0));
+        let now = self.clock.now();
         let pods = select(&self.pods, |p| {
             p.namespace().as_deref() == Some(ns) && controlled_by(p, &uid)
         });
@@ -225,16 +253,22 @@ impl Reconcile for Sync {
         for node in &nodes {
             let node_name = node.name_any();
             let mut here = by_node.remove(&node_name).unwrap_or_default();
-            let run = should_run(&template, node);
+            let placement = should_run(&template, node);
             // Failed daemon pods are deleted (and recreated on the next pass).
             let (failed, mut live): (Vec<_>, Vec<_>) =
                 here.drain(..).partition(|p| phase(p) == "Failed");
             delete.extend(failed);
-            if !run {
+            if !placement.run {
                 if !live.is_empty() {
                     misscheduled += 1;
                 }
-                delete.extend(live);
+                if placement.keep {
+                    // Still tolerated: only the duplicates go, the oldest stays.
+                    live.sort_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0));
+                    delete.extend(live.into_iter().skip(1));
+                } else {
+                    delete.extend(live);
+                }
                 continue;
             }
             desired += 1;
@@ -249,7 +283,7 @@ impl Reconcile for Sync {
             if is_ready(pod) {
                 ready += 1;
             }
-            match availability(pod, min_ready) {
+            match availability(pod, min_ready, now) {
                 Ok(()) => available += 1,
                 Err(Some(d)) => again = Some(again.map_or(d, |a| a.min(d))),
                 Err(None) => {}
@@ -284,10 +318,10 @@ impl Reconcile for Sync {
             };
             let unavailable = desired - available;
             // Old pods that are not available anyway go first.
-            old_pods.sort_by_key(|p| availability(p, min_ready).is_ok());
+            old_pods.sort_by_key(|p| availability(p, min_ready, now).is_ok());
             let mut budget = max_unavailable - unavailable;
             for p in old_pods {
-                if availability(&p, min_ready).is_err() {
+                if availability(&p, min_ready, now).is_err() {
                     delete.push(p);
                 } else if budget > 0 {
                     budget -= 1;
@@ -382,7 +416,8 @@ mod tests {
 
     /// Upstream `AddOrUpdateDaemonPodTolerations` and `NodeShouldRunDaemonPod`: daemon
     /// pods tolerate not-ready/unreachable (forever), the pressure conditions and cordons,
-    /// but not other taints; nodeSelector still applies.
+    /// but not other taints; nodeSelector still applies; a pod already on a node may stay
+    /// while it tolerates the node's NoExecute taints (`shouldContinueRunning`).
     #[test]
     fn eligibility_with_default_tolerations() {
         let t = template(json!({"containers": [{"name": "c"}],
@@ -395,28 +430,59 @@ mod tests {
         );
         let tainted =
             |key: &str, effect: &str| node(json!({"taints": [{"key": key, "effect": effect}]}));
-        assert!(should_run(
-            &t,
-            &tainted("node.kubernetes.io/not-ready", "NoExecute")
-        ));
-        assert!(should_run(
-            &t,
-            &tainted("node.kubernetes.io/unschedulable", "NoSchedule")
-        ));
-        assert!(should_run(&t, &node(json!({"unschedulable": true}))));
-        assert!(!should_run(&t, &tainted("dedicated", "NoSchedule")));
-        assert!(!should_run(
-            &t,
-            &tainted("node.kubernetes.io/network-unavailable", "NoSchedule")
-        ));
+        let run = Placement {
+            run: true,
+            keep: true,
+        };
+        let stay = Placement {
+            run: false,
+            keep: true,
+        };
+        let leave = Placement {
+            run: false,
+            keep: false,
+        };
+        assert_eq!(
+            should_run(&t, &tainted("node.kubernetes.io/not-ready", "NoExecute")),
+            run
+        );
+        assert_eq!(
+            should_run(&t, &tainted("node.kubernetes.io/unreachable", "NoExecute")),
+            run
+        );
+        assert_eq!(
+            should_run(
+                &t,
+                &tainted("node.kubernetes.io/unschedulable", "NoSchedule")
+            ),
+            run
+        );
+        assert_eq!(should_run(&t, &node(json!({"unschedulable": true}))), run);
+        // shouldContinueRunning: an untolerated NoSchedule taint does not evict.
+        assert_eq!(should_run(&t, &tainted("dedicated", "NoSchedule")), stay);
+        assert_eq!(
+            should_run(&t, &tainted("node.kubernetes.io/unreachable", "NoSchedule")),
+            stay
+        );
+        assert_eq!(
+            should_run(
+                &t,
+                &tainted("node.kubernetes.io/network-unavailable", "NoSchedule")
+            ),
+            stay
+        );
+        assert_eq!(should_run(&t, &tainted("dedicated", "NoExecute")), leave);
         let host = template(json!({"containers": [{"name": "c"}], "hostNetwork": true}));
-        assert!(should_run(
-            &host,
-            &tainted("node.kubernetes.io/network-unavailable", "NoSchedule")
-        ));
+        assert_eq!(
+            should_run(
+                &host,
+                &tainted("node.kubernetes.io/network-unavailable", "NoSchedule")
+            ),
+            run
+        );
         let picky =
             template(json!({"containers": [{"name": "c"}], "nodeSelector": {"role": "core"}}));
-        assert!(!should_run(&picky, &node(json!({}))));
+        assert_eq!(should_run(&picky, &node(json!({}))), leave);
     }
 
     #[test]

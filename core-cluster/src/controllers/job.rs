@@ -18,7 +18,9 @@
 //!   once no pod is left running or terminating.
 //! - Enough successes add `SuccessCriteriaMet`, then `Complete` with `completionTime` once
 //!   no pod is active, and the event `Completed` "Job completed".
-//! - `suspend: true` deletes the active pods and sets `Suspended`.
+//! - `suspend: true` deletes the active pods and sets `Suspended`; a suspended Job has no
+//!   `startTime` (its `activeDeadlineSeconds` does not run), and resuming it sets
+//!   `startTime` anew and turns `Suspended` False with reason `JobResumed`.
 //! - Status: `active`, `ready`, `succeeded`, `failed`, `terminating`, `startTime`,
 //!   `completionTime`, `conditions`.
 //!
@@ -28,6 +30,8 @@
 //!   and `uncountedTerminatedPods`): deleting finished pods of a running Job lowers them.
 //! - No Indexed completion mode, pod failure policy, success policy or `backoffLimitPerIndex`.
 //! - The backoff is measured from when this controller saw the failure.
+//! - Time (`startTime`, the `activeDeadlineSeconds` check and its requeue, condition
+//!   timestamps) is read through tokio's clock ([`WallClock`]), as every timer here.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -41,6 +45,8 @@ use kube::{
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::clock::WallClock;
 
 use super::{
     replicaset::slow_start_create,
@@ -96,6 +102,7 @@ impl JobController {
             events,
             expectations: Expectations::default(),
             failures: HashMap::new(),
+            clock: WallClock::new(),
         };
         drive(sync, vec![job_events, pod_events], shutdown).await;
     }
@@ -109,6 +116,7 @@ struct Sync {
     expectations: Expectations,
     /// Per Job: failures last seen and when that count was first seen.
     failures: HashMap<String, (u32, Instant)>,
+    clock: WallClock,
 }
 
 fn has_condition(job: &Job, type_: &str) -> bool {
@@ -118,10 +126,36 @@ fn has_condition(job: &Job, type_: &str) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == type_ && c.status == "True"))
 }
 
-fn condition(type_: &str, reason: &str, message: &str) -> Value {
-    let now = jiff::Timestamp::now().to_string();
+fn condition(now: jiff::Timestamp, type_: &str, reason: &str, message: &str) -> Value {
+    let now = now.to_string();
     json!({"type": type_, "status": "True", "reason": reason, "message": message,
         "lastProbeTime": now, "lastTransitionTime": now})
+}
+
+/// Sets condition `type_` to `status` (upstream `ensureJobConditionStatus`): a condition of
+/// that type whose status differs is updated with the reason, message and transition time,
+/// a missing one is added. Whether anything changed.
+fn set_condition(
+    conditions: &mut Vec<Value>,
+    now: jiff::Timestamp,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+) -> bool {
+    let mut new = condition(now, type_, reason, message);
+    new["status"] = json!(status);
+    match conditions.iter_mut().find(|c| c["type"] == type_) {
+        Some(c) if c["status"] == status => false,
+        Some(c) => {
+            *c = new;
+            true
+        }
+        None => {
+            conditions.push(new);
+            true
+        }
+    }
 }
 
 fn restarts(pod: &Pod) -> u32 {
@@ -178,8 +212,7 @@ impl Reconcile for Sync {
         };
         let failures = failed as u32 + restart_failures;
         let status = job.status.clone().unwrap_or_default();
-        let now = jiff::Timestamp::now();
-        let start = status.start_time.as_ref().map(|t| t.0).unwrap_or(now);
+        let now = self.clock.now();
         let mut conditions: Vec<Value> = status
             .conditions
             .clone()
@@ -189,6 +222,26 @@ impl Reconcile for Sync {
             .collect();
         let has =
             |cs: &[Value], t: &str| cs.iter().any(|c| c["type"] == t && c["status"] == "True");
+        let suspended = spec.suspend == Some(true);
+        // JobSpec.suspend, JobStatus.startTime: no startTime while suspended, and a resumed
+        // Job starts again now, its activeDeadlineSeconds with it.
+        let start = if suspended {
+            None
+        } else if has(&conditions, "Suspended") {
+            set_condition(
+                &mut conditions,
+                now,
+                "Suspended",
+                "False",
+                "JobResumed",
+                "Job resumed",
+            );
+            self.events
+                .normal(&owner, "Resumed", "Resume", "Job resumed".into());
+            Some(now)
+        } else {
+            Some(status.start_time.as_ref().map_or(now, |t| t.0))
+        };
         let mut again = None;
         let mut completion_time = None;
 
@@ -201,22 +254,22 @@ impl Reconcile for Sync {
                 "BackoffLimitExceeded",
                 "Job has reached the specified backoff limit",
             ))
-        } else if let Some(d) = deadline
-            && (now - start).get_seconds() >= d
-        {
-            Some((
-                "DeadlineExceeded",
-                "Job was active longer than specified deadline",
-            ))
-        } else {
-            if let Some(d) = deadline {
-                let left = d - (now - start).get_seconds();
-                again = Some(Duration::from_secs(left.max(1) as u64));
+        } else if let Some((d, start)) = deadline.zip(start) {
+            let left = deadline_left(d, start, now);
+            if left.is_zero() {
+                Some((
+                    "DeadlineExceeded",
+                    "Job was active longer than specified deadline",
+                ))
+            } else {
+                again = Some(left);
+                None
             }
+        } else {
             None
         };
         if let Some((reason, message)) = failure {
-            conditions.push(condition("FailureTarget", reason, message));
+            conditions.push(condition(now, "FailureTarget", reason, message));
             self.events
                 .warning(&owner, reason, "Fail", message.to_owned());
         }
@@ -236,6 +289,7 @@ impl Reconcile for Sync {
                     .cloned()
                     .unwrap_or_default();
                 conditions.push(condition(
+                    now,
                     "Failed",
                     target["reason"].as_str().unwrap_or(""),
                     target["message"].as_str().unwrap_or(""),
@@ -244,6 +298,7 @@ impl Reconcile for Sync {
         } else if success && (completions.is_some() || active.is_empty()) {
             if !has(&conditions, "SuccessCriteriaMet") {
                 conditions.push(condition(
+                    now,
                     "SuccessCriteriaMet",
                     "CompletionsReached",
                     "Reached expected number of succeeded pods",
@@ -254,6 +309,7 @@ impl Reconcile for Sync {
             }
             if active.is_empty() && terminating == 0 {
                 conditions.push(condition(
+                    now,
                     "Complete",
                     "CompletionsReached",
                     "Reached expected number of succeeded pods",
@@ -266,13 +322,18 @@ impl Reconcile for Sync {
             for p in &active {
                 delete_pod(&self.client, &self.events, &owner, p).await?;
             }
-            if !has(&conditions, "Suspended") {
-                conditions.push(condition("Suspended", "JobSuspended", "Job suspended"));
+            if set_condition(
+                &mut conditions,
+                now,
+                "Suspended",
+                "True",
+                "JobSuspended",
+                "Job suspended",
+            ) {
                 self.events
                     .normal(&owner, "Suspended", "Suspend", "Job suspended".into());
             }
         } else if self.expectations.satisfied(key, &self.pods, ns) {
-            conditions.retain(|c| c["type"] != "Suspended");
             let parallelism = spec.parallelism.unwrap_or(1).max(0);
             let wanted = match completions {
                 Some(c) => parallelism.min(c - succeeded).max(0),
@@ -320,7 +381,7 @@ impl Reconcile for Sync {
             "succeeded": succeeded,
             "failed": failed,
             "terminating": terminating,
-            "startTime": start.to_string(),
+            "startTime": start.map(|t| t.to_string()),
             "conditions": conditions,
             "uncountedTerminatedPods": {},
         });
@@ -328,12 +389,18 @@ impl Reconcile for Sync {
             new_status["completionTime"] = json!(t);
         }
         let before = serde_json::to_value(&status).unwrap_or_default();
-        let changed = status.start_time.is_none()
+        let condition_states = |cs: &[Value]| -> Vec<(String, String)> {
+            cs.iter()
+                .map(|c| (c["type"].to_string(), c["status"].to_string()))
+                .collect()
+        };
+        let changed = status.start_time.as_ref().map(|t| t.0) != start
             || new_status.get("completionTime").is_some()
             || ["active", "ready", "succeeded", "failed", "terminating"]
                 .iter()
                 .any(|f| before[f].as_i64().unwrap_or(0) != new_status[f].as_i64().unwrap_or(0))
-            || before["conditions"].as_array().map_or(0, Vec::len) != conditions.len();
+            || condition_states(before["conditions"].as_array().map_or(&[], Vec::as_slice))
+                != condition_states(&conditions);
         if changed {
             let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
             api.patch_status(
@@ -347,9 +414,37 @@ impl Reconcile for Sync {
     }
 }
 
+/// How long a Job started at `start` may still run under `activeDeadlineSeconds` =
+/// `deadline` at `now` (upstream `pastActiveDeadline`: past once the time since `startTime`
+/// is at least the deadline); zero once it is past.
+fn deadline_left(deadline: i64, start: jiff::Timestamp, now: jiff::Timestamp) -> Duration {
+    let allowed = jiff::SignedDuration::from_secs(deadline);
+    let left = allowed - now.duration_since(start);
+    if left.is_positive() {
+        Duration::try_from(left).unwrap_or(Duration::ZERO)
+    } else {
+        Duration::ZERO
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Upstream `pastActiveDeadline`: `time.Since(startTime) >= activeDeadlineSeconds`.
+    #[test]
+    fn deadline_is_reached_at_active_deadline_seconds() {
+        let start: jiff::Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let at = |secs: i64| start + jiff::SignedDuration::from_millis(secs);
+        assert_eq!(deadline_left(30, start, at(0)), Duration::from_secs(30));
+        assert_eq!(
+            deadline_left(30, start, at(29_500)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(deadline_left(30, start, at(30_000)), Duration::ZERO);
+        assert_eq!(deadline_left(30, start, at(90_000)), Duration::ZERO);
+        assert_eq!(deadline_left(0, start, at(0)), Duration::ZERO);
+    }
 
     /// Upstream's pod failure backoff: 10 s doubling, capped at 6 minutes.
     #[test]

@@ -34,6 +34,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::clock::WallClock;
+
 use super::workload::{
     EventSink, Expectations, Reconcile, availability, controlled_by, controller_key,
     controller_ref, create_pod, delete_pod, drive, is_active, is_ready, key_of, phase,
@@ -80,6 +82,7 @@ impl ReplicaSetController {
             pods,
             events,
             expectations: Expectations::default(),
+            clock: WallClock::new(),
         };
         drive(sync, vec![set_events, pod_events], shutdown).await;
     }
@@ -91,6 +94,7 @@ struct Sync {
     pods: Store<Pod>,
     events: EventSink,
     expectations: Expectations,
+    clock: WallClock,
 }
 
 /// Upstream's `ActivePods` ordering for deletion: the first pods of the result go first.
@@ -219,6 +223,7 @@ impl Sync {
             p.namespace().as_deref() == Some(ns) && controlled_by(p, uid) && is_active(p)
         });
         let mut again: Option<Duration> = None;
+        let now = self.clock.now();
         let (mut ready, mut available, mut labeled) = (0, 0, 0);
         for p in &pods {
             let labels = p.labels();
@@ -231,7 +236,7 @@ impl Sync {
             if is_ready(p) {
                 ready += 1;
             }
-            match availability(p, min_ready) {
+            match availability(p, min_ready, now) {
                 Ok(()) => available += 1,
                 Err(Some(d)) => again = Some(again.map_or(d, |a| a.min(d))),
                 Err(None) => {}

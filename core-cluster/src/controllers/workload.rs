@@ -249,20 +249,27 @@ pub(crate) fn is_ready(pod: &Pod) -> bool {
     ready_since(pod).is_some()
 }
 
-/// Ready for at least `min_ready` (upstream `IsPodAvailable`); otherwise, if ready, how
-/// long until it is available.
-pub(crate) fn availability(pod: &Pod, min_ready: i64) -> Result<(), Option<Duration>> {
+/// Ready for at least `min_ready` seconds at `now` (upstream `IsPodAvailable`); otherwise,
+/// if ready, how long until it is available. `now` comes from the controller's
+/// [`WallClock`](crate::clock::WallClock), the clock the simulated kubelets stamp
+/// `lastTransitionTime` with, so the wait follows tokio time.
+pub(crate) fn availability(
+    pod: &Pod,
+    min_ready: i64,
+    now: jiff::Timestamp,
+) -> Result<(), Option<Duration>> {
     let Some(since) = ready_since(pod) else {
         return Err(None);
     };
     if min_ready <= 0 {
         return Ok(());
     }
-    let elapsed = since.map_or(0, |t| (jiff::Timestamp::now() - t).get_seconds());
-    if elapsed >= min_ready {
-        Ok(())
+    let ready_for = since.map_or(jiff::SignedDuration::ZERO, |t| now.duration_since(t));
+    let left = jiff::SignedDuration::from_secs(min_ready) - ready_for;
+    if left.is_positive() {
+        Err(Some(Duration::try_from(left).unwrap_or(Duration::ZERO)))
     } else {
-        Err(Some(Duration::from_secs((min_ready - elapsed) as u64)))
+        Ok(())
     }
 }
 

@@ -363,10 +363,12 @@ fn add_default_tolerations(spec: &mut Value) {
         "node.kubernetes.io/not-ready",
         "node.kubernetes.io/unreachable",
     ] {
+        // Upstream: a toleration of this key, or of every key (an empty key), with the
+        // NoExecute or every effect (an empty effect) already covers it.
         let tolerated = tolerations.iter().any(|t| {
             let effect = t["effect"].as_str().unwrap_or("");
-            (t["key"] == key || (t["key"].is_null() && t["operator"] == "Exists"))
-                && (effect.is_empty() || effect == "NoExecute")
+            let k = t["key"].as_str().unwrap_or("");
+            (k == key || k.is_empty()) && (effect.is_empty() || effect == "NoExecute")
         });
         if !tolerated {
             tolerations.push(json!({
@@ -1419,6 +1421,25 @@ mod tests {
         assert_eq!(tolerations[1]["tolerationSeconds"], 300);
         assert_eq!(pod["status"]["phase"], "Pending");
         assert_eq!(pod["spec"]["containers"][0]["imagePullPolicy"], "Always");
+    }
+
+    /// Upstream DefaultTolerationSeconds: a toleration with an empty key (every taint) and
+    /// an empty or NoExecute effect already covers both taints; a NoSchedule one does not.
+    #[test]
+    fn pods_tolerating_every_taint_get_no_default_tolerations() {
+        for toleration in [
+            json!({"operator": "Exists"}),
+            json!({"key": "", "operator": "Exists", "effect": "NoExecute"}),
+        ] {
+            let mut pod = json!({"spec": {"containers": [{"name": "c", "image": "nginx"}],
+                "tolerations": [toleration.clone()]}});
+            prepare_pod(&mut pod);
+            assert_eq!(pod["spec"]["tolerations"], json!([toleration]));
+        }
+        let mut pod = json!({"spec": {"containers": [{"name": "c", "image": "nginx"}],
+            "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]}});
+        prepare_pod(&mut pod);
+        assert_eq!(pod["spec"]["tolerations"].as_array().unwrap().len(), 3);
     }
 
     #[test]

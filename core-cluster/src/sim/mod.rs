@@ -17,11 +17,15 @@
 //!   a pod annotated `sim.ccm-rs.io/run-duration` (`30s`) exits after that long with
 //!   `sim.ccm-rs.io/exit-code` (default 0): `Succeeded`/`Failed` under `restartPolicy:
 //!   Never`, a counted container restart under `Always` (and `OnFailure` when it failed);
+//!   a running pod whose `Ready` condition someone else set to False (the node lifecycle
+//!   controller's `MarkPodsNotReady` while the node was unreachable) gets `Ready=True` back
+//!   while its containers are ready, as kubelet's status manager reconciles;
 //! - **graceful node shutdown** ([`shutdown_node`](NodeSimulator::shutdown_node)).
 //!
 //! Timers are tokio timers (one task per node, sleeping), so tests run with paused time;
 //! timestamps written to the API (`renewTime`, `lastHeartbeatTime`, `startTime`) follow the
-//! tokio clock from the wall-clock time the simulator was created.
+//! tokio clock from the wall-clock time the simulator was created
+//! ([`WallClock`](crate::clock::WallClock)).
 //!
 //! ## Fault injection with kubectl
 //!
@@ -84,6 +88,8 @@ use tokio::{
     time::Instant,
 };
 use tokio_util::sync::CancellationToken;
+
+use crate::clock::WallClock;
 
 pub use config::{
     NodeInfo, NodeResources, PROVIDED_NODE_IP_ANNOTATION, SimConfig, UNINITIALIZED_TAINT_KEY,
@@ -202,27 +208,6 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Wall-clock time that follows the tokio clock (so it advances with paused time).
-#[derive(Debug, Clone, Copy)]
-struct SimClock {
-    wall: jiff::Timestamp,
-    mono: Instant,
-}
-
-impl SimClock {
-    fn new() -> Self {
-        Self {
-            wall: jiff::Timestamp::now(),
-            mono: Instant::now(),
-        }
-    }
-
-    fn now(&self) -> jiff::Timestamp {
-        let elapsed = jiff::SignedDuration::try_from(self.mono.elapsed()).unwrap_or_default();
-        self.wall.checked_add(elapsed).unwrap_or(self.wall)
-    }
-}
-
 /// How the node annotation sets a node's heartbeats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum HeartbeatMode {
@@ -288,7 +273,7 @@ struct Shared {
     node_clients: std::sync::OnceLock<NodeClientFactory>,
     node_client_cache: RwLock<HashMap<String, Client>>,
     config: SimConfig,
-    clock: SimClock,
+    clock: WallClock,
     nodes: RwLock<HashMap<String, Arc<NodeState>>>,
     stopped_zones: RwLock<BTreeSet<String>>,
     new_nodes: mpsc::UnboundedSender<Arc<NodeState>>,
@@ -386,7 +371,7 @@ impl NodeSimulator {
                 node_clients: std::sync::OnceLock::new(),
                 node_client_cache: RwLock::new(HashMap::new()),
                 config,
-                clock: SimClock::new(),
+                clock: WallClock::new(),
                 nodes: RwLock::new(HashMap::new()),
                 stopped_zones: RwLock::new(BTreeSet::new()),
                 new_nodes,

@@ -204,6 +204,9 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
     }
     if phase(pod) != "Pending" {
         shared.pods.starting.lock().remove(&uid);
+        if let Some(since) = ready_to_restore(pod) {
+            restore_ready(shared, &node, pod, since);
+        }
         return;
     }
     if !shared.pods.starting.lock().insert(uid.clone()) {
@@ -248,6 +251,53 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
             )
             .await;
         }
+    });
+}
+
+/// When a running pod's containers are all ready but its `Ready` condition is not (the
+/// node lifecycle controller's `MarkPodsNotReady` while the node was unreachable), the time
+/// its containers became ready: kubelet's status manager writes its own view back
+/// (`needsReconcile`), with the transition time it had cached.
+fn ready_to_restore(pod: &Pod) -> Option<Value> {
+    let status = pod.status.as_ref()?;
+    if phase(pod) != "Running" {
+        return None;
+    }
+    let conditions = status.conditions.as_deref()?;
+    let find = |t: &str| conditions.iter().find(|c| c.type_ == t);
+    let containers_ready = find("ContainersReady").filter(|c| c.status == "True")?;
+    if find("Ready")?.status == "True" {
+        return None;
+    }
+    let statuses = status.container_statuses.as_deref()?;
+    if statuses.is_empty() || !statuses.iter().all(|c| c.ready) {
+        return None;
+    }
+    Some(serde_json::to_value(&containers_ready.last_transition_time).unwrap_or(Value::Null))
+}
+
+/// Writes `Ready=True` back on a pod whose containers are ready (see [`ready_to_restore`]).
+fn restore_ready(shared: &Arc<Shared>, node: &Arc<NodeState>, pod: &Pod, since: Value) {
+    let uid = pod.uid().unwrap_or_default();
+    if !shared.pods.starting.lock().insert(uid.clone()) {
+        return;
+    }
+    let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+    let patch = json!({"status": {"conditions": [
+        {"type": "Ready", "status": "True", "reason": null, "message": null, "lastTransitionTime": since},
+    ]}});
+    let (shared, node) = (shared.clone(), node.clone());
+    tokio::spawn(async move {
+        if let Ok(_permit) = shared.pod_writes.acquire().await {
+            let api: Api<Pod> = Api::namespaced(shared.client_for(&node.name), &ns);
+            if let Err(e) = api
+                .patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
+                .await
+            {
+                tracing::warn!(node = %node.name, pod = %format!("{ns}/{name}"), error = %e, "pod ready status update failed");
+            }
+        }
+        shared.pods.starting.lock().remove(&uid);
     });
 }
 
