@@ -375,6 +375,105 @@ async fn renew_token(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::routing::get;
+
+    /// An in-memory API that counts requests and records their user agents.
+    fn api() -> (kube::Client, Arc<parking_lot::Mutex<Vec<String>>>) {
+        let agents = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let seen = agents.clone();
+        let router = axum::Router::new().route(
+            "/version",
+            get(move |headers: axum::http::HeaderMap| {
+                let seen = seen.clone();
+                async move {
+                    let agent = headers
+                        .get(header::USER_AGENT)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    seen.lock().push(agent);
+                    "{}"
+                }
+            }),
+        );
+        (kube::Client::new(router, "default"), agents)
+    }
+
+    async fn get_version(client: &kube::Client) {
+        client
+            .request_text(Request::get("/version").body(Vec::new()).unwrap())
+            .await
+            .expect("the in-memory API answers");
+    }
+
+    /// client-go's client-side limiter (`--kube-api-qps 20 --kube-api-burst 30`): 100
+    /// requests let 30 through at once, then one per 50 ms: at least 3.5 s (virtual time).
+    #[tokio::test(start_paused = true)]
+    async fn kube_api_qps_limits_requests() {
+        let (inner, agents) = api();
+        let client = rate_limited(inner, 20.0, 30, Some("cloud-controller-manager/test"));
+        let start = tokio::time::Instant::now();
+        for _ in 0..100 {
+            get_version(&client).await;
+        }
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(3500), "took {took:?}");
+        assert!(
+            took < Duration::from_millis(3600),
+            "took {took:?}: over-limited"
+        );
+        assert_eq!(agents.lock().len(), 100);
+        assert!(
+            agents
+                .lock()
+                .iter()
+                .all(|a| a == "cloud-controller-manager/test")
+        );
+        // Concurrent callers share the bucket too.
+        let (inner, _) = api();
+        let client = rate_limited(inner, 20.0, 30, None);
+        let start = tokio::time::Instant::now();
+        let all = (0..100).map(|_| get_version(&client));
+        futures::future::join_all(all).await;
+        assert!(start.elapsed() >= Duration::from_millis(3500));
+        // qps <= 0: unlimited.
+        let (inner, _) = api();
+        let client = rate_limited(inner, 0.0, 0, None);
+        let start = tokio::time::Instant::now();
+        for _ in 0..100 {
+            get_version(&client).await;
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    /// Upstream's `AddUserAgent`: each controller's client names it; each has its own
+    /// bucket (client-go makes one limiter per client).
+    #[tokio::test(start_paused = true)]
+    async fn controller_clients_have_their_own_agent_and_bucket() {
+        let (root, agents) = api();
+        let clients = ClientBuilder::new(root, None).with_rate_limit(1.0, 1);
+        let shutdown = CancellationToken::new();
+        let route = clients
+            .controller_client("node-route-controller", shutdown.clone())
+            .await
+            .unwrap();
+        let service = clients
+            .controller_client("service-lb-controller", shutdown.clone())
+            .await
+            .unwrap();
+        let start = tokio::time::Instant::now();
+        get_version(&route).await;
+        get_version(&service).await;
+        assert_eq!(start.elapsed(), Duration::ZERO, "separate buckets");
+        get_version(&route).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(1), "one per second");
+        let agents = agents.lock().clone();
+        assert!(agents[0].ends_with("ccm-rs/route-controller"), "{agents:?}");
+        assert!(
+            agents[1].ends_with("ccm-rs/service-controller"),
+            "{agents:?}"
+        );
+    }
 
     #[test]
     fn controllers_use_upstream_client_names() {
