@@ -12,5 +12,6 @@ mod cloud_node;
 mod provider_kit;
 mod registry;
 mod route;
+mod secure_port;
 mod service;
 mod tap;
