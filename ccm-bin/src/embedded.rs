@@ -389,7 +389,7 @@ fn embedded_cloud(
 /// stops with an error (then the error is returned, for a non-zero exit).
 pub(crate) async fn run(
     args: EmbeddedArgs,
-    ccm: CloudControllerManagerOptions,
+    mut ccm: CloudControllerManagerOptions,
 ) -> anyhow::Result<()> {
     let lifecycle = lifecycle_config(&args, &ccm)?;
     let ipam = ipam_config(&args, &ccm)?;
@@ -440,6 +440,11 @@ pub(crate) async fn run(
         shutdown.clone(),
     )
     .await?;
+    // The ccm's secure port trusts the cluster's client certificates (the kubeconfig's
+    // admin reads /metrics), as upstream's would through extension-apiserver-authentication.
+    if ccm.client_ca_file.is_none() {
+        ccm.client_ca_file = Some(data_dir.join("pki").join("ca.crt"));
+    }
     say(format_args!(
         "embedded cluster: API server on {}, store in {}",
         secure.url,

@@ -100,20 +100,32 @@ impl tower_service::Service<Request<kube::client::Body>> for Limited {
     }
 }
 
-/// `client` behind a token bucket of `qps` requests per second and bursts of `burst`
-/// (client-go's `--kube-api-qps`/`--kube-api-burst`; `qps <= 0` is unlimited), sending
-/// `user_agent` when given.
+/// client-go's `DefaultQPS`, used when `--kube-api-qps` is 0.
+pub const DEFAULT_QPS: f32 = 5.0;
+/// client-go's `DefaultBurst`, used when `--kube-api-burst` is 0.
+pub const DEFAULT_BURST: i32 = 10;
+
+/// The token bucket of a client, as client-go's `RESTClientFor` makes it: a QPS of 0 means
+/// [`DEFAULT_QPS`], a burst of 0 [`DEFAULT_BURST`], a negative QPS no limit.
+pub fn token_bucket(qps: f32, burst: i32) -> CloudRateLimiter {
+    let qps = if qps == 0.0 { DEFAULT_QPS } else { qps };
+    let burst = if burst == 0 { DEFAULT_BURST } else { burst };
+    if qps < 0.0 {
+        CloudRateLimiter::unlimited()
+    } else {
+        CloudRateLimiter::new(f64::from(qps), u32::try_from(burst).unwrap_or(1))
+    }
+}
+
+/// `client` behind a [`token_bucket`] of `qps` requests per second and bursts of `burst`
+/// (client-go's `--kube-api-qps`/`--kube-api-burst`), sending `user_agent` when given.
 pub fn rate_limited(
     client: kube::Client,
     qps: f32,
     burst: i32,
     user_agent: Option<&str>,
 ) -> kube::Client {
-    let limiter = Arc::new(CloudRateLimiter::new(
-        f64::from(qps),
-        u32::try_from(burst).unwrap_or(0),
-    ));
-    wrap(client, limiter, user_agent, None)
+    wrap(client, Arc::new(token_bucket(qps, burst)), user_agent, None)
 }
 
 fn wrap(
@@ -185,13 +197,13 @@ impl std::fmt::Debug for ClientBuilder {
 }
 
 impl ClientBuilder {
-    /// Clients over `root`, the manager's own connection; `config`, when known, lets
-    /// controllers connect as their own service accounts.
+    /// Clients over `root`, the manager's own connection, without limit; `config`, when
+    /// known, lets controllers connect as their own service accounts.
     pub fn new(root: kube::Client, config: Option<kube::Config>) -> Self {
         ClientBuilder {
             root,
             config,
-            qps: 0.0,
+            qps: -1.0,
             burst: 0,
             service_accounts: false,
         }
@@ -223,10 +235,7 @@ impl ClientBuilder {
     }
 
     fn limiter(&self) -> Arc<CloudRateLimiter> {
-        Arc::new(CloudRateLimiter::new(
-            f64::from(self.qps),
-            u32::try_from(self.burst).unwrap_or(0),
-        ))
+        Arc::new(token_bucket(self.qps, self.burst))
     }
 
     /// A client with the manager's identity, its own limiter and `name` in its user agent.
@@ -436,14 +445,25 @@ mod tests {
         let all = (0..100).map(|_| get_version(&client));
         futures::future::join_all(all).await;
         assert!(start.elapsed() >= Duration::from_millis(3500));
-        // qps <= 0: unlimited.
+        // client-go: a negative QPS is no limit; 0 is its defaults, 5 QPS and bursts of 10.
         let (inner, _) = api();
-        let client = rate_limited(inner, 0.0, 0, None);
+        let client = rate_limited(inner, -1.0, 0, None);
         let start = tokio::time::Instant::now();
         for _ in 0..100 {
             get_version(&client).await;
         }
         assert_eq!(start.elapsed(), Duration::ZERO);
+        let (inner, _) = api();
+        let client = rate_limited(inner, 0.0, 0, None);
+        let start = tokio::time::Instant::now();
+        for _ in 0..20 {
+            get_version(&client).await;
+        }
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(2),
+            "10 at once, then 5 per second"
+        );
     }
 
     /// Upstream's `AddUserAgent`: each controller's client names it; each has its own

@@ -257,10 +257,10 @@ pub struct CloudControllerManagerOptions {
     pub controller_start_interval: GoDuration,
     /// Queries per second to the API server (upstream's CCM default 20): a client-side token
     /// bucket per client, as client-go's (one per controller, one for the shared caches);
-    /// 0 or less is unlimited.
+    /// as client-go, 0 means 5 and a negative value no limit.
     #[arg(long, default_value_t = 20.0)]
     pub kube_api_qps: f32,
-    /// Burst to the API server (upstream's CCM default 30).
+    /// Burst to the API server (upstream's CCM default 30; 0 means client-go's 10).
     #[arg(long, default_value_t = 30)]
     pub kube_api_burst: i32,
     /// Content type of API requests. Requests are JSON: `application/json` is honoured,
