@@ -363,3 +363,157 @@ async fn client_ca_comes_from_the_extension_apiserver_authentication_configmap()
     let masters = ccm.client(Credentials::Certificate(&master)).await;
     assert_eq!(get(&masters, "/metrics").await.unwrap().0, 403);
 }
+
+/// The admin kubeconfig of `cluster`, written to a file (as `--kubeconfig` takes it).
+fn admin_kubeconfig_file(cluster: &TestServer, dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("admin.kubeconfig");
+    std::fs::write(&path, cluster.admin_kubeconfig()).unwrap();
+    path
+}
+
+/// Upstream's `DynamicControllerClientBuilder` (`--use-service-account-credentials`): each
+/// controller's client is its own service account in kube-system (created when missing,
+/// with a TokenRequest token), under upstream's client names, so the cluster's RBAC sees
+/// `system:serviceaccount:kube-system:route-controller`, not the manager.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_account_credentials_give_each_controller_its_own_identity() {
+    use cloud_provider::app::kube_client::ClientBuilder;
+    use k8s_openapi::api::core::v1::Node;
+
+    let cluster = cluster().await;
+    let admin = cluster.admin_client().await.unwrap();
+    let config = client_config(&cluster.admin_kubeconfig()).await.unwrap();
+    let clients = ClientBuilder::new(admin.clone(), Some(config))
+        .with_rate_limit(20.0, 30)
+        .with_service_account_credentials(true);
+    let shutdown = CancellationToken::new();
+    for (controller, account) in [
+        ("node-route-controller", "route-controller"),
+        ("cloud-node-lifecycle-controller", "node-controller"),
+    ] {
+        let client = clients
+            .controller_client(controller, shutdown.child_token())
+            .await
+            .expect("a service-account client");
+        let error = Api::<Node>::all(client)
+            .list(&Default::default())
+            .await
+            .expect_err("the controller's account has no role yet");
+        let kube::Error::Api(status) = error else {
+            panic!("not an API error: {error}");
+        };
+        assert_eq!(status.code, 403, "{}", status.message);
+        assert!(
+            status
+                .message
+                .contains(&format!("system:serviceaccount:kube-system:{account}")),
+            "{}",
+            status.message
+        );
+        Api::<ServiceAccount>::namespaced(admin.clone(), "kube-system")
+            .get(account)
+            .await
+            .expect("the account was created");
+    }
+    shutdown.cancel();
+    // Without the flag, the manager's identity (the admin here) is kept.
+    let config = client_config(&cluster.admin_kubeconfig()).await.unwrap();
+    let shared = ClientBuilder::new(admin.clone(), Some(config))
+        .controller_client("node-route-controller", CancellationToken::new())
+        .await
+        .unwrap();
+    Api::<Node>::all(shared)
+        .list(&Default::default())
+        .await
+        .expect("the admin lists nodes");
+}
+
+/// Issue 13: the flags of upstream's example DaemonSet (kubernetes.io, "Cloud Controller
+/// Manager Administration") start the manager through `app::run` against a cluster given by
+/// `--kubeconfig`: it serves HTTPS, leads, starts the controllers with their own service
+/// accounts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_example_daemonset_flags_start_the_manager() {
+    let cluster = cluster().await;
+    let dir = cluster.dir().join("example");
+    let kubeconfig = admin_kubeconfig_file(&cluster, &dir).display().to_string();
+    let port = free_port();
+    let port_arg = port.to_string();
+    let cert_dir = dir.join("certs").display().to_string();
+    let options = CloudControllerManagerOptions::try_parse_from([
+        "cloud-controller-manager",
+        // The example's container args.
+        "--cloud-provider=fake",
+        "--leader-elect=true",
+        "--use-service-account-credentials",
+        "--allocate-node-cidrs=true",
+        "--configure-cloud-routes=true",
+        "--cluster-cidr=172.17.0.0/16",
+        // How this test reaches its cluster and port.
+        "--kubeconfig",
+        &kubeconfig,
+        "--bind-address=127.0.0.1",
+        "--secure-port",
+        &port_arg,
+        "--cert-dir",
+        &cert_dir,
+    ])
+    .expect("upstream's flags parse");
+    let manager = tokio::spawn(cloud_provider::app::run(
+        options,
+        cloud_provider::app::default_registry(),
+    ));
+    let ccm = Ccm {
+        port,
+        cert_dir: dir.join("certs"),
+        shutdown: CancellationToken::new(),
+        task: manager,
+    };
+    let admin = cluster.admin_client().await.unwrap();
+    let accounts = Api::<ServiceAccount>::namespaced(admin, "kube-system");
+    let mut healthz = String::new();
+    for _ in 0..200 {
+        assert!(!ccm.task.is_finished(), "the manager stopped");
+        if ccm.cert_dir.join("cloud-controller-manager.crt").is_file()
+            && let Ok((200, body)) = get(
+                &ccm.client(Credentials::Anonymous).await,
+                "/healthz?verbose",
+            )
+            .await
+        {
+            healthz = body;
+            if healthz.contains("node-route-controller")
+                && accounts
+                    .get_opt("route-controller")
+                    .await
+                    .unwrap()
+                    .is_some()
+            {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for check in [
+        "leaderElection",
+        "cloud-node-controller",
+        "cloud-node-lifecycle-controller",
+        "service-lb-controller",
+        "node-route-controller",
+    ] {
+        assert!(healthz.contains(check), "{check} in {healthz}");
+    }
+    for account in [
+        "cloud-node-controller",
+        "node-controller",
+        "service-controller",
+        "route-controller",
+    ] {
+        assert!(
+            accounts.get_opt(account).await.unwrap().is_some(),
+            "kube-system/{account}"
+        );
+    }
+    ccm.task.abort();
+}
