@@ -52,6 +52,9 @@ pub const AUTHENTICATION_CONFIGMAP: (&str, &str) =
 pub const GROUP_MASTERS: &str = "system:masters";
 /// The group every authenticated user is in.
 pub const GROUP_AUTHENTICATED: &str = "system:authenticated";
+/// How long a TokenReview or SubjectAccessReview may take (upstream's `TokenRequestTimeout`
+/// and `ClientTimeout`, 10 s each).
+pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 /// The user of requests without credentials.
 pub const USER_ANONYMOUS: &str = "system:anonymous";
 /// The group of requests without credentials.
@@ -179,10 +182,13 @@ impl TokenReviewer {
             ..TokenReview::default()
         };
         let api = kube::Api::<TokenReview>::all(self.client.clone());
-        let answer = api
-            .create(&kube::api::PostParams::default(), &review)
-            .await
-            .map_err(|e| format!("TokenReview failed: {e}"))?;
+        let answer = tokio::time::timeout(
+            REVIEW_TIMEOUT,
+            api.create(&kube::api::PostParams::default(), &review),
+        )
+        .await
+        .map_err(|_| format!("TokenReview timed out after {REVIEW_TIMEOUT:?}"))?
+        .map_err(|e| format!("TokenReview failed: {e}"))?;
         let status = answer.status.unwrap_or_default();
         let result = match (status.authenticated, status.user) {
             (Some(true), Some(user)) => Ok(User {
@@ -262,10 +268,13 @@ impl AccessReviewer {
             ..SubjectAccessReview::default()
         };
         let api = kube::Api::<SubjectAccessReview>::all(self.client.clone());
-        let answer = api
-            .create(&kube::api::PostParams::default(), &review)
-            .await
-            .map_err(|e| format!("SubjectAccessReview failed: {e}"))?;
+        let answer = tokio::time::timeout(
+            REVIEW_TIMEOUT,
+            api.create(&kube::api::PostParams::default(), &review),
+        )
+        .await
+        .map_err(|_| format!("SubjectAccessReview timed out after {REVIEW_TIMEOUT:?}"))?
+        .map_err(|e| format!("SubjectAccessReview failed: {e}"))?;
         let status = answer.status.unwrap_or_default();
         let decision = (status.allowed, status.reason.unwrap_or_default());
         let ttl = if decision.0 {
@@ -575,6 +584,122 @@ mod tests {
         .authenticated()
         .authenticated();
         assert_eq!(user.groups, vec![GROUP_AUTHENTICATED]);
+    }
+
+    /// An in-memory API answering reviews: tokens `good-*` authenticate as `alice`, the SAR
+    /// allows `alice` only; counts the reviews it answers.
+    fn review_api() -> (kube::Client, Arc<[std::sync::atomic::AtomicUsize; 2]>) {
+        use axum::routing::post;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let counts = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let (tokens, access) = (counts.clone(), counts.clone());
+        let router = axum::Router::new()
+            .route(
+                "/apis/authentication.k8s.io/v1/tokenreviews",
+                post(move |axum::Json(review): axum::Json<serde_json::Value>| {
+                    tokens[0].fetch_add(1, Ordering::SeqCst);
+                    let good = review["spec"]["token"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with("good-"));
+                    let status = if good {
+                        serde_json::json!({"authenticated": true,
+                            "user": {"username": "alice", "groups": ["dev"]}})
+                    } else {
+                        serde_json::json!({"authenticated": false, "error": "bad token"})
+                    };
+                    async move {
+                        axum::Json(serde_json::json!({
+                            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                            "spec": review["spec"], "status": status}))
+                    }
+                }),
+            )
+            .route(
+                "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+                post(move |axum::Json(review): axum::Json<serde_json::Value>| {
+                    access[1].fetch_add(1, Ordering::SeqCst);
+                    let allowed = review["spec"]["user"] == "alice"
+                        && review["spec"]["nonResourceAttributes"]
+                            == serde_json::json!({"path": "/metrics", "verb": "get"});
+                    async move {
+                        axum::Json(serde_json::json!({
+                            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                            "spec": review["spec"],
+                            "status": {"allowed": allowed, "reason": if allowed { "" } else { "no RBAC rule" }}}))
+                    }
+                }),
+            );
+        (kube::Client::new(router, "default"), counts)
+    }
+
+    /// Upstream's caches: TokenReview answers (good and bad) for
+    /// `--authentication-token-webhook-cache-ttl`, SubjectAccessReview answers for
+    /// `--authorization-webhook-cache-authorized-ttl` / `-unauthorized-ttl`; a denied review
+    /// gives upstream's 403 message with the reviewer's reason; a bad token is 401.
+    #[tokio::test(start_paused = true)]
+    async fn reviews_are_cached_for_their_ttl() {
+        use std::sync::atomic::Ordering;
+        let (client, counts) = review_api();
+        let auth = DelegatedAuth::new(
+            Some(TokenReviewer::new(client.clone(), Duration::from_secs(10))),
+            Some(AccessReviewer::new(
+                client,
+                Duration::from_secs(10),
+                Duration::from_secs(5),
+            )),
+            defaults(),
+        );
+        let bearer = |token: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                header::AUTHORIZATION,
+                HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+            );
+            headers
+        };
+        let reviews = || {
+            (
+                counts[0].load(Ordering::SeqCst),
+                counts[1].load(Ordering::SeqCst),
+            )
+        };
+        let good = bearer("good-1");
+        assert_eq!(
+            auth.decide(None, &good, "GET", "/metrics").await,
+            Decision::Allow
+        );
+        assert_eq!(
+            auth.decide(None, &good, "GET", "/metrics").await,
+            Decision::Allow
+        );
+        assert_eq!(
+            reviews(),
+            (1, 1),
+            "the second request is answered from the caches"
+        );
+        assert_eq!(
+            auth.decide(None, &good, "GET", "/configz").await,
+            Decision::Forbidden(
+                "forbidden: User \"alice\" cannot get path \"/configz\": no RBAC rule".into()
+            )
+        );
+        assert_eq!(reviews(), (1, 2));
+        let bad = bearer("forged");
+        assert_eq!(
+            auth.decide(None, &bad, "GET", "/healthz").await,
+            Decision::Unauthorized("bad token".into())
+        );
+        auth.decide(None, &bad, "GET", "/healthz").await;
+        assert_eq!(reviews(), (2, 2), "refusals are cached too");
+        // The denied answer expires first (5 s), then the rest (10 s).
+        tokio::time::advance(Duration::from_secs(6)).await;
+        auth.decide(None, &good, "GET", "/configz").await;
+        auth.decide(None, &good, "GET", "/metrics").await;
+        assert_eq!(reviews(), (2, 3));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        auth.decide(None, &good, "GET", "/metrics").await;
+        auth.decide(None, &bad, "GET", "/metrics").await;
+        assert_eq!(reviews(), (4, 4));
     }
 
     /// The caches expire on tokio time.
