@@ -517,3 +517,65 @@ async fn upstream_example_daemonset_flags_start_the_manager() {
     }
     ccm.task.abort();
 }
+
+/// Upstream's `lookupMissingConfigInCluster`: a client-CA ConfigMap the manager may not read
+/// is a startup error naming `--authentication-tolerate-lookup-failure`; with that flag the
+/// manager starts without client-certificate authentication.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forbidden_client_ca_lookup_fails_unless_tolerated() {
+    let cluster = cluster().await;
+    let nobody = cluster
+        .client(&cluster.kubeconfig_for("nobody", &[]).unwrap())
+        .await
+        .unwrap();
+    let options = |extra: &[&str]| {
+        let port = free_port().to_string();
+        let mut args = vec![
+            "ccm",
+            "--cloud-provider=fake",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            "--secure-port",
+            &port,
+        ];
+        args.extend_from_slice(extra);
+        CloudControllerManagerOptions::try_parse_from(args).unwrap()
+    };
+    let error = cloud_provider::app::run_with(
+        options(&[]),
+        ControllerRegistry::new(),
+        Arc::new(FakeCloud::default()),
+        nobody.clone(),
+        CancellationToken::new(),
+        HealthChecks::new(),
+    )
+    .await
+    .expect_err("the lookup is forbidden");
+    assert!(matches!(error, AppError::Delegation(_)), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("extension-apiserver-authentication")
+            && error
+                .to_string()
+                .contains("--authentication-tolerate-lookup-failure"),
+        "{error}"
+    );
+
+    let shutdown = CancellationToken::new();
+    let tolerated = tokio::spawn(cloud_provider::app::run_with(
+        options(&["--authentication-tolerate-lookup-failure"]),
+        ControllerRegistry::new(),
+        Arc::new(FakeCloud::default()),
+        nobody,
+        shutdown.clone(),
+        HealthChecks::new(),
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!tolerated.is_finished(), "{:?}", tolerated.await);
+    shutdown.cancel();
+    tolerated
+        .await
+        .unwrap()
+        .expect("a clean stop after a tolerated lookup failure");
+}
