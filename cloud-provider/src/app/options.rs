@@ -197,10 +197,12 @@ pub struct CloudControllerManagerOptions {
     /// API server address, overriding the kubeconfig's.
     #[arg(long)]
     pub master: Option<String>,
-    /// Port of the health and metrics endpoints; 0 disables serving.
+    /// HTTPS port of `/healthz`, `/readyz`, `/livez`, `/metrics` and `/configz`, with
+    /// delegated authentication and authorization; 0 disables serving (and the auth setup).
     #[arg(long, default_value_t = 10258)]
     pub secure_port: u16,
-    /// Address of the health and metrics endpoints.
+    /// Address the secure port binds (upstream's default 0.0.0.0; the embedded mode binds
+    /// 127.0.0.1).
     #[arg(long, default_value = "0.0.0.0")]
     pub bind_address: IpAddr,
     /// Run even when the cloud reports no cluster ID (deprecated upstream).
