@@ -45,6 +45,9 @@ pub const PAIR_NAME: &str = "cloud-controller-manager";
 
 /// How long a client has to complete the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most TLS handshakes in progress at once; beyond that new connections are closed, so
+/// clients that never finish a handshake cannot pile up tasks.
+pub const MAX_HANDSHAKES: usize = 1024;
 
 /// Why secure serving could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -529,6 +532,7 @@ async fn accept_loop(
     ready: mpsc::Sender<(TlsStream<TcpStream>, Peer)>,
     shutdown: CancellationToken,
 ) {
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     loop {
         let (stream, addr) = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -542,9 +546,15 @@ async fn accept_loop(
                 }
             },
         };
+        let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+            tracing::warn!(peer = %addr, MAX_HANDSHAKES, "too many TLS handshakes in progress: closing the new connection");
+            drop(stream);
+            continue;
+        };
         let acceptor = acceptor.clone();
         let ready = ready.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let stream =
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(stream)) => stream,
