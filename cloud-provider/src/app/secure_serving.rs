@@ -644,6 +644,80 @@ mod tests {
         dir
     }
 
+    /// A TLS handshake over an in-memory pipe between `server` and a TLS 1.2 client limited
+    /// to `suite` (any when `None`): whether it completes.
+    async fn tls12_handshake(
+        server: Arc<rustls::ServerConfig>,
+        ca_pem: &str,
+        suite: Option<&str>,
+    ) -> bool {
+        let mut provider = rustls::crypto::ring::default_provider();
+        if let Some(suite) = suite {
+            provider
+                .cipher_suites
+                .retain(|s| format!("{:?}", s.suite()) == suite);
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        for der in certificates("ca", ca_pem).unwrap() {
+            roots.add(der).unwrap();
+        }
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        let acceptor = TlsAcceptor::from(server);
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let (server_side, client_side) = tokio::join!(
+            acceptor.accept(server_io),
+            connector.connect(name, client_io)
+        );
+        server_side.is_ok() && client_side.is_ok()
+    }
+
+    /// `--tls-min-version=VersionTLS13` refuses TLS 1.2 clients; `--tls-cipher-suites`
+    /// restricts the TLS 1.2 suites actually negotiated.
+    #[tokio::test]
+    async fn tls_flags_are_honoured_in_the_handshake() {
+        let cert =
+            self_signed("localhost", &[IpAddr::from([127, 0, 0, 1])], &["localhost"]).unwrap();
+        let ca = certificates("c", &cert.cert_pem).unwrap();
+        assert_eq!(ca.len(), 2);
+        let ca_pem = {
+            let start = cert.cert_pem[1..].find("-----BEGIN").unwrap() + 1;
+            cert.cert_pem[start..].to_owned()
+        };
+        let config = |min: Option<&str>, suites: &[&str]| {
+            TlsSettings {
+                min_version: min.map(str::to_owned),
+                cipher_suites: suites.iter().map(|s| s.to_string()).collect(),
+            }
+            .server_config(&cert, None)
+            .unwrap()
+        };
+        assert!(tls12_handshake(config(None, &[]), &ca_pem, None).await);
+        assert!(!tls12_handshake(config(Some("VersionTLS13"), &[]), &ca_pem, None).await);
+        let only_128 = config(None, &["TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"]);
+        assert!(
+            tls12_handshake(
+                only_128.clone(),
+                &ca_pem,
+                Some("TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256")
+            )
+            .await
+        );
+        assert!(
+            !tls12_handshake(
+                only_128,
+                &ca_pem,
+                Some("TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384")
+            )
+            .await
+        );
+    }
+
     #[test]
     fn explicit_files_must_come_in_pairs() {
         let source = CertSource {
