@@ -496,10 +496,12 @@ pub(crate) async fn run(
         cloud.provider_name(),
         ccm.controllers.join(",")
     ));
-    let ccm_client = kube::Client::new(
-        server.router_as(service_account_user(CCM_NAMESPACE, CCM_SERVICE_ACCOUNT)),
-        "default",
-    );
+    // With the token authenticator, so the ccm's secure port can ask for TokenReviews.
+    let mut ccm_router = server.router_as(service_account_user(CCM_NAMESPACE, CCM_SERVICE_ACCOUNT));
+    if let Some(tokens) = secure.tokens.clone() {
+        ccm_router = ccm_router.layer(axum::Extension(tokens));
+    }
+    let ccm_client = kube::Client::new(ccm_router, "default");
     let mut manager = tokio::spawn(cloud_provider::app::run_with(
         ccm,
         cloud_provider::app::default_registry(),

@@ -156,12 +156,25 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// upstream's delegated authorizer always allows); the ccm's self-signed serving
 /// certificate is not verified. `(status, body)`, or `None` while nothing answers.
 pub fn https_get(port: u16, path: &str, kubeconfig: &Path) -> Option<(u16, String)> {
+    let yaml = std::fs::read_to_string(kubeconfig).ok()?;
+    https_get_as(port, path, &yaml)
+}
+
+/// [`https_get`] with a bearer `token` instead of a client certificate.
+pub fn https_get_with_token(port: u16, path: &str, token: &str) -> Option<(u16, String)> {
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: https://127.0.0.1}}}}]\nusers: [{{name: u, user: {{token: {token}}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n"
+    );
+    https_get_as(port, path, &yaml)
+}
+
+fn https_get_as(port: u16, path: &str, kubeconfig_yaml: &str) -> Option<(u16, String)> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .ok()?;
     runtime.block_on(async {
-        let file = kube::config::Kubeconfig::read_from(kubeconfig).ok()?;
+        let file = kube::config::Kubeconfig::from_yaml(kubeconfig_yaml).ok()?;
         let mut config = kube::Config::from_custom_kubeconfig(file, &Default::default())
             .await
             .ok()?;
