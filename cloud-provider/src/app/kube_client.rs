@@ -248,6 +248,16 @@ impl ClientBuilder {
         )
     }
 
+    /// A client with the manager's identity and `name` in its user agent, without limiter.
+    pub fn unthrottled(&self, name: Option<&str>) -> kube::Client {
+        wrap(
+            self.root.clone(),
+            Arc::new(CloudRateLimiter::unlimited()),
+            Some(&user_agent(name)),
+            None,
+        )
+    }
+
     /// The client of `controller`: its own service account's when service-account
     /// credentials are on (the token renewed until `shutdown`), else the manager's
     /// identity; its own limiter and user agent either way.

@@ -503,7 +503,10 @@ impl Starter {
         let disabled = self.controllers.disabled_by_default();
         // One Node watch for every controller (upstream's shared informer factory).
         let nodes = NodeCache::new(self.client.clone(), token.clone());
-        let events = EventRecorder::new(self.client.clone());
+        // Events go through client-go's correlator (spam filter) but, unlike upstream's
+        // asynchronous broadcaster, are written inline by the controllers: their writes are
+        // not held by --kube-api-qps, so a controller never waits on an Event.
+        let events = EventRecorder::new(self.clients.unthrottled(Some("event-broadcaster")));
         let mut running = Vec::new();
         let interval = self.options.controller_start_interval.value;
         let mut first = true;
