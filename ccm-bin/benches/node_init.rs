@@ -170,6 +170,9 @@ fn main() -> anyhow::Result<()> {
         "0",
         "--cluster-cidr",
         "100.64.0.0/10",
+        // No client-side API limit (upstream's default of 20 QPS per client would measure
+        // the limiter, not the controllers); as before --kube-api-qps was honoured.
+        "--kube-api-qps=-1",
     ];
     let syncs = arg("--concurrent-node-syncs", 1).to_string();
     if upstream {

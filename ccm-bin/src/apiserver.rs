@@ -140,6 +140,9 @@ pub(crate) struct SecureServing {
     pub(crate) url: String,
     /// The server, until shutdown.
     pub(crate) task: tokio::task::JoinHandle<Result<(), core_cluster::serve::ServeError>>,
+    /// The service-account token authenticator, for in-process routers that serve
+    /// TokenRequest and TokenReview (the network router has it already).
+    pub(crate) tokens: Option<std::sync::Arc<core_cluster::auth::token::TokenAuthenticator>>,
 }
 
 impl SecureServing {
@@ -164,6 +167,7 @@ impl SecureServing {
         if let Some(path) = kubeconfig {
             serve::write_kubeconfig(path, &security.admin_kubeconfig(addr))?;
         }
+        let tokens = security.authenticator.tokens().cloned();
         let task = tokio::spawn({
             let server = server.clone();
             async move {
@@ -180,6 +184,7 @@ impl SecureServing {
         Ok(SecureServing {
             url: serve::https_url(addr),
             task,
+            tokens,
         })
     }
 }

@@ -389,7 +389,7 @@ fn embedded_cloud(
 /// stops with an error (then the error is returned, for a non-zero exit).
 pub(crate) async fn run(
     args: EmbeddedArgs,
-    ccm: CloudControllerManagerOptions,
+    mut ccm: CloudControllerManagerOptions,
 ) -> anyhow::Result<()> {
     let lifecycle = lifecycle_config(&args, &ccm)?;
     let ipam = ipam_config(&args, &ccm)?;
@@ -440,6 +440,11 @@ pub(crate) async fn run(
         shutdown.clone(),
     )
     .await?;
+    // The ccm's secure port trusts the cluster's client certificates (the kubeconfig's
+    // admin reads /metrics), as upstream's would through extension-apiserver-authentication.
+    if ccm.client_ca_file.is_none() {
+        ccm.client_ca_file = Some(data_dir.join("pki").join("ca.crt"));
+    }
     say(format_args!(
         "embedded cluster: API server on {}, store in {}",
         secure.url,
@@ -491,10 +496,12 @@ pub(crate) async fn run(
         cloud.provider_name(),
         ccm.controllers.join(",")
     ));
-    let ccm_client = kube::Client::new(
-        server.router_as(service_account_user(CCM_NAMESPACE, CCM_SERVICE_ACCOUNT)),
-        "default",
-    );
+    // With the token authenticator, so the ccm's secure port can ask for TokenReviews.
+    let mut ccm_router = server.router_as(service_account_user(CCM_NAMESPACE, CCM_SERVICE_ACCOUNT));
+    if let Some(tokens) = secure.tokens.clone() {
+        ccm_router = ccm_router.layer(axum::Extension(tokens));
+    }
+    let ccm_client = kube::Client::new(ccm_router, "default");
     let mut manager = tokio::spawn(cloud_provider::app::run_with(
         ccm,
         cloud_provider::app::default_registry(),

@@ -18,7 +18,7 @@ use std::{
 };
 
 use cloud_provider_aws::moto::{MotoServer, SeedSpec};
-use support::{http_get, require_kubectl, wait_until};
+use support::{https_get, require_kubectl, wait_until};
 
 struct Ccm {
     child: Child,
@@ -222,8 +222,10 @@ fn ccm_with_aws_initializes_nodes_named_after_moto_instances_and_ensures_nlbs() 
     assert_eq!(targets, expected, "every instance is a target");
 
     // The AWS provider's call metrics are on the ccm's /metrics, under upstream's names.
-    let metrics = http_get(metrics_port, "/metrics").unwrap_or_default();
-    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    // HTTPS with delegated auth: the admin's client certificate (the embedded cluster's CA
+    // is the ccm's client CA).
+    let (code, metrics) = https_get(metrics_port, "/metrics", &ccm.kubeconfig).unwrap_or_default();
+    assert_eq!(code, 200, "{metrics}");
     let count_of = |operation: &str| -> u64 {
         metrics
             .lines()

@@ -83,6 +83,17 @@ fn the_daemonset_runs_ccm_with_valid_flags_on_the_host_network() {
         ),
         "the probes hit the port ccm serves /livez on"
     );
+    for probe in [&container.liveness_probe, &container.readiness_probe] {
+        let scheme = probe
+            .as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .and_then(|g| g.scheme.clone());
+        assert_eq!(
+            scheme.as_deref(),
+            Some("HTTPS"),
+            "the secure port serves HTTPS"
+        );
+    }
 }
 
 #[test]
@@ -111,6 +122,11 @@ fn the_cluster_role_grants_every_call_the_controllers_make() {
             "leases",
             &["get", "create", "update"],
         ),
+        // The secure port's delegated authentication and authorization, and its client-CA
+        // lookup (upstream's system:auth-delegator and extension-apiserver-authentication-reader).
+        ("authentication.k8s.io", "tokenreviews", &["create"]),
+        ("authorization.k8s.io", "subjectaccessreviews", &["create"]),
+        ("", "configmaps", &["get"]),
     ];
     for (group, resource, verbs) in needed {
         for verb in verbs {

@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use support::{require_kubectl, wait_until};
+use support::{https_get, https_get_with_token, require_kubectl, wait_until};
 
 struct Embedded {
     child: Child,
@@ -29,14 +29,20 @@ impl Drop for Embedded {
 
 impl Embedded {
     fn start() -> Self {
+        // Tests run side by side: no fixed port for the ccm's health endpoint.
+        Self::start_serving(0)
+    }
+
+    /// The embedded default with the ccm's secure port on `secure_port` (0 = not served).
+    fn start_serving(secure_port: u16) -> Self {
+        let secure_port = secure_port.to_string();
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_ccm"))
             .args([
                 "--listen",
                 "127.0.0.1:0",
-                // Tests run side by side: no fixed port for the ccm's health endpoint.
                 "--secure-port",
-                "0",
+                &secure_port,
                 "--sim-nodes",
                 "3",
                 "--sim-zones",
@@ -88,6 +94,108 @@ impl Embedded {
         let out = self.command().args(args).output().unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
+
+    /// Applies `json` with kubectl (the typed `create` subcommands send protobuf).
+    fn apply(&self, json: &str) {
+        use std::io::Write;
+        let mut child = self
+            .command()
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(json.as_bytes())
+            .unwrap();
+        assert!(child.wait().unwrap().success(), "kubectl apply {json}");
+    }
+
+    /// A token for the service account `default/<name>` (TokenRequest).
+    fn token(&self, name: &str) -> String {
+        self.apply(&format!(
+            r#"{{"apiVersion":"v1","kind":"ServiceAccount","metadata":{{"name":"{name}","namespace":"default"}}}}"#
+        ));
+        let out = self
+            .command()
+            .args([
+                "create",
+                "--raw",
+                &format!("/api/v1/namespaces/default/serviceaccounts/{name}/token"),
+                "-f",
+                "-",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write;
+                child.stdin.take().unwrap().write_all(
+                    br#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{}}"#,
+                )?;
+                child.wait_with_output()
+            })
+            .unwrap();
+        let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        answer["status"]["token"].as_str().unwrap().to_owned()
+    }
+}
+
+/// The ccm's secure port in the embedded default, as upstream's delegated serving: a
+/// service-account token is checked with a TokenReview by the embedded cluster and its
+/// access with a SubjectAccessReview (RBAC `nonResourceURLs: [/metrics]` allows, none
+/// denies with 403), the written kubeconfig's admin certificate is allowed, anonymous
+/// `/healthz` is served.
+#[test]
+fn the_secure_port_delegates_auth_to_the_embedded_cluster() {
+    require_kubectl();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cluster = Embedded::start_serving(port);
+    let kubeconfig = cluster.dir.path().join("kubeconfig");
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            https_get(port, "/metrics", &kubeconfig).is_some_and(|(code, _)| code == 200)
+        }),
+        "the admin never read /metrics"
+    );
+    cluster.apply(
+        r#"{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRole","metadata":{"name":"scrape"},
+            "rules":[{"nonResourceURLs":["/metrics"],"verbs":["get"]}]}"#,
+    );
+    cluster.apply(
+        r#"{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRoleBinding","metadata":{"name":"scrape"},
+            "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"scrape"},
+            "subjects":[{"kind":"ServiceAccount","name":"prometheus","namespace":"default"}]}"#,
+    );
+    let scraper = cluster.token("prometheus");
+    let (code, metrics) = https_get_with_token(port, "/metrics", &scraper).unwrap();
+    assert_eq!(code, 200, "{metrics}");
+    assert!(
+        metrics.contains("running_managed_controllers{"),
+        "{metrics}"
+    );
+    let stranger = cluster.token("stranger");
+    let (code, message) = https_get_with_token(port, "/metrics", &stranger).unwrap();
+    assert_eq!(code, 403, "{message}");
+    assert!(
+        message.contains("system:serviceaccount:default:stranger"),
+        "{message}"
+    );
+    assert_eq!(
+        https_get_with_token(port, "/metrics", "forged").map(|(code, _)| code),
+        Some(401)
+    );
+    assert_eq!(
+        https_get_with_token(port, "/healthz", &stranger).map(|(code, _)| code),
+        Some(200)
+    );
 }
 
 #[test]

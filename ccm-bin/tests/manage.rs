@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use support::{ApiServerProcess, http_get, require_kubectl, wait_until};
+use support::{ApiServerProcess, https_get, require_kubectl, wait_until};
 
 const CLOUD: &str = r#"
 region = "test-region"
@@ -124,6 +124,10 @@ fn ccm_with_a_kubeconfig_manages_that_cluster() {
             &port.to_string(),
             "--kubeconfig",
             kubeconfig.to_str().unwrap(),
+            // The cluster CA verifies client certificates on the secure port (core-cluster
+            // does not publish kube-system/extension-apiserver-authentication).
+            "--client-ca-file",
+            dir.path().join("data/pki/ca.crt").to_str().unwrap(),
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -174,8 +178,8 @@ fn ccm_with_a_kubeconfig_manages_that_cluster() {
         server.kubectl_ok(&["get", "service", "web", "-o", "yaml"])
     );
 
-    let healthz = http_get(port, "/healthz?verbose").unwrap_or_default();
-    assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");
+    let (code, healthz) = https_get(port, "/healthz?verbose", &kubeconfig).unwrap_or_default();
+    assert_eq!(code, 200, "{healthz}");
     for check in [
         "leaderElection",
         "cloud-node-controller",
@@ -184,7 +188,8 @@ fn ccm_with_a_kubeconfig_manages_that_cluster() {
     ] {
         assert!(healthz.contains(check), "{check} in {healthz}");
     }
-    let metrics = http_get(port, "/metrics").unwrap_or_default();
+    let (code, metrics) = https_get(port, "/metrics", &kubeconfig).unwrap_or_default();
+    assert_eq!(code, 200, "{metrics}");
     assert!(
         metrics.contains("running_managed_controllers{"),
         "{metrics}"

@@ -13,5 +13,6 @@ mod metrics;
 mod provider_kit;
 mod registry;
 mod route;
+mod secure_port;
 mod service;
 mod tap;

@@ -151,17 +151,42 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     false
 }
 
-/// `GET path` over plain HTTP/1.1 on `127.0.0.1:port` (the ccm's health and metrics port);
-/// the whole response with its headers, or `None` while nothing answers.
-pub fn http_get(port: u16, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    Some(response)
+/// `GET path` over HTTPS on the ccm's secure port `127.0.0.1:port`, authenticated by the
+/// client certificate of `kubeconfig`'s user (the cluster admin, `system:masters`, which
+/// upstream's delegated authorizer always allows); the ccm's self-signed serving
+/// certificate is not verified. `(status, body)`, or `None` while nothing answers.
+pub fn https_get(port: u16, path: &str, kubeconfig: &Path) -> Option<(u16, String)> {
+    let yaml = std::fs::read_to_string(kubeconfig).ok()?;
+    https_get_as(port, path, &yaml)
+}
+
+/// [`https_get`] with a bearer `token` instead of a client certificate.
+pub fn https_get_with_token(port: u16, path: &str, token: &str) -> Option<(u16, String)> {
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: https://127.0.0.1}}}}]\nusers: [{{name: u, user: {{token: {token}}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n"
+    );
+    https_get_as(port, path, &yaml)
+}
+
+fn https_get_as(port: u16, path: &str, kubeconfig_yaml: &str) -> Option<(u16, String)> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    runtime.block_on(async {
+        let file = kube::config::Kubeconfig::from_yaml(kubeconfig_yaml).ok()?;
+        let mut config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+            .await
+            .ok()?;
+        config.cluster_url = format!("https://127.0.0.1:{port}").parse().ok()?;
+        config.root_cert = None;
+        config.accept_invalid_certs = true;
+        let client = kube::Client::try_from(config).ok()?;
+        let request = http::Request::get(path).body(Vec::new()).ok()?;
+        match client.request_text(request).await {
+            Ok(body) => Some((200, body)),
+            Err(kube::Error::Api(status)) => Some((status.code, status.message)),
+            Err(_) => None,
+        }
+    })
 }

@@ -2,10 +2,14 @@
 //! ([`leader`]), the health and metrics endpoints ([`serve`]) and the entry point a vendor's
 //! `main` calls ([`run()`]). Upstream's `k8s.io/cloud-provider/app` and `options`.
 
+pub mod configz;
 pub mod controllers;
+pub mod delegated;
+pub mod kube_client;
 pub mod leader;
 pub mod options;
 pub mod run;
+pub mod secure_serving;
 pub mod serve;
 pub mod upstream_flags;
 

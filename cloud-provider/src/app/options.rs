@@ -197,10 +197,12 @@ pub struct CloudControllerManagerOptions {
     /// API server address, overriding the kubeconfig's.
     #[arg(long)]
     pub master: Option<String>,
-    /// Port of the health and metrics endpoints; 0 disables serving.
+    /// HTTPS port of `/healthz`, `/readyz`, `/livez`, `/metrics` and `/configz`, with
+    /// delegated authentication and authorization; 0 disables serving (and the auth setup).
     #[arg(long, default_value_t = 10258)]
     pub secure_port: u16,
-    /// Address of the health and metrics endpoints.
+    /// Address the secure port binds (upstream's default 0.0.0.0; the embedded mode binds
+    /// 127.0.0.1).
     #[arg(long, default_value = "0.0.0.0")]
     pub bind_address: IpAddr,
     /// Run even when the cloud reports no cluster ID (deprecated upstream).
@@ -255,20 +257,76 @@ pub struct CloudControllerManagerOptions {
     /// Pause between controller starts (jitter 1.0: a random wait in [d, 2d)).
     #[arg(long, default_value = "0s")]
     pub controller_start_interval: GoDuration,
-    /// Queries per second to the API server (upstream's CCM default 20). Accepted: kube-rs has
-    /// no client-side limiter; the controllers bound their own concurrency instead.
+    /// Queries per second to the API server (upstream's CCM default 20): a client-side token
+    /// bucket per client, as client-go's (one per controller, one for the shared caches);
+    /// as client-go, 0 means 5 and a negative value no limit.
     #[arg(long, default_value_t = 20.0)]
     pub kube_api_qps: f32,
-    /// Burst to the API server (upstream's CCM default 30). Accepted, see `--kube-api-qps`.
+    /// Burst to the API server (upstream's CCM default 30; 0 means client-go's 10).
     #[arg(long, default_value_t = 30)]
     pub kube_api_burst: i32,
-    /// Content type of API requests. Accepted: requests are always JSON.
+    /// Content type of API requests. Requests are JSON: `application/json` is honoured,
+    /// protobuf (upstream's default) is answered with JSON and logged.
     #[arg(long, default_value = "application/vnd.kubernetes.protobuf")]
     pub kube_api_content_type: String,
-    /// One client per controller with its own service-account token (upstream). Accepted: the
-    /// controllers share the manager's identity.
+    /// One client per controller authenticating as its own service account in `kube-system`
+    /// (`cloud-node-controller`, `node-controller`, `service-controller`, `route-controller`),
+    /// with a TokenRequest token renewed before it expires (upstream's dynamic client
+    /// builder).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub use_service_account_credentials: bool,
+    /// Informer resync lower bound (upstream default 12h). The watch caches here resync by
+    /// re-listing only after a watch error, so the value is validated and shown in
+    /// `/configz`; a non-default value is warned about.
+    #[arg(long, default_value = "12h")]
+    pub min_resync_period: GoDuration,
+    /// Directory of the self-signed serving pair `cloud-controller-manager.crt|.key`,
+    /// generated there when missing; ignored with `--tls-cert-file`. Empty: generated in
+    /// memory.
+    #[arg(long)]
+    pub cert_dir: Option<PathBuf>,
+    /// Serving certificate (PEM, the chain after it) of the secure port.
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Key of `--tls-cert-file` (PEM).
+    #[arg(long)]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// Minimum TLS version, Go's names (`VersionTLS12`, `VersionTLS13`; 1.0 and 1.1 serve
+    /// from 1.2 with a warning).
+    #[arg(long)]
+    pub tls_min_version: Option<String>,
+    /// TLS 1.2 cipher suites, Go's names; those rustls lacks are dropped with a warning.
+    #[arg(long, value_delimiter = ',')]
+    pub tls_cipher_suites: Vec<String>,
+    /// CA bundle verifying client certificates (CN user, O groups) on the secure port.
+    #[arg(long)]
+    pub client_ca_file: Option<PathBuf>,
+    /// Kubeconfig of the cluster that reviews tokens (TokenReview); default: the manager's
+    /// own connection.
+    #[arg(long)]
+    pub authentication_kubeconfig: Option<PathBuf>,
+    /// Do not read the client CA from `kube-system/extension-apiserver-authentication`.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub authentication_skip_lookup: bool,
+    /// Start even when that ConfigMap cannot be read (without client certificates then).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub authentication_tolerate_lookup_failure: bool,
+    /// How long TokenReview answers are cached.
+    #[arg(long, default_value = "10s")]
+    pub authentication_token_webhook_cache_ttl: GoDuration,
+    /// Kubeconfig of the cluster that reviews access (SubjectAccessReview); default: the
+    /// manager's own connection.
+    #[arg(long)]
+    pub authorization_kubeconfig: Option<PathBuf>,
+    /// Paths served without authorization (exact, or a prefix ending in `*`).
+    #[arg(long, value_delimiter = ',', default_value = "/healthz,/readyz,/livez")]
+    pub authorization_always_allow_paths: Vec<String>,
+    /// How long allowed SubjectAccessReview answers are cached.
+    #[arg(long, default_value = "10s")]
+    pub authorization_webhook_cache_authorized_ttl: GoDuration,
+    /// How long denied SubjectAccessReview answers are cached.
+    #[arg(long, default_value = "10s")]
+    pub authorization_webhook_cache_unauthorized_ttl: GoDuration,
     /// Upstream flags accepted for compatibility, with a warning.
     #[command(flatten)]
     pub accepted: super::upstream_flags::AcceptedFlags,
@@ -331,11 +389,20 @@ impl CloudControllerManagerOptions {
                 format!("--{flag}={value} is accepted for compatibility and has no effect")
             })
             .collect();
-        if self.use_service_account_credentials {
-            warnings.push(
-                "--use-service-account-credentials: the controllers share the manager's credentials"
-                    .to_owned(),
-            );
+        match self.kube_api_content_type.as_str() {
+            "application/json" | "application/vnd.kubernetes.protobuf" => {}
+            other => warnings.push(format!(
+                "--kube-api-content-type={other}: requests are sent as application/json"
+            )),
+        }
+        if self.min_resync_period.value != Duration::from_secs(12 * 3600) {
+            warnings.push(format!(
+                "--min-resync-period={:?}: the watch caches here do not resync periodically",
+                self.min_resync_period.value
+            ));
+        }
+        if let Ok(tls) = self.tls_settings().check() {
+            warnings.extend(tls);
         }
         if let Ok(gates) = super::upstream_flags::parse_feature_gates(&self.feature_gates) {
             for gate in gates.keys() {
@@ -345,6 +412,24 @@ impl CloudControllerManagerOptions {
             }
         }
         warnings
+    }
+
+    /// The TLS settings of the secure port (`--tls-min-version`, `--tls-cipher-suites`).
+    pub fn tls_settings(&self) -> super::secure_serving::TlsSettings {
+        super::secure_serving::TlsSettings {
+            min_version: self.tls_min_version.clone(),
+            cipher_suites: self.tls_cipher_suites.clone(),
+        }
+    }
+
+    /// Where the serving certificate comes from (empty paths count as not given).
+    pub fn cert_source(&self) -> super::secure_serving::CertSource {
+        let given = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+        super::secure_serving::CertSource {
+            cert_file: given(&self.tls_cert_file),
+            key_file: given(&self.tls_private_key_file),
+            cert_dir: given(&self.cert_dir),
+        }
     }
 
     /// Checks the flags; every problem is listed in the error.
@@ -465,6 +550,36 @@ impl CloudControllerManagerOptions {
             && let Err(error) = self.cluster_cidrs()
         {
             errors.push(error);
+        }
+        if let Err(error) = self.tls_settings().check() {
+            errors.push(error.to_string());
+        }
+        if self.tls_cert_file.is_some() != self.tls_private_key_file.is_some() {
+            errors.push(
+                "--tls-cert-file and --tls-private-key-file must be given together".to_owned(),
+            );
+        }
+        for (flag, value) in [
+            ("--min-resync-period", self.min_resync_period),
+            (
+                "--authentication-token-webhook-cache-ttl",
+                self.authentication_token_webhook_cache_ttl,
+            ),
+            (
+                "--authorization-webhook-cache-authorized-ttl",
+                self.authorization_webhook_cache_authorized_ttl,
+            ),
+            (
+                "--authorization-webhook-cache-unauthorized-ttl",
+                self.authorization_webhook_cache_unauthorized_ttl,
+            ),
+        ] {
+            if value.negative && !value.value.is_zero() {
+                errors.push(format!("{flag} cannot be negative"));
+            }
+        }
+        if !self.kube_api_qps.is_finite() {
+            errors.push("--kube-api-qps must be a number".to_owned());
         }
         if self.webhook_secure_port != 0 && self.webhook_secure_port == self.secure_port {
             errors.push(format!(
@@ -606,6 +721,21 @@ mod tests {
         );
         assert!(!o.use_service_account_credentials);
         assert_eq!(o.concurrent_node_status_updates, 0);
+        // Secure serving and delegated auth (upstream's `TestDefaultFlags`).
+        assert_eq!(o.cert_source(), Default::default());
+        assert_eq!(
+            o.authorization_always_allow_paths,
+            vec!["/healthz", "/readyz", "/livez"]
+        );
+        for ttl in [
+            o.authentication_token_webhook_cache_ttl,
+            o.authorization_webhook_cache_authorized_ttl,
+            o.authorization_webhook_cache_unauthorized_ttl,
+        ] {
+            assert_eq!(ttl.value, Duration::from_secs(10));
+        }
+        assert!(!o.authentication_skip_lookup && !o.authentication_tolerate_lookup_failure);
+        assert_eq!(o.min_resync_period.value, Duration::from_secs(12 * 3600));
         assert!(o.controller_start_interval.value.is_zero());
         assert_eq!(o.verbosity, 0);
         assert!(o.compatibility_warnings().is_empty());
@@ -674,29 +804,69 @@ mod tests {
         assert_eq!(o.effective_log_format(), LogFormat::Json);
         assert_eq!(o.concurrent_node_status_updates, 4);
         assert_eq!(o.controller_start_interval.value, Duration::from_secs(2));
+        // The secure-serving and delegated-auth flags now have their effect.
         assert_eq!(
-            o.accepted.authentication_kubeconfig.as_deref(),
-            Some("/etc/kubernetes/ccm.conf")
+            o.authentication_kubeconfig.as_deref(),
+            Some(std::path::Path::new("/etc/kubernetes/ccm.conf"))
+        );
+        assert!(o.authentication_skip_lookup);
+        assert_eq!(
+            o.authorization_always_allow_paths,
+            vec!["/healthz", "/metrics"]
+        );
+        let source = o.cert_source();
+        assert_eq!(
+            source.cert_file.as_deref(),
+            Some(std::path::Path::new("/etc/tls/tls.crt"))
         );
         assert_eq!(
-            o.accepted.authentication_skip_lookup.as_deref(),
-            Some("true")
+            source.key_file.as_deref(),
+            Some(std::path::Path::new("/etc/tls/tls.key"))
         );
+        assert_eq!(
+            source.cert_dir.as_deref(),
+            Some(std::path::Path::new("/var/run/ccm"))
+        );
+        assert_eq!(o.kube_api_content_type, "application/json");
         let warnings = o.compatibility_warnings().join("\n");
-        for flag in [
-            "--vmodule",
-            "--authentication-skip-lookup",
-            "--tls-cert-file",
-            "--profiling",
-            "--min-resync-period",
-            "LoggingBetaOptions",
-        ] {
+        for flag in ["--vmodule", "--profiling", "LoggingBetaOptions"] {
             assert!(
                 warnings.contains(flag),
                 "no warning about {flag}: {warnings}"
             );
         }
         assert!(!warnings.contains("WatchBasedRoutes"), "{warnings}");
+        for honoured in [
+            "--authentication",
+            "--tls-cert-file",
+            "--cert-dir",
+            "--kube-api",
+            "--min-resync-period",
+            "--use-service-account-credentials",
+        ] {
+            assert!(
+                !warnings.contains(honoured),
+                "{honoured} is honoured: {warnings}"
+            );
+        }
+        // A non-default resync period and TLS values rustls cannot honour are warned about.
+        let o = parse(&[
+            "--min-resync-period=1h",
+            "--tls-min-version=VersionTLS11",
+            "--kube-api-content-type=application/cbor",
+        ]);
+        o.validate().unwrap();
+        let warnings = o.compatibility_warnings().join("\n");
+        for flag in [
+            "--min-resync-period",
+            "--tls-min-version",
+            "--kube-api-content-type",
+        ] {
+            assert!(
+                warnings.contains(flag),
+                "no warning about {flag}: {warnings}"
+            );
+        }
         // Malformed feature gates are an error, as upstream.
         assert!(
             errors(&["--feature-gates=Foo"])

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::delegated::{AccessReviewer, DelegatedAuth, TokenReviewer};
+use super::kube_client::ClientBuilder;
 use super::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
 use super::options::{
     CloudControllerManagerOptions, LogFormat, OptionsError, is_controller_enabled,
@@ -108,6 +110,12 @@ pub enum AppError {
     /// The endpoints could not be served.
     #[error("serving endpoints: {0}")]
     Serve(#[from] std::io::Error),
+    /// Secure serving could not be set up (certificates, TLS flags, the port).
+    #[error("secure serving: {0}")]
+    SecureServing(#[from] super::secure_serving::ServingError),
+    /// Delegated authentication could not be set up.
+    #[error(transparent)]
+    Delegation(#[from] super::delegated::DelegationError),
     /// Leadership was lost (upstream exits 1).
     #[error(transparent)]
     Leader(#[from] LeaderError),
@@ -155,10 +163,10 @@ pub fn init_logging_for(options: &CloudControllerManagerOptions) {
     );
 }
 
-/// The cluster client `--kubeconfig` / `--master` describe, else the in-cluster config.
-pub async fn cluster_client(
+/// The cluster configuration `--kubeconfig` / `--master` describe, else the in-cluster one.
+pub async fn cluster_config(
     options: &CloudControllerManagerOptions,
-) -> Result<kube::Client, AppError> {
+) -> Result<kube::Config, AppError> {
     let cluster = |e: &dyn std::fmt::Display| AppError::Cluster(e.to_string());
     let master = options
         .master
@@ -167,28 +175,132 @@ pub async fn cluster_client(
         .map(|m| m.parse::<axum::http::Uri>())
         .transpose()
         .map_err(|e| cluster(&e))?;
-    let config = match (&options.kubeconfig, master) {
+    match (&options.kubeconfig, master) {
         (Some(path), master) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| cluster(&e))?;
-            let mut config = kube::Config::from_custom_kubeconfig(
-                kubeconfig,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .map_err(|e| cluster(&e))?;
+            let mut config = kubeconfig_file(path).await?;
             if let Some(master) = master {
                 config.cluster_url = master;
             }
-            config
+            Ok(config)
         }
-        (None, Some(master)) => kube::Config::new(master),
+        (None, Some(master)) => Ok(kube::Config::new(master)),
         (None, None) => kube::Config::incluster().map_err(|e| {
             AppError::Cluster(format!(
                 "no --kubeconfig or --master and not running in a cluster: {e}"
             ))
-        })?,
+        }),
+    }
+}
+
+/// The configuration a kubeconfig file describes (its current context).
+async fn kubeconfig_file(path: &std::path::Path) -> Result<kube::Config, AppError> {
+    let cluster = |e: &dyn std::fmt::Display| AppError::Cluster(format!("{}: {e}", path.display()));
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| cluster(&e))?;
+    kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| cluster(&e))
+}
+
+/// The cluster client `--kubeconfig` / `--master` describe, else the in-cluster config.
+pub async fn cluster_client(
+    options: &CloudControllerManagerOptions,
+) -> Result<kube::Client, AppError> {
+    let config = cluster_config(options).await?;
+    kube::Client::try_from(config).map_err(|e| AppError::Cluster(e.to_string()))
+}
+
+/// The client of a delegated-auth kubeconfig flag, else `root`.
+async fn review_client(
+    flag: Option<&std::path::Path>,
+    root: &kube::Client,
+) -> Result<kube::Client, AppError> {
+    match flag.filter(|p| !p.as_os_str().is_empty()) {
+        None => Ok(root.clone()),
+        Some(path) => kube::Client::try_from(kubeconfig_file(path).await?)
+            .map_err(|e| AppError::Cluster(e.to_string())),
+    }
+}
+
+/// Delegated authentication and authorization as the flags say, and the client CA to
+/// verify client certificates with (`--client-ca-file`, else the cluster's ConfigMap unless
+/// `--authentication-skip-lookup`).
+async fn delegated_auth(
+    options: &CloudControllerManagerOptions,
+    root: &kube::Client,
+) -> Result<(DelegatedAuth, Option<String>), AppError> {
+    let authn = review_client(options.authentication_kubeconfig.as_deref(), root).await?;
+    let authz = review_client(options.authorization_kubeconfig.as_deref(), root).await?;
+    let client_ca = match options
+        .client_ca_file
+        .as_ref()
+        .filter(|p| !p.as_os_str().is_empty())
+    {
+        Some(path) => Some(super::secure_serving::read(path)?),
+        None if options.authentication_skip_lookup => None,
+        None => {
+            super::delegated::lookup_client_ca(
+                &authn,
+                options.authentication_tolerate_lookup_failure,
+            )
+            .await?
+        }
     };
-    kube::Client::try_from(config).map_err(|e| cluster(&e))
+    let paths = options
+        .authorization_always_allow_paths
+        .iter()
+        .map(|p| p.trim().to_owned())
+        .filter(|p| !p.is_empty())
+        .collect();
+    let auth = DelegatedAuth::new(
+        Some(TokenReviewer::new(
+            authn,
+            options.authentication_token_webhook_cache_ttl.value,
+        )),
+        Some(AccessReviewer::new(
+            authz,
+            options.authorization_webhook_cache_authorized_ttl.value,
+            options.authorization_webhook_cache_unauthorized_ttl.value,
+        )),
+        paths,
+    );
+    Ok((auth, client_ca))
+}
+
+/// Starts HTTPS with delegated auth on `--bind-address:--secure-port` (upstream's secure
+/// serving): returns the serving task and the bound address.
+async fn start_secure_serving(
+    options: &CloudControllerManagerOptions,
+    root: &kube::Client,
+    router: axum::Router,
+    shutdown: CancellationToken,
+) -> Result<
+    (
+        tokio::task::JoinHandle<std::io::Result<()>>,
+        std::net::SocketAddr,
+    ),
+    AppError,
+> {
+    let addr = std::net::SocketAddr::new(options.bind_address, options.secure_port);
+    let cert = super::secure_serving::serving_cert(&options.cert_source(), options.bind_address)?;
+    let (auth, client_ca) = delegated_auth(options, root).await?;
+    let tls = options
+        .tls_settings()
+        .server_config(&cert, client_ca.as_deref())?;
+    let listener = super::secure_serving::TlsListener::bind(addr, tls, shutdown.clone()).await?;
+    let local = axum::serve::Listener::local_addr(&listener)?.addr;
+    let router = serve::secured(
+        serve::with_configz(router, super::configz::component_config(options)),
+        auth,
+    );
+    tracing::info!(
+        address = %local,
+        client_certificates = client_ca.is_some(),
+        "serving /healthz, /readyz, /livez, /metrics, /configz over HTTPS"
+    );
+    Ok((
+        tokio::spawn(serve::serve_tls(listener, router, shutdown)),
+        local,
+    ))
 }
 
 /// How long [`run`] waits for the API server to answer before giving up (upstream's
@@ -231,15 +343,18 @@ pub async fn run(
     let cloud =
         crate::init_cloud_provider(&options.cloud_provider, options.cloud_config.as_deref())?
             .ok_or(AppError::NoCloud)?;
-    let client = cluster_client(&options).await?;
+    let config = cluster_config(&options).await?;
+    let client =
+        kube::Client::try_from(config.clone()).map_err(|e| AppError::Cluster(e.to_string()))?;
     wait_for_api_server(&client, API_SERVER_WAIT).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    run_with(
+    let clients = ClientBuilder::new(client, Some(config));
+    run_clients(
         options,
         controllers,
         cloud,
-        client,
+        clients,
         shutdown,
         HealthChecks::new(),
     )
@@ -278,7 +393,33 @@ pub async fn run_with(
     shutdown: CancellationToken,
     checks: HealthChecks,
 ) -> Result<(), AppError> {
+    let clients = ClientBuilder::new(client, None);
+    run_clients(options, controllers, cloud, clients, shutdown, checks).await
+}
+
+/// [`run_with`] over a [`ClientBuilder`] (which knows the cluster configuration when [`run`]
+/// made it, so controllers can use their own service accounts).
+async fn run_clients(
+    options: CloudControllerManagerOptions,
+    controllers: ControllerRegistry,
+    cloud: Arc<dyn CloudProvider>,
+    clients: ClientBuilder,
+    shutdown: CancellationToken,
+    checks: HealthChecks,
+) -> Result<(), AppError> {
     options.validate_with(&controllers.names())?;
+    if options.kube_api_content_type != "application/json" {
+        tracing::info!(
+            content_type = %options.kube_api_content_type,
+            "--kube-api-content-type: requests are sent as application/json"
+        );
+    }
+    let clients = clients
+        .with_rate_limit(options.kube_api_qps, options.kube_api_burst)
+        .with_service_account_credentials(options.use_service_account_credentials);
+    // The shared caches, events and cloud initialization: the manager's identity, one
+    // limiter (client-go's "shared-informers" client).
+    let client = clients.client(Some("shared-informers"));
     for warning in options.compatibility_warnings() {
         tracing::warn!("{warning}");
     }
@@ -298,16 +439,10 @@ pub async fn run_with(
     let controller_metrics = ControllerMetrics::new();
     controller_metrics.register(&mut metrics.registry().lock());
     let server = if options.secure_port != 0 {
-        let addr = std::net::SocketAddr::new(options.bind_address, options.secure_port);
-        let listener = tokio::net::TcpListener::bind(addr).await?;
         let router = serve::router(checks.clone(), metrics.clone());
-        tracing::info!(address = %addr, "serving /healthz, /readyz, /livez, /metrics");
-        let stop = shutdown.clone();
-        Some(tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-        }))
+        let (task, _) =
+            start_secure_serving(&options, clients.root(), router, shutdown.clone()).await?;
+        Some(task)
     } else {
         None
     };
@@ -315,15 +450,19 @@ pub async fn run_with(
         options: Arc::new(options.clone()),
         controllers,
         cloud,
-        client: client.clone(),
+        client,
+        clients: clients.clone(),
         checks: checks.clone(),
         metrics,
         controller_metrics,
         limiter,
     };
     let result = if options.leader_elect {
-        let elector = LeaderElector::new(client, LeaderElectionConfig::from_options(&options))
-            .with_shutdown(shutdown.clone());
+        let elector = LeaderElector::new(
+            clients.client(Some("leader-election")),
+            LeaderElectionConfig::from_options(&options),
+        )
+        .with_shutdown(shutdown.clone());
         let health = elector.health();
         checks.add(
             "leaderElection",
@@ -349,6 +488,7 @@ struct Starter {
     controllers: ControllerRegistry,
     cloud: Arc<dyn CloudProvider>,
     client: kube::Client,
+    clients: ClientBuilder,
     checks: HealthChecks,
     metrics: Metrics,
     controller_metrics: ControllerMetrics,
@@ -369,7 +509,10 @@ impl Starter {
         let disabled = self.controllers.disabled_by_default();
         // One Node watch for every controller (upstream's shared informer factory).
         let nodes = NodeCache::new(self.client.clone(), token.clone());
-        let events = EventRecorder::new(self.client.clone());
+        // Events go through client-go's correlator (spam filter) but, unlike upstream's
+        // asynchronous broadcaster, are written inline by the controllers: their writes are
+        // not held by --kube-api-qps, so a controller never waits on an Event.
+        let events = EventRecorder::new(self.clients.unthrottled(Some("event-broadcaster")));
         let mut running = Vec::new();
         let interval = self.options.controller_start_interval.value;
         let mut first = true;
@@ -387,8 +530,16 @@ impl Starter {
                     _ = tokio::time::sleep(interval + jitter) => {}
                 }
             }
+            let client = self
+                .clients
+                .controller_client(name, token.clone())
+                .await
+                .map_err(|e| AppError::Controller {
+                    name: (*name).to_owned(),
+                    source: Box::new(e),
+                })?;
             let ctx = ControllerContext::new(
-                self.client.clone(),
+                client,
                 self.cloud.clone(),
                 &self.options.cluster_name,
                 token.child_token(),

@@ -1,16 +1,16 @@
-//! The health and metrics endpoints (upstream §3.4), served with axum on
-//! `--bind-address:--secure-port`.
-//!
-//! Plain HTTP for now: upstream serves HTTPS with delegated authentication and authorization;
-//! TLS and authn/z come later.
+//! The health, metrics and configuration endpoints (upstream §3.4), served with axum over
+//! HTTPS on `--bind-address:--secure-port` ([`super::secure_serving`]) behind delegated
+//! authentication and authorization ([`super::delegated`]): `/healthz`, `/readyz` and
+//! `/livez` are always allowed, `/metrics` and `/configz` need an identity the cluster
+//! allows (`get` on the path).
 //!
 //! - `/healthz` aggregates named checks (`leaderElection`, one per started controller) with
 //!   apiserver semantics: `?verbose` lists `[+]name ok` / `[-]name failed`, `?exclude=name`
 //!   skips one; each check is also at `/healthz/<name>` (upstream mounts only the exact path).
 //! - `/readyz` and `/livez` (beyond upstream, which does not serve them) answer the same checks.
 //! - `/metrics`: Prometheus text format.
+//! - `/configz`: the component configuration as JSON ([`super::configz`]).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -25,6 +25,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use super::delegated::DelegatedAuth;
+use super::secure_serving::{Peer, TlsListener};
 use crate::controllers::CloudRateLimiter;
 
 /// One named health check: `Ok` when healthy, else the reason.
@@ -273,17 +275,39 @@ async fn metrics_handler(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// Serves `router` on `addr` until `shutdown` is cancelled.
-pub async fn serve(
-    addr: SocketAddr,
+/// Adds `/configz`, answering `config` as JSON.
+pub fn with_configz(router: Router, config: serde_json::Value) -> Router {
+    let body = config.to_string();
+    router.route(
+        "/configz",
+        get(move || {
+            let body = body.clone();
+            async move { ([(header::CONTENT_TYPE, "application/json")], body) }
+        }),
+    )
+}
+
+/// `router` behind delegated authentication and authorization.
+pub fn secured(router: Router, auth: DelegatedAuth) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(
+        auth,
+        super::delegated::layer,
+    ))
+}
+
+/// Serves `router` over TLS on `listener` until `shutdown` is cancelled; every request
+/// carries its connection's [`Peer`].
+pub async fn serve_tls(
+    listener: TlsListener,
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(address = %listener.local_addr()?, "serving /healthz, /readyz, /livez, /metrics");
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<Peer>(),
+    )
+    .with_graceful_shutdown(shutdown.cancelled_owned())
+    .await
 }
 
 #[cfg(test)]

@@ -38,16 +38,6 @@ macro_rules! accepted_flags {
 }
 
 accepted_flags! {
-    /// Serving certificates directory (HTTPS serving is not implemented: plain HTTP).
-    cert_dir = "cert-dir",
-    /// Serving certificate (HTTPS serving is not implemented: plain HTTP).
-    tls_cert_file = "tls-cert-file",
-    /// Serving key (HTTPS serving is not implemented: plain HTTP).
-    tls_private_key_file = "tls-private-key-file",
-    /// TLS cipher suites.
-    tls_cipher_suites = "tls-cipher-suites",
-    /// Minimum TLS version.
-    tls_min_version = "tls-min-version",
     /// SNI certificate and key pairs.
     tls_sni_cert_key = "tls-sni-cert-key",
     /// HTTP/2 streams per connection.
@@ -56,16 +46,6 @@ accepted_flags! {
     permit_port_sharing = "permit-port-sharing",
     /// SO_REUSEADDR on the secure port.
     permit_address_sharing = "permit-address-sharing",
-    /// Delegated authentication kubeconfig (not implemented: no authentication).
-    authentication_kubeconfig = "authentication-kubeconfig",
-    /// Skip the authentication ConfigMap lookup.
-    authentication_skip_lookup = "authentication-skip-lookup",
-    /// Tolerate a failed authentication ConfigMap lookup.
-    authentication_tolerate_lookup_failure = "authentication-tolerate-lookup-failure",
-    /// TokenReview cache TTL.
-    authentication_token_webhook_cache_ttl = "authentication-token-webhook-cache-ttl",
-    /// Client certificate CA.
-    client_ca_file = "client-ca-file",
     /// Front-proxy client CA.
     requestheader_client_ca_file = "requestheader-client-ca-file",
     /// Front-proxy client common names.
@@ -78,14 +58,6 @@ accepted_flags! {
     requestheader_extra_headers_prefix = "requestheader-extra-headers-prefix",
     /// Front-proxy UID headers.
     requestheader_uid_headers = "requestheader-uid-headers",
-    /// Delegated authorization kubeconfig (not implemented: no authorization).
-    authorization_kubeconfig = "authorization-kubeconfig",
-    /// Paths served without authorization.
-    authorization_always_allow_paths = "authorization-always-allow-paths",
-    /// SubjectAccessReview cache TTL for allowed answers.
-    authorization_webhook_cache_authorized_ttl = "authorization-webhook-cache-authorized-ttl",
-    /// SubjectAccessReview cache TTL for denied answers.
-    authorization_webhook_cache_unauthorized_ttl = "authorization-webhook-cache-unauthorized-ttl",
     /// Webhooks to run (no webhook is implemented).
     webhooks = "webhooks",
     /// Webhook server address.
@@ -114,7 +86,7 @@ accepted_flags! {
     external_cloud_volume_plugin = "external-cloud-volume-plugin",
     /// Deprecated no-op upstream too.
     node_sync_period = "node-sync-period",
-    /// `/debug/pprof` (Go only).
+    /// `/debug/pprof` and `/debug/flags/v` (Go only: there is no pprof here).
     profiling = "profiling",
     /// Go lock contention profiling.
     contention_profiling = "contention-profiling",
@@ -122,8 +94,6 @@ accepted_flags! {
     vmodule = "vmodule",
     /// klog flush period (tracing writes at once).
     log_flush_frequency = "log-flush-frequency",
-    /// Informer resync lower bound (watch caches here never resync; default 12h upstream).
-    min_resync_period = "min-resync-period",
 }
 
 /// Feature gates we know. Upstream's others (logging, metrics gates) are accepted and ignored.
