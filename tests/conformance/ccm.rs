@@ -713,9 +713,15 @@ async fn metrics_show_upstream_names_with_the_controllers_work() {
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
+    let cert_dir = tempfile::tempdir().expect("cert dir");
     let mut options = ccm_options();
     options.secure_port = port;
     options.bind_address = IpAddr::from([127, 0, 0, 1]);
+    options.cert_dir = Some(cert_dir.path().to_owned());
+    // Authorization of /metrics is tested in secure_port.rs; here a scraper is let in.
+    options
+        .authorization_always_allow_paths
+        .push("/metrics".to_owned());
     let shutdown = CancellationToken::new();
     let app = tokio::spawn(cloud_provider::app::run_with(
         options,
@@ -739,7 +745,7 @@ async fn metrics_show_upstream_names_with_the_controllers_work() {
         .await
         .unwrap();
     let text = eventually(60, "the hosts update on /metrics", || async {
-        let text = scrape(port).await?;
+        let text = scrape(port, cert_dir.path()).await?;
         (sample(&text, "service_controller_loadbalancer_sync_total") >= 1.0).then_some(text)
     })
     .await;
@@ -806,17 +812,19 @@ async fn metrics_show_upstream_names_with_the_controllers_work() {
 }
 
 /// `GET /metrics` on the manager's port: the body of a 200, else `None`.
-async fn scrape(port: u16) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+async fn scrape(port: u16, cert_dir: &std::path::Path) -> Option<String> {
+    use crate::secure_port::{generated_ca_pem, get, secure_port_client};
+    if !cert_dir.join("cloud-controller-manager.crt").is_file() {
+        return None;
+    }
+    let client = secure_port_client(
+        port,
+        &generated_ca_pem(cert_dir),
+        core_cluster::auth::pki::Credentials::Anonymous,
+    )
+    .await;
+    match get(&client, "/metrics").await {
+        Ok((200, body)) => Some(body),
+        _ => None,
+    }
 }

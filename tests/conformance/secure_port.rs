@@ -96,13 +96,8 @@ impl Ccm {
         panic!("the secure port never answered /healthz");
     }
 
-    /// The CA of the generated serving certificate (the second certificate of the file, as
-    /// client-go's `GenerateSelfSignedCertKey` writes it).
     fn ca_pem(&self) -> String {
-        let pem = std::fs::read_to_string(self.cert_dir.join("cloud-controller-manager.crt"))
-            .expect("generated certificate");
-        let start = pem[1..].find("-----BEGIN CERTIFICATE-----").expect("a CA") + 1;
-        pem[start..].to_owned()
+        generated_ca_pem(&self.cert_dir)
     }
 
     async fn client(&self, credentials: Credentials<'_>) -> kube::Client {
@@ -110,12 +105,30 @@ impl Ccm {
     }
 
     async fn client_trusting(&self, ca: &str, credentials: Credentials<'_>) -> kube::Client {
-        let url = format!("https://127.0.0.1:{}", self.port);
-        let config = client_config(&kubeconfig_yaml(&url, ca, credentials))
-            .await
-            .expect("client config");
-        kube::Client::try_from(config).expect("client")
+        secure_port_client(self.port, ca, credentials).await
     }
+}
+
+/// The CA of the serving certificate a ccm generated in `cert_dir` (the second certificate of
+/// the file, as client-go's `GenerateSelfSignedCertKey` writes it).
+pub(crate) fn generated_ca_pem(cert_dir: &Path) -> String {
+    let pem = std::fs::read_to_string(cert_dir.join("cloud-controller-manager.crt"))
+        .expect("generated certificate");
+    let start = pem[1..].find("-----BEGIN CERTIFICATE-----").expect("a CA") + 1;
+    pem[start..].to_owned()
+}
+
+/// A client of the ccm's secure port on loopback `port`, trusting `ca`.
+pub(crate) async fn secure_port_client(
+    port: u16,
+    ca: &str,
+    credentials: Credentials<'_>,
+) -> kube::Client {
+    let url = format!("https://127.0.0.1:{port}");
+    let config = client_config(&kubeconfig_yaml(&url, ca, credentials))
+        .await
+        .expect("client config");
+    kube::Client::try_from(config).expect("client")
 }
 
 impl Drop for Ccm {
@@ -125,7 +138,7 @@ impl Drop for Ccm {
 }
 
 /// GET `path`: (code, body or Status message); `Err` when no HTTP answer came (TLS refused).
-async fn get(client: &kube::Client, path: &str) -> Result<(u16, String), kube::Error> {
+pub(crate) async fn get(client: &kube::Client, path: &str) -> Result<(u16, String), kube::Error> {
     match client
         .request_text(Request::get(path).body(Vec::new()).expect("request"))
         .await
