@@ -8,6 +8,7 @@ pub mod discovery;
 mod handlers;
 pub mod metrics;
 pub mod negotiate;
+pub mod protobuf;
 mod scale;
 pub mod status;
 mod tokens;
@@ -311,6 +312,11 @@ impl ApiServer {
             .layer(middleware::from_fn_with_state(
                 self.state.clone(),
                 authorize,
+            ))
+            // Outermost, so errors of authorization are encoded as the client asked too.
+            .layer(middleware::from_fn_with_state(
+                self.state.clone(),
+                protobuf::codec,
             ))
             .with_state(self.state.clone())
     }
