@@ -373,3 +373,53 @@ async fn create_token_and_auth_can_i() {
     assert!(!no.success, "can-i exits 1 for no");
     assert_eq!(no.stdout.trim(), "no", "stderr: {}", no.stderr);
 }
+
+/// `kubectl get --raw` has no flag for the Accept header, so the same request goes through
+/// a raw HTTPS client with the admin kubeconfig: a list with `Accept:
+/// application/vnd.kubernetes.protobuf` comes back as a protobuf NamespaceList (upstream
+/// serves every built-in list in protobuf).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_raw_with_a_protobuf_accept_over_tls() {
+    use k8s_pb::apimachinery::pkg::runtime::Unknown;
+    use prost::Message;
+
+    let c = cluster().await;
+    c.ok(&["create", "namespace", "shop"], "namespace/shop created")
+        .await;
+    let config = core_cluster::serve::client_config(&c.server.admin_kubeconfig())
+        .await
+        .expect("kubeconfig");
+    let client = kube::Client::try_from(config).expect("an HTTPS client");
+    let request = axum::http::Request::get("/api/v1/namespaces")
+        .header("accept", "application/vnd.kubernetes.protobuf")
+        .body(Vec::new())
+        .unwrap();
+    let response = client
+        .send(request.map(Into::into))
+        .await
+        .expect("answered");
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/vnd.kubernetes.protobuf"
+    );
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(&body[..4], b"k8s\0");
+    let unknown = Unknown::decode(&body[4..]).unwrap();
+    assert_eq!(
+        unknown.type_meta.and_then(|t| t.kind).as_deref(),
+        Some("NamespaceList")
+    );
+    let list =
+        k8s_pb::api::core::v1::NamespaceList::decode(unknown.raw.unwrap_or_default().as_slice())
+            .unwrap();
+    let names: Vec<String> = list
+        .items
+        .into_iter()
+        .filter_map(|ns| ns.metadata.and_then(|m| m.name))
+        .collect();
+    assert!(names.contains(&"shop".to_owned()), "{names:?}");
+    assert!(names.contains(&"kube-system".to_owned()), "{names:?}");
+}
