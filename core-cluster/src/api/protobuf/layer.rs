@@ -13,6 +13,8 @@ use axum::{
 };
 use futures::StreamExt;
 use serde_json::Value;
+#[cfg(test)]
+use serde_json::json;
 
 use super::{CONTENT_TYPE, ProtobufError, WATCH_CONTENT_TYPE, encode_object, encode_watch_frame};
 use crate::api::{ServerState, negotiate, status::ApiError};
@@ -98,7 +100,9 @@ async fn decode_request(request: Request, limit: usize) -> Result<Request, ApiEr
 }
 
 /// The handler's JSON answer in protobuf, if it is a Kubernetes object that has a
-/// protobuf form; otherwise JSON when the client accepts it, or 406.
+/// protobuf form; otherwise JSON when the client accepts it, or 406 (upstream's answer for
+/// a kind without protobuf, such as a custom resource). Answers that are not objects stay
+/// JSON.
 async fn encode_response(wanted: Wanted, response: Response) -> Response {
     let is_json = response
         .headers()
@@ -116,6 +120,11 @@ async fn encode_response(wanted: Wanted, response: Response) -> Response {
         return ApiError::internal("reading the response failed").into_response();
     };
     let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    if value.get("kind").is_none() {
+        // Not a Kubernetes object (`/version`'s version.Info, the OpenAPI documents):
+        // upstream writes these as raw JSON whatever the Accept header says.
+        return Response::from_parts(parts, Body::from(bytes));
+    }
     match encode_object(&value) {
         Ok(encoded) => {
             parts
@@ -188,4 +197,42 @@ fn watch_frame(line: &[u8]) -> Vec<u8> {
         let status = ApiError::internal(format!("encoding a watch event as protobuf: {e}"));
         encode_watch_frame("ERROR", &status.to_status()).unwrap_or_default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json(value: Value) -> Response {
+        let mut response = (StatusCode::OK, value.to_string()).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+
+    /// Upstream answers an Accept of protobuf alone with 406 for a kind that has no
+    /// protobuf form (a custom resource), and with JSON when JSON is also acceptable.
+    #[tokio::test]
+    async fn a_kind_without_protobuf_is_json_or_406() {
+        let widget = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {}});
+        let only = Wanted {
+            json_fallback: false,
+            watch: false,
+        };
+        let answer = encode_response(only, json(widget.clone())).await;
+        assert_eq!(answer.status(), StatusCode::NOT_ACCEPTABLE);
+        assert_eq!(answer.headers()[header::CONTENT_TYPE], CONTENT_TYPE);
+        let either = Wanted {
+            json_fallback: true,
+            watch: false,
+        };
+        let answer = encode_response(either, json(widget)).await;
+        assert_eq!(answer.status(), StatusCode::OK);
+        assert_eq!(answer.headers()[header::CONTENT_TYPE], "application/json");
+        let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}});
+        let answer = encode_response(only, json(node)).await;
+        assert_eq!(answer.headers()[header::CONTENT_TYPE], CONTENT_TYPE);
+    }
 }
