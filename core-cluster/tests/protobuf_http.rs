@@ -415,3 +415,49 @@ async fn delete_options_in_protobuf() {
     .await;
     assert_eq!(gone.code, 404);
 }
+
+/// Go's marshalers write a non-pointer IntOrString even when unset: a Service port from a
+/// protobuf client carries `targetPort` as the zero IntOrString and `nodePort: 0`, which
+/// upstream's SetDefaults_Service and node-port allocator treat as unset.
+#[tokio::test]
+async fn a_zero_target_port_from_go_defaults_to_the_port() {
+    let router = router().await;
+    let service = core::Service {
+        metadata: Some(ObjectMeta {
+            name: Some("web".into()),
+            ..Default::default()
+        }),
+        spec: Some(core::ServiceSpec {
+            r#type: Some("NodePort".into()),
+            ports: vec![core::ServicePort {
+                port: Some(8080),
+                target_port: Some(Default::default()),
+                node_port: Some(0),
+                protocol: Some(String::new()),
+                name: Some(String::new()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: Some(Default::default()),
+    };
+    let created = send(
+        &router,
+        "POST",
+        "/api/v1/namespaces/default/services",
+        &[("content-type", PROTOBUF), ("accept", CLIENT_GO_ACCEPT)],
+        envelope("v1", "Service", service.encode_to_vec()),
+    )
+    .await;
+    assert_eq!(
+        created.code,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    let port = open::<core::Service>(&created.body).2.spec.unwrap().ports[0].clone();
+    let target = port.target_port.unwrap();
+    assert_eq!((target.r#type, target.int_val), (Some(0), Some(8080)));
+    assert_eq!(port.protocol.as_deref(), Some("TCP"));
+    assert!((30000..=32767).contains(&port.node_port.unwrap_or(0)));
+}

@@ -346,7 +346,8 @@ async fn create_deployment_job_run_and_expose() {
 
 /// `kubectl create token` posts a protobuf TokenRequest to `serviceaccounts/NAME/token` and
 /// prints the token from the protobuf answer; `kubectl auth can-i` posts a protobuf
-/// SelfSubjectAccessReview (upstream's RBAC: the admin may, a user with no bindings may not).
+/// SelfSubjectAccessReview (upstream's RBAC: the admin may, a user with no bindings may not,
+/// until `kubectl create role` and `create rolebinding` grant it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_token_and_auth_can_i() {
     let c = cluster().await;
@@ -372,6 +373,39 @@ async fn create_token_and_auth_can_i() {
         .await;
     assert!(!no.success, "can-i exits 1 for no");
     assert_eq!(no.stdout.trim(), "no", "stderr: {}", no.stderr);
+
+    // `create role` and `create rolebinding` (RBAC objects in protobuf) grant it.
+    c.ok(
+        &[
+            "create",
+            "role",
+            "pod-reader",
+            "--verb=get",
+            "--verb=list",
+            "--resource=pods",
+        ],
+        "role.rbac.authorization.k8s.io/pod-reader created",
+    )
+    .await;
+    c.ok(
+        &[
+            "create",
+            "rolebinding",
+            "nobody-reads",
+            "--role=pod-reader",
+            "--user=nobody",
+        ],
+        "rolebinding.rbac.authorization.k8s.io/nobody-reads created",
+    )
+    .await;
+    let yes = c
+        .kubectl_with("nobody", &["auth", "can-i", "list", "pods"])
+        .await;
+    assert_eq!(yes.stdout.trim(), "yes", "stderr: {}", yes.stderr);
+    let still_no = c
+        .kubectl_with("nobody", &["auth", "can-i", "delete", "pods"])
+        .await;
+    assert_eq!(still_no.stdout.trim(), "no", "stderr: {}", still_no.stderr);
 }
 
 /// `kubectl get --raw` has no flag for the Accept header, so the same request goes through

@@ -670,7 +670,7 @@ fn encode_field(
             let Value::Object(map) = value else {
                 return Err(type_error(name, field.json, "an object", value));
             };
-            // Go writes map entries in key order; so does a JSON object here.
+            // Entries in the JSON object's order (Go sorts keys; readers do not care).
             for (key, v) in map {
                 let mut entry = Vec::new();
                 put_bytes(1, key.as_bytes(), &mut entry);
