@@ -379,7 +379,13 @@ async fn authorize_as(
     }
 }
 
+/// An answer in JSON, or in protobuf when the client asked for it first (see [`protobuf`]).
 fn json_response(code: StatusCode, value: &Value, content_type: &'static str) -> Response {
+    if content_type == "application/json"
+        && let Some(response) = protobuf::encode_answer(code, value)
+    {
+        return response;
+    }
     let body = serde_json::to_vec(value).unwrap_or_default();
     let mut response = (code, body).into_response();
     response

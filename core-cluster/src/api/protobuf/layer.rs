@@ -28,6 +28,28 @@ struct Wanted {
     watch: bool,
 }
 
+tokio::task_local! {
+    /// Set while a request whose client wants protobuf answers runs, so that
+    /// [`encode_answer`] encodes a handler's value directly, sparing the JSON round trip.
+    static WANTED: Wanted;
+}
+
+/// The handler's answer in protobuf, if the request being served asked for it first and the
+/// value is an object with a protobuf form; `None` leaves it to JSON (and to the
+/// middleware's fallback rules).
+pub(crate) fn encode_answer(code: StatusCode, value: &Value) -> Option<Response> {
+    let wanted = WANTED.try_with(|w| *w).ok()?;
+    if wanted.watch {
+        return None;
+    }
+    let bytes = encode_object(value).ok()?;
+    let mut response = (code, bytes).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    Some(response)
+}
+
 /// The codec middleware (see the [module](super) docs).
 pub(crate) async fn codec(
     State(state): State<Arc<ServerState>>,
@@ -44,9 +66,13 @@ pub(crate) async fn codec(
             .headers_mut()
             .insert(header::ACCEPT, HeaderValue::from_static("application/json"));
     }
-    let response = match decode_request(request, state.config.max_request_bytes).await {
-        Ok(request) => next.run(request).await,
-        Err(e) => e.into_response(),
+    let response = match (
+        decode_request(request, state.config.max_request_bytes).await,
+        wanted,
+    ) {
+        (Ok(request), Some(wanted)) => WANTED.scope(wanted, next.run(request)).await,
+        (Ok(request), None) => next.run(request).await,
+        (Err(e), _) => e.into_response(),
     };
     match wanted {
         Some(wanted) => encode_response(wanted, response).await,
@@ -210,6 +236,30 @@ mod tests {
             HeaderValue::from_static("application/json"),
         );
         response
+    }
+
+    /// Handlers' values are encoded straight to protobuf only while a request that asked
+    /// for it runs; anything without a protobuf form is left to JSON.
+    #[tokio::test]
+    async fn handlers_answer_in_protobuf_only_for_a_request_that_asked() {
+        let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}});
+        assert!(encode_answer(StatusCode::OK, &node).is_none());
+        let wanted = Wanted {
+            json_fallback: true,
+            watch: false,
+        };
+        let (answer, version) = WANTED
+            .scope(wanted, async {
+                (
+                    encode_answer(StatusCode::CREATED, &node),
+                    encode_answer(StatusCode::OK, &json!({"major": "1"})),
+                )
+            })
+            .await;
+        let answer = answer.expect("a protobuf answer");
+        assert_eq!(answer.status(), StatusCode::CREATED);
+        assert_eq!(answer.headers()[header::CONTENT_TYPE], CONTENT_TYPE);
+        assert!(version.is_none());
     }
 
     /// Upstream answers an Accept of protobuf alone with 406 for a kind that has no

@@ -15,6 +15,10 @@
 //! frames, each a 4-byte big-endian length and a bare `meta.v1.WatchEvent` whose
 //! `object.raw` is the enveloped object.
 //!
+//! Handlers answer through `json_response`, which encodes the value straight to protobuf
+//! when the request asked for it ([`encode_answer`]); other JSON answers (errors, watch
+//! lines) are re-read and encoded by the middleware.
+//!
 //! The messages come from kube-rs' `k8s-pb`: the envelope and watch event are its prost
 //! structs; objects go through one generic transcoder ([`wire`]) driven by a table
 //! generated from k8s-pb ([`schema`]), so no kind has code of its own.
@@ -30,7 +34,7 @@ use k8s_pb::apimachinery::pkg::{
 use prost::Message as _;
 use serde_json::Value;
 
-pub(crate) use layer::codec;
+pub(crate) use layer::{codec, encode_answer};
 pub use wire::WireError;
 
 /// The media type.
