@@ -4,7 +4,11 @@
 //! kube-apiserver expects: each test checks kubectl's message and then reads the object back
 //! through kube-rs (JSON, unchanged) to check what was stored, defaulted and allocated.
 
-use std::{process::Command, sync::Arc};
+mod support;
+
+use std::sync::Arc;
+
+use support::kubectl::{Output, require_kubectl};
 
 use core_cluster::{ApiServer, ApiServerConfig, serve::TestServer, store::MemoryStore};
 use k8s_openapi::api::{
@@ -13,7 +17,6 @@ use k8s_openapi::api::{
     core::v1::{ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount},
 };
 use kube::Api;
-use serde_json::Value;
 
 struct Cluster {
     server: TestServer,
@@ -21,7 +24,7 @@ struct Cluster {
 }
 
 async fn cluster() -> Cluster {
-    require_kubectl();
+    require_kubectl("it runs kubectl's typed subcommands, which speak protobuf");
     let api = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
         .await
         .expect("start the API server");
@@ -45,21 +48,7 @@ impl Cluster {
     /// Runs kubectl with the kubeconfig file `config` in the test's directory.
     async fn kubectl_with(&self, config: &str, args: &[&str]) -> Output {
         let dir = self.dir.path();
-        let mut command = Command::new("kubectl");
-        command
-            .arg(format!("--cache-dir={}", dir.join("cache").display()))
-            .args(args)
-            .env("KUBECONFIG", dir.join(config))
-            .env("HOME", dir);
-        let output = tokio::task::spawn_blocking(move || command.output())
-            .await
-            .expect("kubectl thread")
-            .expect("kubectl runs");
-        Output {
-            success: output.status.success(),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+        support::kubectl::kubectl(dir, &dir.join(config), args).await
     }
 
     /// Runs kubectl and insists it succeeded with `expected` on stdout.
@@ -73,30 +62,6 @@ impl Cluster {
         );
         out
     }
-}
-
-struct Output {
-    success: bool,
-    stdout: String,
-    stderr: String,
-}
-
-/// Fails (rather than skips) when kubectl is missing or older than v1.32.
-fn require_kubectl() {
-    let output = Command::new("kubectl")
-        .args(["version", "--client", "-o", "json"])
-        .output()
-        .expect("kubectl v1.32 is required on PATH for this test");
-    let version: Value = serde_json::from_slice(&output.stdout).expect("kubectl version JSON");
-    let minor: u32 = version["clientVersion"]["minor"]
-        .as_str()
-        .and_then(|m| m.trim_end_matches('+').parse().ok())
-        .unwrap_or(0);
-    assert!(
-        version["clientVersion"]["major"] == "1" && minor >= 32,
-        "kubectl v1.32 or newer is required, found {}",
-        version["clientVersion"]
-    );
 }
 
 /// `kubectl create namespace` posts a protobuf Namespace and decodes our protobuf answer
