@@ -674,28 +674,19 @@ fn encode_field(
             for (key, v) in map {
                 let mut entry = Vec::new();
                 put_bytes(1, key.as_bytes(), &mut entry);
-                match value_type {
-                    MapValue::String => {
-                        let s = v
-                            .as_str()
-                            .ok_or_else(|| type_error(name, field.json, "a string", v))?;
-                        put_bytes(2, s.as_bytes(), &mut entry);
-                    }
-                    MapValue::Bytes => {
-                        let s = v
-                            .as_str()
-                            .ok_or_else(|| type_error(name, field.json, "a base64 string", v))?;
-                        let bytes = STANDARD
-                            .decode(s)
-                            .map_err(|_| type_error(name, field.json, "a base64 string", v))?;
-                        put_bytes(2, &bytes, &mut entry);
-                    }
-                    MapValue::Message(m) => {
-                        let mut inner = Vec::new();
-                        encode_at(m, v, &mut inner, depth + 1)?;
-                        put_bytes(2, &inner, &mut entry);
-                    }
-                }
+                // The value is field 2 of the entry, encoded as a field of its type.
+                let value_field = Field {
+                    tag: 2,
+                    json: field.json,
+                    kind: match value_type {
+                        MapValue::String => Kind::String,
+                        MapValue::Bytes => Kind::Bytes,
+                        MapValue::Message(m) => Kind::Message(m),
+                    },
+                    repeated: false,
+                    inline: false,
+                };
+                encode_field(name, &value_field, v, &mut entry, depth)?;
                 put_bytes(tag, &entry, out);
             }
         }
