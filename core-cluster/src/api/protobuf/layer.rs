@@ -262,6 +262,40 @@ mod tests {
         assert!(version.is_none());
     }
 
+    /// Mid-stream errors travel as `ERROR` events with a `Status` (upstream's watch
+    /// server); an event that cannot be encoded becomes one with a 500 rather than
+    /// ending the stream silently.
+    #[test]
+    fn watch_errors_are_status_events() {
+        use k8s_pb::apimachinery::pkg::apis::meta::v1::{Status, WatchEvent};
+        use prost::Message;
+
+        fn open(frame: &[u8]) -> (String, Status) {
+            let event = WatchEvent::decode(&frame[4..]).expect("a WatchEvent");
+            let raw = event.object.and_then(|o| o.raw).unwrap_or_default();
+            let unknown =
+                k8s_pb::apimachinery::pkg::runtime::Unknown::decode(&raw[4..]).expect("envelope");
+            let status =
+                Status::decode(unknown.raw.unwrap_or_default().as_slice()).expect("Status");
+            (event.r#type.unwrap_or_default(), status)
+        }
+
+        let expired = ApiError::expired("too old resource version: 1 (5)").to_status();
+        let line = json!({"type": "ERROR", "object": expired}).to_string();
+        let (kind, status) = open(&watch_frame(line.as_bytes()));
+        assert_eq!(kind, "ERROR");
+        assert_eq!(
+            (status.code, status.reason.as_deref()),
+            (Some(410), Some("Expired"))
+        );
+
+        let bad = json!({"type": "ADDED", "object": {"apiVersion": "v1", "kind": "ConfigMap",
+                                                     "metadata": {"name": 7}}});
+        let (kind, status) = open(&watch_frame(bad.to_string().as_bytes()));
+        assert_eq!(kind, "ERROR");
+        assert_eq!(status.code, Some(500));
+    }
+
     /// Upstream answers an Accept of protobuf alone with 406 for a kind that has no
     /// protobuf form (a custom resource), and with JSON when JSON is also acceptable.
     #[tokio::test]
