@@ -6,12 +6,14 @@
 //! validation, must find the PATCH operation's GVK and `fieldValidation` parameter there to
 //! leave validation to the server instead of asking for `/openapi/v2`).
 
-use std::process::Command;
 use std::sync::Arc;
+
+mod support;
+
+use support::kubectl::{Output, require_kubectl};
 
 use core_cluster::{ApiServer, ApiServerConfig, store::MemoryStore};
 use parking_lot::Mutex;
-use serde_json::Value;
 
 /// The real API server on loopback, with a log of what kubectl asked.
 struct Server {
@@ -94,53 +96,10 @@ async fn greeting(server: &Server) -> String {
         .clone()
 }
 
-/// The output of one kubectl run.
-struct Output {
-    success: bool,
-    stdout: String,
-    stderr: String,
-}
-
-/// Fails (rather than skips) when kubectl is missing or older than v1.32.
-fn require_kubectl() {
-    const REQUIRED: &str = "kubectl v1.32 is required on PATH for this test (it checks what \
-                            kubectl's explain and apply make of the OpenAPI v3 documents)";
-    let output = Command::new("kubectl")
-        .args(["version", "--client", "-o", "json"])
-        .output()
-        .unwrap_or_else(|error| panic!("{REQUIRED}: running `kubectl` failed: {error}"));
-    let version: Value = serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|error| panic!("{REQUIRED}: unreadable `kubectl version`: {error}"));
-    let minor: u32 = version["clientVersion"]["minor"]
-        .as_str()
-        .and_then(|minor| minor.trim_end_matches('+').parse().ok())
-        .unwrap_or(0);
-    assert!(
-        version["clientVersion"]["major"] == "1" && minor >= 32,
-        "{REQUIRED}; found {}",
-        version["clientVersion"]
-    );
-}
-
 async fn kubectl(server: &Shared, dir: &std::path::Path, args: &[&str]) -> Output {
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(&kubeconfig, &server.kubeconfig).expect("write the kubeconfig");
-    let mut command = Command::new("kubectl");
-    command
-        .arg(format!("--cache-dir={}", dir.join("cache").display()))
-        .args(args)
-        // No kubeconfig or home-directory state of the machine leaks in.
-        .env("KUBECONFIG", kubeconfig)
-        .env("HOME", dir);
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .expect("kubectl thread")
-        .expect("kubectl runs");
-    Output {
-        success: output.status.success(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    support::kubectl::kubectl(dir, &kubeconfig, args).await
 }
 
 /// Runs `kubectl explain <what>` and returns its output, failing with the server's log.
@@ -170,7 +129,7 @@ fn normalized(output: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_explain_and_apply_use_openapi_v3() {
-    require_kubectl();
+    require_kubectl("it checks what kubectl's explain and apply make of the OpenAPI v3 documents");
     let server = start().await;
     let dir = tempfile::tempdir().expect("temp dir");
 

@@ -8,6 +8,7 @@ pub mod discovery;
 mod handlers;
 pub mod metrics;
 pub mod negotiate;
+pub mod protobuf;
 mod scale;
 pub mod status;
 mod tokens;
@@ -313,6 +314,11 @@ impl ApiServer {
                 self.state.clone(),
                 authorize,
             ))
+            // Outermost, so errors of authorization are encoded as the client asked too.
+            .layer(middleware::from_fn_with_state(
+                self.state.clone(),
+                protobuf::codec,
+            ))
             .with_state(self.state.clone())
     }
 }
@@ -374,7 +380,13 @@ async fn authorize_as(
     }
 }
 
+/// An answer in JSON, or in protobuf when the client asked for it first (see [`protobuf`]).
 fn json_response(code: StatusCode, value: &Value, content_type: &'static str) -> Response {
+    if content_type == "application/json"
+        && let Some(response) = protobuf::encode_answer(code, value)
+    {
+        return response;
+    }
     let body = serde_json::to_vec(value).unwrap_or_default();
     let mut response = (code, body).into_response();
     response

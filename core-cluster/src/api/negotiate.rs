@@ -96,6 +96,37 @@ pub fn representation(headers: &HeaderMap) -> Result<Representation, String> {
         .to_owned())
 }
 
+/// Whether protobuf (`application/vnd.kubernetes.protobuf`, plain: no `as=`) is the
+/// client's first choice among what the server serves, as kube-apiserver negotiates: media
+/// ranges by quality (`q`), then in the client's order; the first one the server can
+/// produce wins. `Some(json_fallback)` when protobuf wins, where `json_fallback` says
+/// whether the client also takes plain JSON (for an answer without a protobuf form).
+pub fn prefers_protobuf(headers: &HeaderMap) -> Option<bool> {
+    let mut ranges = media_ranges(headers);
+    let quality = |params: &[(String, String)]| {
+        param(params, "q")
+            .and_then(|q| q.parse::<f32>().ok())
+            .unwrap_or(1.0)
+    };
+    ranges.retain(|(_, params)| quality(params) > 0.0);
+    // A stable sort keeps the client's order among equal qualities.
+    ranges.sort_by(|(_, a), (_, b)| quality(b).total_cmp(&quality(a)));
+    let json_fallback = ranges.iter().any(|(media, params)| {
+        matches!(media.as_str(), "application/json" | "*/*" | "application/*")
+            && param(params, "as").is_none()
+    });
+    for (media, params) in &ranges {
+        match media.as_str() {
+            "application/vnd.kubernetes.protobuf" if param(params, "as").is_none() => {
+                return Some(json_fallback);
+            }
+            "application/json" | "*/*" | "application/*" | "application/yaml" => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Whether the client asked for aggregated discovery (apidiscovery.k8s.io/v2).
 pub fn wants_aggregated_discovery(headers: &HeaderMap) -> bool {
     media_ranges(headers).iter().any(|(_, params)| {
@@ -134,6 +165,40 @@ mod tests {
             representation(&HeaderMap::new()),
             Ok(Representation::Object)
         );
+    }
+
+    /// kube-apiserver's negotiation: the first acceptable media range by quality, then
+    /// order; client-go's default `application/vnd.kubernetes.protobuf, */*` gets protobuf.
+    #[test]
+    fn protobuf_is_chosen_when_it_comes_first() {
+        assert_eq!(
+            prefers_protobuf(&headers("application/vnd.kubernetes.protobuf, */*")),
+            Some(true)
+        );
+        assert_eq!(
+            prefers_protobuf(&headers("application/vnd.kubernetes.protobuf")),
+            Some(false)
+        );
+        assert_eq!(
+            prefers_protobuf(&headers(
+                "application/json, application/vnd.kubernetes.protobuf"
+            )),
+            None
+        );
+        assert_eq!(
+            prefers_protobuf(&headers(
+                "application/json;q=0.5, application/vnd.kubernetes.protobuf"
+            )),
+            Some(true)
+        );
+        // Tables and discovery documents in protobuf are not served: the next range wins.
+        assert_eq!(
+            prefers_protobuf(&headers(
+                "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io, application/json"
+            )),
+            None
+        );
+        assert_eq!(prefers_protobuf(&HeaderMap::new()), None);
     }
 
     #[test]

@@ -633,7 +633,9 @@ fn prepare_service(o: &mut Value) {
                 if p["protocol"].is_null() {
                     p["protocol"] = json!("TCP");
                 }
-                if p["targetPort"].is_null() {
+                // SetDefaults_Service: an unset targetPort, or the zero IntOrString (0 or
+                // "", which Go's protobuf clients send for an unset one), is the port.
+                if p["targetPort"].is_null() || p["targetPort"] == 0 || p["targetPort"] == "" {
                     p["targetPort"] = p["port"].clone();
                 }
             }

@@ -7,6 +7,8 @@ use std::{future::Future, sync::Arc, time::Duration};
 use core_cluster::{ApiServer, ApiServerConfig, store::MemoryStore};
 use kube::Client;
 
+pub mod kubectl;
+
 /// A client of a fresh in-memory API server, through its router (no TCP, so paused time works).
 pub async fn client() -> Client {
     let server = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())

@@ -1,0 +1,56 @@
+//! Running the machine's kubectl (v1.32 or newer) against a test server.
+
+use std::{path::Path, process::Command};
+
+use serde_json::Value;
+
+/// The output of one kubectl run.
+pub struct Output {
+    /// Whether kubectl exited 0.
+    pub success: bool,
+    /// Its standard output.
+    pub stdout: String,
+    /// Its standard error.
+    pub stderr: String,
+}
+
+/// Fails (rather than skips) when kubectl is missing or older than v1.32; `why` says what
+/// the test needs it for.
+pub fn require_kubectl(why: &str) {
+    let required = format!("kubectl v1.32 is required on PATH for this test ({why})");
+    let output = Command::new("kubectl")
+        .args(["version", "--client", "-o", "json"])
+        .output()
+        .unwrap_or_else(|error| panic!("{required}: running `kubectl` failed: {error}"));
+    let version: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|error| panic!("{required}: unreadable `kubectl version`: {error}"));
+    let minor: u32 = version["clientVersion"]["minor"]
+        .as_str()
+        .and_then(|minor| minor.trim_end_matches('+').parse().ok())
+        .unwrap_or(0);
+    assert!(
+        version["clientVersion"]["major"] == "1" && minor >= 32,
+        "{required}; found {}",
+        version["clientVersion"]
+    );
+}
+
+/// Runs kubectl with `kubeconfig`, its home and cache in `dir`: no kubeconfig or
+/// home-directory state of the machine leaks in.
+pub async fn kubectl(dir: &Path, kubeconfig: &Path, args: &[&str]) -> Output {
+    let mut command = Command::new("kubectl");
+    command
+        .arg(format!("--cache-dir={}", dir.join("cache").display()))
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env("HOME", dir);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("kubectl thread")
+        .expect("kubectl runs");
+    Output {
+        success: output.status.success(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
