@@ -395,10 +395,10 @@ impl Embedded {
     }
 }
 
-/// The README's workload walkthrough: a Deployment made with `kubectl create deployment
-/// --dry-run=client -o yaml | kubectl apply -f -` rolls out (`kubectl rollout status`
-/// watches it), `kubectl scale` uses the scale subresource, a Job runs to Complete on the
-/// simulated kubelets, `kubectl run` pods are scheduled and Running, and deleting the
+/// The README's workload walkthrough: a Deployment made with `kubectl create deployment`
+/// (a protobuf body) rolls out (`kubectl rollout status` watches it), `kubectl scale` uses
+/// the scale subresource, a Job runs to Complete on the simulated kubelets, `kubectl create
+/// job` starts one, `kubectl run` pods are scheduled and Running, and deleting the
 /// Deployment cascades to its ReplicaSet and pods (kube-scheduler, Deployment, ReplicaSet,
 /// Job controllers; GC background deletion).
 #[test]
@@ -410,18 +410,12 @@ fn workloads_roll_out_and_run_with_kubectl() {
         out.lines().count() == 3 && out.lines().all(|l| l.contains(" Ready "))
     });
     assert!(ready, "{}", cluster.kubectl(&["get", "nodes"]));
-    let manifest = cluster.kubectl(&[
-        "create",
-        "deployment",
-        "web",
-        "--image=nginx",
-        "--replicas=3",
-        "--dry-run=client",
-        "-o",
-        "yaml",
-    ]);
-    let applied = cluster.kubectl_stdin(&["apply", "-f", "-"], &manifest);
-    assert!(applied.contains("deployment.apps/web created"), "{applied}");
+    // kubectl's typed `create` sends the Deployment as protobuf.
+    let created = cluster.kubectl_stdin(
+        &["create", "deployment", "web", "--image=nginx", "--replicas=3"],
+        "",
+    );
+    assert!(created.contains("deployment.apps/web created"), "{created}");
     let rollout = cluster.kubectl_stdin(
         &["rollout", "status", "deployment/web", "--timeout=90s"],
         "",
@@ -461,6 +455,19 @@ fn workloads_roll_out_and_run_with_kubectl() {
     assert!(waited.contains("condition met"), "{waited}");
     let row = cluster.kubectl(&["get", "job", "pi", "--no-headers"]);
     assert!(row.contains("Complete") && row.contains("2/2"), "{row}");
+
+    // `kubectl create job` (protobuf too): without a run-duration annotation the simulated
+    // container runs until deleted, so its pod is Running and the Job active.
+    let created = cluster.kubectl_stdin(&["create", "job", "once", "--image=busybox"], "");
+    assert!(created.contains("job.batch/once created"), "{created}");
+    let once = wait_until(Duration::from_secs(30), || {
+        cluster.kubectl(&["get", "job", "once", "-o", "jsonpath={.status.active}"]) == "1"
+    });
+    assert!(
+        once,
+        "{}",
+        cluster.kubectl(&["get", "job,pods", "-l", "job-name=once", "-o", "wide"])
+    );
 
     cluster.kubectl(&["run", "solo", "--image=nginx"]);
     let solo = wait_until(Duration::from_secs(30), || {
