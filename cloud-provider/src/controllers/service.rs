@@ -321,9 +321,16 @@ struct State {
 #[derive(Clone)]
 struct Eligible {
     generation: u64,
+    /// When the copy began (the cache was read after this).
+    at: tokio::time::Instant,
     nodes: Arc<Vec<Node>>,
     set: NodeSet,
 }
+
+/// The least time between two copies of the eligible Nodes. While 10,000 Nodes join, the
+/// cache changes every few milliseconds; without this, nearly every load-balancer call made
+/// its own copy of every Node (each 2.5 KB), several alive at once.
+const ELIGIBLE_COPY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The service controller.
 pub struct ServiceController {
@@ -527,15 +534,37 @@ impl ServiceController {
     }
 
     /// The eligible Nodes and their set, from the shared Node cache (never a LIST per sync),
-    /// computed once per change of the cache.
-    async fn eligible_nodes(&self) -> Eligible {
+    /// copied at most once per change of the cache and per [`ELIGIBLE_COPY_INTERVAL`].
+    ///
+    /// `current`: the Nodes as of after this call began (node syncs, which must not miss the
+    /// last change). Otherwise a copy at most [`ELIGIBLE_COPY_INTERVAL`] old will do (a
+    /// Service's ensure: any Node change after that copy triggers a node sync, which brings
+    /// the load balancer up to date).
+    async fn eligible_nodes(&self, current: bool) -> Eligible {
         self.ctx.nodes.wait_synced().await;
-        let generation = self.ctx.nodes.generation();
-        if let Some(eligible) = &self.state.lock().eligible
-            && eligible.generation == generation
-        {
-            return eligible.clone();
-        }
+        // A copy younger than ELIGIBLE_COPY_INTERVAL is never replaced: a caller that needs
+        // the current Nodes and finds the cache changed since waits until a new copy may be
+        // made (at most that long), or takes one another caller began after it asked.
+        let asked = tokio::time::Instant::now();
+        let generation = loop {
+            let generation = self.ctx.nodes.generation();
+            let next_copy = match &self.state.lock().eligible {
+                Some(eligible)
+                    if eligible.generation == generation
+                        || eligible.at > asked
+                        || (!current && eligible.at + ELIGIBLE_COPY_INTERVAL > asked) =>
+                {
+                    return eligible.clone();
+                }
+                Some(eligible) => eligible.at + ELIGIBLE_COPY_INTERVAL,
+                None => break generation,
+            };
+            if next_copy <= tokio::time::Instant::now() {
+                break generation;
+            }
+            tokio::time::sleep_until(next_copy).await;
+        };
+        let at = tokio::time::Instant::now();
         let mut nodes: Vec<Node> = self
             .ctx
             .nodes
@@ -549,6 +578,7 @@ impl ServiceController {
         let mut state = self.state.lock();
         let eligible = Eligible {
             generation,
+            at,
             nodes: Arc::new(nodes),
             set,
         };
@@ -584,7 +614,7 @@ impl ServiceController {
         // The eligible Nodes as of this Service's turn, not of the round's start: a round
         // over 1,000 Services must not keep its own copy of 10,000 Nodes alive beside the
         // current one while Nodes join.
-        let eligible = self.eligible_nodes().await;
+        let eligible = self.eligible_nodes(true).await;
         let nodes = eligible.nodes.as_slice();
         let changed = {
             let mut state = self.state.lock();
@@ -804,7 +834,7 @@ impl ServiceController {
         if !has_load_balancer_finalizer(svc) {
             self.patch_finalizer(svc, true).await?;
         }
-        let eligible = self.eligible_nodes().await;
+        let eligible = self.eligible_nodes(false).await;
         let nodes = eligible.nodes.as_slice();
         if nodes.is_empty() {
             self.event(
