@@ -14,8 +14,9 @@
 //! Reports the time from the ccm's start until the child counts every node initialized
 //! (providerID set, uninitialized taint gone), the cloud calls by method, and peak RSS.
 //!
-//! `cargo bench -p ccm-bin --bench node_init -- [--nodes 10000] [--latency-ms 20]
-//! [--concurrent-node-syncs 1] [--services 1000] [--upstream]`
+//! `cargo bench -p ccm-bin --no-default-features --bench node_init -- [--nodes 10000]
+//! [--latency-ms 20] [--concurrent-node-syncs 1] [--services 1000] [--upstream] [--trace]`
+//! (`--no-default-features` leaves the AWS provider, and its SDK's long release build, out).
 //!
 //! `--services N` LoadBalancer Services exist before the ccm starts (default 1,000), so the
 //! service controller holds N load balancers over every Node while the Nodes join: the peak
