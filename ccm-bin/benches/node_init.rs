@@ -6,13 +6,17 @@
 //! controllers off; this process is the cloud-controller-manager alone (`app::run_with`,
 //! every default controller, leader election) on the fake cloud, talking to the child over
 //! HTTP on loopback. So this process's peak RSS (`VmHWM`) is the ccm's (plus the fake
-//! cloud's N instances), and the fake's call log is exactly the cloud calls made.
+//! cloud's N instances and load balancers), and the fake's call log is exactly the cloud
+//! calls made. The bench drains that log every 100 ms into counts by method: each logged
+//! load-balancer call holds its host list (10,000 names), which is the test double's
+//! memory, not the ccm's.
 //!
 //! Reports the time from the ccm's start until the child counts every node initialized
 //! (providerID set, uninitialized taint gone), the cloud calls by method, and peak RSS.
 //!
-//! `cargo bench -p ccm-bin --bench node_init -- [--nodes 10000] [--latency-ms 20]
-//! [--concurrent-node-syncs 1] [--services 1000] [--upstream]`
+//! `cargo bench -p ccm-bin --no-default-features --bench node_init -- [--nodes 10000]
+//! [--latency-ms 20] [--concurrent-node-syncs 1] [--services 1000] [--upstream] [--trace]`
+//! (`--no-default-features` leaves the AWS provider, and its SDK's long release build, out).
 //!
 //! `--services N` LoadBalancer Services exist before the ccm starts (default 1,000), so the
 //! service controller holds N load balancers over every Node while the Nodes join: the peak
@@ -47,13 +51,34 @@ fn arg(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn peak_rss() -> String {
-    std::fs::read_to_string("/proc/self/status")
+/// A `/proc/<pid>/status` field (`VmHWM`: peak RSS, `VmRSS`: RSS now) of `self` or a pid.
+fn status_field(pid: &str, field: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find(|l| l.starts_with("VmHWM"))
-        .map(|l| l.trim_start_matches("VmHWM:").trim().to_owned())
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
         .unwrap_or_else(|| "?".to_owned())
+}
+
+fn peak_rss(pid: &str) -> String {
+    status_field(pid, "VmHWM")
+}
+
+/// CPU seconds (user + system) a process has used so far, from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at the state, field 3;
+    // utime and stime are fields 14 and 15, in clock ticks (100 per second on Linux).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// `(registered, initialized)` out of a progress line of the embedded cluster.
@@ -64,6 +89,14 @@ fn counts_of(line: &str) -> Option<(u64, u64)> {
         registered.parse().ok()?,
         after.split_whitespace().next()?.parse().ok()?,
     ))
+}
+
+/// Moves the fake's call log into counts by method; the total counted so far.
+fn drain(cloud: &FakeCloud, by_method: &mut BTreeMap<&'static str, usize>) -> usize {
+    for call in cloud.take_calls() {
+        *by_method.entry(call.method().as_str()).or_default() += 1;
+    }
+    by_method.values().sum()
 }
 
 /// `count` LoadBalancer Services in `default`, 64 creates in flight.
@@ -95,6 +128,9 @@ fn main() -> anyhow::Result<()> {
     let nodes = arg("--nodes", 10_000);
     let latency = Duration::from_millis(arg("--latency-ms", 20));
     let upstream = std::env::args().any(|a| a == "--upstream");
+    // `--trace`: every progress line of the cluster, with the time since the ccm's start, on
+    // stderr (where the time goes).
+    let trace = std::env::args().any(|a| a == "--trace");
     let services = arg("--services", 1_000);
     let zones = ["zone-a", "zone-b", "zone-c"];
     let dir = tempfile::tempdir()?;
@@ -124,6 +160,9 @@ fn main() -> anyhow::Result<()> {
         .arg(&kubeconfig)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
+        // A heap profiler preloaded into the bench (heaptrack) profiles the ccm, not the
+        // cluster.
+        .env_remove("LD_PRELOAD")
         .spawn()
         .context("starting the embedded cluster")?;
     let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
@@ -131,12 +170,19 @@ fn main() -> anyhow::Result<()> {
     stdout.read_line(&mut first)?;
     anyhow::ensure!(first.starts_with("embedded cluster"), "unexpected: {first}");
     let (done_tx, done_rx) = mpsc::channel::<(Instant, Instant)>();
+    let (start_tx, start_rx) = mpsc::channel::<Instant>();
     std::thread::spawn(move || {
         let (mut registered_at, mut sent) = (None, false);
+        let mut started = None;
         for line in stdout.lines().map_while(Result::ok) {
             let Some((registered, initialized)) = counts_of(&line) else {
                 continue;
             };
+            if trace {
+                started = started.or_else(|| start_rx.try_recv().ok());
+                let at = started.map_or(0.0, |s: Instant| s.elapsed().as_secs_f64());
+                eprintln!("{at:6.1}s ccm_rss={} {line}", status_field("self", "VmRSS"));
+            }
             if registered == nodes && registered_at.is_none() {
                 registered_at = Some(Instant::now());
             }
@@ -192,7 +238,11 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let shutdown = CancellationToken::new();
+    let by_method = Arc::new(parking_lot::Mutex::new(
+        BTreeMap::<&'static str, usize>::new(),
+    ));
     let started = Instant::now();
+    let _ = start_tx.send(started);
     let result = runtime.block_on(async {
         let config = kube::Config::from_custom_kubeconfig(
             kube::config::Kubeconfig::read_from(&kubeconfig)?,
@@ -201,6 +251,15 @@ fn main() -> anyhow::Result<()> {
         .await?;
         let client = kube::Client::try_from(config)?;
         create_services(&client, services).await?;
+        let drainer = tokio::spawn({
+            let (cloud, by_method) = (cloud.clone(), by_method.clone());
+            async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    drain(&cloud, &mut by_method.lock());
+                }
+            }
+        });
         let manager = tokio::spawn(run_with(
             options,
             default_registry(),
@@ -213,29 +272,29 @@ fn main() -> anyhow::Result<()> {
             tokio::task::spawn_blocking(move || done_rx.recv_timeout(Duration::from_secs(1800)))
                 .await?
                 .context("not every node was initialized within 30 minutes")?;
-        let calls = cloud.calls();
+        let calls = drain(&cloud, &mut by_method.lock());
+        drainer.abort();
         shutdown.cancel();
         let _ = manager.await;
         anyhow::Ok((done, calls))
     });
+    let child_peak_rss = peak_rss(&child.id().to_string());
+    let (ccm_cpu, cluster_cpu) = (cpu_seconds("self"), cpu_seconds(&child.id().to_string()));
     let _ = child.kill();
     let _ = child.wait();
     let ((registered, done), calls) = result?;
-    let mut by_method = BTreeMap::<&str, usize>::new();
-    for call in &calls {
-        *by_method.entry(call.method().as_str()).or_default() += 1;
-    }
+    let by_method = by_method.lock().clone();
     let mode = if upstream {
         "upstream(concurrent-node-syncs=1,batching=off)".to_owned()
     } else {
         format!("batched,concurrent-node-syncs={syncs}")
     };
     println!(
-        "node_init nodes={nodes} services={services} latency={latency:?} mode={mode} all_registered_after={:.1}s all_initialized_after={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={}",
+        "node_init nodes={nodes} services={services} latency={latency:?} mode={mode} all_registered_after={:.1}s all_initialized_after={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={} cluster_peak_rss={child_peak_rss} ccm_cpu={ccm_cpu:.1}s cluster_cpu={cluster_cpu:.1}s",
         (registered - started).as_secs_f64(),
         (done - started).as_secs_f64(),
-        calls.len(),
-        peak_rss(),
+        calls,
+        peak_rss("self"),
     );
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! `ccm`: the cloud-controller-manager binary, with the `aws` and `fake` providers linked in.
+//! `ccm`: the cloud-controller-manager binary, with the `aws` and `fake` providers linked in
+//! (`aws` through the default cargo feature of the same name).
 //!
 //! With no subcommand, `ccm` is the cloud-controller-manager (upstream's flags, through
 //! `cloud_provider::app`):
@@ -21,6 +22,7 @@ mod signals;
 // Link the providers so that their registrations run (a crate only listed in Cargo.toml is
 // not linked; see the README). `cli` uses the fake directly too, but this line states the
 // intent and keeps the registration if that use goes away.
+#[cfg(feature = "aws")]
 use cloud_provider_aws as _;
 use cloud_provider_fake as _;
 

@@ -10,15 +10,17 @@
 //!   already written (a PATCH), instead of creating one more.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
 use parking_lot::Mutex;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// client-go's `defaultSpamBurst`.
@@ -190,11 +192,29 @@ impl Correlator {
     }
 }
 
+/// client-go's `maxQueuedEvents`: events recorded in the background wait in a queue of
+/// this many; beyond it they are dropped (its broadcaster's `DropIfChannelFull`).
+const MAX_QUEUED_EVENTS: usize = 1000;
+/// How many queued events are written at once by the background writer.
+const BACKGROUND_WRITES: usize = 8;
+
+/// An event waiting in the background queue.
+struct Queued {
+    component: &'static str,
+    involved: ObjectReference,
+    type_: EventType,
+    reason: &'static str,
+    message: String,
+}
+
 /// Writes Events through the correlator. Clones share the caches: one recorder per manager.
 #[derive(Clone)]
 pub struct EventRecorder {
     client: kube::Client,
     correlator: Arc<Mutex<Correlator>>,
+    /// The queue of [`record_in_background`](Self::record_in_background), its writer task
+    /// started on first use; the task ends once every clone is dropped.
+    queue: Arc<OnceLock<mpsc::Sender<Queued>>>,
 }
 
 impl std::fmt::Debug for EventRecorder {
@@ -209,7 +229,66 @@ impl EventRecorder {
         EventRecorder {
             client,
             correlator: Arc::default(),
+            queue: Arc::default(),
         }
+    }
+
+    /// Records an event about `obj` without waiting for the API server, as client-go's
+    /// recorder does (its broadcaster writes in the background): the event joins a queue of
+    /// [`MAX_QUEUED_EVENTS`] and is dropped when the queue is full. For events on a hot path
+    /// (one per Node initialized), so that writing them never holds up the work they report.
+    pub(crate) fn record_in_background<K>(
+        &self,
+        component: &'static str,
+        obj: &K,
+        type_: EventType,
+        reason: &'static str,
+        message: String,
+    ) where
+        K: Resource<DynamicType = ()>,
+    {
+        let queued = Queued {
+            component,
+            involved: involved_object(obj),
+            type_,
+            reason,
+            message,
+        };
+        let queue = self.queue.get_or_init(|| self.start_writer());
+        if let Err(mpsc::error::TrySendError::Full(queued)) = queue.try_send(queued) {
+            tracing::debug!(
+                reason = queued.reason,
+                "event dropped: the background event queue is full"
+            );
+        }
+    }
+
+    /// The background writer: up to [`BACKGROUND_WRITES`] queued events written at once.
+    fn start_writer(&self) -> mpsc::Sender<Queued> {
+        let (tx, rx) = mpsc::channel::<Queued>(MAX_QUEUED_EVENTS);
+        // The writer holds a recorder without the queue, so dropping every user's clone
+        // closes the queue and ends the task.
+        let writer = EventRecorder {
+            client: self.client.clone(),
+            correlator: self.correlator.clone(),
+            queue: Arc::default(),
+        };
+        let queued = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|queued| (queued, rx))
+        });
+        tokio::spawn(async move {
+            queued
+                .for_each_concurrent(BACKGROUND_WRITES, |q| {
+                    let writer = &writer;
+                    async move {
+                        writer
+                            .write(q.component, q.involved, q.type_, q.reason, &q.message)
+                            .await;
+                    }
+                })
+                .await;
+        });
+        tx
     }
 
     /// Records an event about `obj`; failures are logged, never returned (events are best
@@ -224,16 +303,23 @@ impl EventRecorder {
     ) where
         K: Resource<DynamicType = ()>,
     {
-        let namespace = obj.namespace().unwrap_or_else(|| "default".to_owned());
-        let involved = ObjectReference {
-            api_version: Some(K::api_version(&()).into_owned()),
-            kind: Some(K::kind(&()).into_owned()),
-            name: Some(obj.name_any()),
-            namespace: obj.namespace(),
-            uid: obj.uid(),
-            resource_version: obj.resource_version(),
-            ..Default::default()
-        };
+        self.write(component, involved_object(obj), type_, reason, message)
+            .await;
+    }
+
+    /// Writes one event about `involved` through the correlator.
+    async fn write(
+        &self,
+        component: &str,
+        involved: ObjectReference,
+        type_: EventType,
+        reason: &str,
+        message: &str,
+    ) {
+        let namespace = involved
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned());
         let object_key = [
             component,
             involved.kind.as_deref().unwrap_or(""),
@@ -336,6 +422,22 @@ impl EventRecorder {
             }
             Err(err) => tracing::warn!(%err, reason, "failed to record event"),
         }
+    }
+}
+
+/// The reference an Event makes to the object it is about.
+fn involved_object<K>(obj: &K) -> ObjectReference
+where
+    K: Resource<DynamicType = ()>,
+{
+    ObjectReference {
+        api_version: Some(K::api_version(&()).into_owned()),
+        kind: Some(K::kind(&()).into_owned()),
+        name: Some(obj.name_any()),
+        namespace: obj.namespace(),
+        uid: obj.uid(),
+        resource_version: obj.resource_version(),
+        ..Default::default()
     }
 }
 

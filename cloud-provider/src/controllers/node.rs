@@ -252,31 +252,23 @@ impl CloudNodeController {
         let nodes: Vec<&Node> = waiting.iter().map(|n| n.as_ref()).collect();
         debug!(waiting = nodes.len(), "initializing waiting nodes");
         let metas = self.instance_metadata(&nodes).await;
-        // Futures built in a loop, not a closure: a closure's higher-ranked borrows make the
-        // controller's future not `Send`.
-        let mut syncs = Vec::with_capacity(nodes.len());
-        for (node, meta) in nodes.into_iter().zip(metas) {
-            let name = node_name(node).to_owned();
-            let span = info_span!("sync_node", node = %name);
-            syncs.push(
-                async move {
-                    let result = match meta {
-                        Ok(Some(meta)) => self.initialize_node(node, meta).await,
-                        Ok(None) => {
-                            info!("skip sync node: the cloud has no metadata for it yet");
-                            Ok(())
-                        }
-                        Err(err) => Err(err),
-                    };
-                    (name, result)
-                }
-                .instrument(span),
-            );
+        // At most `concurrent_node_syncs` syncs exist at once: each is built when a slot
+        // frees, so a batch of 10,000 Nodes is never 10,000 futures (each holds a whole
+        // request's state) in memory.
+        let mut pending = nodes.into_iter().zip(metas);
+        let mut in_flight = futures::stream::FuturesUnordered::new();
+        let mut outcomes = Vec::new();
+        loop {
+            while in_flight.len() < self.config.concurrent_node_syncs
+                && let Some((node, meta)) = pending.next()
+            {
+                in_flight.push(self.sync_one(node, meta));
+            }
+            match in_flight.next().await {
+                Some(outcome) => outcomes.push(outcome),
+                None => break,
+            }
         }
-        let outcomes: Vec<(String, Result<(), SyncError>)> = futures::stream::iter(syncs)
-            .buffer_unordered(self.config.concurrent_node_syncs)
-            .collect()
-            .await;
         for (name, result) in outcomes {
             match result {
                 Ok(()) => queue.forget(&name),
@@ -302,6 +294,29 @@ impl CloudNodeController {
                 }
             }
         }
+    }
+
+    /// Initializes one waiting Node from its metadata lookup; the Node's name and the outcome.
+    async fn sync_one(
+        &self,
+        node: &Node,
+        meta: Result<Option<InstanceMetadata>, SyncError>,
+    ) -> (String, Result<(), SyncError>) {
+        let name = node_name(node).to_owned();
+        let span = info_span!("sync_node", node = %name);
+        let result = async {
+            match meta {
+                Ok(Some(meta)) => self.initialize_node(node, meta).await,
+                Ok(None) => {
+                    info!("skip sync node: the cloud has no metadata for it yet");
+                    Ok(())
+                }
+                Err(err) => Err(err),
+            }
+        }
+        .instrument(span)
+        .await;
+        (name, result)
     }
 
     /// The metadata of each Node, in order: batched or one call per Node (V2), or the legacy
@@ -453,7 +468,7 @@ impl CloudNodeController {
     }
 
     /// Applies the metadata to a tainted Node with a PUT (retried on conflict), then patches
-    /// its addresses and emits `Normal Synced`.
+    /// its addresses and emits `Normal Synced` (written in the background).
     async fn initialize_node(&self, node: &Node, meta: InstanceMetadata) -> Result<(), SyncError> {
         let name = node_name(node).to_owned();
         // Validate the provided node IP before any write: the taint stays on failure.
@@ -495,16 +510,15 @@ impl CloudNodeController {
             patch_addresses(&api, &updated, addresses).await?;
         }
         info!("successfully initialized node");
-        self.ctx
-            .events
-            .record(
-                COMPONENT,
-                &updated,
-                EventType::Normal,
-                "Synced",
-                "Node synced successfully",
-            )
-            .await;
+        // In the background, as client-go's recorder: the next Node's writes do not wait
+        // for this Event.
+        self.ctx.events.record_in_background(
+            COMPONENT,
+            &updated,
+            EventType::Normal,
+            "Synced",
+            "Node synced successfully".to_owned(),
+        );
         self.ctx
             .metrics
             .node

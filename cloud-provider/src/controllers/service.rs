@@ -11,7 +11,8 @@
 //! Service takes the cleanup path instead); a node change calls `UpdateLoadBalancer` only for
 //! the Services whose eligible node set changed; an optional periodic drift re-ensure.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -145,14 +146,26 @@ fn provider_id(node: &Node) -> Option<&str> {
     node.spec.as_ref().and_then(|s| s.provider_id.as_deref())
 }
 
-/// The identity of a load balancer's hosts: eligible Node name → providerID.
-type NodeSet = BTreeMap<String, Option<String>>;
+/// The identity of a load balancer's hosts: a 128-bit digest of the eligible Nodes' names and
+/// providerIDs (upstream compares the Node lists themselves). Each Service keeps this digest of
+/// the set it was last given, 16 bytes instead of a copy of the set: 1,000 Services that saw
+/// 10,000 joining Nodes at different moments held up to 1,000 different 10,000-entry sets.
+type NodeSet = u128;
 
+/// The [`NodeSet`] of `nodes`, which must be sorted by name.
 fn node_set(nodes: &[Node]) -> NodeSet {
-    nodes
-        .iter()
-        .map(|n| (n.name_any(), provider_id(n).map(str::to_owned)))
-        .collect()
+    // Two independent 64-bit SipHash digests (different leading keys): a false "unchanged"
+    // needs both to collide.
+    let digest = |seed: u8| {
+        let mut hasher = std::hash::DefaultHasher::new();
+        seed.hash(&mut hasher);
+        for node in nodes {
+            node.metadata.name.hash(&mut hasher);
+            provider_id(node).hash(&mut hasher);
+        }
+        hasher.finish()
+    };
+    (u128::from(digest(1)) << 64) | u128::from(digest(2))
 }
 
 /// Whether the Service has the finalizer and is being deleted or no longer a LoadBalancer.
@@ -315,9 +328,9 @@ impl Queue {
 struct State {
     /// Last seen Service per key (for deletions without a finalizer and UID changes).
     cache: HashMap<String, Service>,
-    /// The node set each Service's load balancer was last given. Services given the same set
-    /// share one copy (1,000 Services × 10,000 Nodes would otherwise be 10 million entries).
-    last_synced_nodes: HashMap<String, Arc<NodeSet>>,
+    /// The node set each Service's load balancer was last given, as a digest (1,000 Services
+    /// × 10,000 Nodes would otherwise be up to 10 million entries).
+    last_synced_nodes: HashMap<String, NodeSet>,
     /// The eligible Nodes and their set at a Node cache generation, reused until the cache
     /// changes (1,000 Services need not copy 10,000 Nodes each).
     eligible: Option<Eligible>,
@@ -327,9 +340,16 @@ struct State {
 #[derive(Clone)]
 struct Eligible {
     generation: u64,
+    /// When the copy began (the cache was read after this).
+    at: tokio::time::Instant,
     nodes: Arc<Vec<Node>>,
-    set: Arc<NodeSet>,
+    set: NodeSet,
 }
+
+/// The least time between two copies of the eligible Nodes. While 10,000 Nodes join, the
+/// cache changes every few milliseconds; without this, nearly every load-balancer call made
+/// its own copy of every Node (each 2.5 KB), several alive at once.
+const ELIGIBLE_COPY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The service controller.
 pub struct ServiceController {
@@ -537,15 +557,37 @@ impl ServiceController {
     }
 
     /// The eligible Nodes and their set, from the shared Node cache (never a LIST per sync),
-    /// computed once per change of the cache.
-    async fn eligible_nodes(&self) -> Eligible {
+    /// copied at most once per change of the cache and per [`ELIGIBLE_COPY_INTERVAL`].
+    ///
+    /// `current`: the Nodes as of after this call began (node syncs, which must not miss the
+    /// last change). Otherwise a copy at most [`ELIGIBLE_COPY_INTERVAL`] old will do (a
+    /// Service's ensure: any Node change after that copy triggers a node sync, which brings
+    /// the load balancer up to date).
+    async fn eligible_nodes(&self, current: bool) -> Eligible {
         self.ctx.nodes.wait_synced().await;
-        let generation = self.ctx.nodes.generation();
-        if let Some(eligible) = &self.state.lock().eligible
-            && eligible.generation == generation
-        {
-            return eligible.clone();
-        }
+        // A copy younger than ELIGIBLE_COPY_INTERVAL is never replaced: a caller that needs
+        // the current Nodes and finds the cache changed since waits until a new copy may be
+        // made (at most that long), or takes one another caller began after it asked.
+        let asked = tokio::time::Instant::now();
+        let generation = loop {
+            let generation = self.ctx.nodes.generation();
+            let next_copy = match &self.state.lock().eligible {
+                Some(eligible)
+                    if eligible.generation == generation
+                        || eligible.at > asked
+                        || (!current && eligible.at + ELIGIBLE_COPY_INTERVAL > asked) =>
+                {
+                    return eligible.clone();
+                }
+                Some(eligible) => eligible.at + ELIGIBLE_COPY_INTERVAL,
+                None => break generation,
+            };
+            if next_copy <= tokio::time::Instant::now() {
+                break generation;
+            }
+            tokio::time::sleep_until(next_copy).await;
+        };
+        let at = tokio::time::Instant::now();
         let mut nodes: Vec<Node> = self
             .ctx
             .nodes
@@ -555,15 +597,11 @@ impl ServiceController {
             .map(Arc::unwrap_or_clone)
             .collect();
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        let mut state = self.state.lock();
         let set = node_set(&nodes);
-        // An unchanged set keeps its one shared copy.
-        let set = match &state.eligible {
-            Some(old) if *old.set == set => old.set.clone(),
-            _ => Arc::new(set),
-        };
+        let mut state = self.state.lock();
         let eligible = Eligible {
             generation,
+            at,
             nodes: Arc::new(nodes),
             set,
         };
@@ -574,7 +612,7 @@ impl ServiceController {
     /// Updates the hosts of every cached load balancer whose eligible node set changed.
     pub async fn sync_nodes(&self) -> Result<(), kube::Error> {
         let started = tokio::time::Instant::now();
-        let eligible = self.eligible_nodes().await;
+        self.ctx.nodes.wait_synced().await;
         let services: Vec<(String, Service)> = {
             let state = self.state.lock();
             state
@@ -584,15 +622,12 @@ impl ServiceController {
                 .map(|(k, s)| (k.clone(), s.clone()))
                 .collect()
         };
-        let eligible = &eligible;
         futures::stream::iter(services)
             .for_each_concurrent(
                 self.config.concurrent_service_syncs,
                 |(key, svc)| async move {
                     let span = tracing::info_span!("node_sync", service = %key);
-                    self.node_sync_service(&key, &svc, eligible)
-                        .instrument(span)
-                        .await;
+                    self.node_sync_service(&key, &svc).instrument(span).await;
                 },
             )
             .await;
@@ -604,14 +639,16 @@ impl ServiceController {
         Ok(())
     }
 
-    async fn node_sync_service(&self, key: &str, svc: &Service, eligible: &Eligible) {
+    async fn node_sync_service(&self, key: &str, svc: &Service) {
+        // The eligible Nodes as of this Service's turn, not of the round's start: a round
+        // over 1,000 Services must not keep its own copy of 10,000 Nodes alive beside the
+        // current one while Nodes join.
+        let eligible = self.eligible_nodes(true).await;
         let nodes = eligible.nodes.as_slice();
         let changed = {
             let mut state = self.state.lock();
-            let old = state
-                .last_synced_nodes
-                .insert(key.to_owned(), eligible.set.clone());
-            old.is_none_or(|old| !Arc::ptr_eq(&old, &eligible.set) && *old != *eligible.set)
+            let old = state.last_synced_nodes.insert(key.to_owned(), eligible.set);
+            old != Some(eligible.set)
         };
         if !changed {
             return;
@@ -833,7 +870,7 @@ impl ServiceController {
         if !has_load_balancer_finalizer(svc) {
             self.patch_finalizer(svc, true).await?;
         }
-        let eligible = self.eligible_nodes().await;
+        let eligible = self.eligible_nodes(false).await;
         let nodes = eligible.nodes.as_slice();
         if nodes.is_empty() {
             self.event(
@@ -847,7 +884,7 @@ impl ServiceController {
         self.state
             .lock()
             .last_synced_nodes
-            .insert(key_of(svc), eligible.set.clone());
+            .insert(key_of(svc), eligible.set);
         self.ctx.cloud_limiter.acquire().await;
         let status = match self
             .lb()
@@ -943,6 +980,35 @@ mod tests {
                 .collect(),
         );
         n
+    }
+
+    /// The per-Service node-set digest changes with the set's names and providerIDs (what
+    /// upstream's `nodesSufficientlyEqual`-style comparison looks at) and nothing else.
+    #[test]
+    fn node_set_digest_tracks_names_and_provider_ids() {
+        let named = |name: &str, provider_id: Option<&str>| {
+            let mut n = node(&[("zone", "a")]);
+            n.metadata.name = Some(name.into());
+            n.spec = Some(NodeSpec {
+                provider_id: provider_id.map(str::to_owned),
+                ..Default::default()
+            });
+            n
+        };
+        let base = [named("a", Some("fake://1")), named("b", None)];
+        assert_eq!(node_set(&base), node_set(&base.clone()));
+        let mut relabelled = base.clone();
+        relabelled[0].metadata.labels = None;
+        assert_eq!(node_set(&base), node_set(&relabelled));
+        let initialized = [named("a", Some("fake://1")), named("b", Some("fake://2"))];
+        assert_ne!(node_set(&base), node_set(&initialized));
+        assert_ne!(node_set(&base), node_set(&base[..1]));
+        let renamed = [named("a", Some("fake://1")), named("c", None)];
+        assert_ne!(node_set(&base), node_set(&renamed));
+        // A name ending where the next begins is not the same set.
+        let split = [named("ab", None), named("c", None)];
+        let joined = [named("a", None), named("bc", None)];
+        assert_ne!(node_set(&split), node_set(&joined));
     }
 
     /// Checklist rows 73 and 74: node predicates.
