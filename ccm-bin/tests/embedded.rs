@@ -412,7 +412,13 @@ fn workloads_roll_out_and_run_with_kubectl() {
     assert!(ready, "{}", cluster.kubectl(&["get", "nodes"]));
     // kubectl's typed `create` sends the Deployment as protobuf.
     let created = cluster.kubectl_stdin(
-        &["create", "deployment", "web", "--image=nginx", "--replicas=3"],
+        &[
+            "create",
+            "deployment",
+            "web",
+            "--image=nginx",
+            "--replicas=3",
+        ],
         "",
     );
     assert!(created.contains("deployment.apps/web created"), "{created}");
