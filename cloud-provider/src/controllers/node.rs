@@ -239,10 +239,14 @@ impl CloudNodeController {
             if has_taint(&node, TAINT_UNINITIALIZED) {
                 waiting.push(node);
             } else {
-                queue.forget(&name);
-                if let Err(err) = self.reconcile_node_labels(&node).await {
-                    warn!(node = %name, error = %err, "failed to mirror node labels");
-                    queue.retry(name, None);
+                // Forget the failures only on success, so repeated failures back off
+                // exponentially as a rate-limited workqueue does.
+                match self.reconcile_node_labels(&node).await {
+                    Ok(()) => queue.forget(&name),
+                    Err(err) => {
+                        warn!(node = %name, error = %err, "failed to mirror node labels");
+                        queue.retry(name, None);
+                    }
                 }
             }
         }
@@ -943,6 +947,23 @@ mod tests {
         let mirrored = mirrored_labels(&node);
         assert_eq!(mirrored.len(), 1);
         assert_eq!(mirrored[LABEL_TOPOLOGY_ZONE], "z1");
+    }
+
+    /// client-go's rate-limited workqueue: each failure doubles the key's delay until the
+    /// key is forgotten after a success, which starts it again at the base delay.
+    #[tokio::test(start_paused = true)]
+    async fn retries_back_off_exponentially_until_forgotten() {
+        let mut queue = Queue::new(crate::controllers::ControllerMetrics::new().queue(QUEUE_NODES));
+        let delay = |queue: &Queue| queue.next_deadline().unwrap() - Instant::now();
+        queue.retry("n".into(), None);
+        assert_eq!(delay(&queue), BACKOFF_BASE);
+        queue.retry("n".into(), None);
+        assert_eq!(delay(&queue), BACKOFF_BASE * 2);
+        queue.retry("n".into(), None);
+        assert_eq!(delay(&queue), BACKOFF_BASE * 4);
+        queue.forget("n");
+        queue.retry("n".into(), None);
+        assert_eq!(delay(&queue), BACKOFF_BASE);
     }
 
     #[test]
