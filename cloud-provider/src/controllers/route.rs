@@ -18,6 +18,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::future::join_all;
 use ipnet::IpNet;
 use jiff::Timestamp;
@@ -33,6 +34,11 @@ use super::metrics::QUEUE_ROUTES;
 use super::sync_trigger::SyncTrigger;
 use super::{ControllerContext, NodeEvent, NodeEvents};
 use crate::{CloudError, Route, Routes};
+
+/// How many `NetworkUnavailable` condition patches one reconcile keeps in flight: at 10,000
+/// Nodes all of them can change at once (the first pass after a restart, a cloud outage), and
+/// upstream's goroutine per Node would put 10,000 requests on the connection together.
+const CONDITION_PATCHES_IN_FLIGHT: usize = 64;
 
 /// Upstream's cap on in-flight create/delete route calls.
 pub const MAX_CONCURRENT_ROUTE_OPERATIONS: usize = 200;
@@ -355,17 +361,25 @@ impl RouteController {
         for ((name, _), action) in &actions {
             by_node.entry(name.as_str()).or_default().push(*action);
         }
-        let patches = nodes.iter().filter_map(|node| {
-            let name = node.name_any();
-            if !route_map.contains_key(name.as_str()) && pod_cidrs(node).is_empty() {
-                return None;
-            }
-            let node_actions = by_node.get(name.as_str()).map_or(&[][..], Vec::as_slice);
-            let unavailable =
-                node_actions.is_empty() || node_actions.iter().any(|a| *a != Action::Keep);
-            Some(self.update_network_condition(node, unavailable))
-        });
-        report.conditions_patched = join_all(patches).await.into_iter().filter(|p| *p).count();
+        // Collected first: a stream over a borrowing closure is not `Send` for every lifetime.
+        let patches: Vec<_> = nodes
+            .iter()
+            .filter_map(|node| {
+                let name = node.name_any();
+                if !route_map.contains_key(name.as_str()) && pod_cidrs(node).is_empty() {
+                    return None;
+                }
+                let node_actions = by_node.get(name.as_str()).map_or(&[][..], Vec::as_slice);
+                let unavailable =
+                    node_actions.is_empty() || node_actions.iter().any(|a| *a != Action::Keep);
+                Some(self.update_network_condition(node, unavailable))
+            })
+            .collect();
+        report.conditions_patched = futures::stream::iter(patches)
+            .buffer_unordered(CONDITION_PATCHES_IN_FLIGHT)
+            .filter(|patched| std::future::ready(*patched))
+            .count()
+            .await;
         report
     }
 
