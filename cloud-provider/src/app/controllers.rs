@@ -1,5 +1,5 @@
 //! The four shared controllers, wired to the flags: [`default_registry`] is what a vendor's
-//! `main` passes to [`run`](super::run) unless it adds or removes controllers.
+//! `main` passes to [`run`](super::run()) unless it adds or removes controllers.
 
 use super::{
     options::CloudControllerManagerOptions,

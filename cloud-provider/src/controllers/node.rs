@@ -7,8 +7,9 @@
 //! [`CloudNodeConfig::node_status_update_frequency`].
 //!
 //! Beyond upstream: with [`CloudNodeConfig::batch`] (the default) every Node waiting at one
-//! moment is looked up with one [`InstancesV2::instance_metadata_batch`] call (in chunks of
-//! [`BATCH_CHUNK`]), so a provider that batches makes one cloud call per sync instead of one per
+//! moment is looked up with one
+//! [`InstancesV2::instance_metadata_batch`](crate::InstancesV2::instance_metadata_batch) call
+//! (in chunks of [`BATCH_CHUNK`]), so a provider that batches makes one cloud call per sync instead of one per
 //! Node. A cloud answer that makes no sense (no providerID anywhere, an address that is not an
 //! IP) keeps the taint, emits a `Warning` event and is retried with backoff.
 

@@ -11,7 +11,7 @@
 //!
 //! Beyond upstream:
 //!
-//! - [`CloudError::InstanceNotFound`](crate::CloudError::InstanceNotFound) from the existence or
+//! - [`CloudError::InstanceNotFound`] from the existence or
 //!   the shutdown check (wrapped or not) counts as gone; upstream treats it as an unknown
 //!   answer and the dead Node lingers (reference §5 row 8);
 //! - [`CloudNodeLifecycleConfig::delete_grace_period`]: a Node is deleted only once the cloud
