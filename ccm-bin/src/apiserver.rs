@@ -164,6 +164,7 @@ impl SecureServing {
         }
         let security = serve::Security::load(server, data_dir, &names)
             .with_context(|| format!("setting up TLS in {}", data_dir.display()))?;
+        security.publish_client_ca(server).await?;
         if let Some(path) = kubeconfig {
             serve::write_kubeconfig(path, &security.admin_kubeconfig(addr))?;
         }

@@ -97,7 +97,10 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 
 /// Checklist rows 8–13 and 55–60 through the binary: providerID, labels and addresses from
 /// the cloud, the taint removed, an LB for the Service; `/healthz` names the controllers,
-/// `/metrics` is Prometheus text; SIGTERM ends the process with exit code 0.
+/// `/metrics` is Prometheus text, read with the admin's client certificate, which the ccm
+/// verifies against the CA `ccm apiserver` publishes in
+/// `kube-system/extension-apiserver-authentication` (no `--client-ca-file`); SIGTERM ends
+/// the process with exit code 0.
 #[test]
 fn ccm_with_a_kubeconfig_manages_that_cluster() {
     require_kubectl();
@@ -124,10 +127,6 @@ fn ccm_with_a_kubeconfig_manages_that_cluster() {
             &port.to_string(),
             "--kubeconfig",
             kubeconfig.to_str().unwrap(),
-            // The cluster CA verifies client certificates on the secure port (core-cluster
-            // does not publish kube-system/extension-apiserver-authentication).
-            "--client-ca-file",
-            dir.path().join("data/pki/ca.crt").to_str().unwrap(),
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -63,6 +63,15 @@ pub enum ServeError {
     /// The service-account token key could not be loaded.
     #[error("service-account tokens: {0}")]
     Token(#[from] TokenError),
+    /// An object the server publishes about itself could not be written.
+    #[error("publishing {what}: {source}")]
+    Publish {
+        /// What was being published.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: crate::api::status::ApiError,
+    },
     /// A client configuration could not be built.
     #[error("client configuration: {0}")]
     Client(String),
@@ -114,6 +123,10 @@ pub async fn bind(addr: &str) -> Result<(TcpListener, SocketAddr), ServeError> {
     Ok((listener, local))
 }
 
+/// The ConfigMap in `kube-system` where the server publishes its client CA
+/// ([`Security::publish_client_ca`]).
+pub const EXTENSION_APISERVER_AUTHENTICATION: &str = "extension-apiserver-authentication";
+
 /// What a secure API server needs besides its [`ApiServer`]: the PKI, the TLS configuration
 /// and the authenticator.
 #[derive(Debug, Clone)]
@@ -162,6 +175,29 @@ impl Security {
             .with_clock(clock);
         self.authenticator = Authenticator::new().with_tokens(Arc::new(tokens));
         Ok(self)
+    }
+
+    /// Publishes the cluster CA for delegated authentication, as kube-apiserver does: the
+    /// ConfigMap `kube-system/extension-apiserver-authentication` with key `client-ca-file`,
+    /// which components with delegated authn (the ccm's secure port, extension API servers)
+    /// read to verify client certificates. Created or brought up to date on every start, so
+    /// a renewed CA is published too.
+    pub async fn publish_client_ca(&self, server: &ApiServer) -> Result<(), ServeError> {
+        let configmap = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": EXTENSION_APISERVER_AUTHENTICATION, "namespace": "kube-system"},
+            "data": {"client-ca-file": self.pki.ca_pem()},
+        });
+        // JSON is YAML: one document.
+        server
+            .apply_manifest(&configmap.to_string(), &["ConfigMap"])
+            .await
+            .map(|_| ())
+            .map_err(|source| ServeError::Publish {
+                what: "kube-system/extension-apiserver-authentication",
+                source,
+            })
     }
 
     /// The kubeconfig of the admin (`system:masters`) for `addr`, as YAML text.
@@ -397,6 +433,7 @@ impl TestServer {
         options: ServeOptions,
         dir: tempfile::TempDir,
     ) -> Result<TestServer, ServeError> {
+        security.publish_client_ca(&server).await?;
         let (listener, addr) = bind("127.0.0.1:0").await?;
         let shutdown = CancellationToken::new();
         let router = secure_router(&server, security.authenticator.clone());

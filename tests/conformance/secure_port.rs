@@ -333,32 +333,23 @@ async fn cluster_ca_elsewhere() -> CertAndKey {
 }
 
 /// Without `--client-ca-file`, upstream reads the client CA from
-/// `kube-system/extension-apiserver-authentication` (key `client-ca-file`); with
+/// `kube-system/extension-apiserver-authentication` (key `client-ca-file`), which the API
+/// server publishes as kube-apiserver does; with
 /// `--authentication-skip-lookup` it does not, and client certificates then carry no
 /// identity (anonymous: 403 on /metrics).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_ca_comes_from_the_extension_apiserver_authentication_configmap() {
     let cluster = cluster().await;
     let admin = cluster.admin_client().await.unwrap();
-    let configmap = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some("extension-apiserver-authentication".into()),
-            namespace: Some("kube-system".into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(
-            [(
-                "client-ca-file".to_owned(),
-                cluster.security().pki.ca_pem().to_owned(),
-            )]
-            .into(),
-        ),
-        ..ConfigMap::default()
-    };
-    Api::<ConfigMap>::namespaced(admin.clone(), "kube-system")
-        .create(&PostParams::default(), &configmap)
+    // The server publishes its client CA there, as kube-apiserver does.
+    let published = Api::<ConfigMap>::namespaced(admin.clone(), "kube-system")
+        .get("extension-apiserver-authentication")
         .await
         .unwrap();
+    assert_eq!(
+        published.data.unwrap()["client-ca-file"],
+        cluster.security().pki.ca_pem()
+    );
     let master = cluster
         .security()
         .pki
