@@ -5,8 +5,11 @@
 //! uninitialized taint) is a `ccm` child process in embedded mode with its own cloud
 //! controllers off; this process is the cloud-controller-manager alone (`app::run_with`,
 //! every default controller, leader election) on the fake cloud, talking to the child over
-//! HTTP on loopback. So this process's peak RSS (`VmHWM`) is the ccm's (plus the fake
-//! cloud's N instances and load balancers), and the fake's call log is exactly the cloud
+//! HTTP on loopback. So this process's peak RSS (`VmHWM`) is the ccm's plus the fake
+//! cloud's N instances and load balancers: `bench_rss_before_ccm` is this process's RSS just
+//! before the ccm starts (fake instances, runtime, the client that created the Services), and
+//! `fake_lb_host_names_held` the names the fake's load balancers hold at the end (load
+//! balancers with the same Nodes share one list). The fake's call log is exactly the cloud
 //! calls made. The bench drains that log every 100 ms into counts by method: each logged
 //! load-balancer call holds its host list (10,000 names), which is the test double's
 //! memory, not the ccm's.
@@ -97,6 +100,19 @@ fn drain(cloud: &FakeCloud, by_method: &mut BTreeMap<&'static str, usize>) -> us
         *by_method.entry(call.method().as_str()).or_default() += 1;
     }
     by_method.values().sum()
+}
+
+/// The host names the fake cloud's load balancers hold: `(held, referenced)`, where load
+/// balancers with the same Nodes share one list, counted once in `held`.
+fn fake_host_names(cloud: &FakeCloud) -> (usize, usize) {
+    let lbs = cloud.load_balancers();
+    let mut lists: Vec<&Arc<[String]>> = lbs.iter().map(|lb| &lb.hosts).collect();
+    lists.sort_by_key(|list| Arc::as_ptr(list).cast::<String>());
+    lists.dedup_by(|a, b| Arc::ptr_eq(a, b));
+    (
+        lists.iter().map(|list| list.len()).sum(),
+        lbs.iter().map(|lb| lb.hosts().len()).sum(),
+    )
 }
 
 /// `count` LoadBalancer Services in `default`, 64 creates in flight.
@@ -260,6 +276,9 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         });
+        // What this process holds before the ccm starts: the fake cloud's instances, the
+        // runtime and the client that created the Services (test harness, not the ccm).
+        let rss_before_ccm = status_field("self", "VmRSS");
         let manager = tokio::spawn(run_with(
             options,
             default_registry(),
@@ -273,16 +292,17 @@ fn main() -> anyhow::Result<()> {
                 .await?
                 .context("not every node was initialized within 30 minutes")?;
         let calls = drain(&cloud, &mut by_method.lock());
+        let fake_hosts = fake_host_names(&cloud);
         drainer.abort();
         shutdown.cancel();
         let _ = manager.await;
-        anyhow::Ok((done, calls))
+        anyhow::Ok((done, calls, rss_before_ccm, fake_hosts))
     });
     let child_peak_rss = peak_rss(&child.id().to_string());
     let (ccm_cpu, cluster_cpu) = (cpu_seconds("self"), cpu_seconds(&child.id().to_string()));
     let _ = child.kill();
     let _ = child.wait();
-    let ((registered, done), calls) = result?;
+    let ((registered, done), calls, rss_before_ccm, (names_held, names_referenced)) = result?;
     let by_method = by_method.lock().clone();
     let mode = if upstream {
         "upstream(concurrent-node-syncs=1,batching=off)".to_owned()
@@ -290,7 +310,7 @@ fn main() -> anyhow::Result<()> {
         format!("batched,concurrent-node-syncs={syncs}")
     };
     println!(
-        "node_init nodes={nodes} services={services} latency={latency:?} mode={mode} all_registered_after={:.1}s all_initialized_after={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={} cluster_peak_rss={child_peak_rss} ccm_cpu={ccm_cpu:.1}s cluster_cpu={cluster_cpu:.1}s",
+        "node_init nodes={nodes} services={services} latency={latency:?} mode={mode} all_registered_after={:.1}s all_initialized_after={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={} cluster_peak_rss={child_peak_rss} ccm_cpu={ccm_cpu:.1}s cluster_cpu={cluster_cpu:.1}s bench_rss_before_ccm={rss_before_ccm} fake_lb_host_names_held={names_held} (of {names_referenced} referenced)",
         (registered - started).as_secs_f64(),
         (done - started).as_secs_f64(),
         calls,

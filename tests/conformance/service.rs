@@ -173,7 +173,7 @@ async fn row56_57_ensure_order_and_status() {
         .cloud
         .load_balancer_of(&svc)
         .expect("load balancer created");
-    assert_eq!(lb.hosts, vec!["n1".to_owned(), "n2".to_owned()]);
+    assert_eq!(lb.hosts(), vec!["n1".to_owned(), "n2".to_owned()]);
     assert_eq!(ingress_ip(&got), Some(lb.ip.to_string()));
     let reasons = env.reasons().await;
     assert_eq!(reasons, vec!["EnsuringLoadBalancer", "EnsuredLoadBalancer"]);
@@ -406,7 +406,7 @@ async fn row73_75_76_77_node_changes() {
     let svc = env.create_service("web", serde_json::json!({})).await;
     settle().await;
     assert_eq!(
-        env.cloud.load_balancer_of(&svc).unwrap().hosts,
+        env.cloud.load_balancer_of(&svc).unwrap().hosts(),
         vec!["n1".to_owned()]
     );
     // Unrelated label change: no update.
@@ -423,7 +423,7 @@ async fn row73_75_76_77_node_changes() {
     settle().await;
     assert_eq!(env.cloud.call_count(Method::UpdateLoadBalancer), 1);
     assert_eq!(
-        env.cloud.load_balancer_of(&svc).unwrap().hosts,
+        env.cloud.load_balancer_of(&svc).unwrap().hosts(),
         vec!["n1".to_owned(), "n2".to_owned()]
     );
     assert!(
@@ -615,8 +615,8 @@ async fn row74_77_exclusion_flips_and_unchanged_sets() {
         2,
         "a and b"
     );
-    assert!(env.cloud.load_balancer_of(&a).unwrap().hosts.is_empty());
-    assert!(env.cloud.load_balancer_of(&b).unwrap().hosts.is_empty());
+    assert!(env.cloud.load_balancer_of(&a).unwrap().hosts().is_empty());
+    assert!(env.cloud.load_balancer_of(&b).unwrap().hosts().is_empty());
     let reasons = env.reasons().await;
     assert_eq!(
         reasons
@@ -634,7 +634,7 @@ async fn row74_77_exclusion_flips_and_unchanged_sets() {
     settle().await;
     assert_eq!(env.cloud.call_count(Method::UpdateLoadBalancer), 4);
     assert_eq!(
-        env.cloud.load_balancer_of(&a).unwrap().hosts,
+        env.cloud.load_balancer_of(&a).unwrap().hosts(),
         vec!["n1".to_owned()]
     );
     env.stop().await;
@@ -668,7 +668,7 @@ async fn row78_update_failure_requeues_ensure() {
         "re-ensured"
     );
     assert_eq!(
-        env.cloud.load_balancer_of(&svc).unwrap().hosts,
+        env.cloud.load_balancer_of(&svc).unwrap().hosts(),
         vec!["n1".to_owned(), "n2".to_owned()]
     );
     env.stop().await;

@@ -1,7 +1,7 @@
 //! [`FakeCloud`]: the in-memory cloud, its controls, and its provider implementation.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     sync::Arc,
     time::Duration,
@@ -66,6 +66,30 @@ struct State {
     load_balancers: BTreeMap<String, FakeLoadBalancer>,
     routes: BTreeMap<(String, IpNet), FakeRoute>,
     next_lb_address: u32,
+    /// One shared copy of every distinct load-balancer host list in use.
+    host_lists: HostLists,
+}
+
+/// Interned load-balancer host lists: load balancers with the same Nodes share one
+/// `Arc<[String]>`, so many load balancers over many Nodes do not each hold every name.
+#[derive(Debug, Default)]
+struct HostLists(HashSet<Arc<[String]>>);
+
+impl HostLists {
+    /// The shared list equal to `hosts` (sorted and deduplicated here), made if new. Lists no
+    /// load balancer holds any more (replaced or deleted since the last call) are dropped
+    /// first.
+    fn intern(&mut self, mut hosts: Vec<String>) -> Arc<[String]> {
+        hosts.sort();
+        hosts.dedup();
+        self.0.retain(|list| Arc::strong_count(list) > 1);
+        if let Some(list) = self.0.get(hosts.as_slice()) {
+            return list.clone();
+        }
+        let list: Arc<[String]> = hosts.into();
+        self.0.insert(list.clone());
+        list
+    }
 }
 
 struct Inner {
@@ -883,11 +907,9 @@ impl LoadBalancer for FakeCloud {
             .and_then(|f| f.first())
             .is_some_and(|f| f == "IPv6");
         let name = self.get_load_balancer_name(cluster_name, service);
-        let mut hosts = hosts;
-        hosts.sort();
-        hosts.dedup();
 
         let mut state = self.inner.state.lock();
+        let hosts = state.host_lists.intern(hosts);
         let ip = match (requested_ip, state.load_balancers.get(&name)) {
             (Some(ip), _) => ip,
             (None, Some(existing)) => existing.ip,
@@ -923,16 +945,18 @@ impl LoadBalancer for FakeCloud {
         .await?;
         let name = self.get_load_balancer_name(cluster_name, service);
         let mut state = self.inner.state.lock();
-        let lb = state.load_balancers.get_mut(&name).ok_or_else(|| {
+        let State {
+            load_balancers,
+            host_lists,
+            ..
+        } = &mut *state;
+        let lb = load_balancers.get_mut(&name).ok_or_else(|| {
             CloudError::message(format!(
                 "load balancer {name} for service {} not found",
                 key_of(service)
             ))
         })?;
-        let mut hosts = hosts;
-        hosts.sort();
-        hosts.dedup();
-        lb.hosts = hosts;
+        lb.hosts = host_lists.intern(hosts);
         Ok(())
     }
 

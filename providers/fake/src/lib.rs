@@ -75,7 +75,7 @@ impl BackendProbe for FakeCloud {
         self.load_balancers()
             .into_iter()
             .find(|lb| lb.name == name)
-            .map(|lb| lb.hosts.into_iter().collect())
+            .map(|lb| lb.hosts().iter().cloned().collect())
             .ok_or_else(|| cloud_provider::CloudError::message(format!("no load balancer {name}")))
     }
 }

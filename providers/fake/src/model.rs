@@ -1,6 +1,6 @@
 //! The fake cloud's resources: instances, load balancers and routes.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use cloud_provider::node_address;
 use ipnet::IpNet;
@@ -140,12 +140,21 @@ pub struct FakeLoadBalancer {
     pub ip: IpAddr,
     /// Its listeners.
     pub listeners: Vec<FakeListener>,
-    /// The Nodes it forwards to, by name, sorted.
-    pub hosts: Vec<String>,
+    /// The Nodes it forwards to, by name, sorted and without duplicates. Load balancers with
+    /// the same Nodes share one list (the fake keeps one copy per distinct set, so 1,000 load
+    /// balancers over 10,000 Nodes hold the names once); read it with [`hosts`](Self::hosts).
+    pub hosts: Arc<[String]>,
     /// Client CIDRs allowed in.
     pub source_ranges: Vec<IpNet>,
     /// The health-check path and node port, for `externalTrafficPolicy: Local`.
     pub health_check: Option<(String, i32)>,
+}
+
+impl FakeLoadBalancer {
+    /// The Nodes it forwards to, by name, sorted and without duplicates.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
 }
 
 /// A route of the fake cloud.

@@ -324,6 +324,50 @@ async fn a_call_hook_can_hold_a_call() {
     assert!(held.await.unwrap().is_ok());
 }
 
+/// Load balancers with the same Nodes share one host list (memory: 1,000 load balancers over
+/// 10,000 Nodes must not hold 10 million names); a changed set gets its own list, equal
+/// content in any order and with duplicates is the same set.
+#[tokio::test]
+async fn load_balancers_with_the_same_nodes_share_one_host_list() {
+    let cloud = three_instances();
+    let a = service("aaaaaaa1-0000-0000-0000-000000000000", Some(31001));
+    let b = service("aaaaaaa2-0000-0000-0000-000000000000", Some(31002));
+    cloud
+        .ensure_load_balancer("k", &a, &[node("node-a"), node("node-c")])
+        .await
+        .unwrap();
+    cloud
+        .ensure_load_balancer("k", &b, &[node("node-c"), node("node-a"), node("node-c")])
+        .await
+        .unwrap();
+    let (lb_a, lb_b) = (
+        cloud.load_balancer_of(&a).unwrap(),
+        cloud.load_balancer_of(&b).unwrap(),
+    );
+    assert_eq!(lb_b.hosts(), ["node-a", "node-c"]);
+    assert!(Arc::ptr_eq(&lb_a.hosts, &lb_b.hosts), "one shared list");
+
+    cloud
+        .update_load_balancer("k", &b, &[node("node-a")])
+        .await
+        .unwrap();
+    let lb_b = cloud.load_balancer_of(&b).unwrap();
+    assert_eq!(lb_b.hosts(), ["node-a"]);
+    assert_eq!(
+        cloud.load_balancer_of(&a).unwrap().hosts(),
+        ["node-a", "node-c"]
+    );
+    assert!(!Arc::ptr_eq(&lb_a.hosts, &lb_b.hosts));
+
+    // Back to the first set: shared again.
+    cloud
+        .update_load_balancer("k", &b, &[node("node-c"), node("node-a")])
+        .await
+        .unwrap();
+    let lb_b = cloud.load_balancer_of(&b).unwrap();
+    assert!(Arc::ptr_eq(&lb_a.hosts, &lb_b.hosts));
+}
+
 #[tokio::test]
 async fn load_balancer_lifecycle() {
     let cloud = three_instances();
@@ -344,7 +388,7 @@ async fn load_balancer_lifecycle() {
     let lb = cloud.load_balancer_of(&svc).unwrap();
     assert_eq!(lb.name, "aaaaaaaaabbbbccccddddeeeeeeeeeee"); // "a" + UID without dashes, 32 chars
     assert_eq!(lb.service, "shop/web");
-    assert_eq!(lb.hosts, ["node-a", "node-c"]);
+    assert_eq!(lb.hosts(), ["node-a", "node-c"]);
     assert_eq!(
         (lb.listeners[0].port, lb.listeners[0].node_port),
         (443, 31443)
@@ -362,7 +406,7 @@ async fn load_balancer_lifecycle() {
         .update_load_balancer("k", &svc, &[node("node-c")])
         .await
         .unwrap();
-    assert_eq!(cloud.load_balancer_of(&svc).unwrap().hosts, ["node-c"]);
+    assert_eq!(cloud.load_balancer_of(&svc).unwrap().hosts(), ["node-c"]);
 
     cloud.ensure_load_balancer_deleted("k", &svc).await.unwrap();
     assert!(cloud.load_balancer_of(&svc).is_none());
