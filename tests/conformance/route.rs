@@ -427,3 +427,49 @@ async fn row47_address_change_recreates_in_order() {
     rc.reconcile().await.unwrap();
     assert!(cloud.log.lock().is_empty());
 }
+
+/// Ours, not upstream's (whose goroutine per Node has no cap): one reconcile keeps at most 64
+/// `NetworkUnavailable` patches in flight, even when every Node's condition changes at once
+/// (here 200 new routes; at 10,000 Nodes, the first pass after a restart).
+#[tokio::test(start_paused = true)]
+async fn condition_patches_are_bounded_in_flight() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let server = core_cluster::ApiServer::new(
+        Arc::new(core_cluster::store::MemoryStore::new()),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let router = server.router().layer(axum::middleware::from_fn({
+        let (in_flight, most) = (in_flight.clone(), most.clone());
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let (in_flight, most) = (in_flight.clone(), most.clone());
+            async move {
+                let status_patch = request.method() == axum::http::Method::PATCH
+                    && request.uri().path().ends_with("/status");
+                if !status_patch {
+                    return next.run(request).await;
+                }
+                most.fetch_max(in_flight.fetch_add(1, SeqCst) + 1, SeqCst);
+                // Each patch takes a while, so the ones sent together overlap.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let response = next.run(request).await;
+                in_flight.fetch_sub(1, SeqCst);
+                response
+            }
+        }
+    }));
+    let client = Client::new(router, "default");
+    let names: Vec<String> = (0..200).map(|i| format!("n{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let cloud = cloud(&refs);
+    for (i, name) in names.iter().enumerate() {
+        add_node(&client, name, &[&format!("10.100.{i}.0/24")]).await;
+    }
+    most.store(0, SeqCst);
+    let rc = controller(&client, &cloud, &["10.0.0.0/8"]);
+    let report = rc.reconcile().await.unwrap();
+    assert_eq!((report.created, report.conditions_patched), (200, 200));
+    assert_eq!(most.load(SeqCst), 64, "condition patches in flight at once");
+}
