@@ -1198,3 +1198,49 @@ impl Drop for AbortOnDrop {
         self.0.abort();
     }
 }
+
+/// client-go's rate-limited workqueue (5 ms doubling per failure, forgotten only on success):
+/// a label mirror that keeps failing is retried about a dozen times in 10 s, not every 5 ms.
+#[tokio::test(start_paused = true)]
+async fn a_failing_label_mirror_backs_off_exponentially() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let server = ApiServer::new(Arc::new(MemoryStore::new()), Default::default())
+        .await
+        .unwrap();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let router = server.router().layer(axum::middleware::from_fn({
+        let attempts = attempts.clone();
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let attempts = attempts.clone();
+            async move {
+                if request.method() == axum::http::Method::PATCH
+                    && request.uri().path() == "/api/v1/nodes/node-1"
+                {
+                    attempts.fetch_add(1, SeqCst);
+                    let status = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                        "status": "Failure", "message": "injected", "reason": "InternalError",
+                        "code": 500});
+                    return axum::response::IntoResponse::into_response((
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        axum::Json(status),
+                    ));
+                }
+                next.run(request).await
+            }
+        }
+    }));
+    let client = kube::Client::new(router, "default");
+    let cloud = fake([FakeInstance::new("i-1", "node-1")]);
+    let mut node = Node::default();
+    node.metadata.name = Some("node-1".into());
+    node.metadata.labels = Some(BTreeMap::from([(
+        LABEL_FAILURE_DOMAIN_BETA_ZONE.to_owned(),
+        "zone-a".to_owned(),
+    )]));
+    create(&client, node).await;
+    let _stop = start_node(&client, cloud, CloudNodeConfig::default());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let attempts = attempts.load(SeqCst);
+    // 5 ms · (2^n − 1) ≤ 10 s gives n = 10 retries after the first attempt.
+    assert!((5..=16).contains(&attempts), "{attempts} attempts in 10 s");
+}
