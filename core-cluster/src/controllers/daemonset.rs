@@ -36,7 +36,6 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{Patch, PatchParams},
     runtime::reflector::{ObjectRef, Store},
 };
 use serde_json::{Value, json};
@@ -48,8 +47,8 @@ use super::{
     taint_eviction::tolerates,
     workload::{
         EventSink, Expectations, Reconcile, availability, controlled_by, controller_key,
-        controller_ref, create_pod, delete_pod, drive, is_ready, key_of, phase, pod_from_template,
-        select, watch,
+        controller_ref, counts_differ, create_pod, delete_pod, drive, is_ready, key_of,
+        patch_status, phase, pod_from_template, select, watch,
     },
 };
 use crate::{clock::WallClock, registry::workloads::defaulted_template};
@@ -362,18 +361,12 @@ impl Reconcile for Sync {
         });
         let before =
             serde_json::to_value(ds.status.clone().unwrap_or_default()).unwrap_or_default();
-        let changed = status.as_object().is_some_and(|m| {
-            m.keys()
-                .any(|f| before[f].as_i64().unwrap_or(0) != status[f].as_i64().unwrap_or(0))
-        });
+        let changed = status
+            .as_object()
+            .is_some_and(|m| counts_differ(&before, &status, m.keys().map(String::as_str)));
         if changed {
             let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), ns);
-            api.patch_status(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
-            )
-            .await?;
+            patch_status(&api, name, status).await?;
         }
         Ok(again)
     }

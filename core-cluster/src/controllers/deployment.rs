@@ -50,8 +50,8 @@ use tokio_util::sync::CancellationToken;
 use crate::registry::workloads::defaulted_template;
 
 use super::workload::{
-    EventSink, Reconcile, controlled_by, controller_key, controller_ref, drive, key_of, select,
-    watch,
+    EventSink, Reconcile, controlled_by, controller_key, controller_ref, counts_differ, drive,
+    key_of, patch_status, select, watch,
 };
 
 /// The label that tells a Deployment's ReplicaSets (and their pods) apart.
@@ -542,16 +542,18 @@ impl Sync {
             "conditions": conditions,
         });
         let before = serde_json::to_value(&old).unwrap_or_default();
-        let same_counts = [
-            "observedGeneration",
-            "replicas",
-            "updatedReplicas",
-            "readyReplicas",
-            "availableReplicas",
-            "unavailableReplicas",
-        ]
-        .iter()
-        .all(|f| before[f].as_i64().unwrap_or(0) == status[f].as_i64().unwrap_or(0));
+        let same_counts = !counts_differ(
+            &before,
+            &status,
+            [
+                "observedGeneration",
+                "replicas",
+                "updatedReplicas",
+                "readyReplicas",
+                "availableReplicas",
+                "unavailableReplicas",
+            ],
+        );
         let same_conditions = conditions.iter().all(|c| {
             find(c["type"].as_str().unwrap_or("")).is_some_and(|o| {
                 o.status == c["status"]
@@ -562,12 +564,7 @@ impl Sync {
         if !(same_counts && same_conditions) {
             let api: Api<Deployment> =
                 Api::namespaced(self.client.clone(), &d.namespace().unwrap_or_default());
-            api.patch_status(
-                &d.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
-            )
-            .await?;
+            patch_status(&api, &d.name_any(), status).await?;
         }
         Ok(None)
     }

@@ -39,7 +39,6 @@ use async_trait::async_trait;
 use k8s_openapi::api::{batch::v1::Job, core::v1::Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{Patch, PatchParams},
     runtime::reflector::{ObjectRef, Store},
 };
 use serde_json::{Value, json};
@@ -52,7 +51,8 @@ use super::{
     replicaset::slow_start_create,
     workload::{
         EventSink, Expectations, Reconcile, controlled_by, controller_key, controller_ref,
-        delete_pod, drive, is_active, is_ready, key_of, phase, pod_from_template, select, watch,
+        counts_differ, delete_pod, drive, is_active, is_ready, key_of, patch_status, phase,
+        pod_from_template, select, watch,
     },
 };
 
@@ -396,19 +396,16 @@ impl Reconcile for Sync {
         };
         let changed = status.start_time.as_ref().map(|t| t.0) != start
             || new_status.get("completionTime").is_some()
-            || ["active", "ready", "succeeded", "failed", "terminating"]
-                .iter()
-                .any(|f| before[f].as_i64().unwrap_or(0) != new_status[f].as_i64().unwrap_or(0))
+            || counts_differ(
+                &before,
+                &new_status,
+                ["active", "ready", "succeeded", "failed", "terminating"],
+            )
             || condition_states(before["conditions"].as_array().map_or(&[], Vec::as_slice))
                 != condition_states(&conditions);
         if changed {
             let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
-            api.patch_status(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": new_status})),
-            )
-            .await?;
+            patch_status(&api, name, new_status).await?;
         }
         Ok(again)
     }

@@ -27,7 +27,6 @@ use async_trait::async_trait;
 use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{Patch, PatchParams},
     runtime::reflector::{ObjectRef, Store},
 };
 use serde_json::json;
@@ -38,8 +37,8 @@ use crate::clock::WallClock;
 
 use super::workload::{
     EventSink, Expectations, Reconcile, availability, controlled_by, controller_key,
-    controller_ref, create_pod, delete_pod, drive, is_active, is_ready, key_of, phase,
-    pod_from_template, select, watch,
+    controller_ref, counts_differ, create_pod, delete_pod, drive, is_active, is_ready, key_of,
+    patch_status, phase, pod_from_template, select, watch,
 };
 
 /// Most pods created or deleted in one sync (upstream `BurstReplicas`).
@@ -251,23 +250,20 @@ impl Sync {
         });
         let current =
             serde_json::to_value(rs.status.clone().unwrap_or_default()).unwrap_or_default();
-        let changed = [
-            "replicas",
-            "fullyLabeledReplicas",
-            "readyReplicas",
-            "availableReplicas",
-            "observedGeneration",
-        ]
-        .iter()
-        .any(|f| current[f].as_i64().unwrap_or(0) != status[f].as_i64().unwrap_or(0));
+        let changed = counts_differ(
+            &current,
+            &status,
+            [
+                "replicas",
+                "fullyLabeledReplicas",
+                "readyReplicas",
+                "availableReplicas",
+                "observedGeneration",
+            ],
+        );
         if changed {
             let api: Api<ReplicaSet> = Api::namespaced(self.client.clone(), ns);
-            api.patch_status(
-                &rs.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
-            )
-            .await?;
+            patch_status(&api, &rs.name_any(), status).await?;
         }
         Ok(again)
     }

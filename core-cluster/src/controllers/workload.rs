@@ -13,7 +13,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::PostParams,
+    api::{Patch, PatchParams, PostParams},
     runtime::{
         WatchStreamExt,
         events::{Event as KubeEvent, EventType, Recorder, Reporter},
@@ -22,6 +22,7 @@ use kube::{
     },
 };
 use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info_span, warn};
@@ -31,6 +32,32 @@ use super::queue::{WorkQueue, sleep_until_opt};
 /// How long an expectation is waited for before the controller acts anyway (upstream
 /// `ExpectationsTimeout`, 5 minutes).
 const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Whether any of `fields` differs between a workload's stored status `before` and the
+/// computed `after`, each read as a count (absent is 0, as Go's zero value).
+pub(crate) fn counts_differ<'a>(
+    before: &Value,
+    after: &Value,
+    fields: impl IntoIterator<Item = &'a str>,
+) -> bool {
+    fields
+        .into_iter()
+        .any(|f| before[f].as_i64().unwrap_or(0) != after[f].as_i64().unwrap_or(0))
+}
+
+/// Merge-patches `status` onto the status subresource of `name`.
+pub(crate) async fn patch_status<K>(api: &Api<K>, name: &str, status: Value) -> kube::Result<()>
+where
+    K: Clone + DeserializeOwned + Debug,
+{
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": status})),
+    )
+    .await?;
+    Ok(())
+}
 
 /// What a watch tells the loop.
 pub(crate) enum Trigger {
