@@ -6,6 +6,8 @@
 
 use std::{sync::Arc, time::Duration};
 
+mod support;
+
 use axum::{Router, body::Body};
 use bytes::Bytes;
 use core_cluster::{
@@ -42,18 +44,7 @@ async fn send(
     headers: &[(&str, &str)],
     body: impl Into<Body>,
 ) -> Answer {
-    let mut request = axum::http::Request::builder().method(method).uri(uri);
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    let response = router
-        .clone()
-        .oneshot(request.body(body.into()).unwrap())
-        .await
-        .unwrap();
-    let code = response.status().as_u16();
-    let headers = response.headers().clone();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let (code, headers, bytes) = support::send(router, method, uri, headers, body).await;
     Answer {
         code,
         headers,

@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+mod support;
+
 use axum::{Router, body::Body};
 use core_cluster::{ApiServer, ApiServerConfig, store::MemoryStore};
 use http_body_util::BodyExt;
@@ -43,33 +45,16 @@ async fn send(
     headers: &[(&str, &str)],
     body: Vec<u8>,
 ) -> Answer {
-    let mut request = axum::http::Request::builder().method(method).uri(uri);
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    let response = router
-        .clone()
-        .oneshot(request.body(Body::from(body)).unwrap())
-        .await
-        .unwrap();
-    let code = response.status().as_u16();
-    let content_type = response
-        .headers()
+    let (code, headers, body) = support::send(router, method, uri, headers, body).await;
+    let content_type = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes()
-        .to_vec();
     Answer {
         code,
         content_type,
-        body,
+        body: body.to_vec(),
     }
 }
 
