@@ -35,14 +35,9 @@ use kube::{
 };
 use serde_json::json;
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod support;
+
+use support::arg;
 
 fn lease(name: &str) -> Lease {
     serde_json::from_value(json!({
@@ -189,9 +184,9 @@ async fn renewal_runs(
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
-    let seconds = arg("--seconds", 3);
-    let runs = arg("--runs", 3) as usize;
-    let nodes_only = arg("--nodes-only", 0) != 0;
+    let seconds: u64 = arg("--seconds", 3);
+    let runs: usize = arg("--runs", 3);
+    let nodes_only = arg::<u64>("--nodes-only", 0) != 0;
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(
         SqliteStore::open(dir.path(), SqliteOptions::default())

@@ -14,14 +14,9 @@ use std::time::{Duration, Instant};
 use core_cluster::api::protobuf::{decode_object, encode_object};
 use serde_json::{Value, json};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod support;
+
+use support::arg;
 
 /// A Node as the simulated kubelets and the cloud controller leave it.
 fn node(i: usize) -> Value {
@@ -92,8 +87,8 @@ fn time<T>(runs: usize, mut f: impl FnMut() -> T) -> (f64, T) {
 }
 
 fn main() {
-    let nodes = arg("--nodes", 10_000);
-    let runs = arg("--runs", 3).max(1);
+    let nodes: usize = arg("--nodes", 10_000);
+    let runs = arg::<usize>("--runs", 3).max(1);
     let items: Vec<Value> = (0..nodes).map(node).collect();
     let list = json!({"apiVersion": "v1", "kind": "NodeList",
                       "metadata": {"resourceVersion": "20000"}, "items": items});

@@ -25,14 +25,9 @@ use core_cluster::{
 use kube::Client;
 use tokio_util::sync::CancellationToken;
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod support;
+
+use support::arg;
 
 fn clock_ticks() -> f64 {
     // USER_HZ; 100 on every Linux this runs on.
@@ -85,8 +80,8 @@ fn vm_hwm() -> String {
 }
 
 fn main() {
-    let nodes = arg("--nodes", 10_000) as usize;
-    let seconds = arg("--seconds", 60);
+    let nodes: usize = arg("--nodes", 10_000);
+    let seconds: u64 = arg("--seconds", 60);
     let server_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("apisrv")
