@@ -95,23 +95,40 @@ impl Embedded {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Applies `json` with kubectl (the typed `create` subcommands send protobuf).
+    /// Applies `json` with kubectl.
     fn apply(&self, json: &str) {
+        let out = self.kubectl_output(&["apply", "-f", "-"], json);
+        assert!(out.status.success(), "kubectl apply {json}");
+    }
+
+    /// kubectl with `input` on stdin; stdout and stderr together.
+    fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
+        let out = self.kubectl_output(args, input);
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
+    /// kubectl with `input` on stdin, run to completion.
+    fn kubectl_output(&self, args: &[&str], input: &str) -> std::process::Output {
         use std::io::Write;
         let mut child = self
             .command()
-            .args(["apply", "-f", "-"])
+            .args(args)
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         child
             .stdin
             .take()
             .unwrap()
-            .write_all(json.as_bytes())
+            .write_all(input.as_bytes())
             .unwrap();
-        assert!(child.wait().unwrap().success(), "kubectl apply {json}");
+        child.wait_with_output().unwrap()
     }
 
     /// A token for the service account `default/<name>` (TokenRequest).
@@ -366,33 +383,6 @@ fn the_fake_cloud_initializes_nodes_routes_them_and_ensures_load_balancers() {
     ]);
     assert!(events.contains("EnsuredLoadBalancer"), "{events}");
     assert!(events.contains("DeletedLoadBalancer"), "{events}");
-}
-
-impl Embedded {
-    /// kubectl with `input` on stdin; stdout and stderr together.
-    fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
-        use std::io::Write;
-        let mut child = self
-            .command()
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    }
 }
 
 /// The README's workload walkthrough: a Deployment made with `kubectl create deployment`
