@@ -551,7 +551,7 @@ impl ConformanceKit {
         }
         let cluster = &self.fixture.cluster_name;
         let svc = &self.fixture.service;
-        let nodes = &self.fixture.running_nodes;
+        let nodes = &self.running_nodes_shared()[..];
 
         let mut status: Option<LoadBalancerStatus> = None;
         let ensure = self
@@ -628,14 +628,24 @@ impl ConformanceKit {
         );
     }
 
+    /// The running Nodes as the service controller passes them to a load balancer.
+    fn running_nodes_shared(&self) -> Vec<Arc<Node>> {
+        self.fixture
+            .running_nodes
+            .iter()
+            .cloned()
+            .map(Arc::new)
+            .collect()
+    }
+
     async fn update_backends(&self, lb: &dyn crate::LoadBalancer) -> CheckOutput {
         let cluster = &self.fixture.cluster_name;
         let svc = &self.fixture.service;
-        let all = &self.fixture.running_nodes;
+        let all = &self.running_nodes_shared()[..];
         if all.len() < 2 {
             return Err("fixture needs two running nodes to change backends".to_owned());
         }
-        let subsets: [&[Node]; 2] = [&all[..1], all];
+        let subsets: [&[Arc<Node>]; 2] = [&all[..1], all];
         for subset in subsets {
             lb.update_load_balancer(cluster, svc, subset)
                 .await

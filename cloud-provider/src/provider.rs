@@ -252,8 +252,10 @@ pub trait Zones: Send + Sync {
     async fn get_zone_by_node_name(&self, node_name: &str) -> CloudResult<Zone>;
 }
 
-/// Load balancers for `type: LoadBalancer` Services. Services and Nodes passed in are the
-/// controller's copies; implementations only read them.
+/// Load balancers for `type: LoadBalancer` Services. Services passed in are the controller's
+/// copies; Nodes are the shared Node cache's own (`&[Arc<Node>]`, as upstream passes
+/// `[]*v1.Node`), so 1,000 Services over 10,000 Nodes share one copy of each Node.
+/// Implementations only read them.
 #[async_trait]
 pub trait LoadBalancer: Send + Sync {
     /// The status of the Service's load balancer, or `None` if it does not exist.
@@ -277,7 +279,7 @@ pub trait LoadBalancer: Send + Sync {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus>;
 
     /// Updates only the backends of an existing load balancer.
@@ -285,7 +287,7 @@ pub trait LoadBalancer: Send + Sync {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()>;
 
     /// Deletes the load balancer and everything created for it. Succeeds if it is already

@@ -181,7 +181,7 @@ impl LoadBalancer for Contrarian {
         &self,
         _c: &str,
         svc: &Service,
-        _n: &[Node],
+        _n: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         self.lbs
             .lock()
@@ -189,7 +189,12 @@ impl LoadBalancer for Contrarian {
         // Breaks the contract: the ingress IP is not an IP.
         Ok(status("lb.example.com:80x"))
     }
-    async fn update_load_balancer(&self, _c: &str, _s: &Service, _n: &[Node]) -> CloudResult<()> {
+    async fn update_load_balancer(
+        &self,
+        _c: &str,
+        _s: &Service,
+        _n: &[Arc<Node>],
+    ) -> CloudResult<()> {
         Ok(())
     }
     async fn ensure_load_balancer_deleted(&self, _c: &str, svc: &Service) -> CloudResult<()> {

@@ -503,7 +503,7 @@ impl LoadBalancer for Elsewhere {
         &self,
         _cluster_name: &str,
         _service: &Service,
-        _nodes: &[Node],
+        _nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         Err(CloudError::context(
             "ensure",
@@ -514,7 +514,7 @@ impl LoadBalancer for Elsewhere {
         &self,
         _cluster_name: &str,
         _service: &Service,
-        _nodes: &[Node],
+        _nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         Err(CloudError::ImplementedElsewhere)
     }
@@ -782,7 +782,7 @@ impl LoadBalancer for EmptyStatus {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         self.0
             .load_balancer()
@@ -795,7 +795,7 @@ impl LoadBalancer for EmptyStatus {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         self.0
             .load_balancer()

@@ -153,7 +153,7 @@ fn provider_id(node: &Node) -> Option<&str> {
 type NodeSet = u128;
 
 /// The [`NodeSet`] of `nodes`, which must be sorted by name.
-fn node_set(nodes: &[Node]) -> NodeSet {
+fn node_set(nodes: &[Arc<Node>]) -> NodeSet {
     // Two independent 64-bit SipHash digests (different leading keys): a false "unchanged"
     // needs both to collide.
     let digest = |seed: u8| {
@@ -332,7 +332,7 @@ struct State {
     /// × 10,000 Nodes would otherwise be up to 10 million entries).
     last_synced_nodes: HashMap<String, NodeSet>,
     /// The eligible Nodes and their set at a Node cache generation, reused until the cache
-    /// changes (1,000 Services need not copy 10,000 Nodes each).
+    /// changes (1,000 Services need not list and sort 10,000 Nodes each).
     eligible: Option<Eligible>,
 }
 
@@ -340,16 +340,18 @@ struct State {
 #[derive(Clone)]
 struct Eligible {
     generation: u64,
-    /// When the copy began (the cache was read after this).
+    /// When the list began (the cache was read after this).
     at: tokio::time::Instant,
-    nodes: Arc<Vec<Node>>,
+    /// The cache's own Nodes, shared: a list is 8 bytes per Node, not a copy of each. A list
+    /// keeps the versions it was made from alive until the last call using it ends.
+    nodes: Arc<[Arc<Node>]>,
     set: NodeSet,
 }
 
-/// The least time between two copies of the eligible Nodes. While 10,000 Nodes join, the
-/// cache changes every few milliseconds; without this, nearly every load-balancer call made
-/// its own copy of every Node (each 2.5 KB), several alive at once.
-const ELIGIBLE_COPY_INTERVAL: Duration = Duration::from_secs(1);
+/// The least time between two lists of the eligible Nodes. While 10,000 Nodes join, the
+/// cache changes every few milliseconds; without this, nearly every load-balancer call listed,
+/// filtered, sorted and hashed every Node, and kept the Node versions of its own list alive.
+const ELIGIBLE_LIST_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The service controller.
 pub struct ServiceController {
@@ -557,44 +559,43 @@ impl ServiceController {
     }
 
     /// The eligible Nodes and their set, from the shared Node cache (never a LIST per sync),
-    /// copied at most once per change of the cache and per [`ELIGIBLE_COPY_INTERVAL`].
+    /// listed at most once per change of the cache and per [`ELIGIBLE_LIST_INTERVAL`].
     ///
     /// `current`: the Nodes as of after this call began (node syncs, which must not miss the
-    /// last change). Otherwise a copy at most [`ELIGIBLE_COPY_INTERVAL`] old will do (a
-    /// Service's ensure: any Node change after that copy triggers a node sync, which brings
+    /// last change). Otherwise a list at most [`ELIGIBLE_LIST_INTERVAL`] old will do (a
+    /// Service's ensure: any Node change after that list triggers a node sync, which brings
     /// the load balancer up to date).
     async fn eligible_nodes(&self, current: bool) -> Eligible {
         self.ctx.nodes.wait_synced().await;
-        // A copy younger than ELIGIBLE_COPY_INTERVAL is never replaced: a caller that needs
-        // the current Nodes and finds the cache changed since waits until a new copy may be
+        // A list younger than ELIGIBLE_LIST_INTERVAL is never replaced: a caller that needs
+        // the current Nodes and finds the cache changed since waits until a new list may be
         // made (at most that long), or takes one another caller began after it asked.
         let asked = tokio::time::Instant::now();
         let generation = loop {
             let generation = self.ctx.nodes.generation();
-            let next_copy = match &self.state.lock().eligible {
+            let next_list = match &self.state.lock().eligible {
                 Some(eligible)
                     if eligible.generation == generation
                         || eligible.at > asked
-                        || (!current && eligible.at + ELIGIBLE_COPY_INTERVAL > asked) =>
+                        || (!current && eligible.at + ELIGIBLE_LIST_INTERVAL > asked) =>
                 {
                     return eligible.clone();
                 }
-                Some(eligible) => eligible.at + ELIGIBLE_COPY_INTERVAL,
+                Some(eligible) => eligible.at + ELIGIBLE_LIST_INTERVAL,
                 None => break generation,
             };
-            if next_copy <= tokio::time::Instant::now() {
+            if next_list <= tokio::time::Instant::now() {
                 break generation;
             }
-            tokio::time::sleep_until(next_copy).await;
+            tokio::time::sleep_until(next_list).await;
         };
         let at = tokio::time::Instant::now();
-        let mut nodes: Vec<Node> = self
+        let mut nodes: Vec<Arc<Node>> = self
             .ctx
             .nodes
             .list()
             .into_iter()
             .filter(|node| node_eligible(node))
-            .map(Arc::unwrap_or_clone)
             .collect();
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         let set = node_set(&nodes);
@@ -602,7 +603,7 @@ impl ServiceController {
         let eligible = Eligible {
             generation,
             at,
-            nodes: Arc::new(nodes),
+            nodes: nodes.into(),
             set,
         };
         state.eligible = Some(eligible.clone());
@@ -644,7 +645,7 @@ impl ServiceController {
         // over 1,000 Services must not keep its own copy of 10,000 Nodes alive beside the
         // current one while Nodes join.
         let eligible = self.eligible_nodes(true).await;
-        let nodes = eligible.nodes.as_slice();
+        let nodes = &eligible.nodes[..];
         let changed = {
             let mut state = self.state.lock();
             let old = state.last_synced_nodes.insert(key.to_owned(), eligible.set);
@@ -694,7 +695,7 @@ impl ServiceController {
                 {
                     return;
                 }
-                let names: Vec<String> = nodes.iter().take(20).map(ResourceExt::name_any).collect();
+                let names: Vec<String> = nodes.iter().take(20).map(|n| n.name_any()).collect();
                 let more = nodes.len().saturating_sub(20);
                 let list = if more > 0 {
                     format!("{} and {more} more", names.join(", "))
@@ -871,7 +872,7 @@ impl ServiceController {
             self.patch_finalizer(svc, true).await?;
         }
         let eligible = self.eligible_nodes(false).await;
-        let nodes = eligible.nodes.as_slice();
+        let nodes = &eligible.nodes[..];
         if nodes.is_empty() {
             self.event(
                 svc,
@@ -993,12 +994,12 @@ mod tests {
                 provider_id: provider_id.map(str::to_owned),
                 ..Default::default()
             });
-            n
+            Arc::new(n)
         };
         let base = [named("a", Some("fake://1")), named("b", None)];
         assert_eq!(node_set(&base), node_set(&base.clone()));
         let mut relabelled = base.clone();
-        relabelled[0].metadata.labels = None;
+        Arc::make_mut(&mut relabelled[0]).metadata.labels = None;
         assert_eq!(node_set(&base), node_set(&relabelled));
         let initialized = [named("a", Some("fake://1")), named("b", Some("fake://2"))];
         assert_ne!(node_set(&base), node_set(&initialized));

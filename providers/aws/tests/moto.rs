@@ -434,7 +434,11 @@ async fn nlb_follows_nodes_and_leaves_nothing_behind() -> anyhow::Result<()> {
         .load_balancer_source_ranges = Some(vec!["203.0.113.0/24".to_owned()]);
     let name = lbs.get_load_balancer_name(CLUSTER, &svc);
 
-    let mut nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let mut nodes: Vec<Arc<Node>> = seed
+        .instance_ids
+        .iter()
+        .map(|id| Arc::new(node(id)))
+        .collect();
     let status = lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
     let obs = observe(&elb, &name).await?.context("no NLB after ensure")?;
     let hostname = status
@@ -555,7 +559,11 @@ async fn nlb_follows_nodes_and_leaves_nothing_behind() -> anyhow::Result<()> {
     // Scale up by three nodes, then down to one.
     let spec = SeedSpec::new("nlbtest", 0);
     moto::run_instances(&ec2, &spec, &mut seed, 3).await?;
-    nodes = seed.instance_ids.iter().map(|id| node(id)).collect();
+    nodes = seed
+        .instance_ids
+        .iter()
+        .map(|id| Arc::new(node(id)))
+        .collect();
     let before = cloud.metrics().attempts_of("DescribeInstances");
     lbs.update_load_balancer(CLUSTER, &svc, &nodes).await?;
     let calls = cloud.metrics().attempts_of("DescribeInstances") - before;
@@ -652,7 +660,11 @@ async fn udp_local_traffic_and_annotations() -> anyhow::Result<()> {
     let (moto, seed, cloud) = setup("udp", 2).await?;
     let elb = moto.elbv2().await;
     let lbs = cloud.load_balancer().context("lb")?;
-    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let nodes: Vec<Arc<Node>> = seed
+        .instance_ids
+        .iter()
+        .map(|id| Arc::new(node(id)))
+        .collect();
 
     // TCP and UDP on one port: one TCP_UDP listener; ETP Local: HTTP health on the node port.
     let mut dns = service(
@@ -949,7 +961,11 @@ async fn targets_change_100_at_a_time() -> anyhow::Result<()> {
         .into(),
     );
     let name = lbs.get_load_balancer_name(CLUSTER, &svc);
-    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let nodes: Vec<Arc<Node>> = seed
+        .instance_ids
+        .iter()
+        .map(|id| Arc::new(node(id)))
+        .collect();
 
     lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
     let registers = cloud.metrics().attempts_of("RegisterTargets");
@@ -1031,7 +1047,11 @@ async fn elb_security_group_and_disabled_ingress() -> anyhow::Result<()> {
         "5a1e0000-0000-4000-8000-000000000007",
         &[("TCP", 80, 30080)],
     );
-    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let nodes: Vec<Arc<Node>> = seed
+        .instance_ids
+        .iter()
+        .map(|id| Arc::new(node(id)))
+        .collect();
     let name = lbs.get_load_balancer_name(CLUSTER, &svc);
     lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
     let lb = elb.describe_load_balancers().names(&name).send().await?;
@@ -1188,8 +1208,12 @@ async fn node_rules_go_onto_each_instances_own_group_and_only_running_ones_are_t
         .context("spec")?
         .load_balancer_source_ranges = Some(vec!["198.51.100.0/24".to_owned()]);
     let name = lbs.get_load_balancer_name(CLUSTER, &svc);
-    let mut nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
-    nodes.push(node(&untagged_node));
+    let mut nodes: Vec<Arc<Node>> = seed
+        .instance_ids
+        .iter()
+        .map(|id| Arc::new(node(id)))
+        .collect();
+    nodes.push(Arc::new(node(&untagged_node)));
     lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
 
     let obs = observe(&elb, &name).await?.context("nlb")?;
@@ -1235,7 +1259,7 @@ async fn node_rules_go_onto_each_instances_own_group_and_only_running_ones_are_t
     // Two untagged groups on one instance (none tagged): an error naming them, nothing torn down.
     let ambiguous = instance_in(&ec2, &seed, &[&plain, &plain2]).await?;
     let mut with_ambiguous = nodes.clone();
-    with_ambiguous.push(node(&ambiguous));
+    with_ambiguous.push(Arc::new(node(&ambiguous)));
     let err = lbs
         .update_load_balancer(CLUSTER, &svc, &with_ambiguous)
         .await
@@ -1249,7 +1273,7 @@ async fn node_rules_go_onto_each_instances_own_group_and_only_running_ones_are_t
     // Two tagged groups on one instance: an error too.
     let doubly = instance_in(&ec2, &seed, &[&seed.node_security_group_id, &stray]).await?;
     let mut with_doubly = nodes.clone();
-    with_doubly.push(node(&doubly));
+    with_doubly.push(Arc::new(node(&doubly)));
     let err = lbs
         .update_load_balancer(CLUSTER, &svc, &with_doubly)
         .await
@@ -1327,7 +1351,11 @@ async fn tls_listeners_and_target_group_changes_keep_the_listener() -> anyhow::R
     let elb = moto.elbv2().await;
     let cert = moto.acm_certificate("web.example.com").await?;
     let lbs = cloud.load_balancer().context("lb")?;
-    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let nodes: Vec<Arc<Node>> = seed
+        .instance_ids
+        .iter()
+        .map(|id| Arc::new(node(id)))
+        .collect();
     let uid = "5a1e0000-0000-4000-8000-000000000011";
     let annotated = |ports: &[(&str, i32, i32)], extra: &[(&str, &str)]| {
         let mut svc = service("tlsweb", uid, ports);
@@ -1576,7 +1604,11 @@ async fn a_classic_elb_from_cloud_provider_aws_is_neither_duplicated_nor_leaked(
         )
         .send()
         .await?;
-    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let nodes: Vec<Arc<Node>> = seed
+        .instance_ids
+        .iter()
+        .map(|id| Arc::new(node(id)))
+        .collect();
 
     let err = lbs
         .ensure_load_balancer(CLUSTER, &svc, &nodes)
@@ -1652,7 +1684,11 @@ async fn ipv6_families_get_a_dual_stack_nlb() -> anyhow::Result<()> {
     );
     svc.spec.as_mut().context("spec")?.ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
     let name = lbs.get_load_balancer_name(CLUSTER, &svc);
-    let nodes: Vec<Node> = seed.instance_ids.iter().map(|id| node(id)).collect();
+    let nodes: Vec<Arc<Node>> = seed
+        .instance_ids
+        .iter()
+        .map(|id| Arc::new(node(id)))
+        .collect();
     lbs.ensure_load_balancer(CLUSTER, &svc, &nodes).await?;
     let ip_type = |elb: aws_sdk_elasticloadbalancingv2::Client, name: String| async move {
         let out = elb.describe_load_balancers().names(name).send().await?;

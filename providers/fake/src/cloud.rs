@@ -799,7 +799,7 @@ impl Zones for FakeCloud {
     }
 }
 
-fn host_names(nodes: &[Node]) -> Vec<String> {
+fn host_names(nodes: &[Arc<Node>]) -> Vec<String> {
     nodes.iter().map(|n| name_of(n).to_owned()).collect()
 }
 
@@ -878,7 +878,7 @@ impl LoadBalancer for FakeCloud {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         let hosts = host_names(nodes);
         self.call(Call::EnsureLoadBalancer {
@@ -934,7 +934,7 @@ impl LoadBalancer for FakeCloud {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         let hosts = host_names(nodes);
         self.call(Call::UpdateLoadBalancer {

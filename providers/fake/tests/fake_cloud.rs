@@ -17,6 +17,11 @@ fn node(name: &str) -> Node {
     n
 }
 
+/// A Node as the service controller passes it to a load balancer: shared.
+fn lb_node(name: &str) -> Arc<Node> {
+    Arc::new(node(name))
+}
+
 fn node_with_provider_id(name: &str, provider_id: &str) -> Node {
     let mut n = node(name);
     n.spec = Some(NodeSpec {
@@ -186,7 +191,7 @@ async fn calls_are_recorded_with_their_arguments() {
     let svc = service("11111111-2222-3333-4444-555555555555", Some(30443));
     cloud.instance_exists(&node("node-a")).await.unwrap();
     cloud
-        .ensure_load_balancer("k", &svc, &[node("node-b"), node("node-a")])
+        .ensure_load_balancer("k", &svc, &[lb_node("node-b"), lb_node("node-a")])
         .await
         .unwrap();
     cloud.list_routes("k").await.unwrap();
@@ -333,11 +338,15 @@ async fn load_balancers_with_the_same_nodes_share_one_host_list() {
     let a = service("aaaaaaa1-0000-0000-0000-000000000000", Some(31001));
     let b = service("aaaaaaa2-0000-0000-0000-000000000000", Some(31002));
     cloud
-        .ensure_load_balancer("k", &a, &[node("node-a"), node("node-c")])
+        .ensure_load_balancer("k", &a, &[lb_node("node-a"), lb_node("node-c")])
         .await
         .unwrap();
     cloud
-        .ensure_load_balancer("k", &b, &[node("node-c"), node("node-a"), node("node-c")])
+        .ensure_load_balancer(
+            "k",
+            &b,
+            &[lb_node("node-c"), lb_node("node-a"), lb_node("node-c")],
+        )
         .await
         .unwrap();
     let (lb_a, lb_b) = (
@@ -348,7 +357,7 @@ async fn load_balancers_with_the_same_nodes_share_one_host_list() {
     assert!(Arc::ptr_eq(&lb_a.hosts, &lb_b.hosts), "one shared list");
 
     cloud
-        .update_load_balancer("k", &b, &[node("node-a")])
+        .update_load_balancer("k", &b, &[lb_node("node-a")])
         .await
         .unwrap();
     let lb_b = cloud.load_balancer_of(&b).unwrap();
@@ -361,7 +370,7 @@ async fn load_balancers_with_the_same_nodes_share_one_host_list() {
 
     // Back to the first set: shared again.
     cloud
-        .update_load_balancer("k", &b, &[node("node-c"), node("node-a")])
+        .update_load_balancer("k", &b, &[lb_node("node-c"), lb_node("node-a")])
         .await
         .unwrap();
     let lb_b = cloud.load_balancer_of(&b).unwrap();
@@ -378,7 +387,7 @@ async fn load_balancer_lifecycle() {
 
     assert!(cloud.get_load_balancer("k", &svc).await.unwrap().is_none());
     let status = cloud
-        .ensure_load_balancer("k", &svc, &[node("node-a"), node("node-c")])
+        .ensure_load_balancer("k", &svc, &[lb_node("node-a"), lb_node("node-c")])
         .await
         .unwrap();
     let ingress = &status.ingress.as_ref().unwrap()[0];
@@ -398,12 +407,12 @@ async fn load_balancer_lifecycle() {
 
     // Idempotent: same IP on re-ensure.
     let again = cloud
-        .ensure_load_balancer("k", &svc, &[node("node-a")])
+        .ensure_load_balancer("k", &svc, &[lb_node("node-a")])
         .await
         .unwrap();
     assert_eq!(again, status);
     cloud
-        .update_load_balancer("k", &svc, &[node("node-c")])
+        .update_load_balancer("k", &svc, &[lb_node("node-c")])
         .await
         .unwrap();
     assert_eq!(cloud.load_balancer_of(&svc).unwrap().hosts(), ["node-c"]);

@@ -29,6 +29,7 @@ pub mod plan;
 mod rules;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use aws_sdk_ec2::types::{Filter, Instance, ResourceType, SecurityGroup, Subnet, TagSpecification};
@@ -332,15 +333,15 @@ impl Inner {
     async fn target_instances(
         &self,
         plan: &NlbPlan,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<BTreeMap<String, Instance>> {
         let mut ids_wanted = Vec::new();
         let mut dns_wanted = Vec::new();
         for node in nodes {
-            let labels = node.metadata.labels.clone().unwrap_or_default();
+            let label = |k: &String| node.metadata.labels.as_ref().and_then(|l| l.get(k));
             let selected = plan.node_labels.iter().all(|(k, v)| match v {
-                Some(v) => labels.get(k) == Some(v),
-                None => labels.contains_key(k),
+                Some(v) => label(k) == Some(v),
+                None => label(k).is_some(),
             });
             if !selected {
                 continue;
@@ -636,7 +637,7 @@ impl Inner {
         &self,
         lb_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         let plan = plan::plan(service)?;
         let clients = self.clients().await?;
@@ -1009,7 +1010,7 @@ impl LoadBalancer for AwsCloud {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         let name = self.get_load_balancer_name(cluster_name, service);
         self.inner.ensure_nlb(&name, service, nodes).await
@@ -1020,7 +1021,7 @@ impl LoadBalancer for AwsCloud {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         let name = self.get_load_balancer_name(cluster_name, service);
         self.inner
