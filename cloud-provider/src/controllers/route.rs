@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::future::join_all;
 use ipnet::IpNet;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, NodeAddress};
@@ -313,15 +312,24 @@ impl RouteController {
                     )
             })
             .collect();
-        let deletes = join_all(to_delete.into_iter().map(|route| self.delete_route(route)));
+        // Streams of at most MAX_CONCURRENT_ROUTE_OPERATIONS futures each, not a future per
+        // route built up front: 10,000 pending create futures held 32 MB while the cloud
+        // worked through them 200 at a time.
+        // Owned items: a stream over a closure taking references is not `Send` for every
+        // lifetime.
+        let to_delete: Vec<Route> = to_delete.into_iter().cloned().collect();
+        let deletes = futures::stream::iter(to_delete)
+            .map(|route| async move { self.delete_route(&route).await })
+            .buffer_unordered(MAX_CONCURRENT_ROUTE_OPERATIONS)
+            .collect::<Vec<bool>>();
 
         // Creates.
-        let to_create: Vec<(&Node, IpNet)> = nodes
+        let to_create: Vec<(Arc<Node>, IpNet)> = nodes
             .iter()
             .flat_map(|node| {
                 pod_cidrs(node)
                     .into_iter()
-                    .map(move |cidr| (node.as_ref(), cidr))
+                    .map(move |cidr| (node.clone(), cidr))
             })
             .filter(|(node, cidr)| {
                 matches!(
@@ -330,9 +338,12 @@ impl RouteController {
                 )
             })
             .collect();
-        let creates = join_all(to_create.into_iter().map(|(node, cidr)| async move {
-            (node.name_any(), cidr, self.create_route(node, cidr).await)
-        }));
+        let creates = futures::stream::iter(to_create)
+            .map(|(node, cidr)| async move {
+                (node.name_any(), cidr, self.create_route(&node, cidr).await)
+            })
+            .buffer_unordered(MAX_CONCURRENT_ROUTE_OPERATIONS)
+            .collect::<Vec<_>>();
         let (delete_results, create_results) = if sequenced {
             let d = deletes.await;
             (d, creates.await)
@@ -361,8 +372,9 @@ impl RouteController {
         for ((name, _), action) in &actions {
             by_node.entry(name.as_str()).or_default().push(*action);
         }
-        // Collected first: a stream over a borrowing closure is not `Send` for every lifetime.
-        let patches: Vec<_> = nodes
+        // The decisions are collected first, owned (see the deletes); the futures are made as
+        // the stream needs them.
+        let patches: Vec<(Arc<Node>, bool)> = nodes
             .iter()
             .filter_map(|node| {
                 let name = node.name_any();
@@ -372,10 +384,13 @@ impl RouteController {
                 let node_actions = by_node.get(name.as_str()).map_or(&[][..], Vec::as_slice);
                 let unavailable =
                     node_actions.is_empty() || node_actions.iter().any(|a| *a != Action::Keep);
-                Some(self.update_network_condition(node, unavailable))
+                Some((node.clone(), unavailable))
             })
             .collect();
         report.conditions_patched = futures::stream::iter(patches)
+            .map(|(node, unavailable)| async move {
+                self.update_network_condition(&node, unavailable).await
+            })
             .buffer_unordered(CONDITION_PATCHES_IN_FLIGHT)
             .filter(|patched| std::future::ready(*patched))
             .count()
