@@ -15,7 +15,11 @@
 //! memory, not the ccm's.
 //!
 //! Reports the time from the ccm's start until the child counts every node initialized
-//! (providerID set, uninitialized taint gone), the cloud calls by method, and peak RSS.
+//! (providerID set, uninitialized taint gone), the cloud calls by method, and peak RSS then
+//! (`ccm_peak_rss`). The run then goes on until the fake cloud holds a load balancer for
+//! every Service with every Node behind it (`all_lbs_ready_after`), and reports the peak RSS
+//! over the whole run (`ccm_peak_rss_settled`): the service controller's ensures and node
+//! syncs over 10,000 Nodes mostly happen after initialization.
 //!
 //! `cargo bench -p ccm-bin --no-default-features --bench node_init -- [--nodes 10000]
 //! [--latency-ms 20] [--concurrent-node-syncs 1] [--services 1000] [--upstream] [--trace]`
@@ -113,6 +117,32 @@ fn fake_host_names(cloud: &FakeCloud) -> (usize, usize) {
         lists.iter().map(|list| list.len()).sum(),
         lbs.iter().map(|lb| lb.hosts().len()).sum(),
     )
+}
+
+/// Waits until the fake cloud holds `services` load balancers, each with all `nodes` Nodes
+/// behind it, and returns when that was first seen (polled every 100 ms, 30 minutes at most).
+async fn all_load_balancers_ready(
+    cloud: &FakeCloud,
+    services: u64,
+    nodes: u64,
+) -> anyhow::Result<Instant> {
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    loop {
+        let lbs = cloud.load_balancers();
+        let ready = lbs
+            .iter()
+            .filter(|lb| lb.hosts().len() as u64 == nodes)
+            .count() as u64;
+        if ready == services {
+            return Ok(Instant::now());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "after 30 minutes {ready} of {services} load balancers have all {nodes} nodes ({} exist)",
+            lbs.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// `count` LoadBalancer Services in `default`, 64 creates in flight.
@@ -293,16 +323,32 @@ fn main() -> anyhow::Result<()> {
                 .context("not every node was initialized within 30 minutes")?;
         let calls = drain(&cloud, &mut by_method.lock());
         let fake_hosts = fake_host_names(&cloud);
+        let peak_at_init = peak_rss("self");
+        let settled = all_load_balancers_ready(&cloud, services, nodes).await?;
         drainer.abort();
         shutdown.cancel();
         let _ = manager.await;
-        anyhow::Ok((done, calls, rss_before_ccm, fake_hosts))
+        anyhow::Ok((
+            done,
+            calls,
+            rss_before_ccm,
+            fake_hosts,
+            peak_at_init,
+            settled,
+        ))
     });
     let child_peak_rss = peak_rss(&child.id().to_string());
     let (ccm_cpu, cluster_cpu) = (cpu_seconds("self"), cpu_seconds(&child.id().to_string()));
     let _ = child.kill();
     let _ = child.wait();
-    let ((registered, done), calls, rss_before_ccm, (names_held, names_referenced)) = result?;
+    let (
+        (registered, done),
+        calls,
+        rss_before_ccm,
+        (names_held, names_referenced),
+        peak_at_init,
+        settled,
+    ) = result?;
     let by_method = by_method.lock().clone();
     let mode = if upstream {
         "upstream(concurrent-node-syncs=1,batching=off)".to_owned()
@@ -310,9 +356,10 @@ fn main() -> anyhow::Result<()> {
         format!("batched,concurrent-node-syncs={syncs}")
     };
     println!(
-        "node_init nodes={nodes} services={services} latency={latency:?} mode={mode} all_registered_after={:.1}s all_initialized_after={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={} cluster_peak_rss={child_peak_rss} ccm_cpu={ccm_cpu:.1}s cluster_cpu={cluster_cpu:.1}s bench_rss_before_ccm={rss_before_ccm} fake_lb_host_names_held={names_held} (of {names_referenced} referenced)",
+        "node_init nodes={nodes} services={services} latency={latency:?} mode={mode} all_registered_after={:.1}s all_initialized_after={:.1}s all_lbs_ready_after={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={peak_at_init} ccm_peak_rss_settled={} cluster_peak_rss={child_peak_rss} ccm_cpu={ccm_cpu:.1}s cluster_cpu={cluster_cpu:.1}s bench_rss_before_ccm={rss_before_ccm} fake_lb_host_names_held={names_held} (of {names_referenced} referenced)",
         (registered - started).as_secs_f64(),
         (done - started).as_secs_f64(),
+        (settled - started).as_secs_f64(),
         calls,
         peak_rss("self"),
     );
