@@ -468,7 +468,7 @@ pub(super) fn add_resource_paths(
         }
         .into_value()
     };
-    let collection_operations = vec![
+    let mut collection_operations = vec![
         ("get", list_operation(names.id("list", ""))),
         (
             "post",
@@ -484,7 +484,9 @@ pub(super) fn add_resource_paths(
             }
             .into_value(),
         ),
-        (
+    ];
+    if crate::registry::serves_deletecollection(group, plural) {
+        collection_operations.push((
             "delete",
             Operation {
                 names: &names,
@@ -500,8 +502,8 @@ pub(super) fn add_resource_paths(
                 responses: responses(READ_RESPONSES, &status, OBJECT_CONTENT_TYPES),
             }
             .into_value(),
-        ),
-    ];
+        ));
+    }
     paths.insert(
         collection,
         path_item(&scope_parameters, collection_operations),

@@ -315,3 +315,18 @@ fn hash_is_fnv1a_64() {
     assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
     assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
 }
+
+/// Upstream's `/openapi/v3/api/v1` has no `deletecollectionCoreV1Namespace`: a collection
+/// DELETE on namespaces is a 405 there and here, so the document does not offer it.
+#[test]
+fn namespaces_offer_no_deletecollection_and_other_collections_do() {
+    let doc = document(&served(), "api/v1");
+    let namespaces = &doc["paths"]["/api/v1/namespaces"];
+    assert_eq!(namespaces["get"]["operationId"], "listCoreV1Namespace");
+    assert_eq!(namespaces["post"]["operationId"], "createCoreV1Namespace");
+    assert!(namespaces.get("delete").is_none(), "{namespaces}");
+    assert_eq!(
+        doc["paths"]["/api/v1/nodes"]["delete"]["operationId"],
+        "deleteCoreV1CollectionNode"
+    );
+}

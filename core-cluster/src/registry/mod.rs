@@ -114,16 +114,23 @@ impl ResourceDef {
         }
     }
 
-    /// Whether `DELETE` on the collection (`deletecollection`) is served: not for
-    /// namespaces, as upstream (discovery does not list it, and the request is a 405).
+    /// Whether `DELETE` on the collection (`deletecollection`) is served: see
+    /// [`serves_deletecollection`].
     pub fn deletecollection(&self) -> bool {
-        !(self.group.is_empty() && self.plural == "namespaces")
+        serves_deletecollection(self.group, self.plural)
     }
 
     /// Whether a field-selector path is supported.
     pub fn supports_field(&self, path: &str) -> bool {
         matches!(path, "metadata.name" | "metadata.namespace") || self.field_paths.contains(&path)
     }
+}
+
+/// Whether `DELETE` on the collection of `plural` in `group` (`deletecollection`) is served:
+/// not for namespaces, as upstream (discovery does not list it, the OpenAPI document has no
+/// such operation, and the request is a 405).
+pub fn serves_deletecollection(group: &str, plural: &str) -> bool {
+    !(group.is_empty() && plural == "namespaces")
 }
 
 /// Round-trips through the k8s-openapi type `K` (see [`ResourceDef::typed`]).
