@@ -273,6 +273,88 @@ async fn rbac_objects_are_validated() {
     assert!(!can_i(&bob, "delete", "pods", "default").await);
 }
 
+/// Upstream's `SetDefaults_Subject` (rbac/v1 defaults) runs on every decoded write, so a
+/// subject without `apiGroup` is defaulted on an update or a patch as on a create: User and
+/// Group get `rbac.authorization.k8s.io`, ServiceAccount `""`.
+#[tokio::test]
+async fn binding_subjects_get_their_api_group_defaulted_on_update_and_patch() {
+    let server = server().await;
+    let admin = admin(&server);
+    let bindings: Api<RoleBinding> = Api::namespaced(admin.clone(), "default");
+    let binding = |subjects: Value| -> RoleBinding {
+        serde_json::from_value(json!({
+            "metadata": {"name": "devs"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+            "subjects": subjects,
+        }))
+        .unwrap()
+    };
+    let groups = |b: &RoleBinding| -> Vec<(String, String)> {
+        b.subjects
+            .iter()
+            .flatten()
+            .map(|s| {
+                (
+                    s.name.clone(),
+                    s.api_group.clone().unwrap_or_else(|| "<none>".into()),
+                )
+            })
+            .collect()
+    };
+    let created = bindings
+        .create(
+            &PostParams::default(),
+            &binding(json!([{"kind": "User", "name": "alice"}])),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        groups(&created),
+        [("alice".into(), "rbac.authorization.k8s.io".into())]
+    );
+
+    // PUT with a new Group subject and no apiGroup.
+    let mut replaced = binding(json!([
+        {"kind": "User", "name": "alice"},
+        {"kind": "Group", "name": "dev"},
+    ]));
+    replaced.metadata.resource_version = created.metadata.resource_version.clone();
+    let replaced = bindings
+        .replace("devs", &PostParams::default(), &replaced)
+        .await
+        .unwrap();
+    assert_eq!(
+        groups(&replaced),
+        [
+            ("alice".into(), "rbac.authorization.k8s.io".into()),
+            ("dev".into(), "rbac.authorization.k8s.io".into()),
+        ]
+    );
+
+    // A merge patch adding a ServiceAccount and a User, neither with an apiGroup.
+    let patched = bindings
+        .patch(
+            "devs",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"subjects": [
+                {"kind": "User", "name": "bob"},
+                {"kind": "ServiceAccount", "name": "builder", "namespace": "default"},
+            ]})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        groups(&patched),
+        [
+            ("bob".into(), "rbac.authorization.k8s.io".into()),
+            ("builder".into(), "".into()),
+        ]
+    );
+    // The defaulted subject grants what it says: bob reads pods in default.
+    let bob = client_as(&server, UserInfo::new("bob", Vec::<String>::new()));
+    assert!(can_i(&bob, "list", "pods", "default").await);
+}
+
 /// Upstream's Node authorizer (`authorizeLease`) and NodeRestriction (`admitNode`): a node
 /// writes its own Node and Lease, not another node's, and sets no
 /// `node-restriction.kubernetes.io/` labels.

@@ -1083,6 +1083,9 @@ async fn commit_update(
         let generation = old_meta["generation"].as_i64().unwrap_or(0) + 1;
         meta_mut(&mut new).insert("generation".into(), json!(generation));
     }
+    if sub.is_none() {
+        (def.prepare_update)(&mut new);
+    }
     let deleting = !old_meta["deletionTimestamp"].is_null();
     let mut errors = meta::validate_object_meta(&new);
     if deleting {

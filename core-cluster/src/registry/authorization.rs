@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use super::{
     Column, NameRule, ResourceDef,
     events::identity,
+    no_defaults,
     table::{AGE, NAME},
     typed,
 };
@@ -27,8 +28,6 @@ pub const AUTHORIZATION_GROUP: &str = "authorization.k8s.io";
 fn no_fields(_: &Value, _: &str) -> Option<String> {
     None
 }
-
-fn no_defaults(_: &mut Value) {}
 
 fn no_rules(_: &Value, _: Option<&Value>) -> Vec<FieldError> {
     Vec::new()
@@ -275,6 +274,7 @@ macro_rules! rbac_def {
             columns: $columns,
             field: no_fields,
             field_paths: &[],
+            prepare_update: $defaults,
             prepare_create: $defaults,
             validate: $validate,
             to_storage: identity,
@@ -352,6 +352,7 @@ macro_rules! review_def {
             columns: &[NAME],
             field: no_fields,
             field_paths: &[],
+            prepare_update: no_defaults,
             prepare_create: no_defaults,
             validate: no_rules,
             to_storage: identity,

@@ -61,6 +61,10 @@ pub struct ResourceDef {
     pub field_paths: &'static [&'static str],
     /// Defaulting and system fields on create (not run for status writes).
     pub prepare_create: fn(&mut Value),
+    /// Defaulting on updates and patches of the object (not of its status): what upstream's
+    /// defaulting, which runs on every decoded write, adds that `prepare_create` also adds.
+    /// [`no_defaults`] for most kinds.
+    pub prepare_update: fn(&mut Value),
     /// Validation of a new object, or of an update (with the old object).
     pub validate: fn(&Value, Option<&Value>) -> Vec<FieldError>,
     /// Converts an object of this version to its storage form.
@@ -132,6 +136,9 @@ impl ResourceDef {
 pub fn serves_deletecollection(group: &str, plural: &str) -> bool {
     !(group.is_empty() && plural == "namespaces")
 }
+
+/// No defaulting (a [`ResourceDef::prepare_create`] or [`ResourceDef::prepare_update`]).
+pub fn no_defaults(_: &mut Value) {}
 
 /// Round-trips through the k8s-openapi type `K` (see [`ResourceDef::typed`]).
 pub fn typed<K: DeserializeOwned + Serialize>(obj: &Value) -> Result<Value, String> {

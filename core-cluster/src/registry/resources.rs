@@ -16,6 +16,7 @@ use super::{
     Column, NameRule, ResourceDef,
     events::{identity, to_core, to_events_v1},
     meta::{is_qualified_name, str_at},
+    no_defaults,
     table::{AGE, NAME, age},
     typed,
 };
@@ -57,8 +58,6 @@ pub static CREATE_ONLY: &[&str] = &["authentication.k8s.io/tokenreviews"];
 fn no_fields(_: &Value, _: &str) -> Option<String> {
     None
 }
-
-fn no_defaults(_: &mut Value) {}
 
 fn no_rules(_: &Value, _: Option<&Value>) -> Vec<FieldError> {
     Vec::new()
@@ -104,6 +103,7 @@ pub static NAMESPACES: ResourceDef = ResourceDef {
     ],
     field: |o, p| (p == "status.phase").then(|| s(o, &["status", "phase"])),
     field_paths: &["status.phase"],
+    prepare_update: no_defaults,
     prepare_create: |o| {
         o["status"] = json!({"phase": "Active"});
         if o["spec"]["finalizers"].is_null() {
@@ -345,6 +345,7 @@ pub static NODES: ResourceDef = ResourceDef {
         })
     },
     field_paths: &["spec.unschedulable"],
+    prepare_update: no_defaults,
     prepare_create: no_defaults,
     validate: validate_node,
     to_storage: identity,
@@ -604,6 +605,7 @@ pub static PODS: ResourceDef = ResourceDef {
         "status.podIP",
         "status.nominatedNodeName",
     ],
+    prepare_update: no_defaults,
     prepare_create: prepare_pod,
     validate: validate_pod,
     to_storage: identity,
@@ -833,6 +835,7 @@ pub static SERVICES: ResourceDef = ResourceDef {
         _ => None,
     },
     field_paths: &["spec.clusterIP", "spec.type"],
+    prepare_update: no_defaults,
     prepare_create: prepare_service,
     validate: validate_service,
     to_storage: identity,
@@ -887,6 +890,7 @@ pub static ENDPOINTS: ResourceDef = ResourceDef {
     ],
     field: no_fields,
     field_paths: &[],
+    prepare_update: no_defaults,
     prepare_create: no_defaults,
     validate: no_rules,
     to_storage: identity,
@@ -1014,6 +1018,7 @@ pub static EVENTS: ResourceDef = ResourceDef {
         "reportingComponent",
         "source",
     ],
+    prepare_update: no_defaults,
     prepare_create: |o| {
         if o["count"].is_null() {
             o["count"] = json!(1);
@@ -1095,6 +1100,7 @@ pub static EVENTS_V1: ResourceDef = ResourceDef {
         "type",
         "reportingController",
     ],
+    prepare_update: no_defaults,
     prepare_create: no_defaults,
     validate: |o, _| {
         let mut errors = Vec::new();
@@ -1139,6 +1145,7 @@ pub static SERVICE_ACCOUNTS: ResourceDef = ResourceDef {
     ],
     field: no_fields,
     field_paths: &[],
+    prepare_update: no_defaults,
     prepare_create: no_defaults,
     validate: no_rules,
     to_storage: identity,
@@ -1180,6 +1187,7 @@ pub static CONFIG_MAPS: ResourceDef = ResourceDef {
     ],
     field: no_fields,
     field_paths: &[],
+    prepare_update: no_defaults,
     prepare_create: no_defaults,
     validate: no_rules,
     to_storage: identity,
@@ -1224,6 +1232,7 @@ pub static SECRETS: ResourceDef = ResourceDef {
     ],
     field: |o, p| (p == "type").then(|| s(o, &["type"])),
     field_paths: &["type"],
+    prepare_update: no_defaults,
     prepare_create: |o| {
         if o["type"].is_null() {
             o["type"] = json!("Opaque");
@@ -1264,6 +1273,7 @@ pub static LEASES: ResourceDef = ResourceDef {
     ],
     field: no_fields,
     field_paths: &[],
+    prepare_update: no_defaults,
     prepare_create: no_defaults,
     validate: |o, _| {
         let mut errors = Vec::new();
@@ -1352,6 +1362,7 @@ pub static ENDPOINT_SLICES: ResourceDef = ResourceDef {
     ],
     field: no_fields,
     field_paths: &[],
+    prepare_update: no_defaults,
     prepare_create: no_defaults,
     validate: |o, _| {
         let mut errors = Vec::new();
@@ -1388,6 +1399,7 @@ pub static TOKEN_REVIEWS: ResourceDef = ResourceDef {
     columns: &[NAME, AGE],
     field: no_fields,
     field_paths: &[],
+    prepare_update: no_defaults,
     prepare_create: no_defaults,
     validate: no_rules,
     to_storage: identity,
