@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context, bail};
 use core_cluster::{
     ApiServer, ApiServerConfig, serve,
-    store::{MemoryStore, SqliteOptions, SqliteStore, Store},
+    store::{MemoryStore, SqliteStore, Store},
 };
 use ipnet::IpNet;
 use tokio_util::sync::CancellationToken;
@@ -39,6 +39,8 @@ pub(crate) struct ApiServerArgs {
     /// Port range for NodePorts, `LOW-HIGH`.
     #[arg(long, default_value = "30000-32767")]
     service_node_port_range: String,
+    #[command(flatten)]
+    store: crate::flags::StoreArgs,
 }
 
 pub(crate) fn parse_config(args: &ApiServerArgs) -> anyhow::Result<ApiServerConfig> {
@@ -94,7 +96,7 @@ pub(crate) async fn run(args: ApiServerArgs) -> anyhow::Result<()> {
     let config = parse_config(&args)?;
     let store: Arc<dyn Store> = match &args.data_dir {
         Some(dir) => Arc::new(
-            SqliteStore::open(dir, SqliteOptions::default())
+            SqliteStore::open(dir, args.store.options())
                 .await
                 .with_context(|| format!("opening the store in {}", dir.display()))?,
         ),

@@ -31,7 +31,7 @@ use core_cluster::{
         taint_eviction::TaintEvictionController,
     },
     sim::{NodeSimulator, SimConfig, SimNode, UNINITIALIZED_TAINT_KEY},
-    store::{SqliteOptions, SqliteStore, Store},
+    store::{SqliteStore, Store},
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -53,6 +53,8 @@ pub(crate) struct EmbeddedArgs {
     /// Directory of the durable store. Default: a fresh temporary directory.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    store: crate::flags::StoreArgs,
     /// Where to write the kubeconfig for kubectl.
     #[arg(long, value_name = "FILE", default_value = "ccm.kubeconfig")]
     write_kubeconfig: PathBuf,
@@ -418,7 +420,7 @@ pub(crate) async fn run(
         }
     };
     let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(&data_dir, SqliteOptions::default())
+        SqliteStore::open(&data_dir, args.store.options())
             .await
             .with_context(|| format!("opening the store in {}", data_dir.display()))?,
     );

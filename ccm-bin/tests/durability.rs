@@ -1,6 +1,6 @@
 //! Durability of `ccm apiserver`: SIGKILL in the middle of a burst of writes, restart on the
 //! same data directory, and every acknowledged write is there with resourceVersions still
-//! increasing.
+//! increasing; a full store (`--quota-backend-bytes`) is reported and loses nothing.
 
 mod support;
 
@@ -97,4 +97,46 @@ async fn every_acknowledged_write_survives_sigkill() {
         .unwrap();
     assert!(rv > max_rv, "resourceVersion went back: {rv} <= {max_rv}");
     assert!(acked.len() >= 400);
+}
+
+/// `--quota-backend-bytes` (etcd's flag) bounds the store: once it is full, writes fail,
+/// `/readyz` reports `[-]etcd failed` as kube-apiserver does with a dead etcd, and every
+/// acknowledged write is still readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_store_quota_is_reported_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ApiServerProcess::start_with(dir.path(), &["--quota-backend-bytes=1048576"]);
+    assert_eq!(server.kubectl_ok(&["get", "--raw", "/readyz"]), "ok");
+    let cms: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    let data = "x".repeat(64 * 1024);
+    let mut acknowledged = Vec::new();
+    let refused = loop {
+        let name = format!("c{}", acknowledged.len());
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"d": data}
+        }))
+        .unwrap();
+        match cms.create(&PostParams::default(), &cm).await {
+            Ok(_) => acknowledged.push(name),
+            Err(kube::Error::Api(status)) => break status,
+            Err(other) => panic!("unexpected error: {other}"),
+        }
+        assert!(acknowledged.len() < 64, "1 MiB was never full");
+    };
+    assert_eq!(refused.code, 500);
+    assert!(refused.message.contains("full"), "{}", refused.message);
+    assert!(!acknowledged.is_empty());
+
+    let readyz = server.kubectl(&["get", "--raw", "/readyz?verbose"]);
+    assert!(!readyz.status.success());
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&readyz.stdout),
+        String::from_utf8_lossy(&readyz.stderr)
+    );
+    assert!(said.contains("[-]etcd failed"), "{said}");
+    for name in &acknowledged {
+        let cm = cms.get(name).await.unwrap();
+        assert_eq!(cm.data.unwrap()["d"].len(), 64 * 1024, "{name}");
+    }
 }

@@ -19,11 +19,17 @@ pub struct ApiServerProcess {
 impl ApiServerProcess {
     /// Starts `ccm apiserver` on a free loopback port with its store in `dir/data`.
     pub fn start(dir: &Path) -> Self {
+        Self::start_with(dir, &[])
+    }
+
+    /// [`ApiServerProcess::start`] with more flags.
+    pub fn start_with(dir: &Path, flags: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ccm"))
             .args(["apiserver", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(dir.join("data"))
             .arg("--write-kubeconfig")
             .arg(dir.join("kubeconfig"))
+            .args(flags)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
