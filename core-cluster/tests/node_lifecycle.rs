@@ -285,6 +285,59 @@ async fn defaults_match_upstream_1_33() {
     );
 }
 
+/// The times the controller writes (the Ready condition's `lastTransitionTime`, the
+/// unreachable taint's `timeAdded`) come from the same clock as its timers, as upstream's
+/// controller reads one injected clock for both: under paused tokio time they are about
+/// 80 s after the start, not the fraction of a second of real time the test takes.
+#[tokio::test(start_paused = true)]
+async fn written_times_follow_the_controller_clock() {
+    let sim = Sim::new().await;
+    sim.add_node("n1", "a").await;
+    sim.add_node("n2", "a").await;
+    let started = k8s_openapi::jiff::Timestamp::now();
+    sim.start_lifecycle(NodeLifecycleConfig::default());
+    sleep(Duration::from_secs(30)).await;
+    sim.stop("n1");
+    let became_unknown = wait_for(Duration::from_secs(120), async || {
+        sim.taints("n1").await.iter().any(|t| t.key == UR)
+    })
+    .await;
+    assert!(
+        became_unknown.is_some(),
+        "n1 never got the unreachable taint"
+    );
+    let node = sim.node("n1").await;
+    let ready = node
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.status, "Unknown");
+    let transition = ready.last_transition_time.unwrap().0;
+    let taint = sim
+        .taints("n1")
+        .await
+        .into_iter()
+        .find(|t| t.key == UR)
+        .unwrap();
+    let added = taint.time_added.unwrap().0;
+    let since_start = |t: k8s_openapi::jiff::Timestamp| t.duration_since(started).as_secs();
+    // Stopped at 30 s; Unknown once the 50 s grace has passed since the last renewal.
+    assert!(
+        (60..=120).contains(&since_start(transition)),
+        "Ready went Unknown {}s after the start",
+        since_start(transition)
+    );
+    assert!(
+        (60..=150).contains(&since_start(added)) && added >= transition,
+        "the taint was added {}s after the start",
+        since_start(added)
+    );
+    sim.shutdown.cancel();
+}
+
 /// One node dies: Unknown after the grace period, NoSchedule then NoExecute unreachable
 /// taints, pods marked NotReady and evicted 300 s after the NoExecute taint.
 #[tokio::test(start_paused = true)]
@@ -827,16 +880,17 @@ async fn taint_patch_carries_resource_version_and_retries() {
         ..Taint::default()
     }];
     // node-lifecycle.md §7 rows 37, 36
-    let done = swap_node_taints(&sim.nodes(), Some(&stale), "n1", &add, &[])
+    let added_at: k8s_openapi::jiff::Timestamp = "2026-11-25T10:00:00Z".parse().unwrap();
+    let done = swap_node_taints(&sim.nodes(), Some(&stale), "n1", &add, &[], added_at)
         .await
         .unwrap();
     assert!(done);
     let taints = sim.taints("n1").await;
     let keys: Vec<&str> = taints.iter().map(|t| t.key.as_str()).collect();
     assert_eq!(keys, vec!["example.com/x", UR], "{taints:?}");
-    assert!(taints[1].time_added.is_some());
+    assert_eq!(taints[1].time_added.as_ref().map(|t| t.0), Some(added_at));
     // and removal replaces the list whole
-    let done = swap_node_taints(&sim.nodes(), None, "n1", &[], &add)
+    let done = swap_node_taints(&sim.nodes(), None, "n1", &[], &add, added_at)
         .await
         .unwrap();
     assert!(done);

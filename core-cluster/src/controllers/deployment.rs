@@ -47,7 +47,7 @@ use kube::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::registry::workloads::defaulted_template;
+use crate::{clock::WallClock, registry::workloads::defaulted_template};
 
 use super::workload::{
     EventSink, Reconcile, controlled_by, controller_key, controller_ref, counts_differ, drive,
@@ -163,6 +163,7 @@ impl DeploymentController {
             deployments,
             sets,
             events,
+            clock: WallClock::new(),
         };
         drive(sync, vec![d_events, rs_events], shutdown).await;
     }
@@ -173,6 +174,8 @@ struct Sync {
     deployments: Store<Deployment>,
     sets: Store<ReplicaSet>,
     events: EventSink,
+    /// The time written into conditions (follows tokio's clock).
+    clock: WallClock,
 }
 
 fn rs_replicas(rs: &ReplicaSet) -> i32 {
@@ -208,8 +211,7 @@ fn comparable(t: &PodTemplateSpec) -> Value {
     v
 }
 
-fn condition(type_: &str, status: &str, reason: &str, message: String) -> Value {
-    let now = jiff::Timestamp::now().to_string();
+fn condition(now: &str, type_: &str, status: &str, reason: &str, message: String) -> Value {
     json!({"type": type_, "status": status, "reason": reason, "message": message,
         "lastUpdateTime": now, "lastTransitionTime": now})
 }
@@ -488,6 +490,7 @@ impl Sync {
         let new_available = new.map_or(0, |rs| rs_status(rs).2);
         let old = d.status.clone().unwrap_or_default();
         let old_conditions = old.conditions.clone().unwrap_or_default();
+        let now = self.clock.now().to_string();
         let find = |t: &str| old_conditions.iter().find(|c| c.type_ == t);
         let mut conditions = Vec::new();
         let (a_status, a_reason, a_message) = if available >= replicas - max_unavailable {
@@ -505,12 +508,13 @@ impl Sync {
         };
         conditions.push(keep_time(
             find("Available"),
-            condition("Available", a_status, a_reason, a_message.into()),
+            condition(&now, "Available", a_status, a_reason, a_message.into()),
         ));
         let rs_name = new.map(|rs| rs.name_any()).unwrap_or_default();
         let complete = updated == replicas && new_available == replicas && total == replicas;
         let progressing = if let Some(name) = created {
             condition(
+                &now,
                 "Progressing",
                 "True",
                 "NewReplicaSetCreated",
@@ -518,6 +522,7 @@ impl Sync {
             )
         } else if complete {
             condition(
+                &now,
                 "Progressing",
                 "True",
                 "NewReplicaSetAvailable",
@@ -525,6 +530,7 @@ impl Sync {
             )
         } else {
             condition(
+                &now,
                 "Progressing",
                 "True",
                 "ReplicaSetUpdated",

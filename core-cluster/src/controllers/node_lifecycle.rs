@@ -20,6 +20,7 @@
 //! The pure part of a pass ([`MonitorCore::monitor_pass`]) only decides; the writes it
 //! decides are then spread over [`NODE_UPDATE_WORKERS`] concurrent workers.
 
+use crate::clock::WallClock;
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
@@ -972,13 +973,14 @@ pub fn no_schedule_taint_diff(node: &Node) -> (Vec<Taint>, Vec<Taint>) {
 /// Adds and removes taints (matched on key and effect) with a strategic merge patch that
 /// carries `metadata.resourceVersion`, so a concurrent change is a 409 and a retry on a
 /// fresh GET (upstream `SwapNodeControllerTaint` / `PatchNodeTaints`). The first try uses
-/// the cached node. Added taints get `timeAdded`. Returns false when the node is gone.
+/// the cached node. Added taints get `now` as their `timeAdded`. Returns false when the node is gone.
 pub async fn swap_node_taints(
     api: &Api<Node>,
     cached: Option<&Node>,
     name: &str,
     add: &[Taint],
     remove: &[Taint],
+    now: Timestamp,
 ) -> Result<bool, kube::Error> {
     for attempt in 0..TAINT_UPDATE_RETRY {
         let node = match (attempt, cached) {
@@ -1005,7 +1007,7 @@ pub async fn swap_node_taints(
         for a in add {
             if !new.iter().any(|t| t.key == a.key && t.effect == a.effect) {
                 let mut a = a.clone();
-                a.time_added = Some(Time(Timestamp::now()));
+                a.time_added = Some(Time(now));
                 new.push(a);
             }
         }
@@ -1049,6 +1051,8 @@ struct Shared {
     recorder: Recorder,
     core: Mutex<MonitorCore>,
     node_store: Store<Node>,
+    /// The time written into conditions and taints (follows tokio's clock).
+    clock: WallClock,
 }
 
 fn node_ref(node: Option<&Node>, name: &str) -> ObjectReference {
@@ -1132,9 +1136,15 @@ impl Shared {
                     }
                 }
                 NodeAction::SwapTaints { add, remove } => {
-                    if let Err(e) =
-                        swap_node_taints(&self.nodes, plan.node.as_deref(), name, &add, &remove)
-                            .await
+                    if let Err(e) = swap_node_taints(
+                        &self.nodes,
+                        plan.node.as_deref(),
+                        name,
+                        &add,
+                        &remove,
+                        self.clock.now(),
+                    )
+                    .await
                     {
                         warn!(error = %e, "taint update failed");
                     }
@@ -1216,7 +1226,7 @@ impl Shared {
                 continue;
             }
             cond.status = "False".into();
-            cond.last_transition_time = Some(Time(Timestamp::now()));
+            cond.last_transition_time = Some(Time(self.clock.now()));
             let ns = pod.namespace().unwrap_or_default();
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
             match api
@@ -1249,7 +1259,7 @@ impl Shared {
                 |name: &str| leases.get(&ObjectRef::new(name).within(NODE_LEASE_NAMESPACE));
             self.core
                 .lock()
-                .monitor_pass(&nodes, &lookup, Instant::now(), Timestamp::now())
+                .monitor_pass(&nodes, &lookup, Instant::now(), self.clock.now())
         };
         let failed: Vec<String> = stream::iter(plan.nodes)
             .map(|p| {
@@ -1278,6 +1288,7 @@ impl Shared {
                     &name,
                     std::slice::from_ref(&d.add),
                     std::slice::from_ref(&d.remove),
+                    self.clock.now(),
                 )
                 .instrument(info_span!("node_lifecycle", node = %name))
                 .await;
@@ -1307,9 +1318,16 @@ impl Shared {
         if add.is_empty() && remove.is_empty() {
             return;
         }
-        if let Err(e) = swap_node_taints(&self.nodes, Some(&node), &name, &add, &remove)
-            .instrument(info_span!("node_lifecycle", node = %name))
-            .await
+        if let Err(e) = swap_node_taints(
+            &self.nodes,
+            Some(&node),
+            &name,
+            &add,
+            &remove,
+            self.clock.now(),
+        )
+        .instrument(info_span!("node_lifecycle", node = %name))
+        .await
         {
             warn!(node = %name, error = %e, "NoSchedule taint update failed");
         }
@@ -1383,6 +1401,7 @@ impl NodeLifecycleController {
             ),
             core: Mutex::new(MonitorCore::new(self.config.clone())),
             node_store,
+            clock: WallClock::new(),
         });
         {
             let shared = shared.clone();

@@ -22,6 +22,7 @@
 //! - Nodes and pods are listed each period instead of being read from informers.
 //! - `gcTerminated` and `gcTerminating` (out-of-service taint) are not implemented.
 
+use crate::clock::WallClock;
 use std::{
     collections::{HashMap, HashSet},
     time::Duration,
@@ -61,6 +62,8 @@ pub struct PodGcController {
     config: PodGcConfig,
     /// When each missing Node was first seen missing.
     absent_since: HashMap<String, Instant>,
+    /// The time written into conditions (follows tokio's clock).
+    clock: WallClock,
 }
 
 impl std::fmt::Debug for PodGcController {
@@ -79,6 +82,7 @@ impl PodGcController {
             client,
             config,
             absent_since: HashMap::new(),
+            clock: WallClock::new(),
         }
     }
 
@@ -170,7 +174,7 @@ impl PodGcController {
         }
         let api: Api<Pod> =
             Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let now = jiff::Timestamp::now().to_string();
+        let now = self.clock.now().to_string();
         let patch = json!({"status": {
             "phase": "Failed",
             "conditions": [{

@@ -7,6 +7,7 @@
 //! deletions); node events are handled before pod events, as upstream. Deletions and events
 //! are written by [`DELETION_WORKERS`] concurrent workers.
 
+use crate::clock::WallClock;
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
     time::Duration,
@@ -351,6 +352,7 @@ impl TaintEvictionController {
         let (job_tx, job_rx) = mpsc::unbounded_channel::<Job>();
         let (failed_tx, mut failed_rx) = mpsc::unbounded_channel::<String>();
         let client = self.client.clone();
+        let clock = WallClock::new();
         let workers = stream::unfold(
             job_rx,
             |mut rx| async move { rx.recv().await.map(|j| (j, rx)) },
@@ -372,7 +374,10 @@ impl TaintEvictionController {
                         )
                         .await;
                         let span = info_span!("taint_eviction", pod = %key);
-                        if !delete_pod(&client, &reference).instrument(span).await {
+                        if !delete_pod(&client, &reference, clock.now())
+                            .instrument(span)
+                            .await
+                        {
                             let _ = failed_tx.send(key);
                         }
                     }
@@ -443,7 +448,8 @@ async fn publish(recorder: &Recorder, reference: &ObjectReference, note: String)
 
 /// Upstream `addConditionAndDeletePod`, up to 5 tries: condition `DisruptionTarget=True`
 /// (`DeletionByTaintManager`) on the pod status, then DELETE. True when done (or gone).
-async fn delete_pod(client: &Client, reference: &ObjectReference) -> bool {
+/// `now` is written as the `DisruptionTarget` condition's transition time.
+async fn delete_pod(client: &Client, reference: &ObjectReference, now: Timestamp) -> bool {
     let ns = reference.namespace.clone().unwrap_or_default();
     let name = reference.name.clone().unwrap_or_default();
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -478,7 +484,7 @@ async fn delete_pod(client: &Client, reference: &ObjectReference) -> bool {
                     "status": "True",
                     "reason": "DeletionByTaintManager",
                     "message": "Taint manager: deleting due to NoExecute taint",
-                    "lastTransitionTime": Time(Timestamp::now()),
+                    "lastTransitionTime": Time(now),
                 }]}
             });
             if let Err(e) = api

@@ -59,6 +59,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use self::fit::{NodeFacts, Resources, Unfit, fit_error_message, pod_requests};
 use super::queue::{WorkQueue, sleep_until_opt};
+use crate::clock::WallClock;
 
 /// The default scheduler name (pods default `spec.schedulerName` to it).
 pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
@@ -420,7 +421,7 @@ async fn bind(client: Client, pod: Pod, node: String) -> BindResult {
     BindResult { pod, node, result }
 }
 
-async fn record(client: &Client, recorder: &Recorder, note: Note) {
+async fn record(client: &Client, recorder: &Recorder, clock: WallClock, note: Note) {
     let (reference, event) = match note {
         Note::Scheduled { reference, message } => (
             reference,
@@ -439,7 +440,7 @@ async fn record(client: &Client, recorder: &Recorder, note: Note) {
             let status = json!({"status": {"conditions": [{
                 "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                 "message": message, "lastProbeTime": null,
-                "lastTransitionTime": jiff::Timestamp::now().to_string(),
+                "lastTransitionTime": clock.now().to_string(),
             }]}});
             let name = reference.name.clone().unwrap_or_default();
             if let Err(e) = api
@@ -494,6 +495,7 @@ impl Scheduler {
         );
         let (note_tx, note_rx) = mpsc::unbounded_channel::<Note>();
         let client = self.client.clone();
+        let clock = WallClock::new();
         let notes =
             futures::stream::unfold(
                 note_rx,
@@ -501,7 +503,7 @@ impl Scheduler {
             )
             .for_each_concurrent(NOTE_WORKERS, move |note| {
                 let (client, recorder) = (client.clone(), recorder.clone());
-                async move { record(&client, &recorder, note).await }
+                async move { record(&client, &recorder, clock, note).await }
             });
         let mut notes = std::pin::pin!(notes);
 
