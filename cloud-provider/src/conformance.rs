@@ -551,7 +551,15 @@ impl ConformanceKit {
         }
         let cluster = &self.fixture.cluster_name;
         let svc = &self.fixture.service;
-        let nodes = &self.running_nodes_shared()[..];
+        // The running Nodes as the service controller passes them to a load balancer.
+        let shared: Vec<Arc<Node>> = self
+            .fixture
+            .running_nodes
+            .iter()
+            .cloned()
+            .map(Arc::new)
+            .collect();
+        let nodes = &shared[..];
 
         let mut status: Option<LoadBalancerStatus> = None;
         let ensure = self
@@ -598,7 +606,7 @@ impl ConformanceKit {
                 })
                 .await,
             );
-            checks.push(self.check(NAMES[3], self.update_backends(lb)).await);
+            checks.push(self.check(NAMES[3], self.update_backends(lb, nodes)).await);
         } else {
             for name in &NAMES[1..4] {
                 checks.push(Self::skip(name, "load-balancer/ensure failed"));
@@ -628,20 +636,13 @@ impl ConformanceKit {
         );
     }
 
-    /// The running Nodes as the service controller passes them to a load balancer.
-    fn running_nodes_shared(&self) -> Vec<Arc<Node>> {
-        self.fixture
-            .running_nodes
-            .iter()
-            .cloned()
-            .map(Arc::new)
-            .collect()
-    }
-
-    async fn update_backends(&self, lb: &dyn crate::LoadBalancer) -> CheckOutput {
+    async fn update_backends(
+        &self,
+        lb: &dyn crate::LoadBalancer,
+        all: &[Arc<Node>],
+    ) -> CheckOutput {
         let cluster = &self.fixture.cluster_name;
         let svc = &self.fixture.service;
-        let all = &self.running_nodes_shared()[..];
         if all.len() < 2 {
             return Err("fixture needs two running nodes to change backends".to_owned());
         }

@@ -300,8 +300,9 @@ impl RouteController {
             }
         }
 
-        // Deletes.
-        let to_delete: Vec<&Route> = routes
+        // Deletes. Owned items: a stream over a closure taking references is not `Send` for
+        // every lifetime.
+        let to_delete: Vec<Route> = routes
             .iter()
             .filter(|r| self.is_responsible_for(&r.destination_cidr))
             .filter(|r| {
@@ -311,13 +312,11 @@ impl RouteController {
                         Some(Action::Keep | Action::Add)
                     )
             })
+            .cloned()
             .collect();
         // Streams of at most MAX_CONCURRENT_ROUTE_OPERATIONS futures each, not a future per
         // route built up front: 10,000 pending create futures held 32 MB while the cloud
         // worked through them 200 at a time.
-        // Owned items: a stream over a closure taking references is not `Send` for every
-        // lifetime.
-        let to_delete: Vec<Route> = to_delete.into_iter().cloned().collect();
         let deletes = futures::stream::iter(to_delete)
             .map(|route| async move { self.delete_route(&route).await })
             .buffer_unordered(MAX_CONCURRENT_ROUTE_OPERATIONS)
