@@ -6,8 +6,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use cloud_provider::app::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
-use core_cluster::ApiServer;
-use core_cluster::store::MemoryStore;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::PostParams;
@@ -18,9 +16,7 @@ const NS: &str = "kube-system";
 const NAME: &str = "cloud-controller-manager";
 
 async fn client() -> kube::Client {
-    let server = ApiServer::new(Arc::new(MemoryStore::new()), Default::default())
-        .await
-        .expect("API server starts");
+    let server = crate::memory_server().await;
     kube::Client::new(server.router(), "default")
 }
 

@@ -14,11 +14,9 @@ use axum::response::Response;
 use cloud_provider::app::HealthChecks;
 use cloud_provider::well_known::TAINT_UNINITIALIZED;
 use cloud_provider_fake::{FakeCloud, FakeInstance};
-use core_cluster::ApiServer;
 use core_cluster::auth::{node::node_user, rbac::service_account_user};
 use core_cluster::controllers::node_ipam::{NodeIpamConfig, NodeIpamController};
 use core_cluster::sim::{NodeSimulator, SimConfig, SimNode};
-use core_cluster::store::MemoryStore;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::Api;
@@ -70,9 +68,7 @@ impl Drop for Secured {
 /// installed (then `edit_role` applied to the ClusterRole), and the ccm running as its
 /// service account.
 async fn start(edit_role: impl FnOnce(&mut serde_json::Value)) -> Secured {
-    let server = ApiServer::new(Arc::new(MemoryStore::new()), Default::default())
-        .await
-        .expect("API server starts");
+    let server = crate::memory_server().await;
     let installed = server
         .apply_manifest(MANIFEST, &RBAC_KINDS)
         .await

@@ -16,7 +16,6 @@ use cloud_provider_fake::{Call, FakeCloud, FakeInstance, Fault, FaultRule, Metho
 use core_cluster::ApiServer;
 use core_cluster::controllers::node_ipam::{NodeIpamConfig, NodeIpamController};
 use core_cluster::sim::{NodeSimulator, SimConfig, SimNode};
-use core_cluster::store::MemoryStore;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Service};
 use kube::Api;
@@ -60,9 +59,7 @@ fn instances(count: usize) -> Vec<FakeInstance> {
 
 impl Cluster {
     async fn start(cloud: FakeCloud) -> Cluster {
-        let server = ApiServer::new(Arc::new(MemoryStore::new()), Default::default())
-            .await
-            .expect("API server starts");
+        let server = crate::memory_server().await;
         let client = kube::Client::new(server.router(), "default");
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();

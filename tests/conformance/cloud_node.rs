@@ -17,7 +17,6 @@ use cloud_provider::well_known::{
 };
 use cloud_provider::{CloudProvider, CloudResult, InstanceMetadata, InstancesV2, node_address};
 use cloud_provider_fake::{FakeCloud, FakeInstance, Fault, FaultRule, Method, Parts};
-use core_cluster::{ApiServer, store::MemoryStore};
 use k8s_openapi::api::core::v1::{
     Event, Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Taint,
 };
@@ -25,9 +24,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use tokio_util::sync::CancellationToken;
 
 async fn client() -> kube::Client {
-    let server = ApiServer::new(Arc::new(MemoryStore::new()), Default::default())
-        .await
-        .unwrap();
+    let server = crate::memory_server().await;
     kube::Client::new(server.router(), "default")
 }
 
@@ -679,9 +676,7 @@ async fn fifty_waiting_nodes_take_one_batched_call() {
 
 /// A client whose requests are recorded (and can be failed) by a [`crate::tap::Tap`].
 async fn tapped_client() -> (kube::Client, Arc<crate::tap::Tap>) {
-    let server = ApiServer::new(Arc::new(MemoryStore::new()), Default::default())
-        .await
-        .unwrap();
+    let server = crate::memory_server().await;
     crate::tap::Tap::client(&server)
 }
 
@@ -1133,9 +1128,7 @@ async fn row35_a_failed_delete_warns_and_is_retried() {
 /// Real time on loopback over TLS (paused time would jump on a real socket).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_arriving_during_a_sync_over_tls_share_the_next_batch() {
-    let server = ApiServer::new(Arc::new(MemoryStore::new()), Default::default())
-        .await
-        .unwrap();
+    let server = crate::memory_server().await;
     let served = core_cluster::serve::TestServer::start(server)
         .await
         .unwrap();
@@ -1204,9 +1197,7 @@ impl Drop for AbortOnDrop {
 #[tokio::test(start_paused = true)]
 async fn a_failing_label_mirror_backs_off_exponentially() {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-    let server = ApiServer::new(Arc::new(MemoryStore::new()), Default::default())
-        .await
-        .unwrap();
+    let server = crate::memory_server().await;
     let attempts = Arc::new(AtomicUsize::new(0));
     let router = server.router().layer(axum::middleware::from_fn({
         let attempts = attempts.clone();

@@ -30,12 +30,7 @@ struct Env {
 
 impl Env {
     async fn new(nodes: &[&str]) -> Env {
-        let server = core_cluster::ApiServer::new(
-            Arc::new(core_cluster::store::MemoryStore::new()),
-            Default::default(),
-        )
-        .await
-        .unwrap();
+        let server = crate::memory_server().await;
         let client = kube::Client::new(server.router(), "default");
         let cloud = FakeCloud::builder()
             .instances(

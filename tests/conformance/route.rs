@@ -18,12 +18,7 @@ use tokio_util::sync::CancellationToken;
 const CLUSTER: &str = "kubernetes";
 
 async fn client() -> Client {
-    let server = core_cluster::ApiServer::new(
-        Arc::new(core_cluster::store::MemoryStore::new()),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    let server = crate::memory_server().await;
     Client::new(server.router(), "default")
 }
 
@@ -434,12 +429,7 @@ async fn row47_address_change_recreates_in_order() {
 #[tokio::test(start_paused = true)]
 async fn condition_patches_are_bounded_in_flight() {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-    let server = core_cluster::ApiServer::new(
-        Arc::new(core_cluster::store::MemoryStore::new()),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    let server = crate::memory_server().await;
     let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let router = server.router().layer(axum::middleware::from_fn({
         let (in_flight, most) = (in_flight.clone(), most.clone());

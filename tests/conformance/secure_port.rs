@@ -16,8 +16,6 @@ use cloud_provider::app::{
 use cloud_provider_fake::FakeCloud;
 use core_cluster::auth::pki::{CertAndKey, Credentials, kubeconfig_yaml};
 use core_cluster::serve::{TestServer, client_config};
-use core_cluster::store::MemoryStore;
-use core_cluster::{ApiServer, ApiServerConfig};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
@@ -27,9 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 async fn cluster() -> TestServer {
-    let api = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
-        .await
-        .expect("API server");
+    let api = crate::memory_server().await;
     TestServer::start(api).await.expect("TLS server")
 }
 

@@ -31,12 +31,7 @@ struct Env {
 
 impl Env {
     async fn new(nodes: &[&str]) -> Env {
-        let server = core_cluster::ApiServer::new(
-            Arc::new(core_cluster::store::MemoryStore::new()),
-            Default::default(),
-        )
-        .await
-        .unwrap();
+        let server = crate::memory_server().await;
         let (client, tap) = crate::tap::Tap::client(&server);
         let cloud = FakeCloud::builder()
             .instances(
