@@ -642,8 +642,8 @@ impl ServiceController {
 
     async fn node_sync_service(&self, key: &str, svc: &Service) {
         // The eligible Nodes as of this Service's turn, not of the round's start: a round
-        // over 1,000 Services must not keep its own copy of 10,000 Nodes alive beside the
-        // current one while Nodes join.
+        // over 1,000 Services must not keep the Node versions of its start alive beside the
+        // current ones while Nodes join.
         let eligible = self.eligible_nodes(true).await;
         let nodes = &eligible.nodes[..];
         let changed = {

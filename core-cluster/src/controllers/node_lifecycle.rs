@@ -973,7 +973,8 @@ pub fn no_schedule_taint_diff(node: &Node) -> (Vec<Taint>, Vec<Taint>) {
 /// Adds and removes taints (matched on key and effect) with a strategic merge patch that
 /// carries `metadata.resourceVersion`, so a concurrent change is a 409 and a retry on a
 /// fresh GET (upstream `SwapNodeControllerTaint` / `PatchNodeTaints`). The first try uses
-/// the cached node. Added taints get `now` as their `timeAdded`. Returns false when the node is gone.
+/// the cached node. Added taints get `now` as their `timeAdded`. Returns false when the
+/// node is gone.
 pub async fn swap_node_taints(
     api: &Api<Node>,
     cached: Option<&Node>,
