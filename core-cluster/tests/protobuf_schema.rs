@@ -59,8 +59,11 @@ struct PbField {
 /// The source directory of the k8s-pb package this workspace builds with.
 fn k8s_pb_source() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // Only the host's dependencies: without `--filter-platform`, `cargo metadata` resolves every
+    // platform's and needs crates (Windows-only ones) that a Linux build never downloads.
+    let host = host_triple();
     let output = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["metadata", "--format-version", "1", "--offline", "--filter-platform", &host])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("run cargo metadata");
@@ -81,6 +84,22 @@ fn k8s_pb_source() -> PathBuf {
         .parent()
         .expect("package directory")
         .join("src")
+}
+
+/// The host's target triple, as `rustc -vV` reports it (the platform this test was built for).
+fn host_triple() -> String {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let output = std::process::Command::new(rustc)
+        .arg("-vV")
+        .output()
+        .expect("run rustc -vV");
+    assert!(output.status.success(), "rustc -vV failed");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("host: "))
+        .expect("rustc -vV names the host")
+        .trim()
+        .to_owned()
 }
 
 /// Every prost message of k8s-pb, by dotted module path (`api.core.v1.Node`).
