@@ -123,12 +123,7 @@ async fn confirm(
         }
         _ => return Ok(()),
     };
-    let held = state
-        .authorizer
-        .rbac
-        .index(state)
-        .await
-        .rules_for(user, namespace);
+    let held = state.authorizer.rbac.rules_for(user, namespace);
     let missing = uncovered(&held, &rules);
     if missing.total == 0 {
         return Ok(());
