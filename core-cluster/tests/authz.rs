@@ -679,3 +679,107 @@ async fn simulated_kubelets_act_as_their_own_nodes() {
     }
     stop.cancel();
 }
+
+/// Upstream's rule resolver (`pkg/registry/rbac/validation/rule.go VisitRulesFor`) decides
+/// against the bindings and roles as they are now, whoever wrote them: a RoleBinding and a
+/// Role written by `ApiServer::apply_manifest` (which no request carries) take effect on the
+/// very next request, as does their replacement. Time is paused and never advanced.
+#[tokio::test(start_paused = true)]
+async fn rbac_written_by_apply_manifest_takes_effect_on_the_next_request() {
+    let server = server().await;
+    let started = tokio::time::Instant::now();
+    let alice = client_as(&server, alice());
+    let cms: Api<ConfigMap> = Api::namespaced(alice.clone(), "default");
+    assert_eq!(
+        kube_status(cms.list(&ListParams::default()).await.unwrap_err()).0,
+        403
+    );
+    let manifest = |verbs: &str, user: &str| {
+        format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\n\
+             metadata: {{name: cm-reader, namespace: default}}\n\
+             rules: [{{apiGroups: [''], resources: [configmaps], verbs: [{verbs}]}}]\n\
+             ---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
+             metadata: {{name: cm-readers, namespace: default}}\n\
+             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: cm-reader}}\n\
+             subjects: [{{kind: User, name: {user}}}]\n"
+        )
+    };
+    let kinds = ["Role", "RoleBinding"];
+    assert_eq!(
+        server
+            .apply_manifest(&manifest("list", "alice"), &kinds)
+            .await
+            .unwrap(),
+        2
+    );
+    assert!(cms.list(&ListParams::default()).await.is_ok());
+    // Replaced: the Role no longer grants `list`…
+    server
+        .apply_manifest(&manifest("get", "alice"), &kinds)
+        .await
+        .unwrap();
+    assert_eq!(
+        kube_status(cms.list(&ListParams::default()).await.unwrap_err()).0,
+        403
+    );
+    // …and the binding names bob instead of alice.
+    server
+        .apply_manifest(&manifest("list", "bob"), &kinds)
+        .await
+        .unwrap();
+    assert_eq!(
+        kube_status(cms.list(&ListParams::default()).await.unwrap_err()).0,
+        403
+    );
+    let bob = client_as(&server, UserInfo::new("bob", ["dev"]));
+    let bob_cms: Api<ConfigMap> = Api::namespaced(bob, "default");
+    assert!(bob_cms.list(&ListParams::default()).await.is_ok());
+    assert_eq!(started.elapsed(), std::time::Duration::ZERO);
+}
+
+/// Upstream's namespace controller (`pkg/controller/namespace/deletion`) deletes the
+/// RoleBindings of a deleted namespace, and `VisitRulesFor` stops granting them: the
+/// binding no longer grants on the first request after it is gone, without waiting for a
+/// refresh. Time is paused; only the cleanup's own one-second retry advances it.
+#[tokio::test(start_paused = true)]
+async fn a_role_binding_removed_by_namespace_deletion_stops_granting_at_once() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let server = server().await;
+    let admin = admin(&server);
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "t2"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let bindings: Api<RoleBinding> = Api::namespaced(admin.clone(), "t2");
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "alice-views"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+                "subjects": [{"kind": "User", "name": "alice"}]
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let alice_pods: Api<Pod> = Api::namespaced(client_as(&server, alice()), "t2");
+    assert!(alice_pods.list(&ListParams::default()).await.is_ok());
+
+    let started = tokio::time::Instant::now();
+    namespaces.delete("t2", &Default::default()).await.unwrap();
+    while bindings.get_opt("alice-views").await.unwrap().is_some() {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        kube_status(alice_pods.list(&ListParams::default()).await.unwrap_err()).0,
+        403
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}

@@ -120,6 +120,14 @@ impl ApiServer {
             config.service_cluster_ip_ranges.clone(),
             config.service_node_port_range.clone(),
         );
+        // Every write to an RBAC object, from any path, updates the RBAC index in place.
+        let authorizer = Authorizer::default();
+        let store = authorizer.rbac.observe(store);
+        authorizer
+            .rbac
+            .load(&*store)
+            .await
+            .map_err(|e| ApiError::internal(format!("loading RBAC: {e}")))?;
         let state = Arc::new_cyclic(|self_ref| ServerState {
             self_ref: self_ref.clone(),
             store,
@@ -129,7 +137,7 @@ impl ApiServer {
             metrics: metrics::Metrics::default(),
             openapi: crate::openapi::OpenApiDocuments::new(&crate::openapi::served_resources()),
             event_cache: watch::EventCache::default(),
-            authorizer: Authorizer::default(),
+            authorizer,
         });
         let server = ApiServer { state };
         server.bootstrap().await?;
@@ -337,9 +345,6 @@ async fn authorize(
         .get::<UserInfo>()
         .cloned()
         .unwrap_or_else(UserInfo::loopback);
-    // A write to RBAC objects makes the next decision rebuild the RBAC index.
-    let rbac_write =
-        request.method() != Method::GET && request.uri().path().starts_with(RBAC_PATH_PREFIX);
     let user = if requester.in_group(GROUP_MASTERS) && !impersonation::requested(request.headers())
     {
         // The fast path: the superuser group is allowed everything.
@@ -352,14 +357,8 @@ async fn authorize(
         }
     };
     request.extensions_mut().insert(user.clone());
-    let response = crate::auth::scope_request_user(user, next.run(request)).await;
-    if rbac_write {
-        state.authorizer.rbac.invalidate();
-    }
-    response
+    crate::auth::scope_request_user(user, next.run(request)).await
 }
-
-const RBAC_PATH_PREFIX: &str = "/apis/rbac.authorization.k8s.io/";
 
 /// Impersonation and the authorizer chain: the effective user, or the 403.
 async fn authorize_as(
@@ -759,14 +758,6 @@ async fn review(state: &ServerState, target: Target, request: Request<Body>) -> 
         ),
         Err(e) => (verb, e.into_response()),
     }
-}
-
-/// Every object of `def` (all namespaces).
-pub(crate) async fn list_all_objects(
-    state: &ServerState,
-    def: &'static ResourceDef,
-) -> Result<Vec<Value>, ApiError> {
-    handlers::list_all(state, def, None).await
 }
 
 /// One stored object.

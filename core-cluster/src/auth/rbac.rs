@@ -1,33 +1,33 @@
 //! RBAC: rules of Roles and ClusterRoles granted to subjects by RoleBindings and
 //! ClusterRoleBindings (upstream's `plugin/pkg/auth/authorizer/rbac`, aggregation-free).
 //!
-//! Requests are decided against an [`RbacIndex`] by subject (user name, group), built from the
-//! four kinds in the store. The index is rebuilt when a write to the RBAC group went through
-//! the API server (so a client reads its own grants at once) and at least every
-//! [`REFRESH_INTERVAL`] otherwise (bindings removed by namespace deletion), never per
-//! request.
+//! Requests are decided against an [`RbacIndex`]: roles by namespace, bindings by subject
+//! (user name, group) and namespace. It is loaded once from the store when the server starts
+//! and then kept current one object at a time: the API server's store is wrapped
+//! ([`RbacAuthorizer::observe`]) so that every write to the RBAC group, whoever makes it
+//! (a request, `ApiServer::apply_manifest`, namespace cleanup, the bootstrap policy),
+//! updates the index before the write returns. A client reads its own grants at once, and
+//! a decision never waits for a rebuild (upstream keeps informer-fed indexes the same way).
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap, HashSet},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
 };
 
+use async_trait::async_trait;
+use bytes::Bytes;
 use k8s_openapi::api::rbac::v1::{PolicyRule, RoleRef, Subject};
 use parking_lot::RwLock;
 use serde_json::Value;
 
 use super::{UserInfo, authz::Attributes};
 use crate::{
-    api::ServerState,
     registry::authorization::{CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, ROLE_BINDINGS, ROLES},
+    store::{KeyValue, ListResult, Store, StoreError, WatchStream},
 };
-
-/// How stale the index may get when nothing wrote RBAC objects through this server.
-pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The service-account user name prefix: `system:serviceaccount:<ns>:<name>`.
 pub const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
@@ -46,7 +46,7 @@ pub fn service_account_user(namespace: &str, name: &str) -> UserInfo {
 }
 
 /// One policy rule, as upstream's `rbacv1.PolicyRule`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Rule {
     /// Verbs, `*` for all.
     pub verbs: Vec<String>,
@@ -124,24 +124,134 @@ impl Rule {
     }
 }
 
-/// Rules granted in one namespace, or everywhere (`None`).
-#[derive(Debug, Clone)]
-struct Grant {
-    namespace: Option<String>,
-    rules: Arc<[Rule]>,
-}
-
-/// The RBAC state compiled by subject.
-#[derive(Debug, Default)]
-pub struct RbacIndex {
-    by_user: HashMap<String, Vec<Grant>>,
-    by_group: HashMap<String, Vec<Grant>>,
-}
-
 /// The rules of a Role or ClusterRole object (none when malformed).
 pub(crate) fn rules_of(obj: &Value) -> Arc<[Rule]> {
     let rules: Vec<PolicyRule> = serde_json::from_value(obj["rules"].clone()).unwrap_or_default();
     rules.into_iter().map(Rule::from).collect()
+}
+
+/// The role a binding grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RoleName {
+    /// A Role of the binding's namespace.
+    Role(String),
+    ClusterRole(String),
+}
+
+/// A binding as the index keeps it: its role and the subjects it names, as user names
+/// (service accounts by their user name) and groups.
+#[derive(Debug)]
+struct Binding {
+    role: RoleName,
+    users: Vec<String>,
+    groups: Vec<String>,
+}
+
+impl Binding {
+    /// A RoleBinding (`namespace` set) or ClusterRoleBinding object; `None` when its
+    /// `roleRef` is malformed or of an unknown kind (it grants nothing). Subjects of an
+    /// unknown kind are skipped.
+    fn parse(obj: &Value, namespace: Option<&str>) -> Option<Self> {
+        let role_ref = serde_json::from_value::<RoleRef>(obj["roleRef"].clone()).ok()?;
+        let role = match role_ref.kind.as_str() {
+            "ClusterRole" => RoleName::ClusterRole(role_ref.name),
+            "Role" => RoleName::Role(role_ref.name),
+            _ => return None,
+        };
+        let subjects: Vec<Subject> =
+            serde_json::from_value(obj["subjects"].clone()).unwrap_or_default();
+        let mut binding = Binding {
+            role,
+            users: Vec::new(),
+            groups: Vec::new(),
+        };
+        for subject in subjects {
+            match subject.kind.as_str() {
+                "User" => binding.users.push(subject.name),
+                "Group" => binding.groups.push(subject.name),
+                "ServiceAccount" => {
+                    let ns = subject
+                        .namespace
+                        .or_else(|| namespace.map(str::to_owned))
+                        .unwrap_or_default();
+                    binding
+                        .users
+                        .push(format!("{SERVICE_ACCOUNT_PREFIX}{ns}:{}", subject.name));
+                }
+                _ => {}
+            }
+        }
+        Some(binding)
+    }
+}
+
+/// The bindings that name one subject: ClusterRoleBindings, and RoleBindings by namespace
+/// (each by name, in name order).
+#[derive(Debug, Default)]
+struct Bound {
+    cluster: BTreeSet<String>,
+    by_namespace: HashMap<String, BTreeSet<String>>,
+}
+
+impl Bound {
+    fn is_empty(&self) -> bool {
+        self.cluster.is_empty() && self.by_namespace.is_empty()
+    }
+}
+
+/// The RBAC state compiled for decisions: roles by namespace, bindings by subject and
+/// namespace. Bindings refer to roles by name, so a role written after its binding takes
+/// effect as it is written, and one write changes one entry.
+#[derive(Debug, Default)]
+pub struct RbacIndex {
+    /// Roles' rules by namespace and name.
+    roles: HashMap<String, HashMap<String, Arc<[Rule]>>>,
+    cluster_roles: HashMap<String, Arc<[Rule]>>,
+    /// RoleBindings by namespace and name.
+    role_bindings: HashMap<String, HashMap<String, Binding>>,
+    cluster_role_bindings: HashMap<String, Binding>,
+    /// The bindings naming each user name, and each group.
+    users: HashMap<String, Bound>,
+    groups: HashMap<String, Bound>,
+}
+
+/// Which of the four kinds a stored object is, from its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Role,
+    ClusterRole,
+    RoleBinding,
+    ClusterRoleBinding,
+}
+
+/// Where the four kinds are stored, under one prefix.
+fn rbac_key_prefix() -> String {
+    let roles = ROLES.key_prefix(None);
+    let group_prefix = roles
+        .strip_suffix(&format!("{}/", ROLES.plural))
+        .unwrap_or(&roles);
+    group_prefix.to_owned()
+}
+
+/// The kind, namespace and name stored at `key`, if it is an RBAC object's key.
+fn parse_key(key: &str) -> Option<(Kind, Option<&str>, &str)> {
+    for (def, kind) in [
+        (&ROLES, Kind::Role),
+        (&CLUSTER_ROLES, Kind::ClusterRole),
+        (&ROLE_BINDINGS, Kind::RoleBinding),
+        (&CLUSTER_ROLE_BINDINGS, Kind::ClusterRoleBinding),
+    ] {
+        let Some(rest) = key.strip_prefix(&def.key_prefix(None)) else {
+            continue;
+        };
+        return if def.namespaced {
+            let (ns, name) = rest.split_once('/')?;
+            Some((kind, Some(ns), name))
+        } else {
+            Some((kind, None, rest))
+        };
+    }
+    None
 }
 
 impl RbacIndex {
@@ -153,92 +263,216 @@ impl RbacIndex {
         role_bindings: &[Value],
         cluster_role_bindings: &[Value],
     ) -> Self {
-        let key = |o: &Value| {
-            (
-                o["metadata"]["namespace"].as_str().unwrap_or("").to_owned(),
-                o["metadata"]["name"].as_str().unwrap_or("").to_owned(),
-            )
-        };
-        let roles: HashMap<(String, String), Arc<[Rule]>> =
-            roles.iter().map(|r| (key(r), rules_of(r))).collect();
-        let cluster_roles: HashMap<String, Arc<[Rule]>> = cluster_roles
-            .iter()
-            .map(|r| (key(r).1, rules_of(r)))
-            .collect();
         let mut index = RbacIndex::default();
-        let bindings = role_bindings
-            .iter()
-            .map(|b| (Some(key(b).0), b))
-            .chain(cluster_role_bindings.iter().map(|b| (None, b)));
-        for (namespace, binding) in bindings {
-            let Ok(role_ref) = serde_json::from_value::<RoleRef>(binding["roleRef"].clone()) else {
-                continue;
-            };
-            let rules = match (role_ref.kind.as_str(), &namespace) {
-                ("ClusterRole", _) => cluster_roles.get(&role_ref.name),
-                ("Role", Some(ns)) => roles.get(&(ns.clone(), role_ref.name.clone())),
-                _ => None,
-            };
-            let Some(rules) = rules.cloned() else {
-                continue;
-            };
-            let subjects: Vec<Subject> =
-                serde_json::from_value(binding["subjects"].clone()).unwrap_or_default();
-            for subject in subjects {
-                let grant = Grant {
-                    namespace: namespace.clone(),
-                    rules: rules.clone(),
-                };
-                let (map, name) = match subject.kind.as_str() {
-                    "User" => (&mut index.by_user, subject.name),
-                    "Group" => (&mut index.by_group, subject.name),
-                    "ServiceAccount" => {
-                        let ns = subject
-                            .namespace
-                            .or_else(|| namespace.clone())
-                            .unwrap_or_default();
-                        (
-                            &mut index.by_user,
-                            format!("{SERVICE_ACCOUNT_PREFIX}{ns}:{}", subject.name),
-                        )
-                    }
-                    _ => continue,
-                };
-                map.entry(name).or_default().push(grant);
+        for (kind, objects) in [
+            (Kind::Role, roles),
+            (Kind::ClusterRole, cluster_roles),
+            (Kind::RoleBinding, role_bindings),
+            (Kind::ClusterRoleBinding, cluster_role_bindings),
+        ] {
+            for obj in objects {
+                let meta = &obj["metadata"];
+                let ns = meta["namespace"].as_str().unwrap_or("");
+                let name = meta["name"].as_str().unwrap_or("");
+                let ns = matches!(kind, Kind::Role | Kind::RoleBinding).then_some(ns);
+                index.put(kind, ns, name, Some(obj));
             }
         }
         index
     }
 
-    fn grants<'a>(&'a self, user: &'a UserInfo) -> impl Iterator<Item = &'a Grant> + 'a {
-        self.by_user
+    /// Applies a write to the store: the object now at `key` (`None` when deleted).
+    /// Keys outside the RBAC group are ignored; a stored value that is not JSON counts as
+    /// deleted (the read path refuses it too).
+    fn apply(&mut self, key: &str, value: Option<&[u8]>) {
+        let Some((kind, ns, name)) = parse_key(key) else {
+            return;
+        };
+        let obj = value.and_then(|v| match serde_json::from_slice::<Value>(v) {
+            Ok(obj) => Some(obj),
+            Err(e) => {
+                tracing::warn!(key, error = %e, "an RBAC object is not JSON; it grants nothing");
+                None
+            }
+        });
+        self.put(kind, ns, name, obj.as_ref());
+    }
+
+    /// Sets (or, with `None`, removes) one object.
+    fn put(&mut self, kind: Kind, ns: Option<&str>, name: &str, obj: Option<&Value>) {
+        match (kind, ns) {
+            (Kind::Role, Some(ns)) => match obj {
+                Some(obj) => {
+                    self.roles
+                        .entry(ns.to_owned())
+                        .or_default()
+                        .insert(name.to_owned(), rules_of(obj));
+                }
+                None => {
+                    if let Some(roles) = self.roles.get_mut(ns) {
+                        roles.remove(name);
+                        if roles.is_empty() {
+                            self.roles.remove(ns);
+                        }
+                    }
+                }
+            },
+            (Kind::ClusterRole, _) => match obj {
+                Some(obj) => {
+                    self.cluster_roles.insert(name.to_owned(), rules_of(obj));
+                }
+                None => {
+                    self.cluster_roles.remove(name);
+                }
+            },
+            (Kind::RoleBinding, Some(_)) | (Kind::ClusterRoleBinding, _) => {
+                let ns = ns.filter(|_| kind == Kind::RoleBinding);
+                self.unbind(ns, name);
+                if let Some(binding) = obj.and_then(|obj| Binding::parse(obj, ns)) {
+                    self.bind(ns, name, binding);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn bind(&mut self, ns: Option<&str>, name: &str, binding: Binding) {
+        let subjects = [
+            (&mut self.users, &binding.users),
+            (&mut self.groups, &binding.groups),
+        ];
+        for (map, subjects) in subjects {
+            for subject in subjects {
+                let bound = map.entry(subject.clone()).or_default();
+                let names = match ns {
+                    Some(ns) => bound.by_namespace.entry(ns.to_owned()).or_default(),
+                    None => &mut bound.cluster,
+                };
+                names.insert(name.to_owned());
+            }
+        }
+        match ns {
+            Some(ns) => {
+                self.role_bindings
+                    .entry(ns.to_owned())
+                    .or_default()
+                    .insert(name.to_owned(), binding);
+            }
+            None => {
+                self.cluster_role_bindings.insert(name.to_owned(), binding);
+            }
+        }
+    }
+
+    fn unbind(&mut self, ns: Option<&str>, name: &str) {
+        let removed = match ns {
+            Some(ns) => {
+                let bindings = self.role_bindings.get_mut(ns);
+                let removed = bindings.and_then(|bindings| {
+                    let removed = bindings.remove(name);
+                    Some((removed?, bindings.is_empty()))
+                });
+                removed.map(|(binding, now_empty)| {
+                    if now_empty {
+                        self.role_bindings.remove(ns);
+                    }
+                    binding
+                })
+            }
+            None => self.cluster_role_bindings.remove(name),
+        };
+        let Some(binding) = removed else {
+            return;
+        };
+        let subjects = [
+            (&mut self.users, &binding.users),
+            (&mut self.groups, &binding.groups),
+        ];
+        for (map, subjects) in subjects {
+            for subject in subjects {
+                let Some(bound) = map.get_mut(subject) else {
+                    continue;
+                };
+                match ns {
+                    Some(ns) => {
+                        if let Some(names) = bound.by_namespace.get_mut(ns) {
+                            names.remove(name);
+                            if names.is_empty() {
+                                bound.by_namespace.remove(ns);
+                            }
+                        }
+                    }
+                    None => {
+                        bound.cluster.remove(name);
+                    }
+                }
+                if bound.is_empty() {
+                    map.remove(subject);
+                }
+            }
+        }
+    }
+
+    /// The rules of the binding `name` (a RoleBinding of `ns`, or a ClusterRoleBinding),
+    /// if its role exists.
+    fn granted_by(&self, ns: Option<&str>, name: &str) -> Option<&[Rule]> {
+        let binding = match ns {
+            Some(ns) => self.role_bindings.get(ns)?.get(name)?,
+            None => self.cluster_role_bindings.get(name)?,
+        };
+        let rules = match (&binding.role, ns) {
+            (RoleName::ClusterRole(role), _) => self.cluster_roles.get(role)?,
+            (RoleName::Role(role), Some(ns)) => self.roles.get(ns)?.get(role)?,
+            (RoleName::Role(_), None) => return None,
+        };
+        Some(rules)
+    }
+
+    /// The rule lists bound to `user` (by name, then by each group): in `namespace` if
+    /// given, then cluster-wide.
+    fn granted<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        namespace: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a [Rule]> + 'a {
+        self.users
             .get(&user.name)
             .into_iter()
-            .chain(user.groups.iter().filter_map(|g| self.by_group.get(g)))
-            .flatten()
+            .chain(user.groups.iter().filter_map(|g| self.groups.get(g)))
+            .flat_map(move |bound| {
+                let local = namespace
+                    .and_then(|ns| Some((ns, bound.by_namespace.get(ns)?)))
+                    .into_iter()
+                    .flat_map(move |(ns, names)| {
+                        names
+                            .iter()
+                            .filter_map(move |n| self.granted_by(Some(ns), n))
+                    });
+                let cluster = bound
+                    .cluster
+                    .iter()
+                    .filter_map(move |n| self.granted_by(None, n));
+                local.chain(cluster)
+            })
     }
 
     /// Whether some rule bound to the user (by name or group) allows `attrs`: cluster-wide
     /// grants apply everywhere, a RoleBinding's only in its namespace.
     pub fn allows(&self, attrs: &Attributes) -> bool {
-        self.grants(&attrs.user).any(|g| {
-            g.namespace
-                .as_ref()
-                .is_none_or(|ns| attrs.resource_request && *ns == attrs.namespace)
-                && g.rules.iter().any(|r| r.allows(attrs))
-        })
+        let namespace = attrs.resource_request.then_some(attrs.namespace.as_str());
+        self.granted(&attrs.user, namespace)
+            .any(|rules| rules.iter().any(|r| r.allows(attrs)))
     }
 
-    /// Every rule that applies to `user` in `namespace` (cluster-wide grants included), for
-    /// `SelfSubjectRulesReview`.
+    /// Every rule that applies to `user` in `namespace` (cluster-wide grants included), each
+    /// once, for `SelfSubjectRulesReview` and the escalation check.
     pub fn rules_for(&self, user: &UserInfo, namespace: &str) -> Vec<Rule> {
-        let mut out: Vec<Rule> = Vec::new();
-        for g in self.grants(user) {
-            if g.namespace.as_ref().is_none_or(|ns| ns == namespace) {
-                for r in g.rules.iter() {
-                    if !out.contains(r) {
-                        out.push(r.clone());
-                    }
+        let mut seen: HashSet<&Rule> = HashSet::new();
+        let mut out = Vec::new();
+        for rules in self.granted(user, Some(namespace)) {
+            for rule in rules {
+                if seen.insert(rule) {
+                    out.push(rule.clone());
                 }
             }
         }
@@ -246,76 +480,224 @@ impl RbacIndex {
     }
 }
 
-/// The RBAC authorizer: an [`RbacIndex`] kept fresh from the store.
-#[derive(Debug)]
+/// The RBAC authorizer: an [`RbacIndex`] kept current by the writes of the store it
+/// [observes](RbacAuthorizer::observe).
+#[derive(Debug, Default)]
 pub struct RbacAuthorizer {
-    index: RwLock<Arc<RbacIndex>>,
-    /// Set when an RBAC object was written; the next decision rebuilds first.
-    dirty: AtomicBool,
-    loaded_at: RwLock<Option<tokio::time::Instant>>,
-    reload: tokio::sync::Mutex<()>,
+    shared: Arc<Shared>,
 }
 
-impl Default for RbacAuthorizer {
-    fn default() -> Self {
-        RbacAuthorizer {
-            index: RwLock::default(),
-            dirty: AtomicBool::new(true),
-            loaded_at: RwLock::new(None),
-            reload: tokio::sync::Mutex::new(()),
+/// What the authorizer shares with the store it observes.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Updated in place, one object per write; decisions read it under the read lock.
+    index: RwLock<RbacIndex>,
+    /// Held across each write of an RBAC object and its index update, so the index applies
+    /// the writes in the store's order.
+    writes: tokio::sync::Mutex<()>,
+    /// Set when a write's outcome is unknown (the store failed mid-write) and reloading the
+    /// index failed too: the next RBAC write reloads it first.
+    reload: AtomicBool,
+}
+
+impl Shared {
+    /// Reads every RBAC object into a new index, then swaps it in. Call with `writes` held.
+    async fn reload(&self, store: &dyn Store) -> Result<(), StoreError> {
+        let listed = store.list(&rbac_key_prefix(), None, None, None).await?;
+        let mut index = RbacIndex::default();
+        for kv in &listed.items {
+            index.apply(&kv.key, Some(&kv.value));
+        }
+        *self.index.write() = index;
+        self.reload.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// After a write of an RBAC object: the index takes the new value, or, when the store
+    /// cannot say whether the write happened, is read again.
+    async fn written(&self, store: &dyn Store, key: &str, value: Option<&[u8]>, outcome: Outcome) {
+        match outcome {
+            Outcome::Written => self.index.write().apply(key, value),
+            Outcome::Refused => {}
+            Outcome::Unknown => {
+                if let Err(e) = self.reload(store).await {
+                    self.reload.store(true, Ordering::Release);
+                    tracing::warn!(error = %e, "reloading RBAC after a failed write failed; retrying at the next RBAC write");
+                }
+            }
+        }
+    }
+}
+
+/// What a write did to the store.
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    Written,
+    /// Refused: nothing changed.
+    Refused,
+    /// The store failed mid-write.
+    Unknown,
+}
+
+impl Outcome {
+    fn of<T>(result: &Result<T, StoreError>) -> Self {
+        match result {
+            Ok(_) => Outcome::Written,
+            Err(
+                StoreError::NotFound { .. }
+                | StoreError::AlreadyExists { .. }
+                | StoreError::Conflict { .. }
+                | StoreError::Closed,
+            ) => Outcome::Refused,
+            Err(_) => Outcome::Unknown,
         }
     }
 }
 
 impl RbacAuthorizer {
-    /// Marks the index stale (an RBAC object was written).
-    pub(crate) fn invalidate(&self) {
-        self.dirty.store(true, Ordering::Release);
-    }
-
-    fn stale(&self) -> bool {
-        self.dirty.load(Ordering::Acquire)
-            || self
-                .loaded_at
-                .read()
-                .is_none_or(|t| t.elapsed() >= REFRESH_INTERVAL)
-    }
-
-    /// The current index, rebuilt first if stale. A store error keeps the previous index.
-    pub(crate) async fn index(&self, state: &ServerState) -> Arc<RbacIndex> {
-        if self.stale() {
-            let _single = self.reload.lock().await;
-            if self.stale() {
-                self.dirty.store(false, Ordering::Release);
-                match load(state).await {
-                    Ok(index) => {
-                        *self.index.write() = Arc::new(index);
-                        *self.loaded_at.write() = Some(tokio::time::Instant::now());
-                    }
-                    Err(e) => {
-                        self.dirty.store(true, Ordering::Release);
-                        tracing::warn!(error = %e, "reloading RBAC failed; using the last index");
-                    }
-                }
-            }
-        }
-        self.index.read().clone()
-    }
-
     /// Whether RBAC allows `attrs`.
-    pub(crate) async fn allows(&self, state: &ServerState, attrs: &Attributes) -> bool {
-        self.index(state).await.allows(attrs)
+    pub(crate) fn allows(&self, attrs: &Attributes) -> bool {
+        self.shared.index.read().allows(attrs)
+    }
+
+    /// Every rule that applies to `user` in `namespace` (see [`RbacIndex::rules_for`]).
+    pub(crate) fn rules_for(&self, user: &UserInfo, namespace: &str) -> Vec<Rule> {
+        self.shared.index.read().rules_for(user, namespace)
+    }
+
+    /// Loads the index from `store`: once, before the server serves (and writes).
+    pub(crate) async fn load(&self, store: &dyn Store) -> Result<(), StoreError> {
+        let _serial = self.shared.writes.lock().await;
+        self.shared.reload(store).await
+    }
+
+    /// `store`, with every write to an RBAC object applied to this authorizer's index
+    /// before the write returns. Other keys pass straight through.
+    pub(crate) fn observe(&self, store: Arc<dyn Store>) -> Arc<dyn Store> {
+        Arc::new(ObservedStore {
+            inner: store,
+            shared: self.shared.clone(),
+            prefix: rbac_key_prefix(),
+        })
     }
 }
 
-async fn load(state: &ServerState) -> Result<RbacIndex, crate::api::status::ApiError> {
-    let list = |def| crate::api::list_all_objects(state, def);
-    Ok(RbacIndex::build(
-        &list(&ROLES).await?,
-        &list(&CLUSTER_ROLES).await?,
-        &list(&ROLE_BINDINGS).await?,
-        &list(&CLUSTER_ROLE_BINDINGS).await?,
-    ))
+/// The store as the API server uses it (see [`RbacAuthorizer::observe`]).
+struct ObservedStore {
+    inner: Arc<dyn Store>,
+    shared: Arc<Shared>,
+    prefix: String,
+}
+
+impl ObservedStore {
+    /// Runs the write `op` of an RBAC object (`value` is what it stores, `None` for a
+    /// delete) and the index update as one task: the update happens even if the caller goes
+    /// away mid-write, and in the store's order.
+    async fn observed<T, F>(&self, key: &str, value: Option<Bytes>, op: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let shared = self.shared.clone();
+        let store = self.inner.clone();
+        let key = key.to_owned();
+        let task = tokio::spawn(async move {
+            let _serial = shared.writes.lock().await;
+            if shared.reload.load(Ordering::Acquire)
+                && let Err(e) = shared.reload(&*store).await
+            {
+                tracing::warn!(error = %e, "reloading RBAC failed");
+            }
+            let result = op.await;
+            let outcome = Outcome::of(&result);
+            shared
+                .written(&*store, &key, value.as_deref(), outcome)
+                .await;
+            result
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(StoreError::Closed),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for ObservedStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        self.inner.get(key).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: Option<usize>,
+        at_revision: Option<u64>,
+    ) -> Result<ListResult, StoreError> {
+        self.inner
+            .list(prefix, start_after, limit, at_revision)
+            .await
+    }
+
+    async fn create(&self, key: &str, value: Bytes) -> Result<u64, StoreError> {
+        if !key.starts_with(&self.prefix) {
+            return self.inner.create(key, value).await;
+        }
+        let (store, owned, stored) = (self.inner.clone(), key.to_owned(), value.clone());
+        self.observed(key, Some(value), async move {
+            store.create(&owned, stored).await
+        })
+        .await
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        value: Bytes,
+        expected_mod_revision: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        if !key.starts_with(&self.prefix) {
+            return self.inner.update(key, value, expected_mod_revision).await;
+        }
+        let (store, owned, stored) = (self.inner.clone(), key.to_owned(), value.clone());
+        self.observed(key, Some(value), async move {
+            store.update(&owned, stored, expected_mod_revision).await
+        })
+        .await
+    }
+
+    async fn delete(
+        &self,
+        key: &str,
+        expected_mod_revision: Option<u64>,
+    ) -> Result<(u64, KeyValue), StoreError> {
+        if !key.starts_with(&self.prefix) {
+            return self.inner.delete(key, expected_mod_revision).await;
+        }
+        let (store, owned) = (self.inner.clone(), key.to_owned());
+        self.observed(key, None, async move {
+            store.delete(&owned, expected_mod_revision).await
+        })
+        .await
+    }
+
+    async fn current_revision(&self) -> Result<u64, StoreError> {
+        self.inner.current_revision().await
+    }
+
+    async fn health(&self) -> Result<(), StoreError> {
+        self.inner.health().await
+    }
+
+    async fn watch(&self, prefix: &str, from_revision: u64) -> Result<WatchStream, StoreError> {
+        self.inner.watch(prefix, from_revision).await
+    }
+
+    async fn compact(&self, revision: u64) -> Result<(), StoreError> {
+        self.inner.compact(revision).await
+    }
 }
 
 #[cfg(test)]
@@ -323,7 +705,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::registry::authorization::RBAC_GROUP;
+    use crate::registry::{ResourceDef, authorization::RBAC_GROUP};
 
     fn get(user: &UserInfo, resource: &str, ns: &str, name: &str) -> Attributes {
         Attributes::resource(user.clone(), "get", "", resource, ns, name)
@@ -359,6 +741,68 @@ mod tests {
         assert!(urls.allows(&path("/version")));
         assert!(!urls.allows(&path("/versionx")));
         assert!(!urls.allows(&path("/api")));
+    }
+
+    /// Upstream's rule resolver (`pkg/registry/rbac/validation/rule.go VisitRulesFor`) reads
+    /// the current bindings and roles: each write changes the index by one object, a binding
+    /// may come before its role, and a changed or deleted binding stops granting its old
+    /// subjects, in its namespace only.
+    #[test]
+    fn writes_update_the_index_one_object_at_a_time() {
+        let key = |def: &ResourceDef, ns: Option<&str>, name: &str| def.key(ns, name);
+        let bytes = |v: Value| serde_json::to_vec(&v).unwrap();
+        let alice = UserInfo::new("alice", ["dev"]);
+        let bob = UserInfo::new("bob", ["dev"]);
+        let mut index = RbacIndex::default();
+        let binding = |user: &str| {
+            bytes(json!({"metadata": {"namespace": "a", "name": "b"},
+                "roleRef": {"apiGroup": RBAC_GROUP, "kind": "Role", "name": "reader"},
+                "subjects": [{"kind": "User", "name": user}]}))
+        };
+        index.apply(
+            &key(&ROLE_BINDINGS, Some("a"), "b"),
+            Some(&binding("alice")),
+        );
+        // The role does not exist yet: nothing is granted.
+        assert!(!index.allows(&get(&alice, "pods", "a", "p")));
+        let role = bytes(json!({"metadata": {"namespace": "a", "name": "reader"},
+            "rules": [{"verbs": ["get"], "apiGroups": [""], "resources": ["pods"]}]}));
+        index.apply(&key(&ROLES, Some("a"), "reader"), Some(&role));
+        assert!(index.allows(&get(&alice, "pods", "a", "p")));
+        // The same names in another namespace grant nothing in this one, and the reverse.
+        index.apply(&key(&ROLES, Some("c"), "reader"), Some(&role));
+        assert!(!index.allows(&get(&alice, "pods", "c", "p")));
+        // A changed binding: bob now, alice no more.
+        index.apply(&key(&ROLE_BINDINGS, Some("a"), "b"), Some(&binding("bob")));
+        assert!(!index.allows(&get(&alice, "pods", "a", "p")));
+        assert!(index.allows(&get(&bob, "pods", "a", "p")));
+        // A changed role: its new rules, for every binding to it.
+        let writer = bytes(json!({"metadata": {"namespace": "a", "name": "reader"},
+            "rules": [{"verbs": ["delete"], "apiGroups": [""], "resources": ["pods"]}]}));
+        index.apply(&key(&ROLES, Some("a"), "reader"), Some(&writer));
+        assert!(!index.allows(&get(&bob, "pods", "a", "p")));
+        let delete = Attributes::resource(bob.clone(), "delete", "", "pods", "a", "p");
+        assert!(index.allows(&delete));
+        // Deleted: the role, then the binding; nothing is left behind for bob.
+        index.apply(&key(&ROLES, Some("a"), "reader"), None);
+        assert!(!index.allows(&delete));
+        index.apply(&key(&ROLE_BINDINGS, Some("a"), "b"), None);
+        assert!(index.users.is_empty() && index.role_bindings.is_empty());
+        // A ClusterRoleBinding to a ClusterRole, by group; other keys are ignored.
+        let cr = bytes(json!({"metadata": {"name": "lister"},
+            "rules": [{"verbs": ["list"], "apiGroups": [""], "resources": ["nodes"]}]}));
+        let crb = bytes(json!({"metadata": {"name": "devs"},
+            "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": "lister"},
+            "subjects": [{"kind": "Group", "name": "dev"}]}));
+        index.apply(&key(&CLUSTER_ROLES, None, "lister"), Some(&cr));
+        index.apply(&key(&CLUSTER_ROLE_BINDINGS, None, "devs"), Some(&crb));
+        index.apply("/registry/configmaps/a/x", Some(&crb));
+        let list = Attributes::resource(alice.clone(), "list", "", "nodes", "", "");
+        assert!(index.allows(&list));
+        assert_eq!(index.rules_for(&alice, "a").len(), 1);
+        index.apply(&key(&CLUSTER_ROLE_BINDINGS, None, "devs"), None);
+        assert!(!index.allows(&list));
+        assert!(index.groups.is_empty());
     }
 
     /// A RoleBinding grants in its namespace only; groups and service accounts bind.

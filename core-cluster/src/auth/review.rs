@@ -155,12 +155,7 @@ pub(crate) async fn create(
 /// The rules `user` has in `namespace`: RBAC's (cluster-wide and the namespace's) and, for a
 /// node, the node rules. `incomplete` when the Node authorizer narrows some of them further.
 async fn rules_review(state: &ServerState, user: &UserInfo, namespace: &str) -> Value {
-    let mut rules = state
-        .authorizer
-        .rbac
-        .index(state)
-        .await
-        .rules_for(user, namespace);
+    let mut rules = state.authorizer.rbac.rules_for(user, namespace);
     let is_node = user.in_group(super::GROUP_NODES);
     if is_node {
         rules.extend(node::node_rules());
