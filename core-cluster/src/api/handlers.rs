@@ -873,7 +873,7 @@ pub(crate) async fn create_object(
         match state.store.create(&def.key(ns, &name), bytes).await {
             Ok(revision) => {
                 meta_mut(&mut obj).insert("resourceVersion".into(), json!(revision.to_string()));
-                observe(state, def, ns, &name, None, Some(&obj)).await;
+                observe(state, def, ns, &name, None, Some(&obj), revision).await;
                 return Ok(obj);
             }
             Err(StoreError::AlreadyExists { .. })
@@ -1159,7 +1159,7 @@ async fn commit_update(
             .await
             .map_err(|e| ApiError::from_store(&q, e))?;
         released(state, def, current);
-        observe(state, def, ns, name, Some(current), None).await;
+        observe(state, def, ns, name, Some(current), None, revision).await;
         meta_mut(&mut new).insert("resourceVersion".into(), json!(revision.to_string()));
         return Ok(new);
     }
@@ -1177,7 +1177,7 @@ async fn commit_update(
     {
         Ok(revision) => {
             commit(state, &allocation);
-            observe(state, def, ns, name, Some(current), Some(&new)).await;
+            observe(state, def, ns, name, Some(current), Some(&new), revision).await;
             meta_mut(&mut new).insert("resourceVersion".into(), json!(revision.to_string()));
             Ok(new)
         }
@@ -1189,7 +1189,7 @@ async fn commit_update(
 }
 
 /// Tells what follows the server's own writes (the Node authorizer's graph) that `def`
-/// `ns/name` went from `old` (none: created) to `new` (none: deleted).
+/// `ns/name` went from `old` (none: created) to `new` (none: deleted) at `revision`.
 async fn observe(
     state: &ServerState,
     def: &ResourceDef,
@@ -1197,11 +1197,12 @@ async fn observe(
     name: &str,
     old: Option<&Value>,
     new: Option<&Value>,
+    revision: u64,
 ) {
     state
         .authorizer
         .node
-        .observe(state, def, ns, name, old, new)
+        .observe(state, def, ns, name, old, new, revision)
         .await;
 }
 
@@ -1562,7 +1563,7 @@ pub(crate) async fn delete_object(
             {
                 Ok((revision, _)) => {
                     released(state, def, &current);
-                    observe(state, def, ns, name, Some(&current), None).await;
+                    observe(state, def, ns, name, Some(&current), None, revision).await;
                     let mut deleted = current.clone();
                     meta_mut(&mut deleted)
                         .insert("resourceVersion".into(), json!(revision.to_string()));
@@ -1621,7 +1622,16 @@ pub(crate) async fn delete_object(
             .await
         {
             Ok(revision) => {
-                observe(state, def, ns, name, Some(&current), Some(&marked)).await;
+                observe(
+                    state,
+                    def,
+                    ns,
+                    name,
+                    Some(&current),
+                    Some(&marked),
+                    revision,
+                )
+                .await;
                 meta_mut(&mut marked).insert("resourceVersion".into(), json!(revision.to_string()));
                 if def.plural == "namespaces" && !already_deleting {
                     spawn_namespace_cleanup(state, name.to_owned());
@@ -1791,8 +1801,8 @@ async fn bind_pod(
             )
             .await
         {
-            Ok(_) => {
-                observe(state, def, ns, name, Some(&current), Some(&bound)).await;
+            Ok(revision) => {
+                observe(state, def, ns, name, Some(&current), Some(&bound), revision).await;
                 return Ok(());
             }
             Err(StoreError::Conflict { .. }) => continue,

@@ -5,11 +5,13 @@
 //! - Startup (and recovery): the graph is built from every pod in the store.
 //! - Each successful pod write (create, update of any subresource, binding, delete, the
 //!   delete that removes the last finalizer) calls [`NodeAuthorizer::observe`] with the
-//!   object before and after. When the graph's view of the pod (node, mirror or not,
-//!   references) did not change, as for every status update, nothing happens. Otherwise
-//!   the pod is read back from the store and set in the graph, under a lock striped by
-//!   pod name: a write's graph update then never overtakes a later write's, since the
-//!   last one to run reads what the store holds after both.
+//!   object before and after and the write's revision. When the graph's view of the pod
+//!   (node, mirror or not, references) did not change, as for every status update, nothing
+//!   happens. Otherwise, under a lock striped by pod name, the pod's key is read back from
+//!   the store and the graph set to what the store holds: the written object when the key
+//!   is still at the write's revision (no decoding), nothing when it is gone, the decoded
+//!   newer object otherwise. A write's graph update then never overtakes a later write's,
+//!   since the last one to run sets what the store holds after both.
 //! - A failed read marks the graph stale; the next node decision rebuilds it from the store,
 //!   holding every stripe so no write's update interleaves. Until a rebuild succeeds,
 //!   nodes reach nothing through the graph.
@@ -74,7 +76,8 @@ impl NodeAuthorizer {
     }
 
     /// Follows a successful write of `def` `ns/name` from `old` (none for a create) to
-    /// `new` (none for a delete).
+    /// `new` (none for a delete), made at `revision`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn observe(
         &self,
         state: &ServerState,
@@ -83,32 +86,46 @@ impl NodeAuthorizer {
         name: &str,
         old: Option<&Value>,
         new: Option<&Value>,
+        revision: u64,
     ) {
         if def.group != PODS.group || def.plural != PODS.plural {
             return;
         }
-        if old.and_then(PodEdges::of) == new.and_then(PodEdges::of) {
+        let edges = new.and_then(PodEdges::of);
+        if old.and_then(PodEdges::of) == edges {
             return;
         }
-        let ns = ns.unwrap_or("");
         let stripe = self.hasher.hash_one((ns, name)) as usize % STRIPES;
         let _stripe = self.stripes[stripe].lock().await;
         if self.stale.load(Ordering::Acquire) {
             // The rebuild to come reads this write.
             return;
         }
-        match crate::api::get_stored(state, &PODS, Some(ns), name).await {
-            Ok(pod) => {
-                let edges = PodEdges::of(&pod);
-                self.graph.write().set_pod(ns, name, edges.as_ref());
-            }
-            Err(e) if e.code == 404 => self.graph.write().set_pod(ns, name, None),
-            Err(e) => {
-                tracing::warn!(namespace = ns, pod = name, error = %e.message,
-                    "reading a written pod back failed; the node authorizer graph will be rebuilt");
-                self.stale.store(true, Ordering::Release);
-            }
-        }
+        let current = match state.store.get(&PODS.key(ns, name)).await {
+            Ok(None) => None,
+            Ok(Some(kv)) if new.is_some() && kv.mod_revision == revision => edges,
+            // Written again since: what the store holds now.
+            Ok(Some(_)) => match crate::api::get_stored(state, &PODS, ns, name).await {
+                Ok(pod) => PodEdges::of(&pod),
+                Err(e) if e.code == 404 => None,
+                Err(e) => return self.lost(ns, name, &e.message),
+            },
+            Err(e) => return self.lost(ns, name, &e.to_string()),
+        };
+        self.graph
+            .write()
+            .set_pod(ns.unwrap_or(""), name, current.as_ref());
+    }
+
+    /// A pod write the graph could not follow: rebuild it before the next decision.
+    fn lost(&self, ns: Option<&str>, name: &str, error: &str) {
+        tracing::warn!(
+            namespace = ns.unwrap_or(""),
+            pod = name,
+            error,
+            "reading a written pod back failed; the node authorizer graph will be rebuilt"
+        );
+        self.stale.store(true, Ordering::Release);
     }
 
     /// Builds the graph from the store if it is stale (at startup, after a failed read).
