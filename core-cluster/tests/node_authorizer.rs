@@ -7,11 +7,13 @@
 
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use core_cluster::{
     ApiServer, ApiServerConfig,
     auth::node::node_user,
     serve::TestServer,
-    store::{MemoryStore, Store},
+    store::{KeyValue, ListResult, MemoryStore, Store, StoreError, WatchStream},
 };
 use k8s_openapi::api::{
     authentication::v1::{TokenRequest, TokenReview},
@@ -803,4 +805,125 @@ async fn concurrent_pod_writes_leave_the_graph_as_the_store_says() {
         }
     }
     assert!(present > 0, "the writers left no pod to check");
+}
+
+/// A store whose reads of pods fail on demand: the `n`th next `get` of a pod key, and every
+/// list of pods while `fail_lists` is set.
+#[derive(Default)]
+struct FlakyStore {
+    inner: MemoryStore,
+    /// Fail the `get` of a pod key when this counts down to 1.
+    fail_get_in: AtomicUsize,
+    fail_lists: std::sync::atomic::AtomicBool,
+}
+
+const POD_KEYS: &str = "/registry/core/pods/";
+
+fn flaky(context: &str) -> StoreError {
+    StoreError::backend(context, std::io::Error::other("injected failure"))
+}
+
+#[async_trait::async_trait]
+impl Store for FlakyStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        if key.starts_with(POD_KEYS)
+            && self
+                .fail_get_in
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                == Ok(1)
+        {
+            return Err(flaky("get"));
+        }
+        self.inner.get(key).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: Option<usize>,
+        at_revision: Option<u64>,
+    ) -> Result<ListResult, StoreError> {
+        if prefix.starts_with(POD_KEYS) && self.fail_lists.load(Ordering::SeqCst) {
+            return Err(flaky("list"));
+        }
+        self.inner
+            .list(prefix, start_after, limit, at_revision)
+            .await
+    }
+    async fn create(&self, key: &str, value: bytes::Bytes) -> Result<u64, StoreError> {
+        self.inner.create(key, value).await
+    }
+    async fn update(
+        &self,
+        key: &str,
+        value: bytes::Bytes,
+        expected_mod_revision: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        self.inner.update(key, value, expected_mod_revision).await
+    }
+    async fn delete(
+        &self,
+        key: &str,
+        expected_mod_revision: Option<u64>,
+    ) -> Result<(u64, KeyValue), StoreError> {
+        self.inner.delete(key, expected_mod_revision).await
+    }
+    async fn current_revision(&self) -> Result<u64, StoreError> {
+        self.inner.current_revision().await
+    }
+    async fn health(&self) -> Result<(), StoreError> {
+        self.inner.health().await
+    }
+    async fn watch(&self, prefix: &str, from_revision: u64) -> Result<WatchStream, StoreError> {
+        self.inner.watch(prefix, from_revision).await
+    }
+    async fn compact(&self, revision: u64) -> Result<(), StoreError> {
+        self.inner.compact(revision).await
+    }
+}
+
+/// When the graph cannot follow a pod write (the store fails to read the pod back), the
+/// next node decision rebuilds it from the store; while that fails too, a node reaches
+/// nothing through the graph rather than what a stale graph says.
+#[tokio::test]
+async fn a_write_the_graph_missed_is_caught_up_before_the_next_node_decision() {
+    let store = Arc::new(FlakyStore::default());
+    let server = ApiServer::new(store.clone(), ApiServerConfig::default())
+        .await
+        .unwrap();
+    let admin = Client::new(server.router(), "default");
+    let spec = json!({"volumes": [{"name": "s", "secret": {"secretName": "mounted"}}]});
+    create_pod(&admin, "default", &pod("web", Some("n1"), spec.clone())).await;
+    create_pod(&admin, "default", &pod("db", Some("n2"), spec.clone())).await;
+    assert!(node_may_get_secret(&admin, "n1", "default", "mounted").await);
+
+    // The delete reads the pod (1st get), deletes it, and the graph's read-back (2nd)
+    // fails: the graph still holds the pod until the decision below rebuilds it.
+    store.fail_get_in.store(2, Ordering::SeqCst);
+    delete_now(&admin, "default", "web").await;
+    assert_eq!(
+        store.fail_get_in.load(Ordering::SeqCst),
+        0,
+        "the read-back failed"
+    );
+    assert!(!node_may_get_secret(&admin, "n1", "default", "mounted").await);
+    assert!(node_may_get_secret(&admin, "n2", "default", "mounted").await);
+
+    // Another missed write (a new pod on n3, whose read-back is the first pod get), and the
+    // rebuild fails as well: until the store heals no node reaches anything through the
+    // graph, n2 (whose pod is still there) included.
+    store.fail_get_in.store(1, Ordering::SeqCst);
+    store.fail_lists.store(true, Ordering::SeqCst);
+    create_pod(&admin, "default", &pod("cache", Some("n3"), spec)).await;
+    assert_eq!(
+        store.fail_get_in.load(Ordering::SeqCst),
+        0,
+        "the read-back failed"
+    );
+    assert!(!node_may_get_secret(&admin, "n2", "default", "mounted").await);
+    assert!(!node_may_get_secret(&admin, "n3", "default", "mounted").await);
+    store.fail_lists.store(false, Ordering::SeqCst);
+    assert!(node_may_get_secret(&admin, "n2", "default", "mounted").await);
+    assert!(node_may_get_secret(&admin, "n3", "default", "mounted").await);
+    assert!(!node_may_get_secret(&admin, "n1", "default", "mounted").await);
 }
