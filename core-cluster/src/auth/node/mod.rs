@@ -7,7 +7,7 @@
 //! [graph](graph) of the pods bound to each node: a node reads a secret or mints a token
 //! only for objects its pods reference. It narrows leases to the node's own in
 //! `kube-node-lease`, and gives every other request the node rules. The API server keeps
-//! the graph current from its own writes ([`graph_populator`]).
+//! the graph current from its own writes (`graph_populator.rs`).
 
 pub mod admission;
 pub mod graph;
