@@ -843,7 +843,7 @@ pub(crate) async fn create_object(
     if !errors.is_empty() {
         return Err(invalid(def, &probe_name, errors));
     }
-    crate::auth::node::admit(def, crate::auth::node::Write::Create { new: &obj })?;
+    crate::auth::node::admit(state, def, crate::auth::node::Write::Create { new: &obj }).await?;
     crate::auth::escalation::admit(state, def, ns, &obj, None).await?;
     let allocation = allocate(state, def, &mut obj, None, &probe_name)?;
     let dry_run = query.get("dryRun").is_some_and(|d| d == "All");
@@ -873,6 +873,7 @@ pub(crate) async fn create_object(
         match state.store.create(&def.key(ns, &name), bytes).await {
             Ok(revision) => {
                 meta_mut(&mut obj).insert("resourceVersion".into(), json!(revision.to_string()));
+                observe(state, def, ns, &name, None, Some(&obj), revision).await;
                 return Ok(obj);
             }
             Err(StoreError::AlreadyExists { .. })
@@ -1109,13 +1110,15 @@ async fn commit_update(
         return Err(invalid(def, name, errors));
     }
     crate::auth::node::admit(
+        state,
         def,
         crate::auth::node::Write::Update {
             sub,
             old: current,
             new: &new,
         },
-    )?;
+    )
+    .await?;
     crate::auth::escalation::admit(state, def, ns, &new, Some(current)).await?;
     let allocation = if sub.is_none() {
         allocate(state, def, &mut new, Some(current), name)?
@@ -1156,6 +1159,7 @@ async fn commit_update(
             .await
             .map_err(|e| ApiError::from_store(&q, e))?;
         released(state, def, current);
+        observe(state, def, ns, name, Some(current), None, revision).await;
         meta_mut(&mut new).insert("resourceVersion".into(), json!(revision.to_string()));
         return Ok(new);
     }
@@ -1173,6 +1177,7 @@ async fn commit_update(
     {
         Ok(revision) => {
             commit(state, &allocation);
+            observe(state, def, ns, name, Some(current), Some(&new), revision).await;
             meta_mut(&mut new).insert("resourceVersion".into(), json!(revision.to_string()));
             Ok(new)
         }
@@ -1181,6 +1186,24 @@ async fn commit_update(
             Err(ApiError::from_store(&q, e))
         }
     }
+}
+
+/// Tells what follows the server's own writes (the Node authorizer's graph) that `def`
+/// `ns/name` went from `old` (none: created) to `new` (none: deleted) at `revision`.
+async fn observe(
+    state: &ServerState,
+    def: &ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+    old: Option<&Value>,
+    new: Option<&Value>,
+    revision: u64,
+) {
+    state
+        .authorizer
+        .node
+        .observe(state, def, ns, name, old, new, revision)
+        .await;
 }
 
 /// Frees what a deleted object held (Service IPs and ports).
@@ -1447,7 +1470,12 @@ pub(crate) async fn delete_object(
     }
     for _ in 0..MAX_WRITE_ATTEMPTS {
         let (kv, current) = get_object(state, def, ns, name).await?;
-        crate::auth::node::admit(def, crate::auth::node::Write::Delete { old: &current })?;
+        crate::auth::node::admit(
+            state,
+            def,
+            crate::auth::node::Write::Delete { old: &current },
+        )
+        .await?;
         let meta = &current["metadata"];
         if let Some(uid) = &options.precondition_uid
             && meta["uid"].as_str() != Some(uid)
@@ -1535,6 +1563,7 @@ pub(crate) async fn delete_object(
             {
                 Ok((revision, _)) => {
                     released(state, def, &current);
+                    observe(state, def, ns, name, Some(&current), None, revision).await;
                     let mut deleted = current.clone();
                     meta_mut(&mut deleted)
                         .insert("resourceVersion".into(), json!(revision.to_string()));
@@ -1593,6 +1622,16 @@ pub(crate) async fn delete_object(
             .await
         {
             Ok(revision) => {
+                observe(
+                    state,
+                    def,
+                    ns,
+                    name,
+                    Some(&current),
+                    Some(&marked),
+                    revision,
+                )
+                .await;
                 meta_mut(&mut marked).insert("resourceVersion".into(), json!(revision.to_string()));
                 if def.plural == "namespaces" && !already_deleting {
                     spawn_namespace_cleanup(state, name.to_owned());
@@ -1762,7 +1801,10 @@ async fn bind_pod(
             )
             .await
         {
-            Ok(_) => return Ok(()),
+            Ok(revision) => {
+                observe(state, def, ns, name, Some(&current), Some(&bound), revision).await;
+                return Ok(());
+            }
             Err(StoreError::Conflict { .. }) => continue,
             Err(e) => return Err(ApiError::from_store(&qualified(def, name), e)),
         }

@@ -202,6 +202,7 @@ impl ApiServer {
             }
         }
         crate::auth::bootstrap::reconcile(&self.state).await?;
+        self.state.authorizer.node.refresh(&self.state).await?;
         Ok(())
     }
 

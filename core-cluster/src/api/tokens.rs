@@ -159,6 +159,8 @@ async fn token_request(
             .unwrap_or("")
             .to_owned(),
     };
+    // NodeRestriction (`admitServiceAccount`): a node's token is bound to a pod on it.
+    crate::auth::node::admit_token_request(state, ns, name, &spec["boundObjectRef"]).await?;
     let pod = match &spec["boundObjectRef"] {
         Value::Null => None,
         bound => Some(bound_pod(state, ns, bound).await?),

@@ -223,6 +223,8 @@ pub fn forbidden(attrs: &Attributes, reason: &str) -> ApiError {
 pub struct Authorizer {
     /// The RBAC authorizer and its index.
     pub(crate) rbac: RbacAuthorizer,
+    /// The Node authorizer and its graph.
+    pub(crate) node: node::NodeAuthorizer,
 }
 
 impl Authorizer {
@@ -236,7 +238,7 @@ impl Authorizer {
             return Decision::Allow;
         }
         let mut reasons = Vec::new();
-        match node::authorize(attrs) {
+        match self.node.authorize(state, attrs).await {
             Decision::NoOpinion(reason) => {
                 if !reason.is_empty() {
                     reasons.push(reason);

@@ -1,0 +1,170 @@
+//! Keeping the Node authorizer's [graph](super::graph) current, as upstream's
+//! `graph_populator.go` does from its pod informer; here from the API server's own writes,
+//! so a client that wrote a pod is decided on that write at once.
+//!
+//! - Startup (and recovery): the graph is built from every pod in the store.
+//! - Each successful pod write (create, update of any subresource, binding, delete, the
+//!   delete that removes the last finalizer) calls [`NodeAuthorizer::observe`] with the
+//!   object before and after and the write's revision. When the graph's view of the pod
+//!   (node, mirror or not, references) did not change, as for every status update, nothing
+//!   happens. Otherwise, under a lock striped by pod name, the pod's key is read back from
+//!   the store and the graph set to what the store holds: the written object when the key
+//!   is still at the write's revision (no decoding), nothing when it is gone, the decoded
+//!   newer object otherwise. A write's graph update then never overtakes a later write's,
+//!   since the last one to run sets what the store holds after both.
+//! - A failed read marks the graph stale; the next node decision rebuilds it from the store,
+//!   holding every stripe so no write's update interleaves. Until a rebuild succeeds,
+//!   nodes reach nothing through the graph.
+
+use std::{
+    hash::{BuildHasher, RandomState},
+    sync::atomic::{AtomicBool, Ordering},
+};
+
+use parking_lot::RwLock;
+use serde_json::Value;
+
+use super::{
+    graph::{NodeGraph, PodEdges},
+    node_identity,
+};
+use crate::{
+    api::{ServerState, status::ApiError},
+    auth::authz::{Attributes, Decision},
+    registry::{ResourceDef, resources::PODS},
+};
+
+/// How many locks the pod names are spread over.
+const STRIPES: usize = 64;
+
+/// The Node authorizer with its graph, fed by the API server (see the [module docs](self)).
+#[derive(Debug)]
+pub(crate) struct NodeAuthorizer {
+    graph: RwLock<NodeGraph>,
+    stripes: Box<[tokio::sync::Mutex<()>]>,
+    hasher: RandomState,
+    /// The graph misses writes: rebuild it before the next decision.
+    stale: AtomicBool,
+    rebuild: tokio::sync::Mutex<()>,
+}
+
+impl Default for NodeAuthorizer {
+    fn default() -> Self {
+        NodeAuthorizer {
+            graph: RwLock::default(),
+            stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            hasher: RandomState::new(),
+            stale: AtomicBool::new(true),
+            rebuild: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
+impl NodeAuthorizer {
+    /// Decides `attrs` (see [`super::authorize`]), rebuilding a stale graph first.
+    pub(crate) async fn authorize(&self, state: &ServerState, attrs: &Attributes) -> Decision {
+        if node_identity(&attrs.user).is_none() {
+            return Decision::NoOpinion(String::new());
+        }
+        if self.stale.load(Ordering::Acquire)
+            && let Err(e) = self.refresh(state).await
+        {
+            tracing::warn!(error = %e, "rebuilding the node authorizer graph failed");
+            return super::authorize(&NodeGraph::new(), attrs);
+        }
+        super::authorize(&self.graph.read(), attrs)
+    }
+
+    /// Follows a successful write of `def` `ns/name` from `old` (none for a create) to
+    /// `new` (none for a delete), made at `revision`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn observe(
+        &self,
+        state: &ServerState,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        name: &str,
+        old: Option<&Value>,
+        new: Option<&Value>,
+        revision: u64,
+    ) {
+        if def.group != PODS.group || def.plural != PODS.plural {
+            return;
+        }
+        let edges = new.and_then(PodEdges::of);
+        if old.and_then(PodEdges::of) == edges {
+            return;
+        }
+        let stripe = self.hasher.hash_one((ns, name)) as usize % STRIPES;
+        let _stripe = self.stripes[stripe].lock().await;
+        if self.stale.load(Ordering::Acquire) {
+            // The rebuild to come reads this write.
+            return;
+        }
+        let current = match state.store.get(&PODS.key(ns, name)).await {
+            Ok(None) => None,
+            Ok(Some(kv)) if new.is_some() && kv.mod_revision == revision => edges,
+            // Written again since: what the store holds now.
+            Ok(Some(_)) => match crate::api::get_stored(state, &PODS, ns, name).await {
+                Ok(pod) => PodEdges::of(&pod),
+                Err(e) if e.code == 404 => None,
+                Err(e) => return self.lost(ns, name, &e.message),
+            },
+            Err(e) => return self.lost(ns, name, &e.to_string()),
+        };
+        self.graph
+            .write()
+            .set_pod(ns.unwrap_or(""), name, current.as_ref());
+    }
+
+    /// A pod write the graph could not follow: rebuild it before the next decision.
+    fn lost(&self, ns: Option<&str>, name: &str, error: &str) {
+        tracing::warn!(
+            namespace = ns.unwrap_or(""),
+            pod = name,
+            error,
+            "reading a written pod back failed; the node authorizer graph will be rebuilt"
+        );
+        self.stale.store(true, Ordering::Release);
+    }
+
+    /// Builds the graph from the store if it is stale (at startup, after a failed read).
+    pub(crate) async fn refresh(&self, state: &ServerState) -> Result<(), ApiError> {
+        let _single = self.rebuild.lock().await;
+        if !self.stale.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut held = Vec::with_capacity(STRIPES);
+        for stripe in self.stripes.iter() {
+            held.push(stripe.lock().await);
+        }
+        // Writes acknowledged from here on are read by the list below, or update the
+        // graph after it is swapped in (their stripe waits for `held`).
+        self.stale.store(false, Ordering::Release);
+        match crate::api::list_all_objects(state, &PODS).await {
+            Ok(pods) => {
+                let mut graph = NodeGraph::new();
+                for pod in &pods {
+                    let meta = &pod["metadata"];
+                    let (ns, name) = (
+                        meta["namespace"].as_str().unwrap_or(""),
+                        meta["name"].as_str().unwrap_or(""),
+                    );
+                    graph.set_pod(ns, name, PodEdges::of(pod).as_ref());
+                }
+                tracing::debug!(
+                    pods = graph.pod_count(),
+                    nodes = graph.node_count(),
+                    paths = graph.path_count(),
+                    "built the node authorizer graph"
+                );
+                *self.graph.write() = graph;
+                Ok(())
+            }
+            Err(e) => {
+                self.stale.store(true, Ordering::Release);
+                Err(e)
+            }
+        }
+    }
+}
