@@ -761,6 +761,14 @@ async fn review(state: &ServerState, target: Target, request: Request<Body>) -> 
     }
 }
 
+/// Every object of `def` (all namespaces).
+pub(crate) async fn list_all_objects(
+    state: &ServerState,
+    def: &'static ResourceDef,
+) -> Result<Vec<Value>, ApiError> {
+    handlers::list_all(state, def, None).await
+}
+
 /// One stored object.
 pub(crate) async fn get_stored(
     state: &ServerState,

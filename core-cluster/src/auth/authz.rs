@@ -231,7 +231,7 @@ impl Authorizer {
     /// Decides `attrs`; the reason of a denial (possibly empty) goes after the 403 message.
     pub(crate) async fn authorize(
         &self,
-        _state: &crate::api::ServerState,
+        state: &crate::api::ServerState,
         attrs: &Attributes,
     ) -> Decision {
         if attrs.user.in_group(GROUP_MASTERS) {
