@@ -69,6 +69,7 @@ async fn handle_inner(
     };
     let method = request.method().clone();
     let headers = request.headers().clone();
+    let watch = super::watch_requested(request.uri());
     let query = match parse_query(&request) {
         Ok(q) => q,
         Err(e) => return (method.to_string(), e.into_response()),
@@ -121,7 +122,7 @@ async fn handle_inner(
     }
     let result: Result<(String, Response), ApiError> = async {
         Ok(match (&method, name, sub) {
-            (&Method::GET, None, None) if flag(&query, "watch") => {
+            (&Method::GET, None, None) if watch => {
                 let repr = representation(&headers)?;
                 ("WATCH".into(), super::watch::watch(state.clone(), def, ns.map(str::to_owned), &query, repr).await?)
             }
