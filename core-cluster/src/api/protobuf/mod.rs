@@ -97,10 +97,14 @@ pub fn encodable(api_version: &str, kind: &str) -> bool {
 /// Decodes an enveloped object (`k8s\0` + `runtime.Unknown`) to its JSON form, with the
 /// envelope's apiVersion and kind.
 pub fn decode_object(bytes: &[u8]) -> Result<Value, ProtobufError> {
-    decode_envelope_at(bytes, 0)
+    decode_envelope_at(bytes, 0, &wire::Budget::for_body(bytes.len()))
 }
 
-fn decode_envelope_at(bytes: &[u8], depth: usize) -> Result<Value, ProtobufError> {
+fn decode_envelope_at(
+    bytes: &[u8],
+    depth: usize,
+    budget: &wire::Budget,
+) -> Result<Value, ProtobufError> {
     let body = bytes.strip_prefix(MAGIC).ok_or(ProtobufError::NoMagic)?;
     let unknown = Unknown::decode(body).map_err(|e| ProtobufError::Envelope(e.to_string()))?;
     let encoding = unknown.content_encoding.unwrap_or_default();
@@ -115,7 +119,7 @@ fn decode_envelope_at(bytes: &[u8], depth: usize) -> Result<Value, ProtobufError
         kind: kind.clone(),
     })?;
     let raw = unknown.raw.unwrap_or_default();
-    let decoded = wire::decode_at(&name, &raw, depth)?;
+    let decoded = wire::decode_at(&name, &raw, depth, budget)?;
     let mut object = serde_json::Map::new();
     object.insert("apiVersion".into(), Value::String(api_version));
     object.insert("kind".into(), Value::String(kind));
