@@ -68,6 +68,22 @@ async fn handle_inner(
         Err(request) => request,
     };
     let method = request.method().clone();
+    // Routed before the body is looked at: an unknown subresource is 404 whatever its body.
+    let def = target.def;
+    let ns = target.namespace.as_deref();
+    let name = target.name.as_deref();
+    let sub = target.subresource.as_deref();
+    let valid_sub = match sub {
+        None => true,
+        Some("status") => def.status,
+        Some(s) => def.extra_subresources.contains(&s),
+    };
+    if !valid_sub {
+        return (
+            method.to_string(),
+            ApiError::no_route(&format!("{}/{}", def.plural, sub.unwrap_or(""))).into_response(),
+        );
+    }
     let headers = request.headers().clone();
     let watch = super::watch_requested(request.uri());
     let query = match parse_query(&request) {
@@ -104,21 +120,6 @@ async fn handle_inner(
     // Negotiate before acting: a write must not be committed and then answered 406.
     if let Err(e) = representation(&headers) {
         return (verb_name(&method, target.name.is_some()), e.into_response());
-    }
-    let def = target.def;
-    let ns = target.namespace.as_deref();
-    let name = target.name.as_deref();
-    let sub = target.subresource.as_deref();
-    let valid_sub = match sub {
-        None => true,
-        Some("status") => def.status,
-        Some(s) => def.extra_subresources.contains(&s),
-    };
-    if !valid_sub {
-        return (
-            method.to_string(),
-            ApiError::no_route(&format!("{}/{}", def.plural, sub.unwrap_or(""))).into_response(),
-        );
     }
     let result: Result<(String, Response), ApiError> = async {
         Ok(match (&method, name, sub) {

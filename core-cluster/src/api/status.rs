@@ -469,7 +469,11 @@ mod tests {
         let causes = e.details.as_ref().unwrap()["causes"].as_array().unwrap();
         assert_eq!(causes.len(), MAX_CAUSES);
         assert_eq!(causes[99]["field"], "spec.containers[99].name");
-        assert!(e.message.ends_with(", and 900 more errors]"), "{}", e.message);
+        assert!(
+            e.message.ends_with(", and 900 more errors]"),
+            "{}",
+            e.message
+        );
         assert!(!e.message.contains("containers[100]"));
         assert!(e.message.len() < 6000, "{} bytes", e.message.len());
     }

@@ -893,6 +893,9 @@ mod tests {
         let mut out = Vec::new();
         encode("api.core.v1.Pod", &pod, &mut out).unwrap();
         let decoded = decode("api.core.v1.Pod", &out).unwrap().unwrap();
-        assert_eq!(decoded["spec"]["containers"].as_array().unwrap().len(), 1000);
+        assert_eq!(
+            decoded["spec"]["containers"].as_array().unwrap().len(),
+            1000
+        );
     }
 }
