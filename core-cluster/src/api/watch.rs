@@ -25,7 +25,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc, OnceLock, Weak,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicU64, Ordering},
     },
     task::{Context, Poll, Waker},
     time::Duration,
@@ -439,15 +439,16 @@ pub(crate) async fn watch(
     // up to 3 s, then the stream is one ERROR event, 504 "Too large resource version".
     // Without it, a watch from a future version is established and waits for events, as
     // upstream's ("clients can wait for events without unnecessary blocking").
-    if send_initial && let Some(requested) = requested {
-        if let Err(current) = wait_until_fresh(&state, requested).await {
-            let error = ApiError::too_large_resource_version(requested, current).to_status();
-            return Ok(single_event(
-                format,
-                repr,
-                value_frame(format, "ERROR", error),
-            ));
-        }
+    if send_initial
+        && let Some(requested) = requested
+        && let Err(current) = wait_until_fresh(&state, requested).await
+    {
+        let error = ApiError::too_large_resource_version(requested, current).to_status();
+        return Ok(single_event(
+            format,
+            repr,
+            value_frame(format, "ERROR", error),
+        ));
     }
     // From "" or "0" (or with sendInitialEvents) the watch starts with the current state.
     let (initial, from_revision) = match requested {
@@ -567,8 +568,6 @@ pub(crate) struct Watchers {
     limits: WatchLimits,
     metrics: WatchMetrics,
     next_id: AtomicU64,
-    /// The sum of every backlog's bytes.
-    pending: AtomicUsize,
     backlogs: parking_lot::Mutex<HashMap<u64, Weak<Backlog>>>,
 }
 
@@ -579,7 +578,6 @@ impl Watchers {
             limits,
             metrics: metrics.watch().clone(),
             next_id: AtomicU64::new(0),
-            pending: AtomicUsize::new(0),
             backlogs: parking_lot::Mutex::new(HashMap::new()),
         }
     }
@@ -614,25 +612,26 @@ impl Watchers {
         (outbox, body)
     }
 
+    /// Counts `bytes` more in the backlogs (the gauge is the count); returns the total.
     fn add(&self, bytes: usize) -> usize {
-        let total = self.pending.fetch_add(bytes, Ordering::AcqRel) + bytes;
-        self.metrics
-            .pending_bytes
-            .set(i64::try_from(total).unwrap_or(i64::MAX));
-        total
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        let before = self.metrics.pending_bytes.inc_by(bytes);
+        usize::try_from(before.saturating_add(bytes)).unwrap_or(0)
     }
 
     fn sub(&self, bytes: usize) {
-        let total = self.pending.fetch_sub(bytes, Ordering::AcqRel) - bytes;
-        self.metrics
-            .pending_bytes
-            .set(i64::try_from(total).unwrap_or(i64::MAX));
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.metrics.pending_bytes.dec_by(bytes);
+    }
+
+    fn pending(&self) -> usize {
+        usize::try_from(self.metrics.pending_bytes.get()).unwrap_or(0)
     }
 
     /// Closes the watchers holding the most until all hold no more than
     /// [`WatchLimits::pending_bytes`].
     fn enforce_budget(&self) {
-        while self.pending.load(Ordering::Acquire) > self.limits.pending_bytes {
+        while self.pending() > self.limits.pending_bytes {
             let largest = {
                 let backlogs = self.backlogs.lock();
                 backlogs
@@ -752,6 +751,9 @@ impl Outbox {
                 let fits = state.frames.len() < limits.events_per_watcher
                     && (state.bytes == 0 || state.bytes + len <= limits.bytes_per_watcher);
                 if fits {
+                    // Counted before the body can take it, so the total never goes below
+                    // what is queued.
+                    let total = self.watchers.add(len);
                     state
                         .frames
                         .push_back((frame.take().unwrap_or_default(), len));
@@ -760,7 +762,7 @@ impl Outbox {
                         waker.wake();
                     }
                     drop(state);
-                    if self.watchers.add(len) > limits.pending_bytes {
+                    if total > limits.pending_bytes {
                         self.watchers.enforce_budget();
                     }
                     return if self.backlog.closed.is_cancelled() {
@@ -785,6 +787,32 @@ impl Outbox {
                 }
             }
         }
+    }
+
+    /// Queues one event if the backlog has room; `Ok(false)` when it is full.
+    fn try_send(&self, frame: Frame) -> Result<bool, Gone> {
+        let limits = self.watchers.limits;
+        let len = frame_len(&frame);
+        let mut state = self.backlog.state.lock();
+        if state.end != End::Open {
+            return Err(Gone);
+        }
+        if state.frames.len() >= limits.events_per_watcher
+            || (state.bytes > 0 && state.bytes + len > limits.bytes_per_watcher)
+        {
+            return Ok(false);
+        }
+        let total = self.watchers.add(len);
+        state.frames.push_back((frame, len));
+        state.bytes += len;
+        if let Some(waker) = state.waker.take() {
+            waker.wake();
+        }
+        drop(state);
+        if total > limits.pending_bytes {
+            self.watchers.enforce_budget();
+        }
+        Ok(!self.backlog.closed.is_cancelled())
     }
 
     /// Ends the watch: the stream ends once the client has taken what is queued.
@@ -1038,8 +1066,15 @@ impl WatchTask {
         }
         self.last_revision = self.last_revision.max(current);
         let marker = bookmark(self.def, self.last_revision, false);
-        self.send_live(value_frame(self.format, "BOOKMARK", marker))
-            .await
+        // A bookmark never waits: upstream's cacher offers it to a watcher without
+        // blocking (`nonblockingAdd`) and drops it when the watcher's buffer is full.
+        match self
+            .outbox
+            .try_send(value_frame(self.format, "BOOKMARK", marker))
+        {
+            Ok(_) => Flow::Continue,
+            Err(Gone) => Flow::Stop,
+        }
     }
 }
 
