@@ -31,4 +31,4 @@ pub mod serve;
 pub mod sim;
 pub mod store;
 
-pub use api::{ApiServer, ApiServerConfig};
+pub use api::{ApiServer, ApiServerConfig, WatchLimits};

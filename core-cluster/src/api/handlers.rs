@@ -68,7 +68,24 @@ async fn handle_inner(
         Err(request) => request,
     };
     let method = request.method().clone();
+    // Routed before the body is looked at: an unknown subresource is 404 whatever its body.
+    let def = target.def;
+    let ns = target.namespace.as_deref();
+    let name = target.name.as_deref();
+    let sub = target.subresource.as_deref();
+    let valid_sub = match sub {
+        None => true,
+        Some("status") => def.status,
+        Some(s) => def.extra_subresources.contains(&s),
+    };
+    if !valid_sub {
+        return (
+            method.to_string(),
+            ApiError::no_route(&format!("{}/{}", def.plural, sub.unwrap_or(""))).into_response(),
+        );
+    }
     let headers = request.headers().clone();
+    let watch = super::watch_requested(request.uri());
     let query = match parse_query(&request) {
         Ok(q) => q,
         Err(e) => return (method.to_string(), e.into_response()),
@@ -104,24 +121,9 @@ async fn handle_inner(
     if let Err(e) = representation(&headers) {
         return (verb_name(&method, target.name.is_some()), e.into_response());
     }
-    let def = target.def;
-    let ns = target.namespace.as_deref();
-    let name = target.name.as_deref();
-    let sub = target.subresource.as_deref();
-    let valid_sub = match sub {
-        None => true,
-        Some("status") => def.status,
-        Some(s) => def.extra_subresources.contains(&s),
-    };
-    if !valid_sub {
-        return (
-            method.to_string(),
-            ApiError::no_route(&format!("{}/{}", def.plural, sub.unwrap_or(""))).into_response(),
-        );
-    }
     let result: Result<(String, Response), ApiError> = async {
         Ok(match (&method, name, sub) {
-            (&Method::GET, None, None) if flag(&query, "watch") => {
+            (&Method::GET, None, None) if watch => {
                 let repr = representation(&headers)?;
                 ("WATCH".into(), super::watch::watch(state.clone(), def, ns.map(str::to_owned), &query, repr).await?)
             }

@@ -1,13 +1,41 @@
 //! `/metrics` in Prometheus text format: request counts and latencies by verb and resource,
-//! open watches, and stored objects per resource.
+//! open watches, what watches hold and how many were closed for not reading, and stored
+//! objects per resource.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
-    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry as PromRegistry,
 };
+
+/// Labels of a per-resource watch metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    /// The resource, with its group after a dot for named groups (`leases.coordination.k8s.io`).
+    pub resource: String,
+}
+
+/// Labels of the watch-encoding metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FormatLabels {
+    /// `json`, `protobuf`, `table` or `partial`.
+    pub format: String,
+}
+
+/// The watch metrics, shared with the watches themselves.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct WatchMetrics {
+    /// Upstream's `apiserver_terminated_watchers_total`: watchers closed because their
+    /// client did not read.
+    pub(crate) terminated: Family<ResourceLabels, Counter>,
+    /// How many times a watch event was serialized, by format: once per event and format
+    /// however many watchers receive it.
+    pub(crate) encodings: Family<FormatLabels, Counter>,
+    /// Bytes encoded for watch clients and not yet taken by their connections.
+    pub(crate) pending_bytes: Gauge,
+}
 
 /// Labels of a request metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -35,6 +63,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     latency: Family<LatencyLabels, Histogram>,
     watches: AtomicI64,
+    watch: WatchMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -60,11 +89,28 @@ impl Default for Metrics {
             "Response latency distribution in seconds for each verb and resource.",
             latency.clone(),
         );
+        let watch = WatchMetrics::default();
+        registry.register(
+            "apiserver_terminated_watchers",
+            "Counter of watchers closed due to unresponsiveness broken by resource type.",
+            watch.terminated.clone(),
+        );
+        registry.register(
+            "apiserver_watch_event_encodings",
+            "Counter of watch events serialized, by format: each event once per format, shared by every watcher.",
+            watch.encodings.clone(),
+        );
+        registry.register(
+            "apiserver_watch_pending_bytes",
+            "Bytes encoded for watch clients and not yet taken by their connections.",
+            watch.pending_bytes.clone(),
+        );
         Metrics {
             registry,
             requests,
             latency,
             watches: AtomicI64::new(0),
+            watch,
         }
     }
 }
@@ -123,6 +169,11 @@ impl Metrics {
     /// Open watches now.
     pub fn open_watches(&self) -> i64 {
         self.watches.load(Ordering::Relaxed)
+    }
+
+    /// The watch metrics (handles onto the same series).
+    pub(crate) fn watch(&self) -> &WatchMetrics {
+        &self.watch
     }
 
     /// The text exposition, with the store's object counts appended.

@@ -40,6 +40,7 @@ use crate::{
     store::Store,
 };
 use status::ApiError;
+pub use watch::WatchLimits;
 
 /// Settings of the API server.
 #[derive(Debug, Clone)]
@@ -57,6 +58,8 @@ pub struct ApiServerConfig {
     pub bookmark_interval: Duration,
     /// The watch timeout when the client gives none (upstream: 30–60 min).
     pub default_watch_timeout: Duration,
+    /// What watches may hold for clients that do not read.
+    pub watch_limits: WatchLimits,
 }
 
 impl Default for ApiServerConfig {
@@ -68,6 +71,7 @@ impl Default for ApiServerConfig {
             max_object_bytes: 3 * 512 * 1024,
             bookmark_interval: Duration::from_secs(60),
             default_watch_timeout: Duration::from_secs(1800),
+            watch_limits: WatchLimits::default(),
         }
     }
 }
@@ -90,6 +94,8 @@ pub(crate) struct ServerState {
     pub(crate) metrics: metrics::Metrics,
     pub(crate) openapi: crate::openapi::OpenApiDocuments,
     pub(crate) event_cache: watch::EventCache,
+    /// Every open watch's backlog, and what they hold together.
+    pub(crate) watchers: Arc<watch::Watchers>,
     /// Node, RBAC: decides every request.
     pub(crate) authorizer: Authorizer,
 }
@@ -128,15 +134,18 @@ impl ApiServer {
             .load(&*store)
             .await
             .map_err(|e| ApiError::internal(format!("loading RBAC: {e}")))?;
+        let metrics = metrics::Metrics::default();
+        let watchers = Arc::new(watch::Watchers::new(config.watch_limits, &metrics));
         let state = Arc::new_cyclic(|self_ref| ServerState {
             self_ref: self_ref.clone(),
             store,
             registry: Registry::standard(),
             allocator: Mutex::new(allocator),
             config,
-            metrics: metrics::Metrics::default(),
+            metrics,
             openapi: crate::openapi::OpenApiDocuments::new(&crate::openapi::served_resources()),
             event_cache: watch::EventCache::default(),
+            watchers,
             authorizer,
         });
         let server = ApiServer { state };
@@ -319,6 +328,12 @@ impl ApiServer {
             .route("/openapi/v3", get(openapi_index))
             .route("/openapi/v3/{*path}", get(openapi_group_version))
             .fallback(dispatch)
+            // Protobuf bodies are decoded after authorization, and only for paths that name
+            // a served resource: anything else is answered (403, 404) whatever the body.
+            .layer(middleware::from_fn_with_state(
+                self.state.clone(),
+                protobuf::decode,
+            ))
             .layer(middleware::from_fn_with_state(
                 self.state.clone(),
                 authorize,
@@ -805,6 +820,16 @@ pub(crate) async fn update_stored(
 /// is true, so the Python client's `watch=True` is a watch.
 pub(crate) fn query_bool(value: Option<&str>) -> bool {
     value.is_some_and(|v| v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
+/// Whether a request is a watch: its last `watch` query parameter read by [`query_bool`]
+/// (upstream's `ListOptions.Watch`, so `watch=True` and `watch=yes` are watches). The one
+/// reading of the flag: the handlers, the authorizer and the codec all ask this.
+pub(crate) fn watch_requested(uri: &axum::http::Uri) -> bool {
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(uri.query().unwrap_or("")).unwrap_or_default();
+    let last = pairs.iter().rev().find(|(k, _)| k == "watch");
+    query_bool(last.map(|(_, v)| v.as_str()))
 }
 
 /// The current time as the API server stamps it (re-exported for callers building objects).

@@ -118,6 +118,9 @@ impl Qualified {
     }
 }
 
+/// How many field errors an `Invalid` answer lists; the rest are counted in its message.
+pub const MAX_CAUSES: usize = 100;
+
 /// An error answer of the API server.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
@@ -206,24 +209,32 @@ impl ApiError {
         )
     }
 
-    /// 422 `<Kind> "<name>" is invalid: <field errors>` with causes.
+    /// 422 `<Kind> "<name>" is invalid: <field errors>` with causes: the first
+    /// [`MAX_CAUSES`], and how many more in the message, so a body with many bad elements
+    /// does not make an answer many times its size.
     pub fn invalid(kind: &str, group: &str, name: &str, errors: Vec<FieldError>) -> Self {
         let qualified_kind = if group.is_empty() {
             kind.to_owned()
         } else {
             format!("{kind}.{group}")
         };
-        let summary = match errors.as_slice() {
+        let shown = &errors[..errors.len().min(MAX_CAUSES)];
+        let more = errors.len() - shown.len();
+        let summary = match shown {
             [one] => one.full(),
-            many => format!(
-                "[{}]",
-                many.iter()
+            many => {
+                let mut listed = many
+                    .iter()
                     .map(FieldError::full)
                     .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+                    .join(", ");
+                if more > 0 {
+                    listed.push_str(&format!(", and {more} more errors"));
+                }
+                format!("[{listed}]")
+            }
         };
-        let causes: Vec<Value> = errors
+        let causes: Vec<Value> = shown
             .iter()
             .map(|e| json!({"reason": e.reason, "message": e.message, "field": e.field}))
             .collect();
@@ -445,5 +456,25 @@ mod tests {
             "Node \"Bad\" is invalid: metadata.name: Invalid value: \"Bad\": must be lowercase"
         );
         assert_eq!(e.details.unwrap()["causes"][0]["field"], "metadata.name");
+    }
+
+    /// A thousand field errors make an answer of a hundred causes that says how many more
+    /// there were, not one of a thousand.
+    #[test]
+    fn invalid_lists_at_most_a_hundred_causes() {
+        let errors = (0..1000)
+            .map(|i| FieldError::required(format!("spec.containers[{i}].name"), ""))
+            .collect();
+        let e = ApiError::invalid("Pod", "", "p", errors);
+        let causes = e.details.as_ref().unwrap()["causes"].as_array().unwrap();
+        assert_eq!(causes.len(), MAX_CAUSES);
+        assert_eq!(causes[99]["field"], "spec.containers[99].name");
+        assert!(
+            e.message.ends_with(", and 900 more errors]"),
+            "{}",
+            e.message
+        );
+        assert!(!e.message.contains("containers[100]"));
+        assert!(e.message.len() < 6000, "{} bytes", e.message.len());
     }
 }

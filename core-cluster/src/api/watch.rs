@@ -1,11 +1,33 @@
-//! WATCH: newline-delimited JSON events, replayed from a resourceVersion and then live, with
-//! bookmarks, `sendInitialEvents`, selector transitions, and a 410 `ERROR` event inside the
-//! 200 stream when the version is too old, as kube-apiserver does.
+//! WATCH: newline-delimited JSON events (or protobuf frames), replayed from a
+//! resourceVersion and then live, with bookmarks, `sendInitialEvents`, selector transitions,
+//! and a 410 `ERROR` event inside the 200 stream when the version is too old, as
+//! kube-apiserver does.
+//!
+//! What a watch holds for its client is bounded as upstream's cacher bounds it:
+//! - each event is decoded once and serialized once per format (JSON, protobuf, Table row,
+//!   partial metadata), and every watcher sends the same bytes (upstream's
+//!   `cachingObject`); a watcher only adds the few bytes that frame them;
+//! - each watcher's backlog (encoded, not yet taken by its connection) holds at most
+//!   [`WatchLimits::events_per_watcher`] events and [`WatchLimits::bytes_per_watcher`];
+//!   a watcher whose client leaves its backlog full for [`WatchLimits::full_grace`] while
+//!   a live event waits is closed (upstream's `cacheWatcher.add`: "Forcing ... watcher
+//!   close due to unresponsiveness", counted in `apiserver_terminated_watchers_total`)
+//!   and its backlog freed at once. As upstream, a client that reads nothing is not
+//!   closed for time alone: what it holds stays within the bounds;
+//! - every backlog counts against [`WatchLimits::pending_bytes`]; past it, the watchers
+//!   holding the most are closed.
+//!
+//! A closed watcher's stream is cut (not ended cleanly), so the connection lets go of what
+//! it buffered too; the client re-watches from the last resourceVersion it saw.
 
 use std::{
     collections::{HashMap, VecDeque},
-    convert::Infallible,
-    sync::Arc,
+    pin::Pin,
+    sync::{
+        Arc, OnceLock, Weak,
+        atomic::{AtomicU64, Ordering},
+    },
+    task::{Context, Poll, Waker},
     time::Duration,
 };
 
@@ -16,12 +38,15 @@ use axum::{
 };
 use futures::{FutureExt, StreamExt};
 use serde_json::{Value, json};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::{sync::Notify, time::Instant};
+use tokio_util::sync::CancellationToken;
 
 use super::{
     ServerState,
     handlers::{ListOptions, Query, decode, list_objects},
+    metrics::{FormatLabels, Metrics, ResourceLabels, WatchMetrics},
     negotiate::{self, Representation},
+    protobuf,
     status::{ApiError, Qualified},
 };
 use crate::{
@@ -29,12 +54,80 @@ use crate::{
     store::{EventKind, StoreError, WatchEvent},
 };
 
+/// What watches may hold for clients that do not read (see the [module](self) docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchLimits {
+    /// How many encoded events one watcher's backlog holds (upstream's watch channel:
+    /// 100 events for a resource without an index).
+    pub events_per_watcher: usize,
+    /// How many bytes of encoded events one watcher's backlog holds; one event larger than
+    /// this still goes through an empty backlog.
+    pub bytes_per_watcher: usize,
+    /// How many bytes the backlogs of all watchers hold together; past it, the watchers
+    /// holding the most are closed.
+    pub pending_bytes: usize,
+    /// How long a live event waits for room in a full backlog before the watcher is closed
+    /// (upstream gives a blocked watcher a share of a 100 ms budget).
+    pub full_grace: Duration,
+}
+
+impl Default for WatchLimits {
+    fn default() -> Self {
+        WatchLimits {
+            events_per_watcher: 100,
+            bytes_per_watcher: 2 * 1024 * 1024,
+            pending_bytes: 256 * 1024 * 1024,
+            full_grace: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How long a watch with `sendInitialEvents` from a resourceVersion newer than the store's
+/// waits for the store to reach it (upstream's `blockTimeout` in
+/// `watchCache.waitUntilFreshAndBlock`).
+const FRESHNESS_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often the store's revision is checked while waiting for it.
+const FRESHNESS_POLL: Duration = Duration::from_millis(50);
+
+/// The serialization a watch sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    /// `{"type":…,"object":…}` lines.
+    Json,
+    /// Length-prefixed `WatchEvent` frames (see [`protobuf`]).
+    Protobuf,
+}
+
+/// One event as sent: its chunks (a small per-watcher head and the shared object bytes).
+type Frame = Vec<Bytes>;
+
+fn frame_len(frame: &Frame) -> usize {
+    frame.iter().map(Bytes::len).sum()
+}
+
 /// Encodes one watch event as a line.
 fn line(event_type: &str, object: Value) -> Bytes {
     let mut bytes =
         serde_json::to_vec(&json!({"type": event_type, "object": object})).unwrap_or_default();
     bytes.push(b'\n');
     Bytes::from(bytes)
+}
+
+/// One watch event of a value made for this watcher alone (an initial object, a bookmark,
+/// an error) in the watch's format. In protobuf, an event that cannot be encoded becomes an
+/// `ERROR` event with a 500 `Status`, as upstream reports a failed encoding mid-stream.
+fn value_frame(format: Format, event_type: &str, object: Value) -> Frame {
+    match format {
+        Format::Json => vec![line(event_type, object)],
+        Format::Protobuf => {
+            let bytes = protobuf::encode_watch_frame(event_type, &object).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "encoding a watch event as protobuf");
+                let status = ApiError::internal(format!("encoding a watch event as protobuf: {e}"));
+                protobuf::encode_watch_frame("ERROR", &status.to_status()).unwrap_or_default()
+            });
+            vec![Bytes::from(bytes)]
+        }
+    }
 }
 
 fn render(def: &ResourceDef, repr: Representation, obj: &Value, first: &mut bool) -> Value {
@@ -58,14 +151,23 @@ fn bookmark(def: &ResourceDef, revision: u64, initial_events_end: bool) -> Value
     json!({"kind": def.kind, "apiVersion": def.api_version(), "metadata": metadata})
 }
 
-/// A store event decoded once and shared by every watcher of the resource.
+/// A store event decoded once and shared by every watcher of the resource, with its
+/// serializations, each made the first time a watcher needs it.
 pub(crate) struct DecodedEvent {
     /// The object after the change (for a delete: its last state, at the delete revision).
     object: Value,
     /// The object before the change, for modifications (selector transitions need it).
     previous: Option<Value>,
-    /// `object` serialized, so watchers without a special representation only frame it.
-    object_json: Bytes,
+    /// The size of the stored value, the basis of [`DecodedEvent::size_bytes`].
+    stored_len: usize,
+    /// `object` as JSON.
+    json: OnceLock<Bytes>,
+    /// `object` as an enveloped protobuf object, or why it has none.
+    protobuf: OnceLock<Result<Bytes, String>>,
+    /// `object` as `PartialObjectMetadata` JSON.
+    partial: OnceLock<Bytes>,
+    /// `object` as a one-row Table without column definitions, as JSON.
+    table: OnceLock<Bytes>,
 }
 
 /// The cached events by (resource, revision), their insertion order for eviction, and
@@ -101,7 +203,11 @@ impl EventCache {
         }
         let decoded = match event.kind {
             EventKind::Delete => match &event.prev_value {
-                Some(prev) => DecodedEvent::new(decode(def, &prev.value, event.revision)?, None),
+                Some(prev) => DecodedEvent::new(
+                    decode(def, &prev.value, event.revision)?,
+                    None,
+                    prev.value.len(),
+                ),
                 None => return Ok(None),
             },
             EventKind::Put => {
@@ -114,22 +220,28 @@ impl EventCache {
                     }
                     _ => None,
                 };
-                DecodedEvent::new(decode(def, value, event.revision)?, previous)
+                DecodedEvent::new(decode(def, value, event.revision)?, previous, value.len())
             }
         };
         let decoded = Arc::new(decoded);
         let mut entries = self.entries.lock();
         let entries = &mut *entries;
-        if entries.map.insert(key, decoded.clone()).is_none() {
-            entries.order.push_back(key);
-            entries.bytes += decoded.size_bytes();
-            while entries.order.len() > EVENT_CACHE_CAPACITY || entries.bytes > EVENT_CACHE_BYTES {
-                let Some(old) = entries.order.pop_front() else {
-                    break;
-                };
-                if let Some(evicted) = entries.map.remove(&old) {
-                    entries.bytes -= evicted.size_bytes();
-                }
+        match entries.map.get(&key) {
+            // Another watcher decoded it meanwhile: share that one, so its encodings are
+            // made once.
+            Some(first) => return Ok(Some(first.clone())),
+            None => {
+                entries.map.insert(key, decoded.clone());
+            }
+        }
+        entries.order.push_back(key);
+        entries.bytes += decoded.size_bytes();
+        while entries.order.len() > EVENT_CACHE_CAPACITY || entries.bytes > EVENT_CACHE_BYTES {
+            let Some(old) = entries.order.pop_front() else {
+                break;
+            };
+            if let Some(evicted) = entries.map.remove(&old) {
+                entries.bytes -= evicted.size_bytes();
             }
         }
         Ok(Some(decoded))
@@ -143,21 +255,69 @@ impl EventCache {
     }
 }
 
+fn encoded(metrics: &WatchMetrics, format: &str) {
+    metrics
+        .encodings
+        .get_or_create(&FormatLabels {
+            format: format.to_owned(),
+        })
+        .inc();
+}
+
 impl DecodedEvent {
-    /// An estimate of the memory this event holds: its JSON text, and about twice that for
-    /// each decoded object (a `serde_json::Value` takes more room than its text).
+    /// An estimate of the memory this event holds: the stored text, about twice that for
+    /// each decoded object (a `serde_json::Value` takes more room than its text), and
+    /// about as much again for its serializations.
     fn size_bytes(&self) -> usize {
         let decoded = if self.previous.is_some() { 4 } else { 2 };
-        self.object_json.len() * (1 + decoded)
+        self.stored_len * (2 + decoded)
     }
 
-    fn new(object: Value, previous: Option<Value>) -> Self {
-        let object_json = Bytes::from(serde_json::to_vec(&object).unwrap_or_default());
+    fn new(object: Value, previous: Option<Value>, stored_len: usize) -> Self {
         DecodedEvent {
             object,
             previous,
-            object_json,
+            stored_len,
+            json: OnceLock::new(),
+            protobuf: OnceLock::new(),
+            partial: OnceLock::new(),
+            table: OnceLock::new(),
         }
+    }
+
+    fn json(&self, metrics: &WatchMetrics) -> &Bytes {
+        self.json.get_or_init(|| {
+            encoded(metrics, "json");
+            Bytes::from(serde_json::to_vec(&self.object).unwrap_or_default())
+        })
+    }
+
+    fn protobuf(&self, metrics: &WatchMetrics) -> &Result<Bytes, String> {
+        self.protobuf.get_or_init(|| {
+            encoded(metrics, "protobuf");
+            protobuf::encode_object(&self.object)
+                .map(Bytes::from)
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn partial(&self, metrics: &WatchMetrics) -> &Bytes {
+        self.partial.get_or_init(|| {
+            encoded(metrics, "partial");
+            let partial = table::partial_metadata(&self.object);
+            Bytes::from(serde_json::to_vec(&partial).unwrap_or_default())
+        })
+    }
+
+    fn table(&self, def: &ResourceDef, metrics: &WatchMetrics) -> &Bytes {
+        self.table.get_or_init(|| {
+            encoded(metrics, "table");
+            let rv = self.object["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or("");
+            let row = table::table(def, std::slice::from_ref(&self.object), rv, None, false);
+            Bytes::from(serde_json::to_vec(&row).unwrap_or_default())
+        })
     }
 }
 
@@ -187,19 +347,42 @@ fn translate(
     }
 }
 
-/// Frames an already-encoded object as a watch event line.
-fn framed(event_type: &str, object_json: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(object_json.len() + 32);
-    out.extend_from_slice(b"{\"type\":\"");
-    out.extend_from_slice(event_type.as_bytes());
-    out.extend_from_slice(b"\",\"object\":");
-    out.extend_from_slice(object_json);
-    out.extend_from_slice(b"}\n");
-    Bytes::from(out)
+/// Frames an already-encoded JSON object as a watch event line: the object's bytes are
+/// shared, not copied.
+fn framed(event_type: &'static str, object_json: &Bytes) -> Frame {
+    let head: &'static [u8] = match event_type {
+        "ADDED" => b"{\"type\":\"ADDED\",\"object\":",
+        "MODIFIED" => b"{\"type\":\"MODIFIED\",\"object\":",
+        "DELETED" => b"{\"type\":\"DELETED\",\"object\":",
+        "BOOKMARK" => b"{\"type\":\"BOOKMARK\",\"object\":",
+        _ => b"{\"type\":\"ERROR\",\"object\":",
+    };
+    vec![
+        Bytes::from_static(head),
+        object_json.clone(),
+        Bytes::from_static(b"}\n"),
+    ]
 }
 
-fn expired_event(message: String) -> Bytes {
-    line("ERROR", ApiError::expired(message).to_status())
+/// Frames an already-encoded protobuf object as a watch frame, sharing its bytes.
+fn framed_protobuf(event_type: &str, raw: &Bytes) -> Frame {
+    vec![
+        Bytes::from(protobuf::watch_frame_head(event_type, raw.len())),
+        raw.clone(),
+    ]
+}
+
+fn expired_event(format: Format, message: String) -> Frame {
+    value_frame(format, "ERROR", ApiError::expired(message).to_status())
+}
+
+/// `resource` or `resource.group`, as upstream's `GroupResource.String()`.
+fn group_resource(def: &ResourceDef) -> String {
+    if def.group.is_empty() {
+        def.plural.to_owned()
+    } else {
+        format!("{}.{}", def.plural, def.group)
+    }
 }
 
 /// Starts a watch and returns the streaming response.
@@ -242,34 +425,62 @@ pub(crate) async fn watch(
         ),
         None => state.config.default_watch_timeout,
     };
+    let format = watch_format(def, repr)?;
     let rv = opts.resource_version.clone().unwrap_or_default();
+    let requested: Option<u64> = match rv.as_str() {
+        "" | "0" => None,
+        rv => Some(
+            rv.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version {rv:?}")))?,
+        ),
+    };
+    // With sendInitialEvents the initial state must be at least as new as the requested
+    // version: upstream's cacher (waitUntilWatchCacheFreshAndForceAllEvents) waits for it
+    // up to 3 s, then the stream is one ERROR event, 504 "Too large resource version".
+    // Without it, a watch from a future version is established and waits for events, as
+    // upstream's ("clients can wait for events without unnecessary blocking").
+    if send_initial
+        && let Some(requested) = requested
+        && let Err(current) = wait_until_fresh(&state, requested).await
+    {
+        let error = ApiError::too_large_resource_version(requested, current).to_status();
+        return Ok(single_event(
+            format,
+            repr,
+            value_frame(format, "ERROR", error),
+        ));
+    }
     // From "" or "0" (or with sendInitialEvents) the watch starts with the current state.
-    let (initial, from_revision) = if rv.is_empty() || rv == "0" || send_initial {
-        let list_opts = ListOptions {
-            continue_token: None,
-            limit: None,
-            resource_version: None,
-            resource_version_match: None,
-            ..opts_clone(&opts)
-        };
-        let (items, revision, _) =
-            list_objects(&state, def, namespace.as_deref(), &list_opts).await?;
-        (items, revision)
-    } else {
-        let revision: u64 = rv
-            .parse()
-            .map_err(|_| ApiError::bad_request(format!("invalid resource version {rv:?}")))?;
-        (Vec::new(), revision)
+    let (initial, from_revision) = match requested {
+        Some(revision) if !send_initial => (Vec::new(), revision),
+        _ => {
+            let list_opts = ListOptions {
+                continue_token: None,
+                limit: None,
+                resource_version: None,
+                resource_version_match: None,
+                ..opts_clone(&opts)
+            };
+            let (items, revision, _) =
+                list_objects(&state, def, namespace.as_deref(), &list_opts).await?;
+            (items, revision)
+        }
     };
     let prefix = def.key_prefix(namespace.as_deref());
     let store_watch = state.store.watch(&prefix, from_revision).await;
 
-    let (outbox, stream) = outbox();
+    let identifier = format!(
+        "key: {prefix:?}, labels: {:?}, fields: {:?}",
+        query.get("labelSelector").map_or("", String::as_str),
+        query.get("fieldSelector").map_or("", String::as_str),
+    );
+    let (outbox, stream) = state.watchers.open(group_resource(def), identifier);
     let mut task = WatchTask {
         state: state.clone(),
         def,
         opts,
         repr,
+        format,
         first: true,
         last_revision: from_revision,
         outbox,
@@ -278,68 +489,415 @@ pub(crate) async fn watch(
     tokio::spawn(async move {
         task.run(store_watch, initial, send_initial, bookmarks, timeout)
             .await;
+        task.outbox.finish();
         task.state.metrics.watch_delta(-1);
     });
-
-    let content_type = match repr {
-        Representation::Table => negotiate::TABLE_CONTENT_TYPE,
-        Representation::PartialMetadata => negotiate::PARTIAL_CONTENT_TYPE,
-        Representation::Object => "application/json",
-    };
-    let mut response = (StatusCode::OK, Body::from_stream(stream)).into_response();
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    Ok(response)
+    Ok(streaming_response(format, repr, Body::from_stream(stream)))
 }
 
-/// How many encoded lines one watch response holds before its task waits for the client.
-const RESPONSE_BUFFER_LINES: usize = 256;
-/// How many bytes of encoded lines one watch response holds before its task waits for the
-/// client (a single larger line still goes through alone). While the task waits it takes
-/// nothing from the store, whose bounded buffer then ends a client that stays behind.
-const RESPONSE_BUFFER_BYTES: usize = 4 * 1024 * 1024;
-
-/// The sending side of a watch response: bounded by lines and by bytes.
-struct Outbox {
-    tx: mpsc::Sender<(Bytes, OwnedSemaphorePermit)>,
-    bytes: Arc<Semaphore>,
-}
-
-/// The client went away.
-struct Gone;
-
-impl Outbox {
-    /// Queues one line for the client, waiting while the response holds too much.
-    async fn send(&self, line: Bytes) -> Result<(), Gone> {
-        let weight = u32::try_from(line.len().clamp(1, RESPONSE_BUFFER_BYTES)).unwrap_or(u32::MAX);
-        let permit = self
-            .bytes
-            .clone()
-            .acquire_many_owned(weight)
-            .await
-            .map_err(|_| Gone)?;
-        self.tx.send((line, permit)).await.map_err(|_| Gone)
+/// The serialization of a watch: protobuf when the client asked for it first and the kind
+/// has a protobuf form; JSON when it does not and JSON is acceptable too; otherwise 406
+/// (upstream refuses a kind without protobuf the same way).
+fn watch_format(def: &ResourceDef, repr: Representation) -> Result<Format, ApiError> {
+    match protobuf::wanted() {
+        Some(json_fallback) if repr == Representation::Object => {
+            let api_version = def.api_version();
+            if protobuf::encodable(&api_version, def.kind) {
+                Ok(Format::Protobuf)
+            } else if json_fallback {
+                Ok(Format::Json)
+            } else {
+                let accept = format!(
+                    "{} (for {api_version} {})",
+                    protobuf::CONTENT_TYPE,
+                    def.kind
+                );
+                Err(ApiError::not_acceptable(&accept))
+            }
+        }
+        _ => Ok(Format::Json),
     }
 }
 
-/// A watch response's outbox and the body stream that drains it; a line's bytes are
-/// released when the body hands it to the connection.
-fn outbox() -> (
-    Outbox,
-    impl futures::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
-) {
-    let (tx, rx) = mpsc::channel(RESPONSE_BUFFER_LINES);
-    let bytes = Arc::new(Semaphore::new(RESPONSE_BUFFER_BYTES));
-    let stream = futures::stream::unfold(
-        rx,
-        |mut rx: mpsc::Receiver<(Bytes, OwnedSemaphorePermit)>| async move {
-            let (line, permit) = rx.recv().await?;
-            drop(permit);
-            Some((Ok::<_, Infallible>(line), rx))
-        },
-    );
-    (Outbox { tx, bytes }, stream)
+/// A 200 watch response with its content type, marked as a stream the codec passes
+/// through.
+fn streaming_response(format: Format, repr: Representation, body: Body) -> Response {
+    let content_type = match (format, repr) {
+        (Format::Protobuf, _) => protobuf::WATCH_CONTENT_TYPE,
+        (Format::Json, Representation::Table) => negotiate::TABLE_CONTENT_TYPE,
+        (Format::Json, Representation::PartialMetadata) => negotiate::PARTIAL_CONTENT_TYPE,
+        (Format::Json, Representation::Object) => "application/json",
+    };
+    let mut response = (StatusCode::OK, body).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response.extensions_mut().insert(protobuf::Streamed);
+    response
+}
+
+/// A watch stream of one event.
+fn single_event(format: Format, repr: Representation, frame: Frame) -> Response {
+    let bytes: Vec<u8> = frame
+        .iter()
+        .flat_map(|chunk| chunk.iter().copied())
+        .collect();
+    streaming_response(format, repr, Body::from(bytes))
+}
+
+/// Waits up to [`FRESHNESS_TIMEOUT`] until the store's revision reaches `requested`;
+/// `Err` with the store's revision when it does not (upstream's
+/// `watchCache.waitUntilFreshAndBlock`).
+async fn wait_until_fresh(state: &ServerState, requested: u64) -> Result<(), u64> {
+    let deadline = Instant::now() + FRESHNESS_TIMEOUT;
+    loop {
+        let current = state.store.current_revision().await.unwrap_or(0);
+        if current >= requested {
+            return Ok(());
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(current);
+        }
+        tokio::time::sleep((deadline - now).min(FRESHNESS_POLL)).await;
+    }
+}
+
+/// Every open watch's backlog, and the bytes they hold together.
+pub(crate) struct Watchers {
+    limits: WatchLimits,
+    metrics: WatchMetrics,
+    next_id: AtomicU64,
+    backlogs: parking_lot::Mutex<HashMap<u64, Weak<Backlog>>>,
+}
+
+impl Watchers {
+    /// Watchers bounded by `limits`, reporting through `metrics`.
+    pub(crate) fn new(limits: WatchLimits, metrics: &Metrics) -> Self {
+        Watchers {
+            limits,
+            metrics: metrics.watch().clone(),
+            next_id: AtomicU64::new(0),
+            backlogs: parking_lot::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A new watcher's sending side and the body stream that drains it.
+    fn open(self: &Arc<Self>, resource: String, identifier: String) -> (Outbox, WatchBody) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let backlog = Arc::new(Backlog {
+            id,
+            resource,
+            identifier,
+            state: parking_lot::Mutex::new(BacklogState {
+                frames: VecDeque::new(),
+                bytes: 0,
+                end: End::Open,
+                waker: None,
+            }),
+            room: Notify::new(),
+            closed: CancellationToken::new(),
+        });
+        self.backlogs.lock().insert(id, Arc::downgrade(&backlog));
+        let outbox = Outbox {
+            backlog: backlog.clone(),
+            watchers: self.clone(),
+        };
+        let body = WatchBody {
+            backlog,
+            watchers: self.clone(),
+            current: VecDeque::new(),
+            reported: false,
+        };
+        (outbox, body)
+    }
+
+    /// Counts `bytes` more in the backlogs (the gauge is the count); returns the total.
+    fn add(&self, bytes: usize) -> usize {
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        let before = self.metrics.pending_bytes.inc_by(bytes);
+        usize::try_from(before.saturating_add(bytes)).unwrap_or(0)
+    }
+
+    fn sub(&self, bytes: usize) {
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.metrics.pending_bytes.dec_by(bytes);
+    }
+
+    fn pending(&self) -> usize {
+        usize::try_from(self.metrics.pending_bytes.get()).unwrap_or(0)
+    }
+
+    /// Closes the watchers holding the most until all hold no more than
+    /// [`WatchLimits::pending_bytes`].
+    fn enforce_budget(&self) {
+        while self.pending() > self.limits.pending_bytes {
+            let largest = {
+                let backlogs = self.backlogs.lock();
+                backlogs
+                    .values()
+                    .filter_map(Weak::upgrade)
+                    .map(|b| {
+                        let bytes = b.state.lock().bytes;
+                        (bytes, b)
+                    })
+                    .max_by_key(|(bytes, _)| *bytes)
+            };
+            match largest {
+                Some((bytes, backlog)) if bytes > 0 => {
+                    backlog.close(self, "the watchers' backlogs hold too much together");
+                }
+                _ => break,
+            }
+        }
+    }
+}
+
+/// How a watcher's body stream ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Events may still come.
+    Open,
+    /// The watch ended; the stream ends once the client has taken what is queued.
+    Finished,
+    /// The watcher was closed for not reading: the stream is cut.
+    Closed,
+}
+
+struct BacklogState {
+    frames: VecDeque<(Frame, usize)>,
+    bytes: usize,
+    end: End,
+    /// The body stream, waiting for a frame.
+    waker: Option<Waker>,
+}
+
+/// One watcher's encoded events, not yet taken by its connection.
+struct Backlog {
+    id: u64,
+    /// The watched resource, for the metric and the log.
+    resource: String,
+    /// The watch's key and selectors, for the log.
+    identifier: String,
+    state: parking_lot::Mutex<BacklogState>,
+    /// Signalled when the client takes a frame.
+    room: Notify,
+    /// Cancelled when the watcher is closed or its client is gone.
+    closed: CancellationToken,
+}
+
+impl Backlog {
+    /// Closes the watcher for not reading and frees what it holds (upstream's
+    /// `cacheWatcher.add` closeFunc).
+    fn close(&self, watchers: &Watchers, why: &str) {
+        let (freed, queued, waker) = {
+            let mut state = self.state.lock();
+            if state.end == End::Closed {
+                return;
+            }
+            state.end = End::Closed;
+            let queued = state.frames.len();
+            state.frames.clear();
+            (std::mem::take(&mut state.bytes), queued, state.waker.take())
+        };
+        watchers.sub(freed);
+        tracing::warn!(
+            "Forcing {} watcher close due to unresponsiveness: {}. len(backlog) = {queued}, bytes = {freed}: {why}",
+            self.resource,
+            self.identifier,
+        );
+        watchers
+            .metrics
+            .terminated
+            .get_or_create(&ResourceLabels {
+                resource: self.resource.clone(),
+            })
+            .inc();
+        self.closed.cancel();
+        self.room.notify_one();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// The client went away, or the watcher was closed.
+struct Gone;
+
+/// The sending side of a watch response.
+struct Outbox {
+    backlog: Arc<Backlog>,
+    watchers: Arc<Watchers>,
+}
+
+impl Outbox {
+    /// Queues one event for the client. When the backlog is full, waits for the client to
+    /// take something: up to `patience`, then closes the watcher; without a patience, as
+    /// long as it takes.
+    async fn send(&self, frame: Frame, patience: Option<Duration>) -> Result<(), Gone> {
+        let limits = self.watchers.limits;
+        let len = frame_len(&frame);
+        let deadline = patience.map(|p| Instant::now() + p);
+        let mut frame = Some(frame);
+        loop {
+            let room = self.backlog.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            {
+                let mut state = self.backlog.state.lock();
+                if state.end != End::Open {
+                    return Err(Gone);
+                }
+                let fits = state.frames.len() < limits.events_per_watcher
+                    && (state.bytes == 0 || state.bytes + len <= limits.bytes_per_watcher);
+                if fits {
+                    // Counted before the body can take it, so the total never goes below
+                    // what is queued.
+                    let total = self.watchers.add(len);
+                    state
+                        .frames
+                        .push_back((frame.take().unwrap_or_default(), len));
+                    state.bytes += len;
+                    if let Some(waker) = state.waker.take() {
+                        waker.wake();
+                    }
+                    drop(state);
+                    if total > limits.pending_bytes {
+                        self.watchers.enforce_budget();
+                    }
+                    return if self.backlog.closed.is_cancelled() {
+                        Err(Gone)
+                    } else {
+                        Ok(())
+                    };
+                }
+            }
+            let expired = async {
+                match deadline {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = &mut room => {}
+                _ = self.backlog.closed.cancelled() => return Err(Gone),
+                _ = expired => {
+                    self.backlog.close(&self.watchers, "its backlog stayed full");
+                    return Err(Gone);
+                }
+            }
+        }
+    }
+
+    /// Queues one event if the backlog has room; `Ok(false)` when it is full.
+    fn try_send(&self, frame: Frame) -> Result<bool, Gone> {
+        let limits = self.watchers.limits;
+        let len = frame_len(&frame);
+        let mut state = self.backlog.state.lock();
+        if state.end != End::Open {
+            return Err(Gone);
+        }
+        if state.frames.len() >= limits.events_per_watcher
+            || (state.bytes > 0 && state.bytes + len > limits.bytes_per_watcher)
+        {
+            return Ok(false);
+        }
+        let total = self.watchers.add(len);
+        state.frames.push_back((frame, len));
+        state.bytes += len;
+        if let Some(waker) = state.waker.take() {
+            waker.wake();
+        }
+        drop(state);
+        if total > limits.pending_bytes {
+            self.watchers.enforce_budget();
+        }
+        Ok(!self.backlog.closed.is_cancelled())
+    }
+
+    /// Ends the watch: the stream ends once the client has taken what is queued.
+    fn finish(&self) {
+        let waker = {
+            let mut state = self.backlog.state.lock();
+            if state.end == End::Open {
+                state.end = End::Finished;
+            }
+            state.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// Why a watch stream was cut.
+#[derive(Debug, thiserror::Error)]
+#[error("the watcher was closed because its client did not read")]
+struct WatcherClosed;
+
+/// A watch response's body: takes the backlog's frames as the connection asks for them.
+struct WatchBody {
+    backlog: Arc<Backlog>,
+    watchers: Arc<Watchers>,
+    /// The chunks of the frame being handed over.
+    current: VecDeque<Bytes>,
+    /// Whether the cut was reported (once, then the stream ends).
+    reported: bool,
+}
+
+impl futures::Stream for WatchBody {
+    type Item = Result<Bytes, WatcherClosed>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if let Some(chunk) = this.current.pop_front() {
+            return Poll::Ready(Some(Ok(chunk)));
+        }
+        let mut state = this.backlog.state.lock();
+        if let Some((frame, len)) = state.frames.pop_front() {
+            state.bytes -= len;
+            drop(state);
+            this.watchers.sub(len);
+            this.backlog.room.notify_one();
+            this.current = frame.into_iter().filter(|c| !c.is_empty()).collect();
+            return match this.current.pop_front() {
+                Some(chunk) => Poll::Ready(Some(Ok(chunk))),
+                None => {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            };
+        }
+        match state.end {
+            End::Open => {
+                state.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            End::Finished => Poll::Ready(None),
+            End::Closed if !this.reported => {
+                this.reported = true;
+                Poll::Ready(Some(Err(WatcherClosed)))
+            }
+            End::Closed => Poll::Ready(None),
+        }
+    }
+}
+
+impl Drop for WatchBody {
+    fn drop(&mut self) {
+        let freed = {
+            let mut state = self.backlog.state.lock();
+            state.frames.clear();
+            if state.end != End::Closed {
+                state.end = End::Finished;
+            }
+            std::mem::take(&mut state.bytes)
+        };
+        self.watchers.sub(freed);
+        self.backlog.closed.cancel();
+        self.backlog.room.notify_one();
+        self.watchers.backlogs.lock().remove(&self.backlog.id);
+    }
 }
 
 /// Whether a watch goes on.
@@ -354,6 +912,7 @@ struct WatchTask {
     def: &'static ResourceDef,
     opts: ListOptions,
     repr: Representation,
+    format: Format,
     first: bool,
     /// Every event of this watch up to this revision has been sent (or skipped as not
     /// selected): the revision a bookmark may carry.
@@ -362,6 +921,15 @@ struct WatchTask {
 }
 
 impl WatchTask {
+    /// Queues a live event (or a bookmark): a full backlog gets the short grace.
+    async fn send_live(&self, frame: Frame) -> Flow {
+        let patience = self.state.config.watch_limits.full_grace;
+        match self.outbox.send(frame, Some(patience)).await {
+            Ok(()) => Flow::Continue,
+            Err(Gone) => Flow::Stop,
+        }
+    }
+
     async fn run(
         &mut self,
         store_watch: Result<crate::store::WatchStream, StoreError>,
@@ -371,24 +939,31 @@ impl WatchTask {
         timeout: Duration,
     ) {
         let def = self.def;
+        let format = self.format;
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
         let mut events = match store_watch {
             Ok(events) => events,
             Err(e) => {
-                let _ = self.outbox.send(error_line(def, e)).await;
+                let _ = self.send_live(error_frame(def, format, e)).await;
                 return;
             }
         };
+        // The initial state is this watcher's own: the client takes it at its pace (until
+        // the watch's deadline), as upstream's watcher sends it from its own goroutine.
         for obj in &initial {
-            let line = line("ADDED", render(def, self.repr, obj, &mut self.first));
-            if self.outbox.send(line).await.is_err() {
-                return;
+            let object = render(def, self.repr, obj, &mut self.first);
+            let frame = value_frame(format, "ADDED", object);
+            tokio::select! {
+                sent = self.outbox.send(frame, None) => if sent.is_err() {
+                    return;
+                },
+                _ = &mut deadline => return,
             }
         }
         if send_initial {
-            let marker = line("BOOKMARK", bookmark(def, self.last_revision, true));
-            if self.outbox.send(marker).await.is_err() {
+            let marker = value_frame(format, "BOOKMARK", bookmark(def, self.last_revision, true));
+            if let Flow::Stop = self.send_live(marker).await {
                 return;
             }
         }
@@ -404,7 +979,7 @@ impl WatchTask {
                     }
                     Flow::Stop
                 }
-                _ = self.outbox.tx.closed() => Flow::Stop,
+                _ = self.outbox.backlog.closed.cancelled() => Flow::Stop,
                 _ = ticker.tick(), if bookmarks => self.progress_bookmark(&mut events).await,
                 next = events.next() => self.on_event(next).await,
             };
@@ -417,10 +992,11 @@ impl WatchTask {
     /// Sends one store event (or the error that ends the watch) to the client.
     async fn on_event(&mut self, next: Option<Result<WatchEvent, StoreError>>) -> Flow {
         let def = self.def;
+        let format = self.format;
         let event = match next {
             Some(Ok(event)) => event,
             Some(Err(e @ StoreError::Expired { .. })) => {
-                let _ = self.outbox.send(error_line(def, e)).await;
+                let _ = self.send_live(error_frame(def, format, e)).await;
                 return Flow::Stop;
             }
             // A lagging watcher or a closed store: end the stream; the client re-watches
@@ -432,21 +1008,40 @@ impl WatchTask {
             Ok(Some(decoded)) => decoded,
             Ok(None) => return Flow::Continue,
             Err(e) => {
-                let _ = self.outbox.send(line("ERROR", e.to_status())).await;
+                let _ = self
+                    .send_live(value_frame(format, "ERROR", e.to_status()))
+                    .await;
                 return Flow::Stop;
             }
         };
         let Some(kind) = translate(def, &self.opts, &event, &decoded) else {
             return Flow::Continue;
         };
-        let out = match self.repr {
-            Representation::Object => framed(kind, &decoded.object_json),
-            other => line(kind, render(def, other, &decoded.object, &mut self.first)),
+        let metrics = &self.state.watchers.metrics;
+        let out = match (format, self.repr) {
+            (Format::Protobuf, _) => match decoded.protobuf(metrics) {
+                Ok(raw) => framed_protobuf(kind, raw),
+                Err(e) => {
+                    tracing::error!(error = %e, "encoding a watch event as protobuf");
+                    let status =
+                        ApiError::internal(format!("encoding a watch event as protobuf: {e}"));
+                    value_frame(format, "ERROR", status.to_status())
+                }
+            },
+            (Format::Json, Representation::Object) => framed(kind, decoded.json(metrics)),
+            (Format::Json, Representation::PartialMetadata) => {
+                framed(kind, decoded.partial(metrics))
+            }
+            (Format::Json, Representation::Table) if !self.first => {
+                framed(kind, decoded.table(def, metrics))
+            }
+            (Format::Json, repr) => value_frame(
+                format,
+                kind,
+                render(def, repr, &decoded.object, &mut self.first),
+            ),
         };
-        match self.outbox.send(out).await {
-            Ok(()) => Flow::Continue,
-            Err(Gone) => Flow::Stop,
-        }
+        self.send_live(out).await
     }
 
     /// A bookmark at the store's current revision, as kube-apiserver's carry the storage
@@ -470,27 +1065,33 @@ impl WatchTask {
             }
         }
         self.last_revision = self.last_revision.max(current);
-        let marker = line("BOOKMARK", bookmark(self.def, self.last_revision, false));
-        match self.outbox.send(marker).await {
-            Ok(()) => Flow::Continue,
+        let marker = bookmark(self.def, self.last_revision, false);
+        // A bookmark never waits: upstream's cacher offers it to a watcher without
+        // blocking (`nonblockingAdd`) and drops it when the watcher's buffer is full.
+        match self
+            .outbox
+            .try_send(value_frame(self.format, "BOOKMARK", marker))
+        {
+            Ok(_) => Flow::Continue,
             Err(Gone) => Flow::Stop,
         }
     }
 }
 
-/// The `ERROR` line for a store error that ends a watch: 410 Expired for a version the
+/// The `ERROR` event for a store error that ends a watch: 410 Expired for a version the
 /// window no longer covers, as kube-apiserver.
-fn error_line(def: &ResourceDef, e: StoreError) -> Bytes {
+fn error_frame(def: &ResourceDef, format: Format, e: StoreError) -> Frame {
     match e {
         StoreError::Expired {
             requested,
             oldest_available,
-        } => expired_event(format!(
-            "too old resource version: {requested} ({oldest_available})"
-        )),
+        } => expired_event(
+            format,
+            format!("too old resource version: {requested} ({oldest_available})"),
+        ),
         e => {
             let q = Qualified::new(def.group, def.plural, "");
-            line("ERROR", ApiError::from_store(&q, e).to_status())
+            value_frame(format, "ERROR", ApiError::from_store(&q, e).to_status())
         }
     }
 }
@@ -541,17 +1142,77 @@ mod tests {
         }
         let (events, bytes) = cache.held();
         assert!(bytes <= EVENT_CACHE_BYTES, "{bytes} bytes");
-        // 100 events of 1 MiB would be 300 MiB by the estimate; the bound keeps about 21.
+        // 100 events of 1 MiB would be 400 MiB by the estimate; the bound keeps 16.
         assert!((15..=25).contains(&events), "{events} events");
     }
 
     #[test]
     fn framed_lines_match_serde() {
         let obj = json!({"kind": "Lease", "metadata": {"name": "a\"b"}});
-        let bytes = serde_json::to_vec(&obj).unwrap();
-        let framed = framed("MODIFIED", &bytes);
+        let bytes = Bytes::from(serde_json::to_vec(&obj).unwrap());
+        let framed: Vec<u8> = framed("MODIFIED", &bytes).concat();
         let parsed: Value = serde_json::from_slice(&framed[..framed.len() - 1]).unwrap();
         assert_eq!(parsed, json!({"type": "MODIFIED", "object": obj}));
         assert_eq!(framed.last(), Some(&b'\n'));
+    }
+
+    /// A protobuf frame built from a shared encoded object is byte for byte the frame
+    /// prost writes for the whole `WatchEvent`, whatever the object's size (one-, two- and
+    /// three-byte varint lengths).
+    #[test]
+    fn shared_protobuf_frames_match_prost() {
+        for size in [0, 10, 200, 20_000] {
+            let obj = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                             "metadata": {"name": "a"}, "data": {"k": "x".repeat(size)}});
+            let raw = Bytes::from(protobuf::encode_object(&obj).unwrap());
+            let shared: Vec<u8> = framed_protobuf("MODIFIED", &raw).concat();
+            let whole = protobuf::encode_watch_frame("MODIFIED", &obj).unwrap();
+            use k8s_pb::apimachinery::pkg::{
+                apis::meta::v1::WatchEvent as PbEvent, runtime::RawExtension,
+            };
+            use prost::Message;
+            let event = PbEvent {
+                r#type: Some("MODIFIED".into()),
+                object: Some(RawExtension {
+                    raw: Some(raw.to_vec()),
+                }),
+            };
+            let mut by_prost = (event.encoded_len() as u32).to_be_bytes().to_vec();
+            event.encode(&mut by_prost).unwrap();
+            assert_eq!(shared, by_prost, "{size}");
+            assert_eq!(whole, by_prost, "{size}");
+        }
+    }
+
+    /// Mid-stream errors travel as `ERROR` events with a `Status` (upstream's watch
+    /// server); an event that cannot be encoded becomes one with a 500 rather than
+    /// ending the stream silently.
+    #[test]
+    fn watch_errors_are_status_events() {
+        use k8s_pb::apimachinery::pkg::apis::meta::v1::{Status, WatchEvent as PbEvent};
+        use prost::Message;
+
+        fn open(frame: &[u8]) -> (String, Status) {
+            let event = PbEvent::decode(&frame[4..]).expect("a WatchEvent");
+            let raw = event.object.and_then(|o| o.raw).unwrap_or_default();
+            let unknown =
+                k8s_pb::apimachinery::pkg::runtime::Unknown::decode(&raw[4..]).expect("envelope");
+            let status =
+                Status::decode(unknown.raw.unwrap_or_default().as_slice()).expect("Status");
+            (event.r#type.unwrap_or_default(), status)
+        }
+
+        let frame = expired_event(Format::Protobuf, "too old resource version: 1 (5)".into());
+        let (kind, status) = open(&frame.concat());
+        assert_eq!(kind, "ERROR");
+        assert_eq!(
+            (status.code, status.reason.as_deref()),
+            (Some(410), Some("Expired"))
+        );
+
+        let bad = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": 7}});
+        let (kind, status) = open(&value_frame(Format::Protobuf, "ADDED", bad).concat());
+        assert_eq!(kind, "ERROR");
+        assert_eq!(status.code, Some(500));
     }
 }

@@ -99,7 +99,7 @@ impl Attributes {
                 .map(|(_, v)| v.as_str())
         };
         let mut rest = rest;
-        let mut watch = crate::api::query_bool(param("watch"));
+        let mut watch = crate::api::watch_requested(uri);
         if rest.first() == Some(&"watch") {
             watch = true;
             rest = &rest[1..];

@@ -1,23 +1,23 @@
-//! The middleware that applies the codec around every request: protobuf request bodies
-//! become JSON before the handlers run, and JSON answers become protobuf when the client
-//! asked for it first.
+//! The middleware that applies the codec around every request: JSON answers become
+//! protobuf when the client asked for it first ([`codec`], outermost), and protobuf request
+//! bodies become JSON before the handlers run ([`decode`], after authorization and only for
+//! paths that name a served resource).
 
 use std::sync::Arc;
 
 use axum::{
-    body::{Body, Bytes},
+    body::{Body, Bytes, HttpBody},
     extract::{Request, State},
     http::{HeaderMap, HeaderValue, Method, StatusCode, header},
     middleware::Next,
     response::{IntoResponse, Response},
 };
-use futures::StreamExt;
 use serde_json::Value;
 #[cfg(test)]
 use serde_json::json;
 
-use super::{CONTENT_TYPE, ProtobufError, WATCH_CONTENT_TYPE, encode_object, encode_watch_frame};
-use crate::api::{ServerState, negotiate, status::ApiError};
+use super::{CONTENT_TYPE, ProtobufError, encode_object};
+use crate::api::{Parsed, ServerState, negotiate, parse_path, status::ApiError};
 
 /// What the client's Accept header asked of the answer.
 #[derive(Debug, Clone, Copy)]
@@ -30,8 +30,20 @@ struct Wanted {
 
 tokio::task_local! {
     /// Set while a request whose client wants protobuf answers runs, so that
-    /// [`encode_answer`] encodes a handler's value directly, sparing the JSON round trip.
+    /// [`encode_answer`] encodes a handler's value directly, sparing the JSON round trip,
+    /// and a watch frames its events in protobuf itself.
     static WANTED: Wanted;
+}
+
+/// Marks a response whose body is a stream already in the form the client asked for (a
+/// watch): the codec passes it through and never reads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Streamed;
+
+/// `Some(json_fallback)` while a request whose client wants protobuf answers runs (see
+/// [`encode_answer`]); `json_fallback` says whether plain JSON is acceptable too.
+pub(crate) fn wanted() -> Option<bool> {
+    WANTED.try_with(|w| w.json_fallback).ok()
 }
 
 /// The handler's answer in protobuf, if the request being served asked for it first and the
@@ -52,42 +64,55 @@ pub(crate) fn encode_answer(code: StatusCode, value: &Value) -> Option<Response>
 
 /// The codec middleware (see the [module](super) docs).
 pub(crate) async fn codec(
-    State(state): State<Arc<ServerState>>,
+    State(_): State<Arc<ServerState>>,
     mut request: Request,
     next: Next,
 ) -> Response {
     let wanted = negotiate::prefers_protobuf(request.headers()).map(|json_fallback| Wanted {
         json_fallback,
-        watch: is_watch(request.uri()),
+        watch: crate::api::watch_requested(request.uri()),
     });
-    if wanted.is_some() {
-        // The handlers answer in JSON; this layer encodes their answer.
-        request
-            .headers_mut()
-            .insert(header::ACCEPT, HeaderValue::from_static("application/json"));
-    }
-    let response = match (
-        decode_request(request, state.config.max_request_bytes).await,
-        wanted,
-    ) {
-        (Ok(request), Some(wanted)) => WANTED.scope(wanted, next.run(request)).await,
-        (Ok(request), None) => next.run(request).await,
-        (Err(e), _) => e.into_response(),
+    let Some(wanted) = wanted else {
+        return next.run(request).await;
     };
-    match wanted {
-        Some(wanted) => encode_response(wanted, response).await,
-        None => response,
+    // The handlers answer in JSON; this layer encodes their answer.
+    request
+        .headers_mut()
+        .insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+    let response = WANTED.scope(wanted, next.run(request)).await;
+    encode_response(wanted, response).await
+}
+
+/// Decodes a protobuf request body to JSON (see [`decode_request`]), once the request is
+/// authorized and its path names a served resource: a path that names none is answered
+/// 404 by the router whatever its body, as upstream routes before it decodes.
+pub(crate) async fn decode(
+    State(state): State<Arc<ServerState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.method() == Method::PATCH
+        || !is_protobuf(request.headers())
+        || !names_a_resource(&state, request.uri().path())
+    {
+        return next.run(request).await;
+    }
+    match decode_request(request, state.config.max_request_bytes).await {
+        Ok(request) => next.run(request).await,
+        Err(e) => e.into_response(),
     }
 }
 
-fn is_watch(uri: &axum::http::Uri) -> bool {
-    let pairs: Vec<(String, String)> =
-        serde_urlencoded::from_str(uri.query().unwrap_or("")).unwrap_or_default();
-    pairs
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "watch")
-        .is_some_and(|(_, v)| v == "true" || v == "1")
+/// Whether `path` is a served resource or one of its served subresources.
+fn names_a_resource(state: &ServerState, path: &str) -> bool {
+    match parse_path(&state.registry, path) {
+        Parsed::Resource(target) => match target.subresource.as_deref() {
+            None => true,
+            Some("status") => target.def.status,
+            Some(sub) => target.def.extra_subresources.contains(&sub),
+        },
+        Parsed::Discovery(_) | Parsed::NotFound => false,
+    }
 }
 
 fn is_protobuf(headers: &HeaderMap) -> bool {
@@ -97,12 +122,8 @@ fn is_protobuf(headers: &HeaderMap) -> bool {
         .is_some_and(|ct| negotiate::media_type(ct) == CONTENT_TYPE)
 }
 
-/// A protobuf body (of anything but a PATCH, whose body is a patch document) decoded to
-/// JSON, with the request's `Content-Type` saying so.
+/// A protobuf body decoded to JSON, with the request's `Content-Type` saying so.
 async fn decode_request(request: Request, limit: usize) -> Result<Request, ApiError> {
-    if request.method() == Method::PATCH || !is_protobuf(request.headers()) {
-        return Ok(request);
-    }
     let (mut parts, body) = request.into_parts();
     let bytes = axum::body::to_bytes(body, limit)
         .await
@@ -128,21 +149,27 @@ async fn decode_request(request: Request, limit: usize) -> Result<Request, ApiEr
 /// The handler's JSON answer in protobuf, if it is a Kubernetes object that has a
 /// protobuf form; otherwise JSON when the client accepts it, or 406 (upstream's answer for
 /// a kind without protobuf, such as a custom resource). Answers that are not objects stay
-/// JSON.
+/// JSON. Only answers already whole in memory are read: a stream ([`Streamed`], or any body
+/// whose length is not known) passes through untouched, so nothing endless is buffered.
 async fn encode_response(wanted: Wanted, response: Response) -> Response {
     let is_json = response
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct == "application/json");
-    if !is_json {
+    if !is_json || response.extensions().get::<Streamed>().is_some() {
         return response;
     }
-    if wanted.watch && response.status() == StatusCode::OK {
-        return watch_stream(response);
-    }
+    let Some(len) = response
+        .body()
+        .size_hint()
+        .exact()
+        .and_then(|n| usize::try_from(n).ok())
+    else {
+        return response;
+    };
     let (mut parts, body) = response.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+    let Ok(bytes) = axum::body::to_bytes(body, len).await else {
         return ApiError::internal("reading the response failed").into_response();
     };
     let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
@@ -188,43 +215,6 @@ fn protobuf_status(code: StatusCode, status: &Value) -> Response {
     }
 }
 
-/// The JSON watch stream (one `{"type","object"}` line per event) as protobuf frames.
-fn watch_stream(response: Response) -> Response {
-    let (mut parts, body) = response.into_parts();
-    let mut pending: Vec<u8> = Vec::new();
-    let frames = body
-        .into_data_stream()
-        .map(move |chunk| {
-            let chunk = chunk?;
-            pending.extend_from_slice(&chunk);
-            let mut out = Vec::new();
-            while let Some(end) = pending.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = pending.drain(..=end).collect();
-                out.extend(watch_frame(&line));
-            }
-            Ok::<_, axum::Error>(Bytes::from(out))
-        })
-        .filter(|frame| futures::future::ready(frame.as_ref().map_or(true, |b| !b.is_empty())));
-    parts.headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(WATCH_CONTENT_TYPE),
-    );
-    parts.headers.remove(header::CONTENT_LENGTH);
-    Response::from_parts(parts, Body::from_stream(frames))
-}
-
-/// One JSON watch line as a frame; an event that cannot be encoded becomes an `ERROR`
-/// event with a 500 `Status`, as upstream reports a failed encoding mid-stream.
-fn watch_frame(line: &[u8]) -> Vec<u8> {
-    let event: Value = serde_json::from_slice(line).unwrap_or(Value::Null);
-    let event_type = event["type"].as_str().unwrap_or("ERROR");
-    encode_watch_frame(event_type, &event["object"]).unwrap_or_else(|e| {
-        tracing::error!(error = %e, "encoding a watch event as protobuf");
-        let status = ApiError::internal(format!("encoding a watch event as protobuf: {e}"));
-        encode_watch_frame("ERROR", &status.to_status()).unwrap_or_default()
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,40 +250,6 @@ mod tests {
         assert_eq!(answer.status(), StatusCode::CREATED);
         assert_eq!(answer.headers()[header::CONTENT_TYPE], CONTENT_TYPE);
         assert!(version.is_none());
-    }
-
-    /// Mid-stream errors travel as `ERROR` events with a `Status` (upstream's watch
-    /// server); an event that cannot be encoded becomes one with a 500 rather than
-    /// ending the stream silently.
-    #[test]
-    fn watch_errors_are_status_events() {
-        use k8s_pb::apimachinery::pkg::apis::meta::v1::{Status, WatchEvent};
-        use prost::Message;
-
-        fn open(frame: &[u8]) -> (String, Status) {
-            let event = WatchEvent::decode(&frame[4..]).expect("a WatchEvent");
-            let raw = event.object.and_then(|o| o.raw).unwrap_or_default();
-            let unknown =
-                k8s_pb::apimachinery::pkg::runtime::Unknown::decode(&raw[4..]).expect("envelope");
-            let status =
-                Status::decode(unknown.raw.unwrap_or_default().as_slice()).expect("Status");
-            (event.r#type.unwrap_or_default(), status)
-        }
-
-        let expired = ApiError::expired("too old resource version: 1 (5)").to_status();
-        let line = json!({"type": "ERROR", "object": expired}).to_string();
-        let (kind, status) = open(&watch_frame(line.as_bytes()));
-        assert_eq!(kind, "ERROR");
-        assert_eq!(
-            (status.code, status.reason.as_deref()),
-            (Some(410), Some("Expired"))
-        );
-
-        let bad = json!({"type": "ADDED", "object": {"apiVersion": "v1", "kind": "ConfigMap",
-                                                     "metadata": {"name": 7}}});
-        let (kind, status) = open(&watch_frame(bad.to_string().as_bytes()));
-        assert_eq!(kind, "ERROR");
-        assert_eq!(status.code, Some(500));
     }
 
     /// Upstream answers an Accept of protobuf alone with 406 for a kind that has no

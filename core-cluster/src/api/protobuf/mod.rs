@@ -27,14 +27,11 @@ mod layer;
 mod schema;
 mod wire;
 
-use k8s_pb::apimachinery::pkg::{
-    apis::meta::v1::WatchEvent,
-    runtime::{RawExtension, TypeMeta, Unknown},
-};
+use k8s_pb::apimachinery::pkg::runtime::{TypeMeta, Unknown};
 use prost::Message as _;
 use serde_json::Value;
 
-pub(crate) use layer::{codec, encode_answer};
+pub(crate) use layer::{Streamed, codec, decode, encode_answer, wanted};
 pub use wire::WireError;
 
 /// The media type.
@@ -100,10 +97,14 @@ pub fn encodable(api_version: &str, kind: &str) -> bool {
 /// Decodes an enveloped object (`k8s\0` + `runtime.Unknown`) to its JSON form, with the
 /// envelope's apiVersion and kind.
 pub fn decode_object(bytes: &[u8]) -> Result<Value, ProtobufError> {
-    decode_envelope_at(bytes, 0)
+    decode_envelope_at(bytes, 0, &wire::Budget::for_body(bytes.len()))
 }
 
-fn decode_envelope_at(bytes: &[u8], depth: usize) -> Result<Value, ProtobufError> {
+fn decode_envelope_at(
+    bytes: &[u8],
+    depth: usize,
+    budget: &wire::Budget,
+) -> Result<Value, ProtobufError> {
     let body = bytes.strip_prefix(MAGIC).ok_or(ProtobufError::NoMagic)?;
     let unknown = Unknown::decode(body).map_err(|e| ProtobufError::Envelope(e.to_string()))?;
     let encoding = unknown.content_encoding.unwrap_or_default();
@@ -118,7 +119,7 @@ fn decode_envelope_at(bytes: &[u8], depth: usize) -> Result<Value, ProtobufError
         kind: kind.clone(),
     })?;
     let raw = unknown.raw.unwrap_or_default();
-    let decoded = wire::decode_at(&name, &raw, depth)?;
+    let decoded = wire::decode_at(&name, &raw, depth, budget)?;
     let mut object = serde_json::Map::new();
     object.insert("apiVersion".into(), Value::String(api_version));
     object.insert("kind".into(), Value::String(kind));
@@ -158,19 +159,35 @@ pub fn encode_object(object: &Value) -> Result<Vec<u8>, ProtobufError> {
 /// One watch frame: the 4-byte big-endian length, then a `meta.v1.WatchEvent` whose
 /// `object.raw` is the enveloped object.
 pub fn encode_watch_frame(event_type: &str, object: &Value) -> Result<Vec<u8>, ProtobufError> {
-    let event = WatchEvent {
-        r#type: Some(event_type.to_owned()),
-        object: Some(RawExtension {
-            raw: Some(encode_object(object)?),
-        }),
-    };
-    let len = event.encoded_len();
-    let mut out = Vec::with_capacity(4 + len);
-    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
-    event
-        .encode(&mut out)
-        .map_err(|e| ProtobufError::Envelope(e.to_string()))?;
+    let raw = encode_object(object)?;
+    let mut out = watch_frame_head(event_type, raw.len());
+    out.extend_from_slice(&raw);
     Ok(out)
+}
+
+/// Everything of a watch frame before its enveloped object of `raw_len` bytes: the
+/// frame's length and the `WatchEvent` up to `object.raw`'s bytes (field 1 `type`, field
+/// 2 `object`, its field 1 `raw`), as prost writes them. A frame is this head followed by
+/// the object, so the object's bytes can be shared by every watcher that sends it.
+pub(crate) fn watch_frame_head(event_type: &str, raw_len: usize) -> Vec<u8> {
+    use prost::encoding::{encode_varint, encoded_len_varint};
+    let extension_len = 1 + encoded_len_varint(raw_len as u64) + raw_len;
+    let event_len = 1
+        + encoded_len_varint(event_type.len() as u64)
+        + event_type.len()
+        + 1
+        + encoded_len_varint(extension_len as u64)
+        + extension_len;
+    let mut head = Vec::with_capacity(4 + event_len - raw_len);
+    head.extend_from_slice(&u32::try_from(event_len).unwrap_or(u32::MAX).to_be_bytes());
+    head.push(0x0a);
+    encode_varint(event_type.len() as u64, &mut head);
+    head.extend_from_slice(event_type.as_bytes());
+    head.push(0x12);
+    encode_varint(extension_len as u64, &mut head);
+    head.push(0x0a);
+    encode_varint(raw_len as u64, &mut head);
+    head
 }
 
 #[cfg(test)]

@@ -45,6 +45,40 @@ const GO_ZERO_TIME_SECONDS: i64 = -62_135_596_800;
 /// How deeply messages may nest (embedded objects included).
 const MAX_DEPTH: usize = 64;
 
+/// Every body may decode to this many elements (messages, list elements, map entries)...
+const ELEMENT_BASE: usize = 16 * 1024;
+/// ...and one more per this many bytes of it. A 2-byte empty message repeated 300,000
+/// times would otherwise become 300,000 objects for the handlers to default and validate;
+/// real objects spend far more bytes per element.
+const BYTES_PER_ELEMENT: usize = 8;
+
+/// How many more elements a body may decode to (see [`ELEMENT_BASE`]).
+pub(super) struct Budget {
+    left: std::cell::Cell<usize>,
+    limit: usize,
+}
+
+impl Budget {
+    /// The budget of a body of `len` bytes.
+    pub(super) fn for_body(len: usize) -> Self {
+        let limit = ELEMENT_BASE + len / BYTES_PER_ELEMENT;
+        Budget {
+            left: std::cell::Cell::new(limit),
+            limit,
+        }
+    }
+
+    fn take(&self) -> Result<(), WireError> {
+        match self.left.get().checked_sub(1) {
+            Some(left) => {
+                self.left.set(left);
+                Ok(())
+            }
+            None => Err(WireError::TooManyElements { limit: self.limit }),
+        }
+    }
+}
+
 /// Why a body could not be transcoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WireError {
@@ -74,6 +108,14 @@ pub enum WireError {
     /// Messages nest deeper than [`MAX_DEPTH`].
     #[error("the message nests deeper than {MAX_DEPTH} levels")]
     TooDeep,
+    /// The body decodes to more elements than its size allows.
+    #[error(
+        "the body decodes to more than {limit} elements (messages, list elements and map entries)"
+    )]
+    TooManyElements {
+        /// The body's budget.
+        limit: usize,
+    },
 }
 
 fn malformed(message: &str, why: impl std::fmt::Display) -> WireError {
@@ -106,7 +148,7 @@ fn is_bare_list(message: &schema::Message) -> bool {
 /// empty `Time`, an empty `RawExtension`).
 #[cfg(test)]
 pub(crate) fn decode(name: &str, bytes: &[u8]) -> Result<Option<Value>, WireError> {
-    decode_at(name, bytes, 0)
+    decode_at(name, bytes, 0, &Budget::for_body(bytes.len()))
 }
 
 /// [`decode`] at a nesting depth (an object embedded in a `RawExtension`).
@@ -114,6 +156,7 @@ pub(super) fn decode_at(
     name: &str,
     mut buf: &[u8],
     depth: usize,
+    budget: &Budget,
 ) -> Result<Option<Value>, WireError> {
     if depth > MAX_DEPTH {
         return Err(WireError::TooDeep);
@@ -145,11 +188,12 @@ pub(super) fn decode_at(
         }
         RAW_EXTENSION | FIELDS_V1 => {
             let raw = scalars(name, buf)?.bytes(1).unwrap_or_default();
-            return embedded(name, &raw, depth);
+            return embedded(name, &raw, depth, budget);
         }
         _ => {}
     }
     let message = schema::message(name).ok_or_else(|| WireError::UnknownMessage(name.into()))?;
+    budget.take()?;
     let mut out = Map::new();
     let bare_list = is_bare_list(message);
     while buf.has_remaining() {
@@ -159,7 +203,7 @@ pub(super) fn decode_at(
                 .map_err(|e| malformed(name, e))?;
             continue;
         };
-        decode_field(name, field, wire, &mut buf, &mut out, depth)?;
+        decode_field(name, field, wire, &mut buf, &mut out, depth, budget)?;
     }
     if bare_list {
         return Ok(Some(
@@ -176,6 +220,7 @@ fn decode_field(
     buf: &mut &[u8],
     out: &mut Map<String, Value>,
     depth: usize,
+    budget: &Budget,
 ) -> Result<(), WireError> {
     // Packed repeated scalars (Go writes them unpacked, but both are valid).
     if field.repeated
@@ -192,6 +237,7 @@ fn decode_field(
                 Kind::Double => WireType::SixtyFourBit,
                 _ => WireType::Varint,
             };
+            budget.take()?;
             list.push(scalar(name, field.kind, wire, &mut packed)?);
         }
         return Ok(());
@@ -200,7 +246,7 @@ fn decode_field(
         Kind::Message(m) if field.inline => {
             expect_wire(name, field, wire, WireType::LengthDelimited)?;
             if let Some(Value::Object(fields)) =
-                decode_at(m, length_delimited(name, buf)?, depth + 1)?
+                decode_at(m, length_delimited(name, buf)?, depth + 1, budget)?
             {
                 out.extend(fields);
             }
@@ -208,12 +254,13 @@ fn decode_field(
         }
         Kind::Message(m) => {
             expect_wire(name, field, wire, WireType::LengthDelimited)?;
-            decode_at(m, length_delimited(name, buf)?, depth + 1)?
+            decode_at(m, length_delimited(name, buf)?, depth + 1, budget)?
         }
         Kind::Map(value_type) => {
             expect_wire(name, field, wire, WireType::LengthDelimited)?;
             let entry = length_delimited(name, buf)?;
-            let (key, value) = map_entry(name, value_type, entry, depth)?;
+            budget.take()?;
+            let (key, value) = map_entry(name, value_type, entry, depth, budget)?;
             let map = out
                 .entry(field.json)
                 .or_insert_with(|| Value::Object(Map::new()));
@@ -226,6 +273,7 @@ fn decode_field(
     };
     if field.repeated {
         // A list keeps every element, absent ones as null (a zero Time in a list).
+        budget.take()?;
         list_entry(out, field.json).push(value.unwrap_or(Value::Null));
         return Ok(());
     }
@@ -317,6 +365,7 @@ fn map_entry(
     value_type: MapValue,
     mut entry: &[u8],
     depth: usize,
+    budget: &Budget,
 ) -> Result<(String, Value), WireError> {
     let mut key = String::new();
     let mut value = None;
@@ -335,7 +384,7 @@ fn map_entry(
                 if wire != WireType::LengthDelimited {
                     return Err(malformed(name, "a map value has the wrong wire type"));
                 }
-                value = decode_at(m, length_delimited(name, &mut entry)?, depth + 1)?;
+                value = decode_at(m, length_delimited(name, &mut entry)?, depth + 1, budget)?;
             }
             _ => skip_field(wire, tag, &mut entry, DecodeContext::default())
                 .map_err(|e| malformed(name, e))?,
@@ -344,7 +393,9 @@ fn map_entry(
     let value = match (value, value_type) {
         (Some(v), _) => v,
         (None, MapValue::String | MapValue::Bytes) => Value::String(String::new()),
-        (None, MapValue::Message(m)) => decode_at(m, &[], depth + 1)?.unwrap_or(Value::Null),
+        (None, MapValue::Message(m)) => {
+            decode_at(m, &[], depth + 1, budget)?.unwrap_or(Value::Null)
+        }
     };
     Ok((key, value))
 }
@@ -422,12 +473,17 @@ fn decode_time(name: &str, buf: &[u8]) -> Result<Option<Value>, WireError> {
 
 /// The JSON inside a `RawExtension` or `FieldsV1`; a protobuf object (`k8s\0…`) inside a
 /// `RawExtension` is transcoded too.
-fn embedded(name: &str, raw: &[u8], depth: usize) -> Result<Option<Value>, WireError> {
+fn embedded(
+    name: &str,
+    raw: &[u8],
+    depth: usize,
+    budget: &Budget,
+) -> Result<Option<Value>, WireError> {
     if raw.is_empty() {
         return Ok(None);
     }
     if raw.starts_with(super::MAGIC) {
-        return super::decode_envelope_at(raw, depth + 1)
+        return super::decode_envelope_at(raw, depth + 1, budget)
             .map(Some)
             .map_err(|e| malformed(name, e));
     }
@@ -808,5 +864,38 @@ mod tests {
             encode("api.core.v1.ConfigMap", &bad, &mut Vec::new()),
             Err(WireError::Type { field, .. }) if field == "name"
         ));
+    }
+
+    /// A body of many empty repeated messages (2 bytes each) is refused by its element
+    /// budget instead of becoming hundreds of thousands of objects; a real Pod with many
+    /// containers is within it.
+    #[test]
+    fn repeated_element_bombs_are_refused_and_real_objects_are_not() {
+        let mut spec = Vec::new();
+        for _ in 0..300_000 {
+            put_bytes(2, &[], &mut spec); // an empty Container
+        }
+        let mut pod = Vec::new();
+        put_bytes(2, &spec, &mut pod);
+        assert!(pod.len() < 700_000);
+        assert!(matches!(
+            decode("api.core.v1.Pod", &pod),
+            Err(WireError::TooManyElements { .. })
+        ));
+        let containers: Vec<Value> = (0..1000)
+            .map(|i| {
+                serde_json::json!({"name": format!("c{i}"), "image": "busybox",
+                                   "args": ["-v", "x"], "env": [{"name": "A", "value": "1"}]})
+            })
+            .collect();
+        let pod = serde_json::json!({"metadata": {"name": "p", "labels": {"a": "b"}},
+                                     "spec": {"containers": containers}});
+        let mut out = Vec::new();
+        encode("api.core.v1.Pod", &pod, &mut out).unwrap();
+        let decoded = decode("api.core.v1.Pod", &out).unwrap().unwrap();
+        assert_eq!(
+            decoded["spec"]["containers"].as_array().unwrap().len(),
+            1000
+        );
     }
 }
