@@ -139,7 +139,7 @@ async fn handle_inner(
                 ("POST".into(), json_response(StatusCode::CREATED, &success_status(&qualified(def, name), None), "application/json"))
             }
             (&Method::POST, Some(name), Some("eviction")) => {
-                let eviction = parse_body(&body)?;
+                let eviction = check_eviction(ns, name, parse_body(&body)?)?;
                 let options = DeleteOptions::from_value(eviction.get("deleteOptions").unwrap_or(&Value::Null), &Query::new())?;
                 delete_object(state, def, ns, name, options).await?;
                 ("POST".into(), json_response(StatusCode::CREATED, &success_status(&qualified(def, name), None), "application/json"))
@@ -1701,6 +1701,48 @@ pub(super) fn spawn_namespace_cleanup(state: &ServerState, namespace: String) {
             }
         }
     });
+}
+
+// ------------------------------------------------------------------ pods/eviction
+
+/// The group-versions whose `Eviction` the eviction subresource takes (upstream accepts
+/// `policy/v1beta1` bodies too).
+const EVICTION_VERSIONS: [&str; 2] = ["policy/v1", "policy/v1beta1"];
+
+/// An eviction body, checked as kube-apiserver's create handler and `EvictionREST.Create`
+/// (`pkg/registry/core/pod/storage/eviction.go`) check it: an `Eviction` (its kind and
+/// version defaulted from the endpoint, another kind refused as the decoder refuses it),
+/// decodable (a `deleteOptions.gracePeriodSeconds` of `"x"` is not), in the URL's namespace,
+/// and naming the URL's pod.
+fn check_eviction(ns: Option<&str>, name: &str, mut body: Value) -> Result<Value, ApiError> {
+    let version = match body.get("apiVersion").and_then(Value::as_str) {
+        Some(v) if EVICTION_VERSIONS.contains(&v) => v.to_owned(),
+        _ => EVICTION_VERSIONS[0].to_owned(),
+    };
+    super::type_meta::default_from_path(&mut body, &version, "Eviction")?;
+    let short = version.rsplit('/').next().unwrap_or("v1");
+    // Both versions have the same fields; the typed model checks them under its own.
+    let mut typed = body.clone();
+    typed["apiVersion"] = json!(EVICTION_VERSIONS[0]);
+    if let Err(e) = serde_json::from_value::<k8s_openapi::api::policy::v1::Eviction>(typed) {
+        return Err(ApiError::bad_request(format!(
+            "Eviction in version \"{short}\" cannot be handled as a Eviction: {e}"
+        )));
+    }
+    match str_at(&body, &["metadata", "namespace"]) {
+        Some(given) if !given.is_empty() && Some(given) != ns => {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        _ => {}
+    }
+    if str_at(&body, &["metadata", "name"]).unwrap_or("") != name {
+        return Err(ApiError::bad_request(
+            "name in URL does not match name in Eviction object",
+        ));
+    }
+    Ok(body)
 }
 
 // ------------------------------------------------------------------ pods/binding
