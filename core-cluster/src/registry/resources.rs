@@ -2,7 +2,7 @@
 //! type, columns and (where the resource has rules) defaulting and validation.
 
 use k8s_openapi::api::{
-    authentication::v1::TokenReview,
+    authentication::v1::{SelfSubjectReview, TokenReview},
     coordination::v1::Lease,
     core::v1::{
         ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount,
@@ -37,6 +37,7 @@ pub static ALL: &[&ResourceDef] = &[
     &ENDPOINT_SLICES,
     &EVENTS_V1,
     &TOKEN_REVIEWS,
+    &SELF_SUBJECT_REVIEWS,
     &super::authorization::ROLES,
     &super::authorization::CLUSTER_ROLES,
     &super::authorization::ROLE_BINDINGS,
@@ -52,8 +53,16 @@ pub static ALL: &[&ResourceDef] = &[
 ];
 
 /// Resources that are never stored: a create is answered at once and nothing else is
-/// served (`authentication.k8s.io` TokenReview), as `storage` entries.
-pub static CREATE_ONLY: &[&str] = &["authentication.k8s.io/tokenreviews"];
+/// served (the `authentication.k8s.io` and `authorization.k8s.io` reviews), as `storage`
+/// entries. Discovery lists `create` alone for them, as kube-apiserver does.
+pub static CREATE_ONLY: &[&str] = &[
+    "authentication.k8s.io/tokenreviews",
+    "authentication.k8s.io/selfsubjectreviews",
+    "authorization.k8s.io/subjectaccessreviews",
+    "authorization.k8s.io/localsubjectaccessreviews",
+    "authorization.k8s.io/selfsubjectaccessreviews",
+    "authorization.k8s.io/selfsubjectrulesreviews",
+];
 
 fn no_fields(_: &Value, _: &str) -> Option<String> {
     None
@@ -1432,6 +1441,33 @@ pub static TOKEN_REVIEWS: ResourceDef = ResourceDef {
     storage: "authentication.k8s.io/tokenreviews",
     name_rule: NameRule::Subdomain,
     typed: typed::<TokenReview>,
+    columns: &[NAME, AGE],
+    field: no_fields,
+    field_paths: &[],
+    prepare_update: no_defaults,
+    prepare_create: no_defaults,
+    validate: no_rules,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+/// authentication.k8s.io/v1 selfsubjectreviews (`kubectl auth whoami`): create only, never
+/// stored; answered with the requester's own identity ([`crate::auth::review`]).
+pub static SELF_SUBJECT_REVIEWS: ResourceDef = ResourceDef {
+    group: "authentication.k8s.io",
+    version: "v1",
+    kind: "SelfSubjectReview",
+    plural: "selfsubjectreviews",
+    singular: "selfsubjectreview",
+    short_names: &[],
+    categories: &[],
+    namespaced: false,
+    status: false,
+    generation: false,
+    extra_subresources: &[],
+    storage: "authentication.k8s.io/selfsubjectreviews",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<SelfSubjectReview>,
     columns: &[NAME, AGE],
     field: no_fields,
     field_paths: &[],
