@@ -1,7 +1,14 @@
 //! The verbs, run generically over a [`ResourceDef`]: get, list, create, update, patch,
 //! delete and deletecollection, plus the pod `binding` and `eviction` subresources.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use axum::{
     body::{Body, Bytes},
@@ -141,7 +148,7 @@ async fn handle_inner(
                 ("POST".into(), json_response(StatusCode::CREATED, &success_status(&qualified(def, name), None), "application/json"))
             }
             (&Method::POST, Some(name), Some("eviction")) => {
-                let eviction = parse_body(&body)?;
+                let eviction = check_eviction(ns, name, parse_body(&body)?)?;
                 let options = DeleteOptions::from_value(eviction.get("deleteOptions").unwrap_or(&Value::Null), &Query::new())?;
                 delete_object(state, def, ns, name, options).await?;
                 ("POST".into(), json_response(StatusCode::CREATED, &success_status(&qualified(def, name), None), "application/json"))
@@ -1270,10 +1277,15 @@ async fn patch_object(
     }
     let patch_doc = {
         let body = body.clone();
-        off_the_io_threads(move || patch::decode_body(patch_type, &body))
+        let cancel = CancelOnDrop::default();
+        let cancelled = cancel.flag();
+        off_the_io_threads(move || patch::decode_body_cancellable(patch_type, &body, &cancelled))
             .await?
             .map_err(|e| ApiError::bad_request(e.to_string()))?
     };
+    if is_apply {
+        check_applied_type(def, &patch_doc)?;
+    }
     let patch_doc = Arc::new(patch_doc);
     let schema = patch::schema_for(def.group, def.kind);
     for _ in 0..MAX_WRITE_ATTEMPTS {
@@ -1289,13 +1301,14 @@ async fn patch_object(
             })
             .await?
             .map_err(|e| apply_error(def, name, e))?;
-            if let Some(o) = obj.as_object_mut() {
-                o.entry("apiVersion").or_insert(json!(def.api_version()));
-                o.entry("kind").or_insert(json!(def.kind));
-            }
-            let meta = meta_mut(&mut obj);
-            meta.entry("name").or_insert(json!(name));
-            let created = create_object(state, def, ns, obj, query).await?;
+            check_request_namespace(def, ns, &mut obj)?;
+            check_url_name(&obj, name)?;
+            authorize_create(state, def, ns, name).await?;
+            // The apply recorded its manager's ownership; an `Update` entry of the same
+            // manager on top would make its next apply conflict with itself.
+            let mut query = query.clone();
+            query.remove("fieldManager");
+            let created = create_object(state, def, ns, obj, &query).await?;
             return Ok((StatusCode::CREATED, created));
         };
         let (doc, manager, live) = (patch_doc.clone(), manager.clone(), current.clone());
@@ -1321,6 +1334,8 @@ async fn patch_object(
             return Err(ApiError::modified(&qualified(def, name)));
         }
         let mut patched = patched;
+        check_request_namespace(def, ns, &mut patched)?;
+        check_url_name(&patched, name)?;
         if let Some(o) = patched.as_object_mut() {
             o.insert("apiVersion".into(), json!(def.api_version()));
             o.insert("kind".into(), json!(def.kind));
@@ -1341,6 +1356,121 @@ async fn patch_object(
         }
     }
     Err(ApiError::modified(&qualified(def, name)))
+}
+
+/// Upstream's `versionCheckManager` (the outermost field manager): an applied configuration
+/// names the endpoint's own `apiVersion` and `kind`, or the apply is a 400
+/// `invalid object type: <group>/<version>, Kind=<kind>` (Go's `GroupVersionKind` string).
+fn check_applied_type(def: &ResourceDef, applied: &Value) -> Result<(), ApiError> {
+    let Some(fields) = applied.as_object() else {
+        // Not an object: the apply itself refuses it.
+        return Ok(());
+    };
+    let text = |key: &str| fields.get(key).and_then(Value::as_str).unwrap_or("");
+    let (api_version, kind) = (text("apiVersion"), text("kind"));
+    if api_version == def.api_version() && kind == def.kind {
+        return Ok(());
+    }
+    // `schema.ParseGroupVersion`: "" and "v1" have no group, "g/v" one; anything else does
+    // not parse, and the kind then reads as empty too.
+    let parts: Vec<&str> = api_version.split('/').collect();
+    let (group, version, kind) = match parts.as_slice() {
+        [""] => ("", "", kind),
+        [version] => ("", *version, kind),
+        [group, version] => (*group, *version, kind),
+        _ => ("", "", ""),
+    };
+    Err(ApiError::bad_request(format!(
+        "invalid object type: {group}/{version}, Kind={kind}"
+    )))
+}
+
+/// Upstream's `rest.EnsureObjectNamespaceMatchesRequestNamespace`, run on every patched
+/// object: an object with no namespace takes the request's, a cluster-scoped one loses any,
+/// and a different one is a 400.
+fn check_request_namespace(
+    def: &ResourceDef,
+    ns: Option<&str>,
+    obj: &mut Value,
+) -> Result<(), ApiError> {
+    let expected = if def.namespaced { ns.unwrap_or("") } else { "" };
+    let meta = meta_mut(obj);
+    let given = meta.get("namespace").and_then(Value::as_str).unwrap_or("");
+    if given == expected {
+        return Ok(());
+    }
+    if given.is_empty() {
+        meta.insert("namespace".into(), json!(expected));
+        return Ok(());
+    }
+    if expected.is_empty() {
+        meta.remove("namespace");
+        return Ok(());
+    }
+    Err(ApiError::bad_request(
+        "the namespace of the provided object does not match the namespace sent on the request",
+    ))
+}
+
+/// Upstream's `checkName` (`handlers/rest.go`), run on every patched object: the object is
+/// the one the URL names. A patch cannot rename an object, and an apply cannot create one
+/// under another name than the URL's (which is what authorization, `resourceNames`
+/// included, was decided on).
+fn check_url_name(obj: &Value, name: &str) -> Result<(), ApiError> {
+    let given = str_at(obj, &["metadata", "name"]).unwrap_or("");
+    if given != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({given}) does not match the name on the URL ({name})"
+        )));
+    }
+    Ok(())
+}
+
+/// An apply that creates its object needs `create` on it as well as `patch`, as upstream's
+/// `PatchResource` wraps its create validation in `withAuthorization` (verb `create`, the
+/// URL's name). The server's own writes (no request user) are not checked.
+async fn authorize_create(
+    state: &ServerState,
+    def: &ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+) -> Result<(), ApiError> {
+    let Some(user) = crate::auth::with_request_user(Clone::clone) else {
+        return Ok(());
+    };
+    let mut attrs = crate::auth::authz::Attributes::resource(
+        user,
+        "create",
+        def.group,
+        def.plural,
+        ns.unwrap_or(""),
+        name,
+    );
+    attrs.api_version = def.version.to_owned();
+    match state.authorizer.authorize(state, &attrs).await {
+        crate::auth::authz::Decision::Allow => Ok(()),
+        crate::auth::authz::Decision::Deny(reason)
+        | crate::auth::authz::Decision::NoOpinion(reason) => {
+            Err(crate::auth::authz::forbidden(&attrs, &reason))
+        }
+    }
+}
+
+/// Sets its flag when dropped: held by a request's handler while blocking work for it runs,
+/// so that work can stop once the client is gone (the handler's future is then dropped).
+#[derive(Default)]
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl CancelOnDrop {
+    fn flag(&self) -> Arc<AtomicBool> {
+        self.0.clone()
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Runs CPU-heavy work (decoding and applying patches, which grow with the object) on the
@@ -1742,6 +1872,48 @@ pub(super) fn spawn_namespace_cleanup(state: &ServerState, namespace: String) {
             }
         }
     });
+}
+
+// ------------------------------------------------------------------ pods/eviction
+
+/// The group-versions whose `Eviction` the eviction subresource takes (upstream accepts
+/// `policy/v1beta1` bodies too).
+const EVICTION_VERSIONS: [&str; 2] = ["policy/v1", "policy/v1beta1"];
+
+/// An eviction body, checked as kube-apiserver's create handler and `EvictionREST.Create`
+/// (`pkg/registry/core/pod/storage/eviction.go`) check it: an `Eviction` (its kind and
+/// version defaulted from the endpoint, another kind refused as the decoder refuses it),
+/// decodable (a `deleteOptions.gracePeriodSeconds` of `"x"` is not), in the URL's namespace,
+/// and naming the URL's pod.
+fn check_eviction(ns: Option<&str>, name: &str, mut body: Value) -> Result<Value, ApiError> {
+    let version = match body.get("apiVersion").and_then(Value::as_str) {
+        Some(v) if EVICTION_VERSIONS.contains(&v) => v.to_owned(),
+        _ => EVICTION_VERSIONS[0].to_owned(),
+    };
+    super::type_meta::default_from_path(&mut body, &version, "Eviction")?;
+    let short = version.rsplit('/').next().unwrap_or("v1");
+    // Both versions have the same fields; the typed model checks them under its own.
+    let mut typed = body.clone();
+    typed["apiVersion"] = json!(EVICTION_VERSIONS[0]);
+    if let Err(e) = serde_json::from_value::<k8s_openapi::api::policy::v1::Eviction>(typed) {
+        return Err(ApiError::bad_request(format!(
+            "Eviction in version \"{short}\" cannot be handled as a Eviction: {e}"
+        )));
+    }
+    match str_at(&body, &["metadata", "namespace"]) {
+        Some(given) if !given.is_empty() && Some(given) != ns => {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        _ => {}
+    }
+    if str_at(&body, &["metadata", "name"]).unwrap_or("") != name {
+        return Err(ApiError::bad_request(
+            "name in URL does not match name in Eviction object",
+        ));
+    }
+    Ok(body)
 }
 
 // ------------------------------------------------------------------ pods/binding

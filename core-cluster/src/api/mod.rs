@@ -36,7 +36,9 @@ use crate::{
         authz::{Attributes, Authorizer, Decision},
         impersonation,
     },
-    registry::{Registry, ResourceDef, allocator::ServiceAllocator, authorization, meta},
+    registry::{
+        Registry, ResourceDef, allocator::ServiceAllocator, authorization, meta, resources,
+    },
     store::Store,
 };
 use status::ApiError;
@@ -699,7 +701,10 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
             String::new(),
             ApiError::no_route(&path).into_response(),
         ),
-        Parsed::Resource(target) if target.def.group == authorization::AUTHORIZATION_GROUP => {
+        Parsed::Resource(target)
+            if target.def.group == authorization::AUTHORIZATION_GROUP
+                || std::ptr::eq(target.def, &resources::SELF_SUBJECT_REVIEWS) =>
+        {
             let resource = target.def.plural.to_owned();
             let (verb, response) = review(&state, target, request).await;
             (verb, resource, response)
@@ -720,19 +725,17 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
     response
 }
 
-/// An access review: POST only, answered and not stored.
+/// An access review or a SelfSubjectReview: POST only, answered and not stored. As upstream
+/// installs a POST route alone for them, any other method is a 405 and a path with a name a
+/// 404.
 async fn review(state: &ServerState, target: Target, request: Request<Body>) -> (String, Response) {
     let verb = request.method().to_string();
-    if request.method() != Method::POST || target.name.is_some() {
-        let v = if request.method() == Method::GET {
-            "list"
-        } else {
-            verb.as_str()
-        };
-        return (
-            verb.clone(),
-            ApiError::method_not_allowed(v, target.def.plural).into_response(),
-        );
+    if target.name.is_some() {
+        let path = request.uri().path().to_owned();
+        return (verb, ApiError::no_route(&path).into_response());
+    }
+    if request.method() != Method::POST {
+        return (verb, ApiError::method_not_served().into_response());
     }
     let user = request
         .extensions()

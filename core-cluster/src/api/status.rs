@@ -278,6 +278,21 @@ impl ApiError {
         )
     }
 
+    /// 405 for a method a resource's path does not serve at all (a `GET` of a review, which
+    /// is create-only): go-restful's 405 as kube-apiserver's `serviceErrorHandler` writes it
+    /// (`NewGenericServerResponse`), which `kubectl` shows as "the server does not allow this
+    /// method on the requested resource".
+    pub fn method_not_served() -> Self {
+        ApiError {
+            details: Some(json!({})),
+            ..Self::new(
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method on the requested resource",
+            )
+        }
+    }
+
     /// 410 Expired.
     pub fn expired(message: impl Into<String>) -> Self {
         Self::new(410, "Expired", message)

@@ -47,18 +47,13 @@ pub(crate) async fn route(
     }
     let method = request.method().clone();
     let verb = method.to_string();
-    if method != Method::POST
-        || (is_review && (target.name.is_some() || target.subresource.is_some()))
-    {
-        let what = if is_review {
-            "tokenreviews"
-        } else {
-            "serviceaccounts/token"
-        };
-        return Ok((
-            verb.clone(),
-            ApiError::method_not_allowed(&verb, what).into_response(),
-        ));
+    if is_review && (target.name.is_some() || target.subresource.is_some()) {
+        let path = request.uri().path().to_owned();
+        return Ok((verb, ApiError::no_route(&path).into_response()));
+    }
+    if method != Method::POST {
+        // Upstream installs a POST route alone for both.
+        return Ok((verb, ApiError::method_not_served().into_response()));
     }
     let tokens = request
         .extensions()

@@ -138,11 +138,18 @@ pub fn default_policy() -> Vec<(&'static ResourceDef, Value)> {
         cluster_role("view", view_rules()),
         cluster_role(
             "system:basic-user",
-            vec![rule(
-                &["create"],
-                &["authorization.k8s.io"],
-                &["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
-            )],
+            vec![
+                rule(
+                    &["create"],
+                    &["authentication.k8s.io"],
+                    &["selfsubjectreviews"],
+                ),
+                rule(
+                    &["create"],
+                    &["authorization.k8s.io"],
+                    &["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                ),
+            ],
         ),
         cluster_role(
             "system:discovery",

@@ -2,7 +2,8 @@
 //! stored (upstream's `pkg/registry/authorization`): `SubjectAccessReview` (any user, for
 //! webhooks and `kubectl auth can-i --as`), `LocalSubjectAccessReview` (one namespace),
 //! `SelfSubjectAccessReview` (`kubectl auth can-i`) and `SelfSubjectRulesReview`
-//! (`kubectl auth can-i --list`).
+//! (`kubectl auth can-i --list`); and `authentication.k8s.io/v1` `SelfSubjectReview`
+//! (`kubectl auth whoami`).
 
 use serde_json::{Value, json};
 
@@ -109,6 +110,9 @@ pub(crate) async fn create(
     requester: &UserInfo,
     mut body: Value,
 ) -> Result<Value, ApiError> {
+    if def.kind == "SelfSubjectReview" {
+        return Ok(self_subject_review(requester));
+    }
     let spec = body["spec"].clone();
     if def.kind == "SelfSubjectRulesReview" {
         body["status"] = rules_review(state, requester, &text(&spec["namespace"])).await;
@@ -150,6 +154,27 @@ pub(crate) async fn create(
         Decision::NoOpinion(reason) => json!({"allowed": false, "reason": reason}),
     };
     Ok(body)
+}
+
+/// Upstream's `selfsubjectreview` REST `Create`: a new object (nothing of the request's is
+/// echoed) with the requester's user name, UID, groups and extra, stamped now.
+fn self_subject_review(requester: &UserInfo) -> Value {
+    let mut user = json!({"username": requester.name});
+    if !requester.uid.is_empty() {
+        user["uid"] = json!(requester.uid);
+    }
+    if !requester.groups.is_empty() {
+        user["groups"] = json!(requester.groups);
+    }
+    if !requester.extra.is_empty() {
+        user["extra"] = json!(requester.extra);
+    }
+    json!({
+        "kind": "SelfSubjectReview",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"creationTimestamp": crate::registry::meta::now_rfc3339()},
+        "status": {"userInfo": user},
+    })
 }
 
 /// The rules `user` has in `namespace`: RBAC's (cluster-wide and the namespace's) and, for a

@@ -621,6 +621,94 @@ const APPLY: &str = "Apply";
 const UPDATE: &str = "Update";
 const BEFORE_FIRST_APPLY: &str = "before-first-apply";
 
+/// The most `Update` entries `managedFields` keeps (upstream's `DefaultMaxUpdateManagers`);
+/// past it the oldest are merged into [`ANCIENT_CHANGES`] entries.
+pub const MAX_UPDATE_MANAGERS: usize = 10;
+
+/// The manager name of the entries that hold the fields of merged old updaters (upstream's
+/// `capManagersManager.oldUpdatesManagerName`), one per API version.
+pub const ANCIENT_CHANGES: &str = "ancient-changes";
+
+/// The seconds of an entry's `time`, 0 when it has none (as upstream compares them).
+fn entry_seconds(entry: &Entry) -> i64 {
+    entry
+        .time
+        .as_ref()
+        .and_then(Value::as_str)
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .map_or(0, |t| t.as_second())
+}
+
+fn entry_version(entry: &Entry) -> String {
+    entry
+        .api_version
+        .as_ref()
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// Upstream's `capManagersManager.capUpdateManagers`: while there are more than
+/// [`MAX_UPDATE_MANAGERS`] `Update` entries, the oldest (by time, then by manager) are
+/// merged, per API version, into one `ancient-changes` entry of that version (the first of a
+/// version is left as it is until a second one comes; the bucket takes the time of the last
+/// entry merged into it). Apply entries are never merged.
+fn cap_update_managers(entries: &mut Vec<Entry>) {
+    let mut updaters: Vec<usize> = (0..entries.len())
+        .filter(|&i| entries[i].operation != APPLY)
+        .collect();
+    if updaters.len() <= MAX_UPDATE_MANAGERS {
+        return;
+    }
+    updaters.sort_by(|&a, &b| {
+        let key = |i: usize| {
+            (
+                entry_seconds(&entries[i]),
+                entries[i].manager.clone(),
+                entry_version(&entries[i]),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    let mut first_of_version: HashMap<String, usize> = HashMap::new();
+    let mut merged = vec![false; entries.len()];
+    let mut remaining = updaters.len();
+    for &i in &updaters {
+        if remaining <= MAX_UPDATE_MANAGERS {
+            break;
+        }
+        let version = entry_version(&entries[i]);
+        let Some(&first) = first_of_version.get(&version) else {
+            first_of_version.insert(version, i);
+            continue;
+        };
+        let bucket = (0..entries.len()).find(|&b| {
+            !merged[b]
+                && entries[b].is(ANCIENT_CHANGES, UPDATE)
+                && entry_version(&entries[b]) == version
+        });
+        let bucket = bucket.unwrap_or_else(|| {
+            // The first updater of this version becomes the bucket.
+            let entry = &mut entries[first];
+            entry.manager = ANCIENT_CHANGES.into();
+            entry.operation = UPDATE.into();
+            entry.extra.clear();
+            first
+        });
+        let fields = std::mem::take(&mut entries[i].fields);
+        let time = entries[i].time.clone();
+        entries[bucket].fields.0.extend(fields.0);
+        entries[bucket].time = time;
+        merged[i] = true;
+        remaining -= 1;
+    }
+    let mut index = 0;
+    entries.retain(|_| {
+        index += 1;
+        !merged[index - 1]
+    });
+}
+
 /// Server-side apply of `applied` (the decoded body of an `apply-patch+yaml` request)
 /// by field manager `manager`, onto `live` (`None` when the object does not exist yet).
 ///
@@ -796,6 +884,7 @@ pub fn record_update(
         }
         None => {}
     }
+    cap_update_managers(&mut entries);
     let mut out = new.clone();
     write_entries(&mut out, &entries);
     out
@@ -1412,6 +1501,52 @@ mod tests {
         cleared["metadata"]["managedFields"] = json!([]);
         let cleared = record_update(Some(&relabel), &cleared, "resetter", cm_schema(), T1);
         assert!(cleared["metadata"].get("managedFields").is_none());
+    }
+
+    /// Upstream's `capmanagers.go`: at most ten `Update` managers; the oldest are folded,
+    /// per API version, into one `ancient-changes` entry that keeps their fields.
+    #[test]
+    fn update_managers_are_capped_at_ten_with_the_oldest_in_ancient_changes() {
+        let schema = cm_schema();
+        let mut obj = cm(json!({}), json!({}));
+        let mut applied = obj.clone();
+        applied["data"] = json!({"applied": "x"});
+        obj = apply(Some(&obj), &applied, "applier", false, schema, T0).unwrap();
+        for i in 0..15 {
+            let mut next = obj.clone();
+            next["data"][format!("k{i}")] = json!("v");
+            let now = format!("2026-01-01T00:{i:02}:00Z");
+            obj = record_update(Some(&obj), &next, &format!("m{i:02}"), schema, &now);
+        }
+        let entries = obj["metadata"]["managedFields"].as_array().unwrap();
+        let updaters: Vec<&str> = entries
+            .iter()
+            .filter(|e| e["operation"] == "Update")
+            .map(|e| e["manager"].as_str().unwrap())
+            .collect();
+        assert_eq!(updaters.len(), MAX_UPDATE_MANAGERS, "{updaters:?}");
+        assert!(entry(&obj, "applier", "Apply").is_some());
+        let ancient = entry(&obj, ANCIENT_CHANGES, "Update").unwrap();
+        // m00..m05 merged: the six oldest, so that ten updaters remain.
+        for i in 0..6 {
+            assert!(
+                !updaters.contains(&format!("m{i:02}").as_str()),
+                "{updaters:?}"
+            );
+            assert!(
+                ancient["fieldsV1"]["f:data"]
+                    .get(format!("f:k{i}"))
+                    .is_some()
+            );
+        }
+        for i in 6..15 {
+            assert!(
+                updaters.contains(&format!("m{i:02}").as_str()),
+                "{updaters:?}"
+            );
+        }
+        assert_eq!(ancient["time"], "2026-01-01T00:05:00Z");
+        assert_eq!(ancient["apiVersion"], "v1");
     }
 
     #[test]

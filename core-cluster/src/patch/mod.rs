@@ -18,6 +18,9 @@ pub mod limits;
 pub mod merge_patch;
 pub mod schema;
 pub mod strategic;
+pub mod yaml;
+
+use std::sync::atomic::AtomicBool;
 
 use serde_json::Value;
 
@@ -106,11 +109,22 @@ pub(crate) fn id_key(value: &Value) -> String {
 }
 
 /// Decodes a PATCH body. JSON for every type; for [`PatchType::ApplyPatch`] YAML as
-/// well (JSON is tried first, since it is by far the most common and is valid YAML).
+/// well (JSON is tried first, since it is by far the most common and is valid YAML), with
+/// YAML's costs bounded ([`yaml::decode`]).
 pub fn decode_body(patch_type: PatchType, body: &[u8]) -> Result<Value, PatchError> {
+    decode_body_cancellable(patch_type, body, &AtomicBool::new(false))
+}
+
+/// [`decode_body`] that stops decoding YAML once `cancelled` is set (the request was
+/// abandoned).
+pub fn decode_body_cancellable(
+    patch_type: PatchType,
+    body: &[u8],
+    cancelled: &AtomicBool,
+) -> Result<Value, PatchError> {
     match serde_json::from_slice::<Value>(body) {
         Ok(v) => Ok(v),
-        Err(_) if patch_type == PatchType::ApplyPatch => serde_norway::from_slice::<Value>(body)
+        Err(_) if patch_type == PatchType::ApplyPatch => yaml::decode(body, cancelled)
             .map_err(|e| PatchError::Decode(format!("invalid YAML: {e}"))),
         Err(e) => Err(PatchError::Decode(format!("invalid JSON: {e}"))),
     }

@@ -2,7 +2,7 @@
 //! type, columns and (where the resource has rules) defaulting and validation.
 
 use k8s_openapi::api::{
-    authentication::v1::TokenReview,
+    authentication::v1::{SelfSubjectReview, TokenReview},
     coordination::v1::Lease,
     core::v1::{
         ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount,
@@ -37,6 +37,7 @@ pub static ALL: &[&ResourceDef] = &[
     &ENDPOINT_SLICES,
     &EVENTS_V1,
     &TOKEN_REVIEWS,
+    &SELF_SUBJECT_REVIEWS,
     &super::authorization::ROLES,
     &super::authorization::CLUSTER_ROLES,
     &super::authorization::ROLE_BINDINGS,
@@ -52,8 +53,16 @@ pub static ALL: &[&ResourceDef] = &[
 ];
 
 /// Resources that are never stored: a create is answered at once and nothing else is
-/// served (`authentication.k8s.io` TokenReview), as `storage` entries.
-pub static CREATE_ONLY: &[&str] = &["authentication.k8s.io/tokenreviews"];
+/// served (the `authentication.k8s.io` and `authorization.k8s.io` reviews), as `storage`
+/// entries. Discovery lists `create` alone for them, as kube-apiserver does.
+pub static CREATE_ONLY: &[&str] = &[
+    "authentication.k8s.io/tokenreviews",
+    "authentication.k8s.io/selfsubjectreviews",
+    "authorization.k8s.io/subjectaccessreviews",
+    "authorization.k8s.io/localsubjectaccessreviews",
+    "authorization.k8s.io/selfsubjectaccessreviews",
+    "authorization.k8s.io/selfsubjectrulesreviews",
+];
 
 fn no_fields(_: &Value, _: &str) -> Option<String> {
     None
@@ -1232,16 +1241,52 @@ pub static SECRETS: ResourceDef = ResourceDef {
     ],
     field: |o, p| (p == "type").then(|| s(o, &["type"])),
     field_paths: &["type"],
-    prepare_update: no_defaults,
+    prepare_update: merge_string_data,
     prepare_create: |o| {
         if o["type"].is_null() {
             o["type"] = json!("Opaque");
         }
+        merge_string_data(o);
     },
     validate: no_rules,
     to_storage: identity,
-    from_storage: identity,
+    // Secrets a server before this rule stored with their `stringData`.
+    from_storage: |mut o| {
+        merge_string_data(&mut o);
+        o
+    },
 };
+
+/// Upstream's `Convert_v1_Secret_To_core_Secret`: every `stringData` entry is written into
+/// `data`, base64-encoded, over any `data` entry of the same key, and `stringData` itself
+/// is dropped, so it is never stored nor returned (`kubectl create secret` manifests and Helm
+/// charts write `stringData`; consumers read `data`). A null entry is the empty string, as
+/// Go decodes it into a `map[string]string`.
+pub fn merge_string_data(secret: &mut Value) {
+    use base64::{Engine, engine::general_purpose::STANDARD};
+    let Some(fields) = secret.as_object_mut() else {
+        return;
+    };
+    let Some(Value::Object(entries)) = fields.remove("stringData") else {
+        return;
+    };
+    if entries.is_empty() {
+        return;
+    }
+    let data = fields
+        .entry("data")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if !data.is_object() {
+        *data = Value::Object(Default::default());
+    }
+    let Some(data) = data.as_object_mut() else {
+        return;
+    };
+    for (key, value) in entries {
+        let text = value.as_str().unwrap_or("");
+        data.insert(key, json!(STANDARD.encode(text)));
+    }
+}
 
 /// coordination.k8s.io/v1 leases.
 pub static LEASES: ResourceDef = ResourceDef {
@@ -1406,6 +1451,33 @@ pub static TOKEN_REVIEWS: ResourceDef = ResourceDef {
     from_storage: identity,
 };
 
+/// authentication.k8s.io/v1 selfsubjectreviews (`kubectl auth whoami`): create only, never
+/// stored; answered with the requester's own identity ([`crate::auth::review`]).
+pub static SELF_SUBJECT_REVIEWS: ResourceDef = ResourceDef {
+    group: "authentication.k8s.io",
+    version: "v1",
+    kind: "SelfSubjectReview",
+    plural: "selfsubjectreviews",
+    singular: "selfsubjectreview",
+    short_names: &[],
+    categories: &[],
+    namespaced: false,
+    status: false,
+    generation: false,
+    extra_subresources: &[],
+    storage: "authentication.k8s.io/selfsubjectreviews",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<SelfSubjectReview>,
+    columns: &[NAME, AGE],
+    field: no_fields,
+    field_paths: &[],
+    prepare_update: no_defaults,
+    prepare_create: no_defaults,
+    validate: no_rules,
+    to_storage: identity,
+    from_storage: identity,
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1467,6 +1539,23 @@ mod tests {
         assert!(validate_node(&first_set, Some(&json!({"spec": {}}))).is_empty());
         let bad = json!({"spec": {"podCIDRs": ["10.0.0.0/24", "10.1.0.0/24"], "taints": [{"key": "a", "effect": "Bogus"}]}});
         assert_eq!(validate_node(&bad, None).len(), 2);
+    }
+
+    #[test]
+    fn string_data_is_merged_into_data_and_dropped() {
+        let mut secret = json!({"data": {"a": "b2xk", "keep": "eA=="},
+                                "stringData": {"a": "new", "b": "v", "n": null}});
+        merge_string_data(&mut secret);
+        assert_eq!(
+            secret,
+            json!({"data": {"a": "bmV3", "keep": "eA==", "b": "dg==", "n": ""}})
+        );
+        let mut only = json!({"stringData": {"k": "v"}});
+        merge_string_data(&mut only);
+        assert_eq!(only, json!({"data": {"k": "dg=="}}));
+        let mut empty = json!({"stringData": {}, "data": null});
+        merge_string_data(&mut empty);
+        assert_eq!(empty, json!({"data": null}));
     }
 
     #[test]
