@@ -3,10 +3,11 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use parking_lot::Mutex;
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{counter::Counter, family::Family, histogram::Histogram},
-    registry::Registry as PromRegistry,
+    registry::{Metric, Registry as PromRegistry},
 };
 
 /// Labels of a request metric.
@@ -31,7 +32,7 @@ pub struct LatencyLabels {
 
 /// The API server's metrics.
 pub struct Metrics {
-    registry: PromRegistry,
+    registry: Mutex<PromRegistry>,
     requests: Family<RequestLabels, Counter>,
     latency: Family<LatencyLabels, Histogram>,
     watches: AtomicI64,
@@ -61,7 +62,7 @@ impl Default for Metrics {
             latency.clone(),
         );
         Metrics {
-            registry,
+            registry: Mutex::new(registry),
             requests,
             latency,
             watches: AtomicI64::new(0),
@@ -115,6 +116,11 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// Adds a metric of the process (a controller's, say) to the exposition.
+    pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
+        self.registry.lock().register(name, help, metric);
+    }
+
     /// A watch opened (+1) or closed (-1).
     pub fn watch_delta(&self, delta: i64) {
         self.watches.fetch_add(delta, Ordering::Relaxed);
@@ -128,7 +134,7 @@ impl Metrics {
     /// The text exposition, with the store's object counts appended.
     pub fn render(&self, objects: &[(String, usize)], revision: u64) -> String {
         let mut out = String::new();
-        let _ = encode(&mut out, &self.registry);
+        let _ = encode(&mut out, &self.registry.lock());
         let body = out.trim_end().trim_end_matches("# EOF").to_owned();
         let mut text = body.trim_end().to_owned();
         text.push_str("\n# HELP apiserver_longrunning_requests Gauge of all active long-running apiserver requests.\n# TYPE apiserver_longrunning_requests gauge\n");
