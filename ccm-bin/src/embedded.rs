@@ -28,6 +28,7 @@ use core_cluster::{
         node_ipam::{NodeIpamConfig, NodeIpamController},
         node_lifecycle::{NodeLifecycleConfig, NodeLifecycleController},
         pod_gc::{PodGcConfig, PodGcController},
+        supervisor::{PANICS_HELP, PANICS_METRIC, Supervisor},
         taint_eviction::TaintEvictionController,
     },
     sim::{NodeSimulator, SimConfig, SimNode, UNINITIALIZED_TAINT_KEY},
@@ -121,6 +122,10 @@ pub(crate) fn embedded_only_flags() -> Vec<String> {
         .map(|a| a.get_id().to_string())
         .collect()
 }
+
+/// Starts one run of a supervised controller (see [`Supervisor::run`]).
+type BoxedStart =
+    Box<dyn FnMut(CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send + 'static>;
 
 /// The region of the fake cloud the embedded default builds.
 const FAKE_REGION: &str = "fake-region-1";
@@ -457,23 +462,55 @@ pub(crate) async fn run(
         args.write_kubeconfig.display()
     ));
 
-    // The controllers are API clients like any other; in-process they skip TCP.
+    // The controllers are API clients like any other; in-process they skip TCP. Each runs
+    // under the supervisor: a panic restarts it after a backoff and is counted in
+    // `controller_panics_total`; one that keeps panicking fails `/livez` (a check named
+    // after it, as kube-controller-manager names its controllers' checks).
     let client = kube::Client::new(server.router(), "default");
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn({
-        let c = NodeLifecycleController::new(client.clone(), lifecycle);
-        let s = shutdown.clone();
-        async move {
-            if let Err(e) = c.run(s).await {
-                eprintln!("node lifecycle controller stopped: {e}");
-            }
-        }
+    let supervisor = Supervisor::default();
+    server.register_metric(PANICS_METRIC, PANICS_HELP, supervisor.panics_metric());
+    let mut supervise = |name: &str, start: BoxedStart| {
+        tasks.spawn(supervisor.run(name, shutdown.clone(), start));
+    };
+    supervise("node-lifecycle-controller", {
+        let client = client.clone();
+        Box::new(move |s| {
+            let c = NodeLifecycleController::new(client.clone(), lifecycle.clone());
+            Box::pin(async move {
+                if let Err(e) = c.run(s).await {
+                    eprintln!("node lifecycle controller stopped: {e}");
+                }
+            })
+        })
     });
-    tasks.spawn(TaintEvictionController::new(client.clone()).run(shutdown.clone()));
-    tasks.spawn(GarbageCollector::new(client.clone()).run(shutdown.clone()));
-    tasks.spawn(PodGcController::new(client.clone(), PodGcConfig::default()).run(shutdown.clone()));
+    supervise("taint-eviction-controller", {
+        let client = client.clone();
+        Box::new(move |s| Box::pin(TaintEvictionController::new(client.clone()).run(s)))
+    });
+    supervise("garbage-collector-controller", {
+        let client = client.clone();
+        Box::new(move |s| Box::pin(GarbageCollector::new(client.clone()).run(s)))
+    });
+    supervise("pod-garbage-collector-controller", {
+        let client = client.clone();
+        Box::new(move |s| {
+            Box::pin(PodGcController::new(client.clone(), PodGcConfig::default()).run(s))
+        })
+    });
     if ipam.allocate_node_cidrs {
-        tasks.spawn(NodeIpamController::new(client.clone(), ipam)?.run(shutdown.clone()));
+        // Checked once here, so a restart cannot fail on the configuration.
+        NodeIpamController::new(client.clone(), ipam.clone())?;
+        let client = client.clone();
+        supervise(
+            "node-ipam-controller",
+            Box::new(
+                move |s| match NodeIpamController::new(client.clone(), ipam.clone()) {
+                    Ok(c) => Box::pin(c.run(s)),
+                    Err(e) => Box::pin(async move { eprintln!("node IPAM controller: {e}") }),
+                },
+            ),
+        );
     }
     // Pods run: the scheduler binds them, the workload controllers make them.
     {
@@ -484,13 +521,35 @@ pub(crate) async fn run(
             replicaset::ReplicaSetController,
             scheduler::{Scheduler, SchedulerConfig},
         };
-        let scheduler = Scheduler::new(client.clone(), SchedulerConfig::default());
-        tasks.spawn(scheduler.run(shutdown.clone()));
-        tasks.spawn(ReplicaSetController::new(client.clone()).run(shutdown.clone()));
-        tasks.spawn(DeploymentController::new(client.clone()).run(shutdown.clone()));
-        tasks.spawn(DaemonSetController::new(client.clone()).run(shutdown.clone()));
-        tasks.spawn(JobController::new(client.clone()).run(shutdown.clone()));
+        let c = client.clone();
+        supervise(
+            "scheduler",
+            Box::new(move |s| {
+                Box::pin(Scheduler::new(c.clone(), SchedulerConfig::default()).run(s))
+            }),
+        );
+        let c = client.clone();
+        supervise(
+            "replicaset-controller",
+            Box::new(move |s| Box::pin(ReplicaSetController::new(c.clone()).run(s))),
+        );
+        let c = client.clone();
+        supervise(
+            "deployment-controller",
+            Box::new(move |s| Box::pin(DeploymentController::new(c.clone()).run(s))),
+        );
+        let c = client.clone();
+        supervise(
+            "daemonset-controller",
+            Box::new(move |s| Box::pin(DaemonSetController::new(c.clone()).run(s))),
+        );
+        let c = client.clone();
+        supervise(
+            "job-controller",
+            Box::new(move |s| Box::pin(JobController::new(c.clone()).run(s))),
+        );
     }
+    server.add_livez_checks(supervisor.health_checks());
 
     // The cloud-controller-manager, exactly as against any cluster.
     say(format_args!(

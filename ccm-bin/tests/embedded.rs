@@ -485,3 +485,95 @@ fn workloads_roll_out_and_run_with_kubectl() {
     });
     assert!(gone, "{}", cluster.kubectl(&["get", "all"]));
 }
+
+/// The embedded controllers against hostile numbers, through kubectl (upstream's outcomes:
+/// `getMinTolerationTime` treats `math.MaxInt64` seconds as forever, `fitsRequest` leaves
+/// an overflowing request Pending "Insufficient cpu"): after a toleration of
+/// 9223372036854775807 and 2^62 seconds meets its NoExecute taint, and a pod asks 2 ×
+/// `cpu: 5e15`, taint eviction still evicts and the scheduler still binds. `/livez` names
+/// each supervised controller, as kube-controller-manager's health checks do.
+#[test]
+fn hostile_numbers_leave_the_embedded_controllers_running() {
+    require_kubectl();
+    let cluster = Embedded::start();
+    let ready = wait_until(Duration::from_secs(30), || {
+        let out = cluster.kubectl(&["get", "nodes", "--no-headers"]);
+        out.lines().count() == 3 && out.lines().all(|l| l.contains(" Ready "))
+    });
+    assert!(ready, "{}", cluster.kubectl(&["get", "nodes"]));
+    let livez = cluster.kubectl(&["get", "--raw", "/livez?verbose"]);
+    for check in [
+        "[+]taint-eviction-controller ok",
+        "[+]scheduler ok",
+        "[+]node-lifecycle-controller ok",
+        "[+]job-controller ok",
+    ] {
+        assert!(livez.contains(check), "{check} in {livez}");
+    }
+
+    for (name, seconds) in [
+        ("forever", "9223372036854775807"),
+        ("huge", "4611686018427387904"),
+    ] {
+        cluster.apply(&format!(
+            r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"default"}},
+            "spec":{{"nodeName":"sim-node-2","containers":[{{"name":"c","image":"x"}}],
+            "tolerations":[{{"key":"k2","operator":"Exists","effect":"NoExecute","tolerationSeconds":{seconds}}}]}}}}"#
+        ));
+    }
+    cluster.kubectl(&["taint", "nodes", "sim-node-2", "k2=:NoExecute"]);
+    cluster.apply(
+        r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"victim","namespace":"default"},
+        "spec":{"nodeName":"sim-node-1","containers":[{"name":"c","image":"x"}]}}"#,
+    );
+    cluster.kubectl(&["taint", "nodes", "sim-node-1", "k3=:NoExecute"]);
+    let evicted = wait_until(Duration::from_secs(20), || {
+        cluster
+            .kubectl(&["get", "pod", "victim", "--ignore-not-found", "-o", "name"])
+            .trim()
+            .is_empty()
+    });
+    assert!(
+        evicted,
+        "{}",
+        cluster.kubectl(&["get", "pods", "-o", "wide"])
+    );
+
+    cluster.apply(
+        r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"hostile","namespace":"default"},
+        "spec":{"containers":[{"name":"a","image":"x","resources":{"requests":{"cpu":"5e15"}}},
+        {"name":"b","image":"x","resources":{"requests":{"cpu":"5e15"}}}]}}"#,
+    );
+    let pending = wait_until(Duration::from_secs(20), || {
+        cluster
+            .kubectl(&[
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=hostile,reason=FailedScheduling",
+            ])
+            .contains("Insufficient cpu")
+    });
+    assert!(pending, "{}", cluster.kubectl(&["get", "events"]));
+    cluster.kubectl(&["run", "plain", "--image=nginx"]);
+    let running = wait_until(Duration::from_secs(30), || {
+        cluster.kubectl(&["get", "pod", "plain", "-o", "jsonpath={.status.phase}"]) == "Running"
+    });
+    assert!(
+        running,
+        "{}",
+        cluster.kubectl(&["get", "pods", "-o", "wide"])
+    );
+    for name in ["forever", "huge"] {
+        let phase = cluster.kubectl(&[
+            "get",
+            "pod",
+            name,
+            "-o",
+            "jsonpath={.metadata.deletionTimestamp}",
+        ]);
+        assert!(phase.is_empty(), "{name} is being deleted: {phase}");
+    }
+    let livez = cluster.kubectl(&["get", "--raw", "/livez?verbose"]);
+    assert!(livez.contains("livez check passed"), "{livez}");
+}

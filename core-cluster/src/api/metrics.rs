@@ -4,10 +4,11 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use parking_lot::Mutex;
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
-    registry::Registry as PromRegistry,
+    registry::{Metric, Registry as PromRegistry},
 };
 
 /// Labels of a per-resource watch metric.
@@ -59,7 +60,7 @@ pub struct LatencyLabels {
 
 /// The API server's metrics.
 pub struct Metrics {
-    registry: PromRegistry,
+    registry: Mutex<PromRegistry>,
     requests: Family<RequestLabels, Counter>,
     latency: Family<LatencyLabels, Histogram>,
     watches: AtomicI64,
@@ -106,7 +107,7 @@ impl Default for Metrics {
             watch.pending_bytes.clone(),
         );
         Metrics {
-            registry,
+            registry: Mutex::new(registry),
             requests,
             latency,
             watches: AtomicI64::new(0),
@@ -161,6 +162,11 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// Adds a metric of the process (a controller's, say) to the exposition.
+    pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
+        self.registry.lock().register(name, help, metric);
+    }
+
     /// A watch opened (+1) or closed (-1).
     pub fn watch_delta(&self, delta: i64) {
         self.watches.fetch_add(delta, Ordering::Relaxed);
@@ -179,7 +185,7 @@ impl Metrics {
     /// The text exposition, with the store's object counts appended.
     pub fn render(&self, objects: &[(String, usize)], revision: u64) -> String {
         let mut out = String::new();
-        let _ = encode(&mut out, &self.registry);
+        let _ = encode(&mut out, &self.registry.lock());
         let body = out.trim_end().trim_end_matches("# EOF").to_owned();
         let mut text = body.trim_end().to_owned();
         text.push_str("\n# HELP apiserver_longrunning_requests Gauge of all active long-running apiserver requests.\n# TYPE apiserver_longrunning_requests gauge\n");

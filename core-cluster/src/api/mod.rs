@@ -100,6 +100,17 @@ pub(crate) struct ServerState {
     pub(crate) watchers: Arc<watch::Watchers>,
     /// Node, RBAC: decides every request.
     pub(crate) authorizer: Authorizer,
+    /// Checks of `/livez` added with [`ApiServer::add_livez_checks`].
+    pub(crate) livez_checks: parking_lot::RwLock<Vec<Arc<dyn HealthChecker>>>,
+}
+
+/// A named check of `/livez` added from outside the server, such as one per controller of
+/// the process (upstream's `healthz.HealthChecker`, added with `AddLivezChecks`).
+pub trait HealthChecker: Send + Sync {
+    /// The check's name: `/livez/<name>` and its `[+]<name> ok` line.
+    fn name(&self) -> &str;
+    /// `Err(reason)` while failing.
+    fn check(&self) -> Result<(), String>;
 }
 
 /// A Kubernetes-compatible API server over a [`Store`].
@@ -149,6 +160,7 @@ impl ApiServer {
             event_cache: watch::EventCache::default(),
             watchers,
             authorizer,
+            livez_checks: parking_lot::RwLock::default(),
         });
         let server = ApiServer { state };
         server.bootstrap().await?;
@@ -298,6 +310,22 @@ impl ApiServer {
         Ok(written)
     }
 
+    /// Adds checks to `/livez` (upstream `AddLivezChecks`): a failing one makes `/livez`
+    /// 500 with `[-]<name> failed`, so whatever watches the process restarts it.
+    pub fn add_livez_checks(&self, checks: impl IntoIterator<Item = Arc<dyn HealthChecker>>) {
+        self.state.livez_checks.write().extend(checks);
+    }
+
+    /// Adds a metric of the process to `/metrics`.
+    pub fn register_metric(
+        &self,
+        name: &str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        self.state.metrics.register(name, help, metric);
+    }
+
     /// The store behind the server.
     pub fn store(&self) -> Arc<dyn Store> {
         self.state.store.clone()
@@ -445,15 +473,25 @@ async fn health(State(state): State<Arc<ServerState>>, request: Request) -> Resp
     let mut segments = request.uri().path().trim_matches('/').split('/');
     let endpoint = segments.next().unwrap_or("healthz");
     let single = segments.next();
-    let checks = health_checks(endpoint);
+    let added: Vec<Arc<dyn HealthChecker>> = if endpoint == "livez" {
+        state.livez_checks.read().clone()
+    } else {
+        Vec::new()
+    };
+    let checks: Vec<&str> = health_checks(endpoint)
+        .iter()
+        .copied()
+        .chain(added.iter().map(|c| c.name()))
+        .collect();
     let query: Vec<(String, String)> =
         serde_urlencoded::from_str(request.uri().query().unwrap_or("")).unwrap_or_default();
     let verbose = query.iter().any(|(k, _)| k == "verbose");
     let excluded = |check: &str| query.iter().any(|(k, v)| k == "exclude" && v == check);
 
+    let is_store = |check: &str| check != "ping" && health_checks(endpoint).contains(&check);
     let wants_store = match single {
-        Some(check) => check != "ping",
-        None => checks.iter().any(|c| *c != "ping" && !excluded(c)),
+        Some(check) => is_store(check),
+        None => checks.iter().any(|c| is_store(c) && !excluded(c)),
     };
     let store = if wants_store {
         match tokio::time::timeout(STORE_HEALTH_TIMEOUT, state.store.health()).await {
@@ -465,9 +503,10 @@ async fn health(State(state): State<Arc<ServerState>>, request: Request) -> Resp
     } else {
         Ok(())
     };
-    let outcome = |check: &str| match check {
-        "ping" => Ok(()),
-        _ => store.clone(),
+    let outcome = |check: &str| match added.iter().find(|c| c.name() == check) {
+        Some(c) => c.check(),
+        None if check == "ping" => Ok(()),
+        None => store.clone(),
     };
     let text = |code: StatusCode, body: String| {
         let mut response = (code, body).into_response();

@@ -318,7 +318,8 @@ impl Reconcile for Sync {
             let unavailable = desired - available;
             // Old pods that are not available anyway go first.
             old_pods.sort_by_key(|p| availability(p, min_ready, now).is_ok());
-            let mut budget = max_unavailable - unavailable;
+            // Saturating: `maxUnavailable` is the user's int32.
+            let mut budget = max_unavailable.saturating_sub(unavailable);
             for p in old_pods {
                 if availability(&p, min_ready, now).is_err() {
                     delete.push(p);

@@ -178,6 +178,11 @@ struct Sync {
     clock: WallClock,
 }
 
+/// `v` within the int32 range (a replica count to write).
+fn clamp_i32(v: i64) -> i32 {
+    v.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32
+}
+
 fn rs_replicas(rs: &ReplicaSet) -> i32 {
     rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0)
 }
@@ -265,7 +270,8 @@ impl Reconcile for Sync {
         };
         let recreate = spec.strategy.as_ref().and_then(|s| s.type_.as_deref()) == Some("Recreate");
         let olds: Vec<usize> = (0..sets.len()).filter(|i| *i != new_idx).collect();
-        let old_total: i32 = olds.iter().map(|i| rs_replicas(&sets[*i])).sum();
+        // Counts are the users' int32s: summed and compared in i64, so they cannot overflow.
+        let old_total: i64 = olds.iter().map(|i| i64::from(rs_replicas(&sets[*i]))).sum();
         let new_now = rs_replicas(&sets[new_idx]);
         if recreate {
             if old_total > 0 {
@@ -282,26 +288,28 @@ impl Reconcile for Sync {
             }
         } else {
             let (surge, max_unavailable) = fenceposts(&d);
+            let (replicas, new_now) = (i64::from(replicas), i64::from(new_now));
             // Scale up the new set (upstream `NewRSNewReplicas`).
-            let current: i32 = sets.iter().map(rs_replicas).sum();
-            let max_total = replicas + surge;
+            let current: i64 = sets.iter().map(|rs| i64::from(rs_replicas(rs))).sum();
+            let max_total = replicas + i64::from(surge);
             if current < max_total && new_now < replicas {
                 let target = (new_now + max_total - current).min(replicas);
-                self.scale(&d, &mut sets[new_idx], target).await?;
+                self.scale(&d, &mut sets[new_idx], clamp_i32(target))
+                    .await?;
             }
             // Scale down old sets (upstream `reconcileOldReplicaSets`).
-            let min_available = replicas - max_unavailable;
-            let all_available: i32 = sets.iter().map(|rs| rs_status(rs).2).sum();
+            let min_available = replicas - i64::from(max_unavailable);
+            let all_available: i64 = sets.iter().map(|rs| i64::from(rs_status(rs).2)).sum();
             let new_rs = &sets[new_idx];
-            let new_unavailable = rs_replicas(new_rs) - rs_status(new_rs).2;
+            let new_unavailable = i64::from(rs_replicas(new_rs)) - i64::from(rs_status(new_rs).2);
             let mut budget = all_available - min_available - new_unavailable;
             // Unhealthy old pods first: they do not count as available anyway.
             for i in &olds {
                 let rs = &mut sets[*i];
-                let unhealthy = rs_replicas(rs) - rs_status(rs).2;
+                let unhealthy = i64::from(rs_replicas(rs)) - i64::from(rs_status(rs).2);
                 if unhealthy > 0 {
-                    let target = rs_replicas(rs) - unhealthy;
-                    self.scale(&d, rs, target).await?;
+                    let target = i64::from(rs_replicas(rs)) - unhealthy;
+                    self.scale(&d, rs, clamp_i32(target)).await?;
                 }
             }
             for i in &olds {
@@ -309,10 +317,10 @@ impl Reconcile for Sync {
                     break;
                 }
                 let rs = &mut sets[*i];
-                let down = rs_replicas(rs).min(budget);
+                let down = i64::from(rs_replicas(rs)).min(budget);
                 if down > 0 {
-                    let target = rs_replicas(rs) - down;
-                    self.scale(&d, rs, target).await?;
+                    let target = i64::from(rs_replicas(rs)) - down;
+                    self.scale(&d, rs, clamp_i32(target)).await?;
                     budget -= down;
                 }
             }
@@ -347,7 +355,12 @@ impl Sync {
             .match_labels
             .get_or_insert_with(BTreeMap::new)
             .insert(POD_TEMPLATE_HASH.into(), hash.clone());
-        let next_revision = sets.iter().map(revision).max().unwrap_or(0) + 1;
+        let next_revision = sets
+            .iter()
+            .map(revision)
+            .max()
+            .unwrap_or(0)
+            .saturating_add(1);
         let (surge, _) = fenceposts(d);
         let replicas = spec.replicas.unwrap_or(1);
         let mut labels = spec
@@ -365,7 +378,7 @@ impl Sync {
                 "annotations": {
                     REVISION: next_revision.to_string(),
                     "deployment.kubernetes.io/desired-replicas": replicas.to_string(),
-                    "deployment.kubernetes.io/max-replicas": (replicas + surge).to_string(),
+                    "deployment.kubernetes.io/max-replicas": (i64::from(replicas) + i64::from(surge)).to_string(),
                 },
                 "ownerReferences": [controller_ref(d)],
             },
@@ -416,7 +429,7 @@ impl Sync {
         let patch = json!({
             "metadata": {"annotations": {
                 "deployment.kubernetes.io/desired-replicas": replicas.to_string(),
-                "deployment.kubernetes.io/max-replicas": (replicas + surge).to_string(),
+                "deployment.kubernetes.io/max-replicas": (i64::from(replicas) + i64::from(surge)).to_string(),
             }},
             "spec": {"replicas": to},
         });

@@ -163,7 +163,9 @@ fn restarts(pod: &Pod) -> u32 {
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
         .map_or(0, |cs| {
-            cs.iter().map(|c| c.restart_count.max(0) as u32).sum()
+            cs.iter()
+                .map(|c| c.restart_count.max(0).unsigned_abs())
+                .fold(0, u32::saturating_add)
         })
 }
 
@@ -206,11 +208,14 @@ impl Reconcile for Sync {
             .and_then(|s| s.restart_policy.as_deref())
             == Some("OnFailure");
         let restart_failures: u32 = if on_failure {
-            active.iter().map(|p| restarts(p)).sum()
+            active
+                .iter()
+                .map(|p| restarts(p))
+                .fold(0, u32::saturating_add)
         } else {
             0
         };
-        let failures = failed as u32 + restart_failures;
+        let failures = failed.unsigned_abs().saturating_add(restart_failures);
         let status = job.status.clone().unwrap_or_default();
         let now = self.clock.now();
         let mut conditions: Vec<Value> = status
@@ -249,7 +254,7 @@ impl Reconcile for Sync {
         let deadline = spec.active_deadline_seconds;
         let failure = if has(&conditions, "FailureTarget") {
             None
-        } else if failures as i32 > backoff_limit {
+        } else if i64::from(failures) > i64::from(backoff_limit) {
             Some((
                 "BackoffLimitExceeded",
                 "Job has reached the specified backoff limit",
@@ -416,7 +421,9 @@ impl Reconcile for Sync {
 /// is at least the deadline); zero once it is past.
 fn deadline_left(deadline: i64, start: jiff::Timestamp, now: jiff::Timestamp) -> Duration {
     let allowed = jiff::SignedDuration::from_secs(deadline);
-    let left = allowed - now.duration_since(start);
+    // Saturating: a deadline near i64::MAX seconds and a `startTime` in the future must
+    // not overflow.
+    let left = allowed.saturating_sub(now.duration_since(start));
     if left.is_positive() {
         Duration::try_from(left).unwrap_or(Duration::ZERO)
     } else {
@@ -441,6 +448,19 @@ mod tests {
         assert_eq!(deadline_left(30, start, at(30_000)), Duration::ZERO);
         assert_eq!(deadline_left(30, start, at(90_000)), Duration::ZERO);
         assert_eq!(deadline_left(0, start, at(0)), Duration::ZERO);
+    }
+
+    /// Upstream `pastActiveDeadline` with `activeDeadlineSeconds` at the int64 maximum and
+    /// a `startTime` in the future (a status any writer of jobs/status can set): no
+    /// overflow, the deadline is simply far away.
+    #[test]
+    fn the_largest_active_deadline_does_not_overflow() {
+        let now = jiff::Timestamp::from_second(1_700_000_000).unwrap();
+        let future_start = jiff::Timestamp::MAX;
+        let far = Duration::from_secs(1 << 62);
+        assert!(deadline_left(i64::MAX, future_start, now) > far);
+        assert!(deadline_left(i64::MAX, jiff::Timestamp::MIN, now) > far);
+        assert!(deadline_left(30, future_start, now) > Duration::from_secs(30));
     }
 
     /// Upstream's pod failure backoff: 10 s doubling, capped at 6 minutes.

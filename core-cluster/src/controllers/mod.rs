@@ -1,7 +1,8 @@
 //! The control-plane controllers of the node side, each a kube-rs client of the API server
 //! like any other (they never touch the store): node lifecycle, taint eviction, node IPAM,
 //! garbage collection, pod garbage collection, the scheduler and the workload controllers
-//! (ReplicaSet, Deployment, Job, DaemonSet).
+//! (ReplicaSet, Deployment, Job, DaemonSet); and the [`supervisor`] that restarts any of
+//! them after a panic.
 
 pub mod daemonset;
 pub mod deployment;
@@ -13,5 +14,6 @@ pub mod pod_gc;
 mod queue;
 pub mod replicaset;
 pub mod scheduler;
+pub mod supervisor;
 pub mod taint_eviction;
 mod workload;

@@ -1437,7 +1437,20 @@ impl NodeLifecycleController {
                 shared.monitor_pass(&lease_store).await;
             }
         });
-        shutdown.cancelled().await;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                Some(done) = tasks.join_next() => {
+                    // A worker's panic is the controller's, for its supervisor to see: a
+                    // silently dead worker would leave the controller half running.
+                    if let Err(e) = done
+                        && e.is_panic()
+                    {
+                        std::panic::resume_unwind(e.into_panic());
+                    }
+                }
+            }
+        }
         tasks.shutdown().await;
         Ok(())
     }

@@ -78,9 +78,16 @@ pub enum EvictionDecision {
     After(Duration),
 }
 
+/// The longest toleration: Go's largest `time.Duration` (about 292 years). Upstream
+/// multiplies `tolerationSeconds` by `time.Second` in int64 nanoseconds; where that would
+/// overflow, the wait is capped here instead.
+pub const MAX_TOLERATION: Duration = Duration::from_nanos(i64::MAX as u64);
+
 /// Upstream `GetMatchingTolerations` + `getMinTolerationTime`: each taint is matched by the
 /// first toleration that tolerates it; the pod may stay for the smallest `tolerationSeconds`
-/// among those, forever when none has seconds.
+/// among those, forever when none has seconds. As upstream, a smallest `tolerationSeconds`
+/// of `math.MaxInt64` is its "forever" sentinel; other values are capped at
+/// [`MAX_TOLERATION`].
 pub fn eviction_decision(taints: &[Taint], tolerations: &[Toleration]) -> EvictionDecision {
     if taints.is_empty() {
         return EvictionDecision::Keep;
@@ -98,8 +105,10 @@ pub fn eviction_decision(taints: &[Taint], tolerations: &[Toleration]) -> Evicti
         }
     }
     match min {
-        None => EvictionDecision::Keep,
-        Some(secs) => EvictionDecision::After(Duration::from_secs(secs as u64)),
+        None | Some(i64::MAX) => EvictionDecision::Keep,
+        Some(secs) => {
+            EvictionDecision::After(Duration::from_secs(secs.unsigned_abs()).min(MAX_TOLERATION))
+        }
     }
 }
 
@@ -198,12 +207,17 @@ impl State {
                 let mut start = now;
                 if let Some(Work::Scheduled { created_at, .. }) = self.work.get(key) {
                     start = *created_at;
-                    if start + min < now + min {
+                    // Upstream: keep the deletion when `start + min` is before `now + min`.
+                    if start < now {
                         return;
                     }
                     self.cancel(key);
                 }
-                self.add_work(key, start, start + min);
+                // A deadline past what the clock can hold never comes: nothing to schedule.
+                match start.checked_add(min) {
+                    Some(fire_at) => self.add_work(key, start, fire_at),
+                    None => self.cancel(key),
+                }
             }
         }
     }
@@ -560,6 +574,68 @@ mod tests {
         assert_eq!(
             eviction_decision(&[t("x")], &[tol("", None)]),
             EvictionDecision::Keep
+        );
+    }
+
+    /// Upstream `getMinTolerationTime`: `math.MaxInt64` seconds is "forever" (-1); other
+    /// seconds too many for int64 nanoseconds are capped at Go's largest Duration.
+    #[test]
+    fn toleration_seconds_beyond_int64_nanoseconds_are_forever_or_capped() {
+        assert_eq!(
+            eviction_decision(&[t("a")], &[tol("a", Some(i64::MAX))]),
+            EvictionDecision::Keep
+        );
+        assert_eq!(
+            eviction_decision(&[t("a")], &[tol("a", Some(1 << 62))]),
+            EvictionDecision::After(MAX_TOLERATION)
+        );
+        assert_eq!(
+            eviction_decision(
+                &[t("a"), t("b")],
+                &[tol("a", Some(i64::MAX)), tol("b", Some(60))]
+            ),
+            EvictionDecision::After(Duration::from_secs(60))
+        );
+    }
+
+    /// `processPodOnNode` with the longest toleration: its deadline is computed without
+    /// overflow (or, where the monotonic clock cannot hold it, never scheduled), and the
+    /// loop's state goes on deciding for the next taint.
+    #[test]
+    fn the_longest_toleration_is_scheduled_without_overflow() {
+        let now = Instant::now();
+        let mut state = State::default();
+        for (name, secs) in [("huge", Some(1i64 << 62)), ("plain", None)] {
+            let pod: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"nodeName": "n", "containers": [], "tolerations": [
+                    {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": secs}]}
+            }))
+            .unwrap();
+            state.pod_applied(&pod, now);
+        }
+        state.node_changed("n", vec![t("k")], now);
+        let timers: Vec<(Instant, &str)> =
+            state.timers.iter().map(|(t, k)| (*t, k.as_str())).collect();
+        match now.checked_add(MAX_TOLERATION) {
+            Some(at) => assert_eq!(timers, [(at, "ns/huge")]),
+            None => assert!(timers.is_empty()),
+        }
+        state.node_changed("n", vec![t("k"), t("other")], now);
+        state.fire(now);
+        let mut deleted: Vec<&str> = state
+            .jobs
+            .iter()
+            .filter_map(|j| match j {
+                Job::Delete { key, .. } => Some(key.as_str()),
+                Job::Event { .. } => None,
+            })
+            .collect();
+        deleted.sort();
+        assert_eq!(
+            deleted,
+            ["ns/huge", "ns/plain"],
+            "neither tolerates `other`"
         );
     }
 }

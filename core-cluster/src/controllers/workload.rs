@@ -292,7 +292,7 @@ pub(crate) fn availability(
         return Ok(());
     }
     let ready_for = since.map_or(jiff::SignedDuration::ZERO, |t| now.duration_since(t));
-    let left = jiff::SignedDuration::from_secs(min_ready) - ready_for;
+    let left = jiff::SignedDuration::from_secs(min_ready).saturating_sub(ready_for);
     if left.is_positive() {
         Err(Some(Duration::try_from(left).unwrap_or(Duration::ZERO)))
     } else {

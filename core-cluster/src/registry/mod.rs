@@ -6,6 +6,7 @@ pub mod allocator;
 pub mod authorization;
 pub mod events;
 pub mod meta;
+pub mod quantity;
 pub mod resources;
 pub mod selectors;
 pub mod table;

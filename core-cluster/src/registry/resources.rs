@@ -17,6 +17,7 @@ use super::{
     events::{identity, to_core, to_events_v1},
     meta::{is_qualified_name, str_at},
     no_defaults,
+    quantity::{check_pod_spec_quantities, quantity_of},
     table::{AGE, NAME, age},
     typed,
 };
@@ -449,9 +450,71 @@ fn prepare_pod(o: &mut Value) {
     });
 }
 
+/// Upstream `ValidateResourceRequirements` (with `ValidateResourceQuantityValue` →
+/// `ValidateNonnegativeQuantity`) for the `resources` of the container at `path`: no
+/// negative request or limit, and no request above its limit.
+fn validate_resource_requirements(c: &Value, path: &str, errors: &mut Vec<FieldError>) {
+    let requirements = &c["resources"];
+    let limits = requirements["limits"].as_object();
+    for (kind, map) in [
+        ("limits", limits),
+        ("requests", requirements["requests"].as_object()),
+    ] {
+        for (name, value) in map.into_iter().flatten() {
+            let Some(q) = quantity_of(value) else {
+                continue;
+            };
+            if q.is_negative() {
+                errors.push(FieldError::invalid(
+                    format!("{path}.{kind}[{name}]"),
+                    value,
+                    "must be greater than or equal to 0",
+                ));
+            }
+            let limit = limits.and_then(|l| l.get(name));
+            if kind == "requests"
+                && let Some(limit) = limit
+                && quantity_of(limit).is_some_and(|l| q > l)
+            {
+                errors.push(FieldError::invalid(
+                    format!("{path}.requests"),
+                    value,
+                    format!(
+                        "must be less than or equal to {name} limit of {}",
+                        limit.as_str().unwrap_or("")
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// Upstream decodes quantities with the object (`resource.Quantity.UnmarshalJSON`): a pod
+/// whose requests, limits or overhead hold something else is a 400 before validation.
+fn typed_pod(o: &Value) -> Result<Value, String> {
+    check_pod_spec_quantities(&o["spec"]).map_err(|e| e.to_string())?;
+    typed::<Pod>(o)
+}
+
 /// The container rules of a pod spec at `prefix` (`spec`, `spec.template.spec`).
 pub(super) fn validate_pod_spec(spec: &Value, prefix: &str) -> Vec<FieldError> {
     let mut errors = Vec::new();
+    for list in ["containers", "initContainers"] {
+        for (i, c) in spec[list].as_array().into_iter().flatten().enumerate() {
+            let path = format!("{prefix}.{list}[{i}].resources");
+            validate_resource_requirements(c, &path, &mut errors);
+        }
+    }
+    // Upstream `validateOverhead`.
+    for (name, value) in spec["overhead"].as_object().into_iter().flatten() {
+        if quantity_of(value).is_some_and(|q| q.is_negative()) {
+            errors.push(FieldError::invalid(
+                format!("{prefix}.overhead[{name}]"),
+                value,
+                "must be greater than or equal to 0",
+            ));
+        }
+    }
     match spec["containers"].as_array() {
         Some(cs) if !cs.is_empty() => {
             for (i, c) in cs.iter().enumerate() {
@@ -527,7 +590,7 @@ pub static PODS: ResourceDef = ResourceDef {
     extra_subresources: &["binding", "eviction"],
     storage: "core/pods",
     name_rule: NameRule::Subdomain,
-    typed: typed::<Pod>,
+    typed: typed_pod,
     columns: &[
         NAME,
         Column {

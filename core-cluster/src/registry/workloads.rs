@@ -12,6 +12,7 @@ use super::{
     Column, NameRule, ResourceDef,
     events::identity,
     no_defaults,
+    quantity::check_pod_spec_quantities,
     resources::{default_pod_spec, key_values_cell, none_if_empty, s, validate_pod_spec},
     table::{AGE, NAME, age},
     typed,
@@ -141,6 +142,15 @@ pub fn defaulted_template(template: &Value) -> Value {
     let mut t = template.clone();
     default_pod_spec(&mut t["spec"]);
     t
+}
+
+/// Round-trips a workload through `K`, refusing first (400, as upstream's decoder) a
+/// template whose resource quantities do not parse.
+fn typed_template<K: serde::de::DeserializeOwned + serde::Serialize>(
+    o: &Value,
+) -> Result<Value, String> {
+    check_pod_spec_quantities(&o["spec"]["template"]["spec"]).map_err(|e| e.to_string())?;
+    typed::<K>(o)
 }
 
 /// Defaults every workload's template gets; the status starts empty (upstream's
@@ -326,7 +336,7 @@ pub static DEPLOYMENTS: ResourceDef = ResourceDef {
     extra_subresources: &["scale"],
     storage: "apps/deployments",
     name_rule: NameRule::Subdomain,
-    typed: typed::<Deployment>,
+    typed: typed_template::<Deployment>,
     columns: &[
         NAME,
         Column {
@@ -403,7 +413,7 @@ pub static REPLICA_SETS: ResourceDef = ResourceDef {
     extra_subresources: &["scale"],
     storage: "apps/replicasets",
     name_rule: NameRule::Subdomain,
-    typed: typed::<ReplicaSet>,
+    typed: typed_template::<ReplicaSet>,
     columns: &[
         NAME,
         int_column("Desired", "Number of desired pods.", |o, _| {
@@ -489,7 +499,7 @@ pub static DAEMON_SETS: ResourceDef = ResourceDef {
     extra_subresources: &[],
     storage: "apps/daemonsets",
     name_rule: NameRule::Subdomain,
-    typed: typed::<DaemonSet>,
+    typed: typed_template::<DaemonSet>,
     columns: &[
         NAME,
         int_column(
@@ -680,7 +690,7 @@ pub static JOBS: ResourceDef = ResourceDef {
     extra_subresources: &[],
     storage: "batch/jobs",
     name_rule: NameRule::Subdomain,
-    typed: typed::<Job>,
+    typed: typed_template::<Job>,
     columns: &[
         NAME,
         Column {

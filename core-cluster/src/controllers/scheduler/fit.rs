@@ -4,11 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
+use k8s_openapi::{
+    api::core::v1::{Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration},
+    apimachinery::pkg::api::resource::Quantity as K8sQuantity,
 };
 
-use crate::controllers::taint_eviction::tolerates;
+use crate::{controllers::taint_eviction::tolerates, registry::quantity::parse_quantity};
 
 /// `NodeUnschedulable`'s reason (`ErrReasonUnschedulable`).
 pub const REASON_UNSCHEDULABLE: &str = "node(s) were unschedulable";
@@ -20,67 +21,42 @@ pub const REASON_TOO_MANY_PODS: &str = "Too many pods";
 pub const TAINT_UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
 
 /// Amounts of the resources the fit check counts: CPU in millicores, memory in bytes, pods.
+///
+/// One quantity is at most an int64, as upstream caps it
+/// ([`Quantity::MAX`](crate::registry::quantity::Quantity::MAX)); sums are kept in 128 bits
+/// and saturate, so no pod (and no number of pods) can overflow a node's accounting, and
+/// releasing a pod gives back exactly what it took.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Resources {
     /// CPU, millicores.
-    pub milli_cpu: i64,
+    pub milli_cpu: i128,
     /// Memory, bytes.
-    pub memory: i64,
+    pub memory: i128,
     /// Pods.
-    pub pods: i64,
+    pub pods: i128,
 }
 
 impl Resources {
     /// Adds `other` to `self`.
     pub fn add(&mut self, other: &Resources) {
-        self.milli_cpu += other.milli_cpu;
-        self.memory += other.memory;
-        self.pods += other.pods;
+        self.milli_cpu = self.milli_cpu.saturating_add(other.milli_cpu);
+        self.memory = self.memory.saturating_add(other.memory);
+        self.pods = self.pods.saturating_add(other.pods);
     }
 
     /// Takes `other` from `self`.
     pub fn sub(&mut self, other: &Resources) {
-        self.milli_cpu -= other.milli_cpu;
-        self.memory -= other.memory;
-        self.pods -= other.pods;
+        self.milli_cpu = self.milli_cpu.saturating_sub(other.milli_cpu);
+        self.memory = self.memory.saturating_sub(other.memory);
+        self.pods = self.pods.saturating_sub(other.pods);
     }
 }
 
-/// Parses a Kubernetes quantity (`100m`, `1.5`, `128Mi`, `1G`, `1e3`) into base units.
-pub fn parse_quantity(q: &str) -> Option<f64> {
-    let q = q.trim();
-    let split = q
-        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
-        .unwrap_or(q.len());
-    let (number, suffix) = q.split_at(split);
-    let factor = match suffix {
-        "" => 1.0,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        _ => return None,
-    };
-    let n: f64 = number.parse().ok()?;
-    (n.is_finite() && n >= 0.0).then_some(n * factor)
-}
-
-fn amount(
-    map: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
-    name: &str,
-    scale: f64,
-) -> Option<i64> {
-    let q = map?.get(name)?;
-    parse_quantity(&q.0).map(|v| (v * scale).ceil() as i64)
+/// The amount of resource `name` in `map`, in millis (`MilliValue()`) or whole units
+/// (`Value()`), through the API's own quantity parser.
+fn amount(map: Option<&BTreeMap<String, K8sQuantity>>, name: &str, milli: bool) -> Option<i128> {
+    let q = parse_quantity(&map?.get(name)?.0).ok()?;
+    Some(i128::from(if milli { q.milli_value() } else { q.value() }))
 }
 
 fn container_requests(c: &k8s_openapi::api::core::v1::Container) -> Resources {
@@ -88,14 +64,14 @@ fn container_requests(c: &k8s_openapi::api::core::v1::Container) -> Resources {
     let requests = r.and_then(|r| r.requests.as_ref());
     let limits = r.and_then(|r| r.limits.as_ref());
     // A limit without a request defaults the request (API server defaulting).
-    let get = |name: &str, scale: f64| {
-        amount(requests, name, scale)
-            .or_else(|| amount(limits, name, scale))
+    let get = |name: &str, milli: bool| {
+        amount(requests, name, milli)
+            .or_else(|| amount(limits, name, milli))
             .unwrap_or(0)
     };
     Resources {
-        milli_cpu: get("cpu", 1000.0),
-        memory: get("memory", 1.0),
+        milli_cpu: get("cpu", true),
+        memory: get("memory", false),
         pods: 0,
     }
 }
@@ -119,8 +95,11 @@ pub fn pod_requests(pod: &Pod) -> Resources {
         total.memory = total.memory.max(r.memory);
     }
     if let Some(overhead) = spec.overhead.as_ref() {
-        total.milli_cpu += amount(Some(overhead), "cpu", 1000.0).unwrap_or(0);
-        total.memory += amount(Some(overhead), "memory", 1.0).unwrap_or(0);
+        total.add(&Resources {
+            milli_cpu: amount(Some(overhead), "cpu", true).unwrap_or(0),
+            memory: amount(Some(overhead), "memory", false).unwrap_or(0),
+            pods: 0,
+        });
     }
     total
 }
@@ -132,9 +111,9 @@ pub fn node_allocatable(node: &Node) -> Resources {
         .and_then(|s| s.allocatable.as_ref())
         .or_else(|| status.and_then(|s| s.capacity.as_ref()));
     Resources {
-        milli_cpu: amount(map, "cpu", 1000.0).unwrap_or(0),
-        memory: amount(map, "memory", 1.0).unwrap_or(0),
-        pods: amount(map, "pods", 1.0).unwrap_or(0),
+        milli_cpu: amount(map, "cpu", true).unwrap_or(0),
+        memory: amount(map, "memory", false).unwrap_or(0),
+        pods: amount(map, "pods", false).unwrap_or(0),
     }
 }
 
@@ -227,16 +206,16 @@ impl NodeFacts {
         }
         // NodeResourcesFit.
         let mut reasons = Vec::new();
-        if self.requested.pods + 1 > self.allocatable.pods {
+        let (used, free) = (&self.requested, &self.allocatable);
+        if used.pods.saturating_add(1) > free.pods {
             reasons.push(REASON_TOO_MANY_PODS.to_owned());
         }
         if requests.milli_cpu > 0
-            && self.requested.milli_cpu + requests.milli_cpu > self.allocatable.milli_cpu
+            && used.milli_cpu.saturating_add(requests.milli_cpu) > free.milli_cpu
         {
             reasons.push("Insufficient cpu".to_owned());
         }
-        if requests.memory > 0 && self.requested.memory + requests.memory > self.allocatable.memory
-        {
+        if requests.memory > 0 && used.memory.saturating_add(requests.memory) > free.memory {
             reasons.push("Insufficient memory".to_owned());
         }
         if reasons.is_empty() {
@@ -263,23 +242,27 @@ impl NodeFacts {
         } else {
             requests.memory
         };
-        let free = |cap: i64, used: i64| {
+        let free = |cap: i128, used: i128| {
             if cap <= 0 || used > cap {
                 0
             } else {
-                (cap - used) * 100 / cap
+                (cap - used).saturating_mul(100) / cap
             }
         };
         // Placed pods count at least the defaults too (upstream `NonZeroRequested`; here
         // approximated per pod from the totals), so pods without requests spread out.
-        let placed_cpu = self.requested.milli_cpu.max(self.requested.pods * 100);
+        let placed_cpu = self
+            .requested
+            .milli_cpu
+            .max(self.requested.pods.saturating_mul(100));
         let placed_mem = self
             .requested
             .memory
-            .max(self.requested.pods * 200 * 1024 * 1024);
-        (free(self.allocatable.milli_cpu, placed_cpu + cpu)
-            + free(self.allocatable.memory, placed_mem + mem))
-            / 2
+            .max(self.requested.pods.saturating_mul(200 * 1024 * 1024));
+        let mean = (free(self.allocatable.milli_cpu, placed_cpu.saturating_add(cpu))
+            + free(self.allocatable.memory, placed_mem.saturating_add(mem)))
+            / 2;
+        mean as i64
     }
 
     /// The node's name, for messages.
@@ -421,19 +404,47 @@ mod tests {
         serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
     }
 
+    /// Upstream `fitsRequest` with `computePodResourceRequest`'s sum: two containers of
+    /// `cpu: 5e15` ask more millicores than an int64 holds, 9Ei of memory is capped at the
+    /// largest int64 (as `ParseQuantity` caps it), and 5Ei and 1E are read in full; none
+    /// fits, and a node's accounting gives back exactly what a pod took.
     #[test]
-    fn quantities() {
-        assert_eq!(parse_quantity("100m"), Some(0.1));
-        assert_eq!(parse_quantity("2"), Some(2.0));
-        assert_eq!(parse_quantity("128Mi"), Some(134_217_728.0));
-        assert_eq!(parse_quantity("1G"), Some(1e9));
-        assert_eq!(parse_quantity("1e3"), Some(1000.0));
+    fn requests_beyond_int64_do_not_fit_and_do_not_overflow() {
+        let n = node(json!({"metadata": {"name": "n"},
+            "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}}}));
+        let cpu = pod(json!({"containers": [
+            {"name": "a", "resources": {"requests": {"cpu": "5e15"}}},
+            {"name": "b", "resources": {"requests": {"cpu": "5e15"}}}]}));
+        let r = pod_requests(&cpu);
+        assert_eq!(r.milli_cpu, 10_000_000_000_000_000_000);
         assert_eq!(
-            parse_quantity("1.5Gi"),
-            Some(1.5 * 1024.0 * 1024.0 * 1024.0)
+            n.filter(&cpu, &r).unwrap_err().reasons,
+            ["Insufficient cpu"]
         );
-        assert_eq!(parse_quantity("bogus"), None);
-        assert_eq!(parse_quantity("1Zi"), None);
+        for (memory, bytes) in [
+            ("9Ei", i128::from(i64::MAX)),
+            ("5Ei", 5 << 60),
+            ("1E", 10i128.pow(18)),
+        ] {
+            let p = pod(json!({"containers": [
+                {"name": "a", "resources": {"requests": {"memory": memory}}}]}));
+            let r = pod_requests(&p);
+            assert_eq!(r.memory, bytes, "{memory}");
+            assert_eq!(
+                n.filter(&p, &r).unwrap_err().reasons,
+                ["Insufficient memory"],
+                "{memory}"
+            );
+        }
+        let mut used = Resources::default();
+        let before = used;
+        for _ in 0..3 {
+            used.add(&r);
+        }
+        for _ in 0..3 {
+            used.sub(&r);
+        }
+        assert_eq!(used, before);
     }
 
     /// Upstream `computePodResourceRequest`: containers add up, an init container counts
