@@ -57,6 +57,10 @@ pub struct ApiServerConfig {
     pub bookmark_interval: Duration,
     /// The watch timeout when the client gives none (upstream: 30–60 min).
     pub default_watch_timeout: Duration,
+    /// How long a request that is not long-running may take before it is answered 504
+    /// (kube-apiserver's `--request-timeout`, 60 s); watches, logs, exec, attach,
+    /// port-forward and proxy are not bounded.
+    pub request_timeout: Duration,
 }
 
 impl Default for ApiServerConfig {
@@ -68,6 +72,7 @@ impl Default for ApiServerConfig {
             max_object_bytes: 3 * 512 * 1024,
             bookmark_interval: Duration::from_secs(60),
             default_watch_timeout: Duration::from_secs(1800),
+            request_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -319,6 +324,11 @@ impl ApiServer {
                 self.state.clone(),
                 protobuf::codec,
             ))
+            // Around everything, the codec's reading of the body included.
+            .layer(middleware::from_fn_with_state(
+                self.state.clone(),
+                bound_request,
+            ))
             .with_state(self.state.clone())
     }
 }
@@ -360,6 +370,67 @@ async fn authorize(
 }
 
 const RBAC_PATH_PREFIX: &str = "/apis/rbac.authorization.k8s.io/";
+
+/// The bounds of every request, before anything reads its body:
+///
+/// - A `Content-Length` above [`ApiServerConfig::max_request_bytes`] is answered 413 at once,
+///   with the message of `staging/src/k8s.io/apiserver/pkg/endpoints/handlers/rest.go
+///   limitedReadBody`, instead of reading that much first. Bodies without a length are cut
+///   at the limit by the readers.
+/// - A request that is not long-running ([`long_running`]) is answered 504 after
+///   [`ApiServerConfig::request_timeout`], as `staging/src/k8s.io/apiserver/pkg/server/
+///   filters/timeout.go WithTimeoutForNonLongRunningRequests` does; a body trickled in is
+///   cut by it too. The work in progress is dropped, as when the client goes away.
+async fn bound_request(
+    State(state): State<Arc<ServerState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let limit = state.config.max_request_bytes;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return ApiError::too_large(limit).into_response();
+    }
+    if long_running(request.method(), request.uri()) {
+        return next.run(request).await;
+    }
+    match tokio::time::timeout(state.config.request_timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => request_timed_out().into_response(),
+    }
+}
+
+/// The subresources upstream's `BasicLongRunningRequestCheck` exempts from the request
+/// timeout (kube-apiserver's `genericapiserver.DefaultLongRunningFunc`).
+const LONG_RUNNING_SUBRESOURCES: [&str; 5] = ["attach", "exec", "proxy", "log", "portforward"];
+
+/// Upstream's `BasicLongRunningRequestCheck(watch, proxy; attach, exec, proxy, log,
+/// portforward)` over the request's attributes as the authorizer reads them, so a request is
+/// a watch here exactly when it is authorized as one (`watch` read as [`query_bool`], or the
+/// `/watch/` path prefix).
+fn long_running(method: &Method, uri: &axum::http::Uri) -> bool {
+    let attrs = Attributes::from_request(UserInfo::default(), method, uri);
+    attrs.resource_request
+        && (attrs.verb == "watch"
+            // The deprecated `/api/v1/proxy/...` paths: upstream's `proxy` verb.
+            || attrs.resource == "proxy"
+            || LONG_RUNNING_SUBRESOURCES.contains(&attrs.subresource.as_str()))
+}
+
+/// The 504 of `WithTimeoutForNonLongRunningRequests`: `apierrors.NewTimeoutError("request
+/// did not complete within the allotted timeout", 0)`.
+fn request_timed_out() -> ApiError {
+    ApiError {
+        code: 504,
+        reason: "Timeout",
+        message: "Timeout: request did not complete within the allotted timeout".to_owned(),
+        details: Some(json!({})),
+    }
+}
 
 /// Impersonation and the authorizer chain: the effective user, or the 403.
 async fn authorize_as(
@@ -826,6 +897,50 @@ mod tests {
             }
             _ => None,
         }
+    }
+
+    /// `staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go
+    /// BasicLongRunningRequestCheck` with kube-apiserver's verbs (watch, proxy) and
+    /// subresources (attach, exec, proxy, log, portforward); `watch` is read as
+    /// `Convert_Slice_string_To_bool` reads it.
+    #[test]
+    fn long_running_requests_are_those_of_upstreams_check() {
+        let check = |method: Method, uri: &str| long_running(&method, &uri.parse().unwrap());
+        for uri in [
+            "/api/v1/pods?watch=true",
+            "/api/v1/pods?watch=1",
+            "/api/v1/pods?watch=True",
+            "/api/v1/pods?watch=yes",
+            "/api/v1/watch/namespaces/default/pods",
+            "/apis/apps/v1/namespaces/default/deployments?watch=true&resourceVersion=1",
+            "/api/v1/namespaces/default/pods/p/log",
+            "/api/v1/namespaces/default/pods/p/exec?command=sh",
+            "/api/v1/namespaces/default/pods/p/attach",
+            "/api/v1/namespaces/default/pods/p/portforward",
+            "/api/v1/namespaces/default/services/s/proxy",
+            "/api/v1/nodes/n1/proxy",
+        ] {
+            assert!(check(Method::GET, uri), "{uri} is long-running");
+        }
+        for uri in [
+            "/api/v1/pods",
+            "/api/v1/pods?watch=false",
+            "/api/v1/pods?watch=0",
+            "/api/v1/pods?watch=False",
+            "/api/v1/namespaces/default/pods/p",
+            "/api/v1/namespaces/default/pods/p/status",
+            "/healthz",
+            "/version",
+            "/api",
+            "/logs",
+        ] {
+            assert!(!check(Method::GET, uri), "{uri} is bounded");
+        }
+        assert!(!check(Method::POST, "/api/v1/namespaces/default/pods"));
+        assert!(!check(
+            Method::PUT,
+            "/api/v1/namespaces/default/configmaps/c?watch=true"
+        ));
     }
 
     #[test]
