@@ -380,7 +380,9 @@ const RBAC_PATH_PREFIX: &str = "/apis/rbac.authorization.k8s.io/";
 /// - A request that is not long-running ([`long_running`]) is answered 504 after
 ///   [`ApiServerConfig::request_timeout`], as `staging/src/k8s.io/apiserver/pkg/server/
 ///   filters/timeout.go WithTimeoutForNonLongRunningRequests` does; a body trickled in is
-///   cut by it too. The work in progress is dropped, as when the client goes away.
+///   cut by it too. The work in progress is dropped, as when the client goes away. An
+///   answer still being sent at the deadline is cut (the HTTP/2 stream reset, the HTTP/1
+///   connection closed), as upstream aborts its handler then.
 async fn bound_request(
     State(state): State<Arc<ServerState>>,
     request: Request,
@@ -398,9 +400,89 @@ async fn bound_request(
     if long_running(request.method(), request.uri()) {
         return next.run(request).await;
     }
-    match tokio::time::timeout(state.config.request_timeout, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) => request_timed_out().into_response(),
+    let mut deadline = Box::pin(tokio::time::sleep(state.config.request_timeout));
+    tokio::select! {
+        response = next.run(request) => response.map(|body| {
+            Body::new(UntilDeadline::new(body, deadline))
+        }),
+        () = deadline.as_mut() => request_timed_out().into_response(),
+    }
+}
+
+/// An answer's body that ends in an error if it is still being sent at the request's
+/// deadline. Large frames are handed on in pieces of [`DEADLINE_PIECE`] bytes, so that an
+/// answer the client reads slowly is still in this body, not in the connection's buffers,
+/// when the deadline comes.
+struct UntilDeadline {
+    body: Body,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    rest: bytes::Bytes,
+}
+
+const DEADLINE_PIECE: usize = 64 * 1024;
+
+impl UntilDeadline {
+    fn new(body: Body, deadline: std::pin::Pin<Box<tokio::time::Sleep>>) -> Self {
+        UntilDeadline {
+            body,
+            deadline,
+            rest: bytes::Bytes::new(),
+        }
+    }
+
+    fn piece(&mut self, mut data: bytes::Bytes) -> hyper::body::Frame<bytes::Bytes> {
+        if data.len() > DEADLINE_PIECE {
+            self.rest = data.split_off(DEADLINE_PIECE);
+        }
+        hyper::body::Frame::data(data)
+    }
+}
+
+impl hyper::body::Body for UntilDeadline {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, axum::Error>>> {
+        use std::{future::Future, task::Poll};
+        let timed_out = || {
+            Poll::Ready(Some(Err(axum::Error::new(
+                "the request timed out while its answer was sent",
+            ))))
+        };
+        if !self.rest.is_empty() {
+            if self.deadline.as_mut().poll(cx).is_ready() {
+                return timed_out();
+            }
+            let rest = std::mem::take(&mut self.rest);
+            return Poll::Ready(Some(Ok(self.piece(rest))));
+        }
+        match std::pin::Pin::new(&mut self.body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(match frame.into_data() {
+                Ok(data) => self.piece(data),
+                Err(frame) => frame,
+            }))),
+            Poll::Ready(other) => Poll::Ready(other),
+            Poll::Pending if self.deadline.as_mut().poll(cx).is_ready() => timed_out(),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty() && self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        let inner = self.body.size_hint();
+        let rest = self.rest.len() as u64;
+        let mut hint = hyper::body::SizeHint::new();
+        hint.set_lower(inner.lower() + rest);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint
     }
 }
 
@@ -941,6 +1023,30 @@ mod tests {
             Method::PUT,
             "/api/v1/namespaces/default/configmaps/c?watch=true"
         ));
+    }
+
+    /// `WithTimeoutForNonLongRunningRequests` once the handler began its answer: the answer
+    /// is handed on in pieces, its exact size kept, and what is left at the deadline is cut.
+    #[tokio::test(start_paused = true)]
+    async fn answers_are_handed_on_in_pieces_until_the_deadline() {
+        use http_body_util::BodyExt;
+        use hyper::body::Body as _;
+        let data = bytes::Bytes::from(vec![7u8; 3 * DEADLINE_PIECE + 10]);
+        let deadline = Box::pin(tokio::time::sleep(Duration::from_secs(60)));
+        let mut body = UntilDeadline::new(Body::from(data.clone()), deadline);
+        assert_eq!(body.size_hint().exact(), Some(data.len() as u64));
+        for sent in 1..=2 {
+            let piece = body.frame().await.unwrap().unwrap().into_data().unwrap();
+            assert_eq!(
+                piece,
+                data.slice((sent - 1) * DEADLINE_PIECE..sent * DEADLINE_PIECE)
+            );
+            let left = data.len() - sent * DEADLINE_PIECE;
+            assert_eq!(body.size_hint().exact(), Some(left as u64));
+            assert!(!body.is_end_stream());
+        }
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(body.frame().await.unwrap().is_err());
     }
 
     #[test]
