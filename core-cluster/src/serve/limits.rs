@@ -280,7 +280,7 @@ impl Registry {
                 .get(&ip)?
                 .iter()
                 .copied()
-                .find(|id| self.unauthenticated.get(id).is_some_and(|u| evictable(u))),
+                .find(|id| self.unauthenticated.get(id).is_some_and(&evictable)),
             None => self
                 .unauthenticated
                 .iter()
