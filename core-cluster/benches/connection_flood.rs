@@ -11,8 +11,9 @@
 //! `FLOOD_CONNECTIONS` (4200), `FLOOD_SECONDS` (75), `FLOOD_SOURCES` (1: all from
 //! 127.0.0.1; n: from 127.0.0.2 onwards), `FLOOD_PROBE_EVERY` (seconds, 5). Each attacking
 //! connection completes TLS without a client certificate, negotiates HTTP/2, answers the
-//! server's pings and sends nothing; when the server closes it, it connects again. Every
-//! probe lists namespaces as the admin on a new connection.
+//! server's pings and sends nothing; when the server closes it, it connects again. The
+//! connections are opened first (until their number stops growing), then held for
+//! `FLOOD_SECONDS` while every probe lists namespaces as the admin on a new connection.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -32,6 +33,7 @@ use kube::{Api, api::ListParams};
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::{net::TcpSocket, time::Instant};
 use tokio_rustls::TlsConnector;
+use tokio_util::sync::CancellationToken;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -48,15 +50,15 @@ struct Counts {
     failed: AtomicU64,
 }
 
-/// One attacker: connect, hold until closed, again, until `until`.
+/// One attacker: connect, hold until closed, again, until `stop`.
 async fn attacker(
     addr: SocketAddr,
     from: IpAddr,
     tls: TlsConnector,
     counts: Arc<Counts>,
-    until: Instant,
+    stop: CancellationToken,
 ) {
-    while Instant::now() < until {
+    while !stop.is_cancelled() {
         let connected = async {
             let socket = TcpSocket::new_v4()?;
             socket.bind(SocketAddr::new(from, 0))?;
@@ -74,10 +76,13 @@ async fn attacker(
             Ok(Ok((send, conn))) => {
                 counts.connected.fetch_add(1, Ordering::Relaxed);
                 counts.live.fetch_add(1, Ordering::Relaxed);
-                let held = tokio::time::timeout_at(until, conn).await;
+                let closed = tokio::select! {
+                    _ = conn => true,
+                    () = stop.cancelled() => false,
+                };
                 counts.live.fetch_sub(1, Ordering::Relaxed);
                 drop(send);
-                if held.is_ok() {
+                if closed {
                     counts.closed_by_server.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -88,6 +93,24 @@ async fn attacker(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Probes on a thread and runtime of their own, so that the attackers' tasks do not delay
+/// them.
+fn prober(
+    config: kube::Config,
+) -> std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Result<Duration>>> {
+    let (ask, asked) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<Result<Duration>>>();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("probe runtime");
+        while let Ok(answer) = asked.recv() {
+            let _ = answer.send(runtime.block_on(probe(&config)));
+        }
+    });
+    ask
 }
 
 async fn probe(config: &kube::Config) -> Result<Duration> {
@@ -145,31 +168,60 @@ async fn main() -> Result<()> {
     tls.alpn_protocols = vec![b"h2".to_vec()];
     let tls = TlsConnector::from(Arc::new(tls));
 
-    eprintln!("baseline probe: {:?}", probe(&config).await);
+    let probes = prober(config.clone());
+    let probe = || {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let asked = probes.send(answer);
+        async move {
+            asked.context("the prober ended")?;
+            answered.await.context("the prober ended")?
+        }
+    };
+    eprintln!("baseline probe: {:?}", probe().await);
     let started = Instant::now();
-    let until = started + Duration::from_secs(seconds);
     let counts = Arc::new(Counts::default());
+    let stop = CancellationToken::new();
     for i in 0..connections {
         let from = if sources == 1 {
             IpAddr::from([127, 0, 0, 1])
         } else {
             IpAddr::from([127, 0, 0, 2 + (i % sources) as u8])
         };
-        tokio::spawn(attacker(addr, from, tls.clone(), counts.clone(), until));
+        tokio::spawn(attacker(
+            addr,
+            from,
+            tls.clone(),
+            counts.clone(),
+            stop.clone(),
+        ));
     }
-    let (mut ok, mut failed, mut worst) = (0, 0, Duration::ZERO);
-    let mut latencies = Vec::new();
-    while Instant::now() + probe_every <= until {
-        tokio::time::sleep(probe_every).await;
-        let result = probe(&config).await;
-        let t = started.elapsed().as_secs();
-        let line = format!(
-            "t={t:>3}s live={:>5} connected={:>6} closed_by_server={:>6} failed={:>6}",
+    let status = |counts: &Counts| {
+        format!(
+            "t={:>3}s live={:>5} connected={:>6} closed_by_server={:>6} failed={:>6}",
+            started.elapsed().as_secs(),
             counts.live.load(Ordering::Relaxed),
             counts.connected.load(Ordering::Relaxed),
             counts.closed_by_server.load(Ordering::Relaxed),
             counts.failed.load(Ordering::Relaxed),
-        );
+        )
+    };
+    // Open the connections: until their number stops growing for 5 s (or 5 min pass).
+    let (mut most, mut since) = (0, Instant::now());
+    while since.elapsed() < Duration::from_secs(5) && started.elapsed() < Duration::from_secs(300) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let live = counts.live.load(Ordering::Relaxed);
+        if live > most {
+            (most, since) = (live, Instant::now());
+        }
+    }
+    eprintln!("{} opened; holding for {seconds} s", status(&counts));
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let (mut ok, mut failed, mut worst) = (0, 0, Duration::ZERO);
+    let mut latencies = Vec::new();
+    while Instant::now() + probe_every <= until {
+        tokio::time::sleep(probe_every).await;
+        let result = probe().await;
+        let line = status(&counts);
         match result {
             Ok(latency) => {
                 ok += 1;
@@ -192,5 +244,6 @@ async fn main() -> Result<()> {
         counts.failed.load(Ordering::Relaxed),
     );
     tokio::time::sleep_until(until).await;
+    stop.cancel();
     Ok(())
 }

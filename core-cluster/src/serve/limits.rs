@@ -12,10 +12,10 @@
 //!   done without a certificate it also counts against the anonymous share
 //!   ([`Caps::anonymous`], three quarters of the slots by default), so the last quarter is
 //!   always left to authenticated clients.
-//! - When a limit is reached, the oldest *idle* unauthenticated connection (no request in
-//!   flight; a handshake at least [`HANDSHAKE_EVICTION_AGE`] old) is closed to make room,
-//!   rather than refusing the newcomer, which may be a client with a certificate. Only
-//!   when every such connection is busy is the newcomer refused. Authenticated
+//! - When a limit is reached, the oldest *idle* anonymous connection (no request in flight),
+//!   or failing that the oldest handshake stalled for [`HANDSHAKE_EVICTION_AGE`], is closed
+//!   to make room, rather than refusing the newcomer, which may be a client with a
+//!   certificate. Only when there is none is the newcomer refused. Authenticated
 //!   connections are never closed to make room.
 
 use std::{
@@ -266,25 +266,37 @@ impl Registry {
         Ok(conn)
     }
 
-    /// The oldest unauthenticated connection (from `source`, if given) that may be closed to
-    /// make room: no request in flight, and past its handshake or stalled in it.
+    /// The unauthenticated connection (from `source`, if given) to close to make room: the
+    /// oldest idle anonymous one, else the oldest stalled handshake. A handshake is taken
+    /// only when no anonymous connection is idle, so that a client whose handshake is slow
+    /// (a loaded server) is not taken while there are idle anonymous connections to close.
     fn oldest_idle(&self, source: Option<IpAddr>, now: Instant) -> Option<u64> {
-        let evictable = |u: &Unauthenticated| {
-            (u.stage == Stage::Anonymous
-                || now.duration_since(u.conn.accepted) >= HANDSHAKE_EVICTION_AGE)
-                && u.conn.is_idle()
+        let idle_anonymous = |u: &Unauthenticated| u.stage == Stage::Anonymous && u.conn.is_idle();
+        let stalled = |u: &Unauthenticated| {
+            u.stage == Stage::Handshaking
+                && now.duration_since(u.conn.accepted) >= HANDSHAKE_EVICTION_AGE
         };
+        self.first(source, idle_anonymous)
+            .or_else(|| self.first(source, stalled))
+    }
+
+    /// The oldest unauthenticated connection (from `source`, if given) that is `wanted`.
+    fn first(
+        &self,
+        source: Option<IpAddr>,
+        wanted: impl Fn(&Unauthenticated) -> bool,
+    ) -> Option<u64> {
         match source {
             Some(ip) => self
                 .per_source
                 .get(&ip)?
                 .iter()
                 .copied()
-                .find(|id| self.unauthenticated.get(id).is_some_and(&evictable)),
+                .find(|id| self.unauthenticated.get(id).is_some_and(&wanted)),
             None => self
                 .unauthenticated
                 .iter()
-                .find(|(_, u)| evictable(u))
+                .find(|(_, u)| wanted(u))
                 .map(|(id, _)| *id),
         }
     }
@@ -549,6 +561,24 @@ mod tests {
         assert_eq!(limits.counts(), (2, 1, 0));
         drop(newcomer);
         assert_eq!(limits.counts(), (1, 0, 0));
+    }
+
+    /// A handshake slowed past [`HANDSHAKE_EVICTION_AGE`] (a loaded server) is not taken
+    /// while an idle anonymous connection can be closed instead.
+    #[tokio::test(start_paused = true)]
+    async fn idle_anonymous_connections_go_before_slow_handshakes() {
+        let limits = Limits::new(caps(2, 2, 100));
+        let slow = limits.admit(ip(2)).unwrap();
+        tokio::time::advance(HANDSHAKE_EVICTION_AGE * 3).await;
+        let anonymous = limits.admit(ip(3)).unwrap();
+        assert!(anonymous.handshake_done(false));
+        let _newcomer = limits.admit(ip(4)).expect("room made");
+        assert!(anonymous.conn().close.is_cancelled());
+        assert!(
+            !slow.conn().close.is_cancelled(),
+            "the slow handshake is kept"
+        );
+        assert!(slow.handshake_done(true));
     }
 
     /// One source holds at most `per_source` unauthenticated connections; a new one from it
