@@ -11,7 +11,8 @@
 //! `FLOOD_CONNECTIONS` (4200), `FLOOD_SECONDS` (75), `FLOOD_SOURCES` (1: all from
 //! 127.0.0.1; n: from 127.0.0.2 onwards), `FLOOD_PROBE_EVERY` (seconds, 5). Each attacking
 //! connection completes TLS without a client certificate, negotiates HTTP/2, answers the
-//! server's pings and sends nothing; when the server closes it, it connects again. The
+//! server's pings and sends nothing; when the server closes it, it connects again
+//! (`FLOOD_RECONNECT=0`: it does not, and makes one attempt only). The
 //! connections are opened first (until their number stops growing), then held for
 //! `FLOOD_SECONDS` while every probe lists namespaces as the admin on a new connection.
 
@@ -57,6 +58,7 @@ async fn attacker(
     tls: TlsConnector,
     counts: Arc<Counts>,
     stop: CancellationToken,
+    reconnect: bool,
 ) {
     while !stop.is_cancelled() {
         let connected = async {
@@ -90,6 +92,9 @@ async fn attacker(
                 counts.failed.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+        }
+        if !reconnect {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -132,6 +137,7 @@ async fn main() -> Result<()> {
     let seconds = env("FLOOD_SECONDS", 75);
     let sources = env("FLOOD_SOURCES", 1).max(1) as usize;
     let probe_every = Duration::from_secs(env("FLOOD_PROBE_EVERY", 5).max(1));
+    let reconnect = env("FLOOD_RECONNECT", 1) != 0;
     let _in_process;
     let kubeconfig = match std::env::var("FLOOD_KUBECONFIG") {
         Ok(path) => std::fs::read_to_string(&path).with_context(|| path.clone())?,
@@ -193,6 +199,7 @@ async fn main() -> Result<()> {
             tls.clone(),
             counts.clone(),
             stop.clone(),
+            reconnect,
         ));
     }
     let status = |counts: &Counts| {

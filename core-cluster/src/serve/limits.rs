@@ -266,18 +266,27 @@ impl Registry {
         Ok(conn)
     }
 
-    /// The unauthenticated connection (from `source`, if given) to close to make room: the
-    /// oldest idle anonymous one, else the oldest stalled handshake. A handshake is taken
-    /// only when no anonymous connection is idle, so that a client whose handshake is slow
-    /// (a loaded server) is not taken while there are idle anonymous connections to close.
+    /// The unauthenticated connection to close to make room: idle anonymous, or a handshake
+    /// stalled for [`HANDSHAKE_EVICTION_AGE`].
+    ///
+    /// - From one `source`: the oldest of either, so that a flood from one address churns
+    ///   its own connections in turn rather than piling up handshakes for the server to
+    ///   finish.
+    /// - Across the server: the oldest idle anonymous one, and a handshake only when none
+    ///   is idle, so that a client of another address whose handshake is slow (a loaded
+    ///   server) is not taken while there are idle anonymous connections to close.
     fn oldest_idle(&self, source: Option<IpAddr>, now: Instant) -> Option<u64> {
         let idle_anonymous = |u: &Unauthenticated| u.stage == Stage::Anonymous && u.conn.is_idle();
         let stalled = |u: &Unauthenticated| {
             u.stage == Stage::Handshaking
                 && now.duration_since(u.conn.accepted) >= HANDSHAKE_EVICTION_AGE
         };
-        self.first(source, idle_anonymous)
-            .or_else(|| self.first(source, stalled))
+        match source {
+            Some(_) => self.first(source, |u| idle_anonymous(u) || stalled(u)),
+            None => self
+                .first(None, idle_anonymous)
+                .or_else(|| self.first(None, stalled)),
+        }
     }
 
     /// The oldest unauthenticated connection (from `source`, if given) that is `wanted`.
@@ -563,8 +572,9 @@ mod tests {
         assert_eq!(limits.counts(), (1, 0, 0));
     }
 
-    /// A handshake slowed past [`HANDSHAKE_EVICTION_AGE`] (a loaded server) is not taken
-    /// while an idle anonymous connection can be closed instead.
+    /// When the server is full, a handshake slowed past [`HANDSHAKE_EVICTION_AGE`] (a
+    /// loaded server) is not taken while an idle anonymous connection can be closed
+    /// instead; within one address the oldest goes first.
     #[tokio::test(start_paused = true)]
     async fn idle_anonymous_connections_go_before_slow_handshakes() {
         let limits = Limits::new(caps(2, 2, 100));
@@ -579,6 +589,18 @@ mod tests {
             "the slow handshake is kept"
         );
         assert!(slow.handshake_done(true));
+
+        let limits = Limits::new(caps(100, 100, 2));
+        let stalled = limits.admit(ip(2)).unwrap();
+        tokio::time::advance(HANDSHAKE_EVICTION_AGE).await;
+        let anonymous = limits.admit(ip(2)).unwrap();
+        assert!(anonymous.handshake_done(false));
+        let _newcomer = limits.admit(ip(2)).expect("room made");
+        assert!(
+            stalled.conn().close.is_cancelled(),
+            "the oldest of the address goes"
+        );
+        assert!(!anonymous.conn().close.is_cancelled());
     }
 
     /// One source holds at most `per_source` unauthenticated connections; a new one from it
