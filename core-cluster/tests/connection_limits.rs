@@ -92,6 +92,8 @@ async fn tls_from(
 struct H2 {
     send: SendRequest<Body>,
     conn: JoinHandle<()>,
+    /// The `Authorization` header of its requests, if any.
+    authorization: Option<String>,
 }
 
 impl H2 {
@@ -104,7 +106,11 @@ impl H2 {
         let conn = tokio::spawn(async move {
             let _ = conn.await;
         });
-        Ok(H2 { send, conn })
+        Ok(H2 {
+            send,
+            conn,
+            authorization: None,
+        })
     }
 
     async fn admin(server: &TestServer, from: IpAddr) -> Result<H2> {
@@ -122,11 +128,14 @@ impl H2 {
         path: &str,
         body: Body,
     ) -> Result<hyper::Response<Incoming>> {
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(method)
             .uri(format!("https://127.0.0.1{path}"))
-            .header("content-type", "application/json")
-            .body(body)?;
+            .header("content-type", "application/json");
+        if let Some(authorization) = &self.authorization {
+            request = request.header("authorization", authorization);
+        }
+        let request = request.body(body)?;
         self.send.ready().await?;
         Ok(self.send.send_request(request).await?)
     }
@@ -386,6 +395,61 @@ async fn one_source_holds_a_bounded_number_of_unauthenticated_connections() -> R
         "other sources are untouched"
     );
     assert!(crowd.iter().filter(|c| c.is_open()).count() <= PER_SOURCE);
+    Ok(())
+}
+
+/// A connection without a client certificate whose requests authenticate with a bearer
+/// token (a service account's, as pods use) counts as authenticated from its first request:
+/// anonymous connections opened later from its address do not take its slot.
+#[tokio::test]
+async fn a_connection_authenticated_by_a_token_keeps_its_slot() -> Result<()> {
+    const PER_SOURCE: usize = 2;
+    let options = ServeOptions {
+        max_connections_per_source: PER_SOURCE,
+        ..ServeOptions::default()
+    };
+    let server = start(ApiServerConfig::default(), options).await;
+    let mut admin = H2::admin(&server, source(9)).await?;
+    let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "robot"}});
+    let (code, body) = admin
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/serviceaccounts",
+            Some(sa),
+        )
+        .await?;
+    assert_eq!(code, 201, "{body}");
+    let request =
+        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}});
+    let (code, body) = admin
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/serviceaccounts/robot/token",
+            Some(request),
+        )
+        .await?;
+    assert_eq!(code, 201, "{body}");
+    let token = body["status"]["token"].as_str().context("a token")?;
+    let mut robot = H2::connect(&server, source(2), None).await?;
+    robot.authorization = Some(format!("Bearer {token}"));
+    assert_eq!(robot.call("GET", "/version", None).await?.0, 200);
+    let mut anonymous = Vec::new();
+    for _ in 0..PER_SOURCE + 2 {
+        let mut conn = H2::connect(&server, source(2), None).await?;
+        assert_eq!(conn.call("GET", "/healthz", None).await?.0, 200);
+        anonymous.push(conn);
+    }
+    let wanted: Vec<bool> = (0..PER_SOURCE + 2).map(|i| i >= 2).collect();
+    assert!(
+        eventually(Duration::from_secs(5), || open(&anonymous) == wanted).await,
+        "{:?}",
+        open(&anonymous)
+    );
+    assert!(
+        robot.is_open(),
+        "the authenticated connection kept its slot"
+    );
+    assert_eq!(robot.call("GET", "/version", None).await?.0, 200);
     Ok(())
 }
 
