@@ -12,7 +12,7 @@
 //! `ReadHeaderTimeout` 32 s), plus a TLS handshake timeout and HTTP/2 keep-alive pings. At
 //! most [`ServeOptions::max_connections`] are served at once; connections without
 //! credentials hold at most a share of them and a per-source number, and give their slot
-//! up to newcomers when idle (see [`limits`]). [`TestServer`] starts all of it in a
+//! up to newcomers when idle (the `limits` module). [`TestServer`] starts all of it in a
 //! temporary directory for tests and benchmarks.
 
 use std::{
@@ -122,8 +122,9 @@ pub struct ServeOptions {
     /// closed, or the newcomer when none is idle.
     pub max_unauthenticated_connections: Option<usize>,
     /// The most unauthenticated connections (handshaking or without credentials) from one
-    /// source address; a new one from that address replaces its oldest idle one, or is
-    /// closed when none is idle. Authenticated connections are not counted.
+    /// source address; a new one from that address replaces its oldest idle one (or a
+    /// handshake stalled for a second), or is closed when there is none. Authenticated
+    /// connections are not counted.
     pub max_connections_per_source: usize,
     /// On shutdown, how long open requests (watches) may run before their connections are
     /// dropped.
