@@ -5,36 +5,51 @@
 //! ([`crate::auth::authn`]); [`serve_tls`] accepts TCP connections, completes the TLS
 //! handshake (client certificates optional, verified against the cluster CA), and serves
 //! HTTP/2 or HTTP/1.1 as ALPN chose, with the client certificate's identity in every
-//! request's extensions. Slow or idle clients are closed (TLS handshake and HTTP/1 header
-//! read timeouts, HTTP/2 keep-alive pings) and at most
-//! [`ServeOptions::max_connections`] are served at once: beyond that new connections are
-//! closed at once. [`TestServer`] starts all of it in a temporary directory for tests and
-//! benchmarks.
+//! request's extensions.
+//!
+//! Slow or idle clients are closed as kube-apiserver's Go server closes them
+//! (`staging/src/k8s.io/apiserver/pkg/server/secure_serving.go`: `IdleTimeout` 90 s,
+//! `ReadHeaderTimeout` 32 s), plus a TLS handshake timeout and HTTP/2 keep-alive pings. At
+//! most [`ServeOptions::max_connections`] are served at once; connections without
+//! credentials hold at most a share of them and a per-source number, and give their slot
+//! up to newcomers when idle (the `limits` module). [`TestServer`] starts all of it in a
+//! temporary directory for tests and benchmarks.
 
 use std::{
     convert::Infallible,
     net::SocketAddr,
     path::{Path, PathBuf},
+    pin::Pin,
     sync::Arc,
+    task::{Context, Poll},
     time::Duration,
 };
 
-use axum::{Router, body::Body};
-use hyper::body::Incoming;
+use axum::{
+    Router,
+    body::Body,
+    extract::Request,
+    middleware::{self, Next},
+    response::Response,
+};
+use bytes::Bytes;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::{net::TcpListener, sync::Semaphore};
+use tokio::{net::TcpListener, sync::mpsc};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     api::ApiServer,
     auth::{
-        UserInfo,
+        GROUP_AUTHENTICATED, UserInfo,
         authn::{self, Authenticator, PeerCertificate},
         pki::{self, Credentials, Pki, PkiError},
         token::{Clock, TokenAuthenticator, TokenError},
     },
 };
+
+mod limits;
 
 /// Why serving failed.
 #[derive(Debug, thiserror::Error)]
@@ -86,17 +101,48 @@ pub struct ServeOptions {
     /// How long a client has to complete the TLS handshake.
     pub handshake_timeout: Duration,
     /// How long an HTTP/1 client has to send a request's headers, from when the connection
-    /// is ready for the next request: also the idle timeout of kept-alive connections
-    /// (kube-apiserver: `ReadHeaderTimeout` 32 s).
+    /// is ready for the next request: also closes kept-alive HTTP/1 connections idle that
+    /// long (kube-apiserver: `ReadHeaderTimeout` 32 s).
     pub header_read_timeout: Duration,
+    /// How long a connection with no request in flight is kept: HTTP/2 with no open
+    /// stream, HTTP/1 between requests (kube-apiserver: Go's `IdleTimeout`, 90 s, for both).
+    /// An HTTP/2 connection that answers pings is closed too.
+    pub idle_timeout: Duration,
     /// HTTP/2: how often an idle connection is pinged, and how long the answer may take
     /// before the connection is closed.
     pub http2_keep_alive: Duration,
-    /// The most connections served at once; more are closed as soon as they are accepted.
+    /// The most connections served at once. When all are taken, the oldest idle
+    /// connection without credentials is closed to make room for a new one; when none is
+    /// idle the new one is closed at once.
     pub max_connections: usize,
+    /// The most connections whose TLS handshake completed without a client certificate
+    /// and that have not authenticated a request since (a bearer token authenticates its
+    /// connection); `None`: three quarters of [`max_connections`](Self::max_connections),
+    /// so the rest is kept for authenticated clients. Past it, the oldest idle one is
+    /// closed, or the newcomer when none is idle.
+    pub max_unauthenticated_connections: Option<usize>,
+    /// The most unauthenticated connections (handshaking or without credentials) from one
+    /// source address; a new one from that address replaces its oldest idle one (or a
+    /// handshake stalled for a second), or is closed when there is none. Authenticated
+    /// connections are not counted.
+    pub max_connections_per_source: usize,
     /// On shutdown, how long open requests (watches) may run before their connections are
     /// dropped.
     pub shutdown_grace: Duration,
+}
+
+impl ServeOptions {
+    fn caps(&self) -> limits::Caps {
+        let max = self.max_connections.max(1);
+        limits::Caps {
+            max,
+            anonymous: self
+                .max_unauthenticated_connections
+                .unwrap_or(max - max / 4)
+                .clamp(1, max),
+            per_source: self.max_connections_per_source.max(1),
+        }
+    }
 }
 
 impl Default for ServeOptions {
@@ -104,8 +150,11 @@ impl Default for ServeOptions {
         ServeOptions {
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(32),
+            idle_timeout: Duration::from_secs(90),
             http2_keep_alive: Duration::from_secs(30),
             max_connections: 4096,
+            max_unauthenticated_connections: None,
+            max_connections_per_source: 512,
             shutdown_grace: Duration::from_secs(5),
         }
     }
@@ -218,16 +267,30 @@ pub fn https_url(addr: SocketAddr) -> String {
 
 /// `server`'s router behind authentication: every request gets the [`UserInfo`] of its
 /// client certificate or token, anonymous ones only on the health and version endpoints.
-/// Token requests and reviews use the authenticator's tokens.
+/// Token requests and reviews use the authenticator's tokens. A request that authenticates
+/// takes its connection out of the unauthenticated connections' share ([`ServeOptions`]).
 pub fn secure_router(server: &ApiServer, authenticator: Authenticator) -> Router {
     let mut router = server.router();
     if let Some(tokens) = authenticator.tokens() {
         router = router.layer(axum::Extension(tokens.clone()));
     }
-    router.layer(axum::middleware::from_fn_with_state(
-        authenticator,
-        authn::layer,
-    ))
+    router
+        .layer(middleware::from_fn(connection_authenticated))
+        .layer(middleware::from_fn_with_state(authenticator, authn::layer))
+}
+
+/// Inside authentication: an authenticated request (a bearer token on a connection without
+/// a client certificate) makes its connection count as authenticated.
+async fn connection_authenticated(request: Request, next: Next) -> Response {
+    if let Some(promote) = request.extensions().get::<limits::Promote>()
+        && request
+            .extensions()
+            .get::<UserInfo>()
+            .is_some_and(|user| user.in_group(GROUP_AUTHENTICATED))
+    {
+        promote.authenticated();
+    }
+    next.run(request).await
 }
 
 /// Serves `server` over TLS with `security` on `listener` until `shutdown` is cancelled.
@@ -252,9 +315,10 @@ pub async fn serve_tls(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let acceptor = TlsAcceptor::from(tls);
-    let max = options.max_connections.max(1);
-    let permits = Arc::new(Semaphore::new(max));
+    let limits = limits::Limits::new(options.caps());
     let options = Arc::new(options);
+    // Every connection task holds a sender: `recv` answers `None` once all have ended.
+    let (live, mut all_ended) = mpsc::channel::<()>(1);
     loop {
         let (tcp, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -268,8 +332,8 @@ pub async fn serve_tls(
                 }
             },
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, max, "connection limit reached: closing the new connection");
+        // Refusals are logged by the limits, at most once per interval.
+        let Some(slot) = limits.admit(peer.ip()) else {
             drop(tcp);
             continue;
         };
@@ -278,34 +342,45 @@ pub async fn serve_tls(
         let router = router.clone();
         let options = options.clone();
         let shutdown = shutdown.clone();
+        let live = live.clone();
         tokio::spawn(async move {
-            serve_connection(tcp, peer, acceptor, router, &options, shutdown).await;
-            drop(permit);
+            serve_connection(tcp, peer, slot, acceptor, router, &options, shutdown).await;
+            drop(live);
         });
     }
-    // Every connection holds a permit until it is done.
-    let _ = permits.acquire_many(max as u32).await;
+    drop(live);
+    let _ = all_ended.recv().await;
     Ok(())
 }
 
 async fn serve_connection(
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
+    slot: limits::Slot,
     acceptor: TlsAcceptor,
     router: Router,
     options: &ServeOptions,
     shutdown: CancellationToken,
 ) {
-    let stream = match tokio::time::timeout(options.handshake_timeout, acceptor.accept(tcp)).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(error)) => {
-            tracing::debug!(%peer, %error, "TLS handshake failed");
+    let conn = slot.conn().clone();
+    let handshake = tokio::time::timeout(options.handshake_timeout, acceptor.accept(tcp));
+    let stream = tokio::select! {
+        handshake = handshake => match handshake {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => {
+                tracing::debug!(%peer, %error, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        },
+        () = conn.evicted() => {
+            tracing::debug!(%peer, "stalled TLS handshake closed to make room");
             return;
         }
-        Err(_) => {
-            tracing::debug!(%peer, "TLS handshake timed out");
-            return;
-        }
+        () = shutdown.cancelled() => return,
     };
     let (_, session) = stream.get_ref();
     let identity = session
@@ -313,29 +388,47 @@ async fn serve_connection(
         .and_then(|chain| chain.first())
         .and_then(|leaf| pki::client_identity(leaf))
         .map(|(user, groups)| UserInfo::new(user, groups));
+    if !slot.handshake_done(identity.is_some()) {
+        // The anonymous share is full of busy connections (logged by the limits).
+        return;
+    }
     let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
     let peer_certificate = PeerCertificate(identity);
+    let promote = slot.promote_handle();
+    let service_conn = conn.clone();
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        // Busy until the response body is done: a watch keeps its connection busy.
+        let busy = service_conn.busy();
         request.extensions_mut().insert(peer_certificate.clone());
+        request.extensions_mut().insert(promote.clone());
         let mut router = router.clone();
         async move {
             let response = tower_service::Service::call(&mut router, request.map(Body::new))
                 .await
                 .unwrap_or_else(|never: Infallible| match never {});
-            Ok::<_, Infallible>(response)
+            Ok::<_, Infallible>(response.map(|body| WhileBusy { body, _busy: busy }))
         }
     });
     let io = TokioIo::new(stream);
     let grace = options.shutdown_grace;
+    let idle_timeout = options.idle_timeout;
     macro_rules! drive {
         ($conn:expr) => {{
-            let conn = $conn;
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                _ = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    match tokio::time::timeout(grace, conn.as_mut()).await {
+            let served = $conn;
+            tokio::pin!(served);
+            let why = tokio::select! {
+                r = served.as_mut() => Err(r),
+                () = shutdown.cancelled() => Ok("shutdown"),
+                () = conn.evicted() => Ok("closed to make room"),
+                () = conn.idle_for(idle_timeout) => Ok("idle timeout"),
+            };
+            let result = match why {
+                Err(r) => r,
+                Ok(why) => {
+                    tracing::debug!(%peer, why, "closing the connection");
+                    // HTTP/2: GOAWAY, open streams finish; HTTP/1: closed between requests.
+                    served.as_mut().graceful_shutdown();
+                    match tokio::time::timeout(grace, served.as_mut()).await {
                         Ok(r) => r,
                         Err(_) => Ok(()),
                     }
@@ -360,6 +453,34 @@ async fn serve_connection(
             .header_read_timeout(options.header_read_timeout)
             .keep_alive(true);
         drive!(builder.serve_connection(io, service));
+    }
+    drop(slot);
+}
+
+/// A response body that keeps its connection busy (not idle, not to be closed to make
+/// room) until it is done or dropped.
+struct WhileBusy {
+    body: Body,
+    _busy: limits::Busy,
+}
+
+impl hyper::body::Body for WhileBusy {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -62,6 +62,10 @@ pub struct ApiServerConfig {
     pub default_watch_timeout: Duration,
     /// What watches may hold for clients that do not read.
     pub watch_limits: WatchLimits,
+    /// How long a request that is not long-running may take before it is answered 504
+    /// (kube-apiserver's `--request-timeout`, 60 s); watches, logs, exec, attach,
+    /// port-forward and proxy are not bounded.
+    pub request_timeout: Duration,
 }
 
 impl Default for ApiServerConfig {
@@ -74,6 +78,7 @@ impl Default for ApiServerConfig {
             bookmark_interval: Duration::from_secs(60),
             default_watch_timeout: Duration::from_secs(1800),
             watch_limits: WatchLimits::default(),
+            request_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -373,6 +378,11 @@ impl ApiServer {
                 self.state.clone(),
                 protobuf::codec,
             ))
+            // Around everything, the codec's reading of the body included.
+            .layer(middleware::from_fn_with_state(
+                self.state.clone(),
+                bound_request,
+            ))
             .with_state(self.state.clone())
     }
 }
@@ -404,6 +414,149 @@ async fn authorize(
     };
     request.extensions_mut().insert(user.clone());
     crate::auth::scope_request_user(user, next.run(request)).await
+}
+
+/// The bounds of every request, before anything reads its body:
+///
+/// - A `Content-Length` above [`ApiServerConfig::max_request_bytes`] is answered 413 at once,
+///   with the message of `staging/src/k8s.io/apiserver/pkg/endpoints/handlers/rest.go
+///   limitedReadBody`, instead of reading that much first. Bodies without a length are cut
+///   at the limit by the readers.
+/// - A request that is not long-running ([`long_running`]) is answered 504 after
+///   [`ApiServerConfig::request_timeout`], as `staging/src/k8s.io/apiserver/pkg/server/
+///   filters/timeout.go WithTimeoutForNonLongRunningRequests` does; a body trickled in is
+///   cut by it too. The work in progress is dropped, as when the client goes away. An
+///   answer still being sent at the deadline is cut (the HTTP/2 stream reset, the HTTP/1
+///   connection closed), as upstream aborts its handler then.
+async fn bound_request(
+    State(state): State<Arc<ServerState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let limit = state.config.max_request_bytes;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return ApiError::too_large(limit).into_response();
+    }
+    if long_running(request.method(), request.uri()) {
+        return next.run(request).await;
+    }
+    let mut deadline = Box::pin(tokio::time::sleep(state.config.request_timeout));
+    tokio::select! {
+        response = next.run(request) => response.map(|body| {
+            Body::new(UntilDeadline::new(body, deadline))
+        }),
+        () = deadline.as_mut() => request_timed_out().into_response(),
+    }
+}
+
+/// An answer's body that ends in an error if it is still being sent at the request's
+/// deadline. Large frames are handed on in pieces of [`DEADLINE_PIECE`] bytes, so that an
+/// answer the client reads slowly is still in this body, not in the connection's buffers,
+/// when the deadline comes.
+struct UntilDeadline {
+    body: Body,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    rest: bytes::Bytes,
+}
+
+const DEADLINE_PIECE: usize = 64 * 1024;
+
+impl UntilDeadline {
+    fn new(body: Body, deadline: std::pin::Pin<Box<tokio::time::Sleep>>) -> Self {
+        UntilDeadline {
+            body,
+            deadline,
+            rest: bytes::Bytes::new(),
+        }
+    }
+
+    fn piece(&mut self, mut data: bytes::Bytes) -> hyper::body::Frame<bytes::Bytes> {
+        if data.len() > DEADLINE_PIECE {
+            self.rest = data.split_off(DEADLINE_PIECE);
+        }
+        hyper::body::Frame::data(data)
+    }
+}
+
+impl hyper::body::Body for UntilDeadline {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, axum::Error>>> {
+        use std::{future::Future, task::Poll};
+        let timed_out = || {
+            Poll::Ready(Some(Err(axum::Error::new(
+                "the request timed out while its answer was sent",
+            ))))
+        };
+        if !self.rest.is_empty() {
+            if self.deadline.as_mut().poll(cx).is_ready() {
+                return timed_out();
+            }
+            let rest = std::mem::take(&mut self.rest);
+            return Poll::Ready(Some(Ok(self.piece(rest))));
+        }
+        match std::pin::Pin::new(&mut self.body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(match frame.into_data() {
+                Ok(data) => self.piece(data),
+                Err(frame) => frame,
+            }))),
+            Poll::Ready(other) => Poll::Ready(other),
+            Poll::Pending if self.deadline.as_mut().poll(cx).is_ready() => timed_out(),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty() && self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        let inner = self.body.size_hint();
+        let rest = self.rest.len() as u64;
+        let mut hint = hyper::body::SizeHint::new();
+        hint.set_lower(inner.lower() + rest);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint
+    }
+}
+
+/// The subresources upstream's `BasicLongRunningRequestCheck` exempts from the request
+/// timeout (kube-apiserver's `genericapiserver.DefaultLongRunningFunc`).
+const LONG_RUNNING_SUBRESOURCES: [&str; 5] = ["attach", "exec", "proxy", "log", "portforward"];
+
+/// Upstream's `BasicLongRunningRequestCheck(watch, proxy; attach, exec, proxy, log,
+/// portforward)` over the request's attributes as the authorizer reads them, so a request is
+/// a watch here exactly when it is authorized as one (`watch` read as [`query_bool`], or the
+/// `/watch/` path prefix).
+fn long_running(method: &Method, uri: &axum::http::Uri) -> bool {
+    let attrs = Attributes::from_request(UserInfo::default(), method, uri);
+    attrs.resource_request
+        && (attrs.verb == "watch"
+            // The deprecated `/api/v1/proxy/...` paths: upstream's `proxy` verb.
+            || attrs.resource == "proxy"
+            || LONG_RUNNING_SUBRESOURCES.contains(&attrs.subresource.as_str()))
+}
+
+/// The 504 of `WithTimeoutForNonLongRunningRequests`: `apierrors.NewTimeoutError("request
+/// did not complete within the allotted timeout", 0)`.
+fn request_timed_out() -> ApiError {
+    ApiError {
+        code: 504,
+        reason: "Timeout",
+        message: "Timeout: request did not complete within the allotted timeout".to_owned(),
+        details: Some(json!({})),
+    }
 }
 
 /// Impersonation and the authorizer chain: the effective user, or the 403.
@@ -893,6 +1046,74 @@ mod tests {
             }
             _ => None,
         }
+    }
+
+    /// `staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go
+    /// BasicLongRunningRequestCheck` with kube-apiserver's verbs (watch, proxy) and
+    /// subresources (attach, exec, proxy, log, portforward); `watch` is read as
+    /// `Convert_Slice_string_To_bool` reads it.
+    #[test]
+    fn long_running_requests_are_those_of_upstreams_check() {
+        let check = |method: Method, uri: &str| long_running(&method, &uri.parse().unwrap());
+        for uri in [
+            "/api/v1/pods?watch=true",
+            "/api/v1/pods?watch=1",
+            "/api/v1/pods?watch=True",
+            "/api/v1/pods?watch=yes",
+            "/api/v1/watch/namespaces/default/pods",
+            "/apis/apps/v1/namespaces/default/deployments?watch=true&resourceVersion=1",
+            "/api/v1/namespaces/default/pods/p/log",
+            "/api/v1/namespaces/default/pods/p/exec?command=sh",
+            "/api/v1/namespaces/default/pods/p/attach",
+            "/api/v1/namespaces/default/pods/p/portforward",
+            "/api/v1/namespaces/default/services/s/proxy",
+            "/api/v1/nodes/n1/proxy",
+        ] {
+            assert!(check(Method::GET, uri), "{uri} is long-running");
+        }
+        for uri in [
+            "/api/v1/pods",
+            "/api/v1/pods?watch=false",
+            "/api/v1/pods?watch=0",
+            "/api/v1/pods?watch=False",
+            "/api/v1/namespaces/default/pods/p",
+            "/api/v1/namespaces/default/pods/p/status",
+            "/healthz",
+            "/version",
+            "/api",
+            "/logs",
+        ] {
+            assert!(!check(Method::GET, uri), "{uri} is bounded");
+        }
+        assert!(!check(Method::POST, "/api/v1/namespaces/default/pods"));
+        assert!(!check(
+            Method::PUT,
+            "/api/v1/namespaces/default/configmaps/c?watch=true"
+        ));
+    }
+
+    /// `WithTimeoutForNonLongRunningRequests` once the handler began its answer: the answer
+    /// is handed on in pieces, its exact size kept, and what is left at the deadline is cut.
+    #[tokio::test(start_paused = true)]
+    async fn answers_are_handed_on_in_pieces_until_the_deadline() {
+        use http_body_util::BodyExt;
+        use hyper::body::Body as _;
+        let data = bytes::Bytes::from(vec![7u8; 3 * DEADLINE_PIECE + 10]);
+        let deadline = Box::pin(tokio::time::sleep(Duration::from_secs(60)));
+        let mut body = UntilDeadline::new(Body::from(data.clone()), deadline);
+        assert_eq!(body.size_hint().exact(), Some(data.len() as u64));
+        for sent in 1..=2 {
+            let piece = body.frame().await.unwrap().unwrap().into_data().unwrap();
+            assert_eq!(
+                piece,
+                data.slice((sent - 1) * DEADLINE_PIECE..sent * DEADLINE_PIECE)
+            );
+            let left = data.len() - sent * DEADLINE_PIECE;
+            assert_eq!(body.size_hint().exact(), Some(left as u64));
+            assert!(!body.is_end_stream());
+        }
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(body.frame().await.unwrap().is_err());
     }
 
     #[test]
