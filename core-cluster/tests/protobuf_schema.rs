@@ -63,7 +63,14 @@ fn k8s_pb_source() -> PathBuf {
     // platform's and needs crates (Windows-only ones) that a Linux build never downloads.
     let host = host_triple();
     let output = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline", "--filter-platform", &host])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--filter-platform",
+            &host,
+        ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("run cargo metadata");
