@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use cloud_provider::app::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
+use cloud_provider_app::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::PostParams;
@@ -254,9 +254,9 @@ static STARTED_A: AtomicUsize = AtomicUsize::new(0);
 static STARTED_B: AtomicUsize = AtomicUsize::new(0);
 
 fn start_a(
-    ctx: cloud_provider::controllers::ControllerContext,
-    _: &cloud_provider::app::CloudControllerManagerOptions,
-) -> Result<Option<cloud_provider::app::ControllerFuture>, cloud_provider::BoxError> {
+    ctx: cloud_provider_app::controllers::ControllerContext,
+    _: &cloud_provider_app::CloudControllerManagerOptions,
+) -> Result<Option<cloud_provider_app::ControllerFuture>, cloud_provider::BoxError> {
     STARTED_A.fetch_add(1, Ordering::SeqCst);
     Ok(Some(Box::pin(async move {
         ctx.shutdown.cancelled().await;
@@ -265,9 +265,9 @@ fn start_a(
 }
 
 fn start_b(
-    ctx: cloud_provider::controllers::ControllerContext,
-    _: &cloud_provider::app::CloudControllerManagerOptions,
-) -> Result<Option<cloud_provider::app::ControllerFuture>, cloud_provider::BoxError> {
+    ctx: cloud_provider_app::controllers::ControllerContext,
+    _: &cloud_provider_app::CloudControllerManagerOptions,
+) -> Result<Option<cloud_provider_app::ControllerFuture>, cloud_provider::BoxError> {
     STARTED_B.fetch_add(1, Ordering::SeqCst);
     Ok(Some(Box::pin(async move {
         ctx.shutdown.cancelled().await;
@@ -278,9 +278,9 @@ fn start_b(
 static STOPPED_C: AtomicUsize = AtomicUsize::new(0);
 
 fn start_c(
-    ctx: cloud_provider::controllers::ControllerContext,
-    _: &cloud_provider::app::CloudControllerManagerOptions,
-) -> Result<Option<cloud_provider::app::ControllerFuture>, cloud_provider::BoxError> {
+    ctx: cloud_provider_app::controllers::ControllerContext,
+    _: &cloud_provider_app::CloudControllerManagerOptions,
+) -> Result<Option<cloud_provider_app::ControllerFuture>, cloud_provider::BoxError> {
     Ok(Some(Box::pin(async move {
         ctx.shutdown.cancelled().await;
         STOPPED_C.fetch_add(1, Ordering::SeqCst);
@@ -288,10 +288,10 @@ fn start_c(
     })))
 }
 
-fn options(args: &[&str]) -> cloud_provider::app::CloudControllerManagerOptions {
+fn options(args: &[&str]) -> cloud_provider_app::CloudControllerManagerOptions {
     let mut all = vec!["ccm", "--cloud-provider", "tiny", "--secure-port", "0"];
     all.extend_from_slice(args);
-    cloud_provider::app::CloudControllerManagerOptions::try_parse_from(all).unwrap()
+    cloud_provider_app::CloudControllerManagerOptions::try_parse_from(all).unwrap()
 }
 
 /// Checklist rows 5 and 80, §3.2 and §3.3: `--controllers` decides which registered controllers start; healthz gets
@@ -299,7 +299,7 @@ fn options(args: &[&str]) -> cloud_provider::app::CloudControllerManagerOptions 
 /// (One test, since the dummy controllers count starts in statics.)
 #[tokio::test(start_paused = true)]
 async fn run_starts_the_enabled_controllers() {
-    use cloud_provider::app::{AppError, ControllerRegistry, HealthChecks, run_with};
+    use cloud_provider_app::{AppError, ControllerRegistry, HealthChecks, run_with};
     let registry = || {
         ControllerRegistry::new()
             .with("a", start_a)
@@ -394,7 +394,7 @@ async fn run_starts_the_enabled_controllers() {
 /// the controllers are stopped.
 #[tokio::test(start_paused = true)]
 async fn run_returns_an_error_when_leadership_is_lost() {
-    use cloud_provider::app::{AppError, ControllerRegistry, HealthChecks, run_with};
+    use cloud_provider_app::{AppError, ControllerRegistry, HealthChecks, run_with};
     let client = client().await;
     let app = tokio::spawn(run_with(
         options(&["--controllers", "*"]),

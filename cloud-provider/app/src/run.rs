@@ -8,17 +8,19 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::delegated::{AccessReviewer, DelegatedAuth, TokenReviewer};
-use super::kube_client::ClientBuilder;
-use super::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
-use super::options::{
-    CloudControllerManagerOptions, LogFormat, OptionsError, is_controller_enabled,
-};
-use super::serve::{self, HealthChecks, Metrics};
 use crate::controllers::{
     CloudRateLimiter, ControllerContext, ControllerMetrics, EventRecorder, NodeCache,
 };
-use crate::{BoxError, CloudError, CloudProvider, InitContext, RegistryError, SharedClient};
+use crate::delegated::{AccessReviewer, DelegatedAuth, TokenReviewer};
+use crate::kube_client::ClientBuilder;
+use crate::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
+use crate::options::{
+    CloudControllerManagerOptions, LogFormat, OptionsError, is_controller_enabled,
+};
+use crate::serve::{self, HealthChecks, Metrics};
+use cloud_provider::{
+    BoxError, CloudError, CloudProvider, InitContext, RegistryError, SharedClient,
+};
 
 /// A running controller: ends when the context's `shutdown` token is cancelled.
 pub type ControllerFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
@@ -112,10 +114,10 @@ pub enum AppError {
     Serve(#[from] std::io::Error),
     /// Secure serving could not be set up (certificates, TLS flags, the port).
     #[error("secure serving: {0}")]
-    SecureServing(#[from] super::secure_serving::ServingError),
+    SecureServing(#[from] crate::secure_serving::ServingError),
     /// Delegated authentication could not be set up.
     #[error(transparent)]
-    Delegation(#[from] super::delegated::DelegationError),
+    Delegation(#[from] crate::delegated::DelegationError),
     /// Leadership was lost (upstream exits 1).
     #[error(transparent)]
     Leader(#[from] LeaderError),
@@ -158,7 +160,7 @@ fn install_logging(default_level: &str, format: LogFormat) {
 /// mapped to a level when `RUST_LOG` is unset.
 pub fn init_logging_for(options: &CloudControllerManagerOptions) {
     install_logging(
-        super::upstream_flags::level_for_verbosity(options.verbosity),
+        crate::upstream_flags::level_for_verbosity(options.verbosity),
         options.effective_log_format(),
     );
 }
@@ -235,10 +237,10 @@ async fn delegated_auth(
         .as_ref()
         .filter(|p| !p.as_os_str().is_empty())
     {
-        Some(path) => Some(super::secure_serving::read(path)?),
+        Some(path) => Some(crate::secure_serving::read(path)?),
         None if options.authentication_skip_lookup => None,
         None => {
-            super::delegated::lookup_client_ca(
+            crate::delegated::lookup_client_ca(
                 &authn,
                 options.authentication_tolerate_lookup_failure,
             )
@@ -281,15 +283,15 @@ async fn start_secure_serving(
     AppError,
 > {
     let addr = std::net::SocketAddr::new(options.bind_address, options.secure_port);
-    let cert = super::secure_serving::serving_cert(&options.cert_source(), options.bind_address)?;
+    let cert = crate::secure_serving::serving_cert(&options.cert_source(), options.bind_address)?;
     let (auth, client_ca) = delegated_auth(options, root).await?;
     let tls = options
         .tls_settings()
         .server_config(&cert, client_ca.as_deref())?;
-    let listener = super::secure_serving::TlsListener::bind(addr, tls, shutdown.clone()).await?;
+    let listener = crate::secure_serving::TlsListener::bind(addr, tls, shutdown.clone()).await?;
     let local = axum::serve::Listener::local_addr(&listener)?.addr;
     let router = serve::secured(
-        serve::with_configz(router, super::configz::component_config(options)),
+        serve::with_configz(router, crate::configz::component_config(options)),
         auth,
     );
     tracing::info!(
@@ -340,9 +342,11 @@ pub async fn run(
     controllers: ControllerRegistry,
 ) -> Result<(), AppError> {
     options.validate_with(&controllers.names())?;
-    let cloud =
-        crate::init_cloud_provider(&options.cloud_provider, options.cloud_config.as_deref())?
-            .ok_or(AppError::NoCloud)?;
+    let cloud = cloud_provider::init_cloud_provider(
+        &options.cloud_provider,
+        options.cloud_config.as_deref(),
+    )?
+    .ok_or(AppError::NoCloud)?;
     let config = cluster_config(&options).await?;
     let client =
         kube::Client::try_from(config.clone()).map_err(|e| AppError::Cluster(e.to_string()))?;

@@ -33,8 +33,8 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::ControllerContext;
 use super::events::EventType;
 use super::node::{ConfigError, has_taint, node_name, provider_id_of, supports_instances};
-use crate::well_known::TAINT_SHUTDOWN;
-use crate::{CloudError, instance_provider_id};
+use cloud_provider::well_known::TAINT_SHUTDOWN;
+use cloud_provider::{CloudError, instance_provider_id};
 
 /// The default of [`CloudNodeLifecycleConfig::delete_grace_period`] and of
 /// `--node-deletion-grace-period`: one minute of "gone" answers before a Node is deleted.

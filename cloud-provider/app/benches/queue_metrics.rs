@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use cloud_provider::controllers::ControllerMetrics;
-use cloud_provider::controllers::metrics::{QUEUE_NODE, QUEUE_NODES, QUEUE_ROUTES, QUEUE_SERVICE};
+use cloud_provider_app::controllers::ControllerMetrics;
+use cloud_provider_app::controllers::metrics::{
+    QUEUE_NODE, QUEUE_NODES, QUEUE_ROUTES, QUEUE_SERVICE,
+};
 use prometheus_client::registry::Registry;
 
 const NODES: usize = 10_000;

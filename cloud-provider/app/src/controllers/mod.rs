@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::CloudProvider;
+use cloud_provider::CloudProvider;
 pub use events::EventRecorder;
 pub use metrics::ControllerMetrics;
 pub use node_cache::{NodeCache, NodeEvent, NodeEvents};

@@ -329,7 +329,7 @@ pub struct CloudControllerManagerOptions {
     pub authorization_webhook_cache_unauthorized_ttl: GoDuration,
     /// Upstream flags accepted for compatibility, with a warning.
     #[command(flatten)]
-    pub accepted: super::upstream_flags::AcceptedFlags,
+    pub accepted: crate::upstream_flags::AcceptedFlags,
 }
 
 impl Default for CloudControllerManagerOptions {
@@ -369,11 +369,11 @@ impl CloudControllerManagerOptions {
     /// upstream's feature gate.
     pub fn watch_based_routes_enabled(&self) -> bool {
         self.watch_based_routes
-            || super::upstream_flags::parse_feature_gates(&self.feature_gates)
+            || crate::upstream_flags::parse_feature_gates(&self.feature_gates)
                 .ok()
                 .and_then(|gates| {
                     gates
-                        .get(super::upstream_flags::FEATURE_GATE_WATCH_BASED_ROUTES)
+                        .get(crate::upstream_flags::FEATURE_GATE_WATCH_BASED_ROUTES)
                         .copied()
                 })
                 .unwrap_or(false)
@@ -404,9 +404,9 @@ impl CloudControllerManagerOptions {
         if let Ok(tls) = self.tls_settings().check() {
             warnings.extend(tls);
         }
-        if let Ok(gates) = super::upstream_flags::parse_feature_gates(&self.feature_gates) {
+        if let Ok(gates) = crate::upstream_flags::parse_feature_gates(&self.feature_gates) {
             for gate in gates.keys() {
-                if gate != super::upstream_flags::FEATURE_GATE_WATCH_BASED_ROUTES {
+                if gate != crate::upstream_flags::FEATURE_GATE_WATCH_BASED_ROUTES {
                     warnings.push(format!("feature gate {gate} has no effect here"));
                 }
             }
@@ -415,17 +415,17 @@ impl CloudControllerManagerOptions {
     }
 
     /// The TLS settings of the secure port (`--tls-min-version`, `--tls-cipher-suites`).
-    pub fn tls_settings(&self) -> super::secure_serving::TlsSettings {
-        super::secure_serving::TlsSettings {
+    pub fn tls_settings(&self) -> crate::secure_serving::TlsSettings {
+        crate::secure_serving::TlsSettings {
             min_version: self.tls_min_version.clone(),
             cipher_suites: self.tls_cipher_suites.clone(),
         }
     }
 
     /// Where the serving certificate comes from (empty paths count as not given).
-    pub fn cert_source(&self) -> super::secure_serving::CertSource {
+    pub fn cert_source(&self) -> crate::secure_serving::CertSource {
         let given = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
-        super::secure_serving::CertSource {
+        crate::secure_serving::CertSource {
             cert_file: given(&self.tls_cert_file),
             key_file: given(&self.tls_private_key_file),
             cert_dir: given(&self.cert_dir),
@@ -491,7 +491,7 @@ impl CloudControllerManagerOptions {
                 errors.push(format!("{flag} cannot be negative"));
             }
         }
-        if let Err(error) = super::upstream_flags::parse_feature_gates(&self.feature_gates) {
+        if let Err(error) = crate::upstream_flags::parse_feature_gates(&self.feature_gates) {
             errors.push(error);
         }
         if self.concurrent_node_status_updates < 0 {

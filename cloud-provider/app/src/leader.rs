@@ -61,7 +61,7 @@ impl LeaderElectionConfig {
     }
 
     /// The config the `--leader-elect-*` flags describe.
-    pub fn from_options(options: &super::CloudControllerManagerOptions) -> Self {
+    pub fn from_options(options: &crate::options::CloudControllerManagerOptions) -> Self {
         LeaderElectionConfig {
             lease_duration: options.leader_elect_lease_duration.value,
             renew_deadline: options.leader_elect_renew_deadline.value,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::options::{CloudControllerManagerOptions, GoDuration};
+use crate::options::{CloudControllerManagerOptions, GoDuration};
 
 /// The name `/configz` lists the configuration under.
 pub const CONFIGZ_NAME: &str = "cloudcontrollermanager";

@@ -42,7 +42,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::secure_serving::Peer;
+use crate::secure_serving::Peer;
 
 /// The ConfigMap a delegating server reads its client CA from when `--client-ca-file` is not
 /// given (upstream's `extension-apiserver-authentication` in `kube-system`).
@@ -511,7 +511,7 @@ pub async fn lookup_client_ca(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::app::secure_serving::CertificateIdentity;
+    use crate::secure_serving::CertificateIdentity;
     use axum::http::HeaderValue;
 
     fn peer(user: &str, groups: &[&str]) -> Peer {

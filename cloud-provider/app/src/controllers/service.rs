@@ -29,14 +29,14 @@ use super::events::EventType;
 use super::metrics::{QUEUE_NODE, QUEUE_SERVICE, QueueMetrics, seconds_since};
 use super::sync_trigger::SyncTrigger;
 use super::{ControllerContext, NodeEvent};
-use crate::helpers::service::{
+use cloud_provider::helpers::service::{
     has_load_balancer_finalizer, load_balancer_status_equal, wants_load_balancer,
 };
-use crate::well_known::{
+use cloud_provider::well_known::{
     FINALIZER_LOAD_BALANCER_CLEANUP, LABEL_EXCLUDE_FROM_EXTERNAL_LOAD_BALANCERS,
     TAINT_TO_BE_DELETED_BY_CLUSTER_AUTOSCALER,
 };
-use crate::{CloudError, LoadBalancer};
+use cloud_provider::{CloudError, LoadBalancer};
 
 const COMPONENT: &str = "service-controller";
 const BACKOFF_BASE: Duration = Duration::from_secs(5);

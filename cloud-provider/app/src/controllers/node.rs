@@ -8,7 +8,7 @@
 //!
 //! Beyond upstream: with [`CloudNodeConfig::batch`] (the default) every Node waiting at one
 //! moment is looked up with one
-//! [`InstancesV2::instance_metadata_batch`](crate::InstancesV2::instance_metadata_batch) call
+//! [`InstancesV2::instance_metadata_batch`](cloud_provider::InstancesV2::instance_metadata_batch) call
 //! (in chunks of [`BATCH_CHUNK`]), so a provider that batches makes one cloud call per sync instead of one per
 //! Node. A cloud answer that makes no sense (no providerID anywhere, an address that is not an
 //! IP) keeps the taint, emits a `Warning` event and is retried with backoff.
@@ -25,18 +25,18 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::events::EventType;
 use super::metrics::{QUEUE_NODES, QueueMetrics, seconds_since_creation};
 use super::{ControllerContext, NodeEvent};
-use crate::helpers::node_address::node_addresses_from_node_ip;
-use crate::helpers::parse_ip_sloppy;
-use crate::well_known::{
+use cloud_provider::helpers::node_address::node_addresses_from_node_ip;
+use cloud_provider::helpers::parse_ip_sloppy;
+use cloud_provider::well_known::{
     ANNOTATION_PROVIDED_NODE_IP, LABEL_FAILURE_DOMAIN_BETA_REGION, LABEL_FAILURE_DOMAIN_BETA_ZONE,
     LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_STABLE, LABEL_TOPOLOGY_REGION, LABEL_TOPOLOGY_ZONE,
     TAINT_UNINITIALIZED,
 };
-use crate::{CloudError, CloudProvider, InstanceMetadata, instance_provider_id};
+use cloud_provider::{CloudError, CloudProvider, InstanceMetadata, instance_provider_id};
 
 /// The largest number of Nodes passed to one [`InstancesV2::instance_metadata_batch`] call.
 ///
-/// [`InstancesV2::instance_metadata_batch`]: crate::InstancesV2::instance_metadata_batch
+/// [`InstancesV2::instance_metadata_batch`]: cloud_provider::InstancesV2::instance_metadata_batch
 pub const BATCH_CHUNK: usize = 500;
 
 /// The event source component of this controller.
@@ -929,7 +929,7 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node_address;
+    use cloud_provider::node_address;
 
     #[test]
     fn kubernetes_labels_are_recognized() {

@@ -1,6 +1,6 @@
 //! The controllers' metrics, under upstream's fully-qualified names, types, labels and buckets,
 //! for `/metrics` (the provider's own metrics sit beside them through
-//! [`CloudProvider::register_metrics`](crate::CloudProvider::register_metrics)).
+//! [`CloudProvider::register_metrics`](cloud_provider::CloudProvider::register_metrics)).
 //!
 //! - client-go's workqueue metrics (`k8s.io/component-base/metrics/prometheus/workqueue`),
 //!   labelled `name` with upstream's queue names: [`QUEUE_NODES`], [`QUEUE_SERVICE`],

@@ -32,7 +32,7 @@ use super::events::EventType;
 use super::metrics::QUEUE_ROUTES;
 use super::sync_trigger::SyncTrigger;
 use super::{ControllerContext, NodeEvent, NodeEvents};
-use crate::{CloudError, Route, Routes};
+use cloud_provider::{CloudError, Route, Routes};
 
 /// How many `NetworkUnavailable` condition patches one reconcile keeps in flight: at 10,000
 /// Nodes all of them can change at once (the first pass after a restart, a cloud outage), and

@@ -3,7 +3,7 @@
 //! a warning at start ([`AcceptedFlags::given`]); none is ever a reason to refuse to start.
 //!
 //! Flags that do have a meaning here are real fields of
-//! [`CloudControllerManagerOptions`](super::CloudControllerManagerOptions).
+//! [`CloudControllerManagerOptions`](crate::options::CloudControllerManagerOptions).
 
 use std::collections::BTreeMap;
 

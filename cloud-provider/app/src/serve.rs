@@ -1,6 +1,6 @@
 //! The health, metrics and configuration endpoints (upstream §3.4), served with axum over
-//! HTTPS on `--bind-address:--secure-port` ([`super::secure_serving`]) behind delegated
-//! authentication and authorization ([`super::delegated`]): `/healthz`, `/readyz` and
+//! HTTPS on `--bind-address:--secure-port` ([`crate::secure_serving`]) behind delegated
+//! authentication and authorization ([`crate::delegated`]): `/healthz`, `/readyz` and
 //! `/livez` are always allowed, `/metrics` and `/configz` need an identity the cluster
 //! allows (`get` on the path).
 //!
@@ -9,7 +9,7 @@
 //!   skips one; each check is also at `/healthz/<name>` (upstream mounts only the exact path).
 //! - `/readyz` and `/livez` (beyond upstream, which does not serve them) answer the same checks.
 //! - `/metrics`: Prometheus text format.
-//! - `/configz`: the component configuration as JSON ([`super::configz`]).
+//! - `/configz`: the component configuration as JSON ([`crate::configz`]).
 
 use std::sync::Arc;
 
@@ -25,9 +25,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use super::delegated::DelegatedAuth;
-use super::secure_serving::{Peer, TlsListener};
 use crate::controllers::CloudRateLimiter;
+use crate::delegated::DelegatedAuth;
+use crate::secure_serving::{Peer, TlsListener};
 
 /// One named health check: `Ok` when healthy, else the reason.
 pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
@@ -291,7 +291,7 @@ pub fn with_configz(router: Router, config: serde_json::Value) -> Router {
 pub fn secured(router: Router, auth: DelegatedAuth) -> Router {
     router.layer(axum::middleware::from_fn_with_state(
         auth,
-        super::delegated::layer,
+        crate::delegated::layer,
     ))
 }
 
