@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use cloud_provider_app::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
+use cloud_provider_app::{LeaderElectionConfig, LeaderElector, LeaderError};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::PostParams;

@@ -378,7 +378,7 @@ fn admin_kubeconfig_file(cluster: &TestServer, dir: &Path) -> PathBuf {
 /// `system:serviceaccount:kube-system:route-controller`, not the manager.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_account_credentials_give_each_controller_its_own_identity() {
-    use cloud_provider_app::kube_client::ClientBuilder;
+    use cloud_provider_app::ClientBuilder;
     use k8s_openapi::api::core::v1::Node;
 
     let cluster = cluster().await;

@@ -46,23 +46,23 @@ use crate::secure_serving::Peer;
 
 /// The ConfigMap a delegating server reads its client CA from when `--client-ca-file` is not
 /// given (upstream's `extension-apiserver-authentication` in `kube-system`).
-pub const AUTHENTICATION_CONFIGMAP: (&str, &str) =
+pub(crate) const AUTHENTICATION_CONFIGMAP: (&str, &str) =
     ("kube-system", "extension-apiserver-authentication");
 /// The always-allowed group (`system:masters`).
-pub const GROUP_MASTERS: &str = "system:masters";
+pub(crate) const GROUP_MASTERS: &str = "system:masters";
 /// The group every authenticated user is in.
-pub const GROUP_AUTHENTICATED: &str = "system:authenticated";
+pub(crate) const GROUP_AUTHENTICATED: &str = "system:authenticated";
 /// How long a TokenReview or SubjectAccessReview may take (upstream's `TokenRequestTimeout`
 /// and `ClientTimeout`, 10 s each).
-pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 /// The user of requests without credentials.
-pub const USER_ANONYMOUS: &str = "system:anonymous";
+pub(crate) const USER_ANONYMOUS: &str = "system:anonymous";
 /// The group of requests without credentials.
-pub const GROUP_UNAUTHENTICATED: &str = "system:unauthenticated";
+pub(crate) const GROUP_UNAUTHENTICATED: &str = "system:unauthenticated";
 
 /// Who made a request.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct User {
+pub(crate) struct User {
     /// The user name.
     pub name: String,
     /// The UID, when the authenticator gives one.
@@ -75,7 +75,7 @@ pub struct User {
 
 impl User {
     /// `system:anonymous` in `system:unauthenticated`.
-    pub fn anonymous() -> User {
+    pub(crate) fn anonymous() -> User {
         User {
             name: USER_ANONYMOUS.into(),
             groups: vec![GROUP_UNAUTHENTICATED.into()],
@@ -142,7 +142,7 @@ impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
 }
 
 /// Checks bearer tokens with `TokenReview`s, caching the answers.
-pub struct TokenReviewer {
+pub(crate) struct TokenReviewer {
     client: kube::Client,
     ttl: Duration,
     cache: TtlCache<[u8; 32], Result<User, String>>,
@@ -158,7 +158,7 @@ impl std::fmt::Debug for TokenReviewer {
 
 impl TokenReviewer {
     /// Reviews through `client`; answers are kept for `ttl` (0 = not cached).
-    pub fn new(client: kube::Client, ttl: Duration) -> Self {
+    pub(crate) fn new(client: kube::Client, ttl: Duration) -> Self {
         TokenReviewer {
             client,
             ttl,
@@ -168,7 +168,7 @@ impl TokenReviewer {
 
     /// The user `token` authenticates as, or why not (a review that cannot be made is not
     /// cached).
-    pub async fn review(&self, token: &str) -> Result<User, String> {
+    pub(crate) async fn review(&self, token: &str) -> Result<User, String> {
         let mut key = [0u8; 32];
         key.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref());
         if let Some(cached) = self.cache.get(&key) {
@@ -220,7 +220,7 @@ struct Attributes {
 }
 
 /// Authorizes non-resource requests with `SubjectAccessReview`s, caching the answers.
-pub struct AccessReviewer {
+pub(crate) struct AccessReviewer {
     client: kube::Client,
     allowed_ttl: Duration,
     denied_ttl: Duration,
@@ -239,7 +239,7 @@ impl std::fmt::Debug for AccessReviewer {
 impl AccessReviewer {
     /// Reviews through `client`; allowed answers are kept `allowed_ttl`, denied ones
     /// `denied_ttl`.
-    pub fn new(client: kube::Client, allowed_ttl: Duration, denied_ttl: Duration) -> Self {
+    pub(crate) fn new(client: kube::Client, allowed_ttl: Duration, denied_ttl: Duration) -> Self {
         AccessReviewer {
             client,
             allowed_ttl,
@@ -289,7 +289,7 @@ impl AccessReviewer {
 
 /// The secure port's authentication and authorization; cheap to clone.
 #[derive(Debug, Clone)]
-pub struct DelegatedAuth {
+pub(crate) struct DelegatedAuth {
     tokens: Option<Arc<TokenReviewer>>,
     access: Option<Arc<AccessReviewer>>,
     always_allow_paths: Arc<Vec<String>>,
@@ -298,7 +298,7 @@ pub struct DelegatedAuth {
 
 /// How a request fared.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Serve it.
     Allow,
     /// 401: credentials given but not accepted.
@@ -313,7 +313,7 @@ impl DelegatedAuth {
     /// Authentication by `tokens`, authorization by `access`, `always_allow_paths` open to
     /// all and `system:masters` allowed everything. Without a reviewer, tokens are refused
     /// and only the always-allowed paths and groups are served.
-    pub fn new(
+    pub(crate) fn new(
         tokens: Option<TokenReviewer>,
         access: Option<AccessReviewer>,
         always_allow_paths: Vec<String>,
@@ -327,7 +327,7 @@ impl DelegatedAuth {
     }
 
     /// Who sent a request with `headers` over a connection from `peer`.
-    pub async fn authenticate(
+    pub(crate) async fn authenticate(
         &self,
         peer: Option<&Peer>,
         headers: &HeaderMap,
@@ -359,7 +359,7 @@ impl DelegatedAuth {
     }
 
     /// Whether `user` may `verb` the non-resource `path`.
-    pub async fn authorize(&self, user: &User, verb: &str, path: &str) -> Decision {
+    pub(crate) async fn authorize(&self, user: &User, verb: &str, path: &str) -> Decision {
         if self.path_always_allowed(path)
             || user
                 .groups
@@ -402,7 +402,7 @@ impl DelegatedAuth {
     }
 
     /// Authenticates then authorizes a request.
-    pub async fn decide(
+    pub(crate) async fn decide(
         &self,
         peer: Option<&Peer>,
         headers: &HeaderMap,
@@ -420,7 +420,7 @@ impl DelegatedAuth {
 
 /// The token of an `Authorization: Bearer <token>` header (scheme case-insensitive; an
 /// empty token counts as none).
-pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.trim().split_once(' ')?;
     let token = token.trim();
@@ -448,7 +448,11 @@ fn status(code: StatusCode, reason: &str, message: &str) -> Response {
 
 /// The axum middleware: serves the request when [`DelegatedAuth::decide`] allows it, else
 /// answers upstream's 401, 403 or 500 `Status`.
-pub async fn layer(State(auth): State<DelegatedAuth>, request: Request, next: Next) -> Response {
+pub(crate) async fn layer(
+    State(auth): State<DelegatedAuth>,
+    request: Request,
+    next: Next,
+) -> Response {
     let peer = request
         .extensions()
         .get::<ConnectInfo<Peer>>()
@@ -483,7 +487,7 @@ pub async fn layer(State(auth): State<DelegatedAuth>, request: Request, next: Ne
 /// `client-ca-file`), as upstream's `lookupMissingConfigInCluster`: a missing ConfigMap or
 /// key is no CA (client certificates are then not accepted); any other failure is an error
 /// unless `tolerate` (then a warning).
-pub async fn lookup_client_ca(
+pub(crate) async fn lookup_client_ca(
     client: &kube::Client,
     tolerate: bool,
 ) -> Result<Option<String>, DelegationError> {

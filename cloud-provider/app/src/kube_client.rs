@@ -26,13 +26,13 @@ use tokio_util::sync::CancellationToken;
 use crate::controllers::CloudRateLimiter;
 
 /// The namespace of the controllers' service accounts.
-pub const SERVICE_ACCOUNT_NAMESPACE: &str = "kube-system";
+pub(crate) const SERVICE_ACCOUNT_NAMESPACE: &str = "kube-system";
 /// How long a controller's token is asked for (upstream's `defaultExpirationSeconds`).
-pub const TOKEN_EXPIRATION: Duration = Duration::from_secs(3600);
+pub(crate) const TOKEN_EXPIRATION: Duration = Duration::from_secs(3600);
 
 /// The service account (and user-agent suffix) of a controller, by upstream's
 /// `DefaultInitFuncConstructors` client names; other controllers use their own name.
-pub fn client_name(controller: &str) -> &str {
+pub(crate) fn client_name(controller: &str) -> &str {
     match controller {
         "cloud-node-controller" => "cloud-node-controller",
         "cloud-node-lifecycle-controller" => "node-controller",
@@ -44,7 +44,7 @@ pub fn client_name(controller: &str) -> &str {
 
 /// The user agent of the manager's clients; `name` is appended as client-go's `AddUserAgent`
 /// does.
-pub fn user_agent(name: Option<&str>) -> String {
+pub(crate) fn user_agent(name: Option<&str>) -> String {
     let base = format!(
         "cloud-controller-manager/v{} ({}/{}) ccm-rs",
         env!("CARGO_PKG_VERSION"),
@@ -101,13 +101,13 @@ impl tower_service::Service<Request<kube::client::Body>> for Limited {
 }
 
 /// client-go's `DefaultQPS`, used when `--kube-api-qps` is 0.
-pub const DEFAULT_QPS: f32 = 5.0;
+pub(crate) const DEFAULT_QPS: f32 = 5.0;
 /// client-go's `DefaultBurst`, used when `--kube-api-burst` is 0.
-pub const DEFAULT_BURST: i32 = 10;
+pub(crate) const DEFAULT_BURST: i32 = 10;
 
 /// The token bucket of a client, as client-go's `RESTClientFor` makes it: a QPS of 0 means
 /// [`DEFAULT_QPS`], a burst of 0 [`DEFAULT_BURST`], a negative QPS no limit.
-pub fn token_bucket(qps: f32, burst: i32) -> CloudRateLimiter {
+pub(crate) fn token_bucket(qps: f32, burst: i32) -> CloudRateLimiter {
     let qps = if qps == 0.0 { DEFAULT_QPS } else { qps };
     let burst = if burst == 0 { DEFAULT_BURST } else { burst };
     if qps < 0.0 {
@@ -119,7 +119,8 @@ pub fn token_bucket(qps: f32, burst: i32) -> CloudRateLimiter {
 
 /// `client` behind a [`token_bucket`] of `qps` requests per second and bursts of `burst`
 /// (client-go's `--kube-api-qps`/`--kube-api-burst`), sending `user_agent` when given.
-pub fn rate_limited(
+#[cfg(test)]
+fn rate_limited(
     client: kube::Client,
     qps: f32,
     burst: i32,

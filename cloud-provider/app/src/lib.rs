@@ -1,33 +1,43 @@
 //! # cloud-provider-app: the cloud-controller-manager application
 //!
 //! What a vendor's `main` runs on top of its [`cloud_provider::CloudProvider`]: upstream's
-//! flags ([`options`]), leader election ([`leader`]), the health and metrics endpoints
-//! ([`serve`]), the shared controllers ([`controllers`]) and the entry point ([`run()`]).
+//! flags ([`CloudControllerManagerOptions`]), Lease leader election ([`LeaderElector`]),
+//! `/healthz`, `/readyz`, `/livez`, `/metrics` and `/configz` over HTTPS with delegated
+//! authentication and authorization ([`HealthChecks`]), the shared controllers
+//! ([`controllers`], [`default_registry`]) and the entry point ([`run()`], [`run_with`]).
 //! Upstream's `k8s.io/cloud-provider/app`, `options` and `controllers`.
 //!
 //! A provider crate depends on `cloud-provider` only; the binary that links it depends on
 //! this crate as well.
 
-pub mod configz;
+mod configz;
 pub mod controllers;
-pub mod default_controllers;
-pub mod delegated;
-pub mod kube_client;
-pub mod leader;
-pub mod options;
-pub mod run;
-pub mod secure_serving;
-pub mod serve;
-pub mod upstream_flags;
+mod default_controllers;
+mod delegated;
+mod kube_client;
+mod leader;
+mod options;
+mod run;
+mod secure_serving;
+mod serve;
+mod upstream_flags;
 
-pub use default_controllers::default_registry;
-pub use leader::{LeaderElectionConfig, LeaderElector, LeaderError, LeaderHealth};
-pub use options::{CloudControllerManagerOptions, LogFormat, OptionsError};
-pub use run::{
-    API_SERVER_WAIT, AppError, ControllerConstructor, ControllerFuture, ControllerRegistry,
-    init_logging, init_logging_for, run, run_with, wait_for_api_server,
+pub use default_controllers::{
+    CLOUD_NODE_CONTROLLER, CLOUD_NODE_LIFECYCLE_CONTROLLER, ROUTE_CONTROLLER, SERVICE_CONTROLLER,
+    default_registry,
 };
-pub use serve::{HealthCheck, HealthChecks, Metrics};
+pub use kube_client::{ClientBuilder, ClientError};
+pub use leader::{LeaderElectionConfig, LeaderElector, LeaderError};
+pub use options::{
+    CloudControllerManagerOptions, ClusterCidrError, GoDuration, GoDurationError, LogFormat,
+    OptionsError, parse_go_duration,
+};
+pub use run::{
+    AppError, ControllerConstructor, ControllerFuture, ControllerRegistry, init_logging,
+    init_logging_for, run, run_with,
+};
+pub use serve::{HealthCheck, HealthChecks};
+pub use upstream_flags::AcceptedFlags;
 
 /// The README's Rust examples, compiled and run as doc tests so they stay true.
 #[cfg(doctest)]

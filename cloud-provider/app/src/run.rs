@@ -166,7 +166,7 @@ pub fn init_logging_for(options: &CloudControllerManagerOptions) {
 }
 
 /// The cluster configuration `--kubeconfig` / `--master` describe, else the in-cluster one.
-pub async fn cluster_config(
+pub(crate) async fn cluster_config(
     options: &CloudControllerManagerOptions,
 ) -> Result<kube::Config, AppError> {
     let cluster = |e: &dyn std::fmt::Display| AppError::Cluster(e.to_string());
@@ -204,7 +204,8 @@ async fn kubeconfig_file(path: &std::path::Path) -> Result<kube::Config, AppErro
 }
 
 /// The cluster client `--kubeconfig` / `--master` describe, else the in-cluster config.
-pub async fn cluster_client(
+#[cfg(test)]
+pub(crate) async fn cluster_client(
     options: &CloudControllerManagerOptions,
 ) -> Result<kube::Client, AppError> {
     let config = cluster_config(options).await?;
@@ -307,12 +308,15 @@ async fn start_secure_serving(
 
 /// How long [`run`] waits for the API server to answer before giving up (upstream's
 /// `WaitForAPIServer` timeout).
-pub const API_SERVER_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const API_SERVER_WAIT: Duration = Duration::from_secs(10);
 
 /// Waits until the API server answers `/version`, asking every second, for at most `wait`.
 /// An unreachable server is a clear error (the binary exits 1) instead of controllers
 /// retrying in silence.
-pub async fn wait_for_api_server(client: &kube::Client, wait: Duration) -> Result<(), AppError> {
+pub(crate) async fn wait_for_api_server(
+    client: &kube::Client,
+    wait: Duration,
+) -> Result<(), AppError> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         match client.apiserver_version().await {

@@ -95,7 +95,7 @@ type Labels = Vec<(String, String)>;
 /// The `/metrics` registry: `running_managed_controllers`, the cloud rate limiter's counters,
 /// and whatever the controllers register through [`Metrics::registry`].
 #[derive(Clone)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Arc<Mutex<Registry>>,
     running: Family<Labels, Gauge>,
     limiter: Arc<CloudRateLimiter>,
@@ -111,7 +111,7 @@ impl std::fmt::Debug for Metrics {
 
 impl Metrics {
     /// A registry reporting on `limiter`.
-    pub fn new(limiter: Arc<CloudRateLimiter>) -> Self {
+    pub(crate) fn new(limiter: Arc<CloudRateLimiter>) -> Self {
         let mut registry = Registry::default();
         let running = Family::<Labels, Gauge>::default();
         registry.register(
@@ -141,12 +141,12 @@ impl Metrics {
     }
 
     /// The registry, for controllers to register their own metrics in.
-    pub fn registry(&self) -> Arc<Mutex<Registry>> {
+    pub(crate) fn registry(&self) -> Arc<Mutex<Registry>> {
         self.registry.clone()
     }
 
     /// Sets `running_managed_controllers{name,manager="cloud-controller-manager"}`.
-    pub fn set_controller_running(&self, name: &str, running: bool) {
+    pub(crate) fn set_controller_running(&self, name: &str, running: bool) {
         self.running
             .get_or_create(&vec![
                 ("manager".to_owned(), "cloud-controller-manager".to_owned()),
@@ -156,7 +156,7 @@ impl Metrics {
     }
 
     /// The metrics in Prometheus text format.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let stats = self.limiter.stats();
         self.granted
             .inc_by(stats.granted.saturating_sub(self.granted.get()));
@@ -181,7 +181,7 @@ struct AppState {
 }
 
 /// The router of the endpoints.
-pub fn router(checks: HealthChecks, metrics: Metrics) -> Router {
+pub(crate) fn router(checks: HealthChecks, metrics: Metrics) -> Router {
     Router::new()
         .route("/healthz", get(|s, q| aggregate("healthz", s, q)))
         .route("/readyz", get(|s, q| aggregate("readyz", s, q)))
@@ -276,7 +276,7 @@ async fn metrics_handler(State(state): State<AppState>) -> Response {
 }
 
 /// Adds `/configz`, answering `config` as JSON.
-pub fn with_configz(router: Router, config: serde_json::Value) -> Router {
+pub(crate) fn with_configz(router: Router, config: serde_json::Value) -> Router {
     let body = config.to_string();
     router.route(
         "/configz",
@@ -288,7 +288,7 @@ pub fn with_configz(router: Router, config: serde_json::Value) -> Router {
 }
 
 /// `router` behind delegated authentication and authorization.
-pub fn secured(router: Router, auth: DelegatedAuth) -> Router {
+pub(crate) fn secured(router: Router, auth: DelegatedAuth) -> Router {
     router.layer(axum::middleware::from_fn_with_state(
         auth,
         crate::delegated::layer,
@@ -297,7 +297,7 @@ pub fn secured(router: Router, auth: DelegatedAuth) -> Router {
 
 /// Serves `router` over TLS on `listener` until `shutdown` is cancelled; every request
 /// carries its connection's [`Peer`].
-pub async fn serve_tls(
+pub(crate) async fn serve_tls(
     listener: TlsListener,
     router: Router,
     shutdown: CancellationToken,

@@ -5,9 +5,9 @@
 mod events;
 pub mod metrics;
 pub mod node;
-pub mod node_cache;
+mod node_cache;
 pub mod node_lifecycle;
-pub mod rate_limit;
+mod rate_limit;
 pub mod route;
 pub mod service;
 mod sync_trigger;

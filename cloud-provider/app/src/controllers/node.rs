@@ -9,7 +9,7 @@
 //! Beyond upstream: with [`CloudNodeConfig::batch`] (the default) every Node waiting at one
 //! moment is looked up with one
 //! [`InstancesV2::instance_metadata_batch`](cloud_provider::InstancesV2::instance_metadata_batch) call
-//! (in chunks of [`BATCH_CHUNK`]), so a provider that batches makes one cloud call per sync instead of one per
+//! (in chunks of 500 Nodes), so a provider that batches makes one cloud call per sync instead of one per
 //! Node. A cloud answer that makes no sense (no providerID anywhere, an address that is not an
 //! IP) keeps the taint, emits a `Warning` event and is retried with backoff.
 
@@ -37,10 +37,10 @@ use cloud_provider::{CloudError, CloudProvider, InstanceMetadata, instance_provi
 /// The largest number of Nodes passed to one [`InstancesV2::instance_metadata_batch`] call.
 ///
 /// [`InstancesV2::instance_metadata_batch`]: cloud_provider::InstancesV2::instance_metadata_batch
-pub const BATCH_CHUNK: usize = 500;
+pub(crate) const BATCH_CHUNK: usize = 500;
 
 /// The event source component of this controller.
-pub const COMPONENT: &str = "cloud-node-controller";
+pub(crate) const COMPONENT: &str = "cloud-node-controller";
 
 const BACKOFF_BASE: Duration = Duration::from_millis(5);
 const BACKOFF_MAX: Duration = Duration::from_secs(1000);
@@ -123,7 +123,7 @@ pub enum ConfigError {
 /// Why one Node could not be synced. Kept on the key until its retry.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum SyncError {
+pub(crate) enum SyncError {
     /// The cloud call failed.
     #[error("cloud: {0}")]
     Cloud(#[from] CloudError),

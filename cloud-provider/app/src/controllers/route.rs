@@ -9,7 +9,7 @@
 //!   [`Route::enable_node_addresses`] (deletes first, then creates);
 //! - sets the Node's `NetworkUnavailable` condition (`RouteCreated` / `NoRouteCreated`).
 //!
-//! At most [`MAX_CONCURRENT_ROUTE_OPERATIONS`] create/delete calls are in flight. The
+//! At most 200 create/delete calls are in flight. The
 //! periodic mode reconciles every [`RouteConfig::reconcile_period`]; the watch-based mode
 //! (beyond upstream's alpha) reconciles on Node add/delete/pod-CIDR/address changes, at most
 //! once per period, and retries failed creates.
@@ -40,10 +40,10 @@ use cloud_provider::{CloudError, Route, Routes};
 const CONDITION_PATCHES_IN_FLIGHT: usize = 64;
 
 /// Upstream's cap on in-flight create/delete route calls.
-pub const MAX_CONCURRENT_ROUTE_OPERATIONS: usize = 200;
+pub(crate) const MAX_CONCURRENT_ROUTE_OPERATIONS: usize = 200;
 
 /// The Node condition the controller writes.
-pub const CONDITION_NETWORK_UNAVAILABLE: &str = "NetworkUnavailable";
+pub(crate) const CONDITION_NETWORK_UNAVAILABLE: &str = "NetworkUnavailable";
 
 const COMPONENT: &str = "route_controller";
 

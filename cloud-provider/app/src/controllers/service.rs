@@ -90,7 +90,7 @@ pub enum ServiceConfigError {
 /// Why a Service sync failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ServiceSyncError {
+pub(crate) enum ServiceSyncError {
     /// A cloud call failed.
     #[error("{0}")]
     Cloud(#[from] CloudError),
@@ -101,7 +101,7 @@ pub enum ServiceSyncError {
 
 impl ServiceSyncError {
     /// The delay a `RetryAfter` error asks for.
-    pub fn retry_after(&self) -> Option<Duration> {
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
         match self {
             ServiceSyncError::Cloud(err) => err.retry_after_delay(),
             ServiceSyncError::Api(_) => None,
@@ -111,7 +111,7 @@ impl ServiceSyncError {
 
 /// Whether the Node passes the exclusion-label predicate: no label, or a value that parses
 /// (as Go's `strconv.ParseBool`) to false.
-pub fn node_included(node: &Node) -> bool {
+pub(crate) fn node_included(node: &Node) -> bool {
     match node
         .labels()
         .get(LABEL_EXCLUDE_FROM_EXTERNAL_LOAD_BALANCERS)
@@ -123,7 +123,7 @@ pub fn node_included(node: &Node) -> bool {
 
 /// Upstream's stable node-set predicates: not being deleted, included, and without the
 /// cluster autoscaler's `ToBeDeletedByClusterAutoscaler` taint. Readiness is not checked.
-pub fn node_eligible(node: &Node) -> bool {
+pub(crate) fn node_eligible(node: &Node) -> bool {
     node.metadata.deletion_timestamp.is_none()
         && node_included(node)
         && !node
@@ -138,7 +138,7 @@ pub fn node_eligible(node: &Node) -> bool {
 
 /// Whether a Node update triggers a node sync: the exclusion predicate flipped or the
 /// `providerID` changed.
-pub fn should_sync_updated_node(old: &Node, new: &Node) -> bool {
+pub(crate) fn should_sync_updated_node(old: &Node, new: &Node) -> bool {
     node_included(old) != node_included(new) || provider_id(old) != provider_id(new)
 }
 
@@ -169,14 +169,14 @@ fn node_set(nodes: &[Arc<Node>]) -> NodeSet {
 }
 
 /// Whether the Service has the finalizer and is being deleted or no longer a LoadBalancer.
-pub fn needs_cleanup(service: &Service) -> bool {
+pub(crate) fn needs_cleanup(service: &Service) -> bool {
     has_load_balancer_finalizer(service)
         && (service.metadata.deletion_timestamp.is_some()
             || service.spec.as_ref().and_then(|s| s.type_.as_deref()) != Some("LoadBalancer"))
 }
 
 /// Upstream's `needsUpdate`: whether a Service update concerns its load balancer.
-pub fn needs_update(old: &Service, new: &Service) -> bool {
+pub(crate) fn needs_update(old: &Service, new: &Service) -> bool {
     let (ow, nw) = (wants_load_balancer(old), wants_load_balancer(new));
     if !ow && !nw {
         return false;
@@ -611,7 +611,7 @@ impl ServiceController {
     }
 
     /// Updates the hosts of every cached load balancer whose eligible node set changed.
-    pub async fn sync_nodes(&self) -> Result<(), kube::Error> {
+    pub(crate) async fn sync_nodes(&self) -> Result<(), kube::Error> {
         let started = tokio::time::Instant::now();
         self.ctx.nodes.wait_synced().await;
         let services: Vec<(String, Service)> = {
@@ -727,7 +727,7 @@ impl ServiceController {
     }
 
     /// Syncs one Service by key (`namespace/name`).
-    pub async fn sync_service(&self, key: &str) -> Result<(), ServiceSyncError> {
+    pub(crate) async fn sync_service(&self, key: &str) -> Result<(), ServiceSyncError> {
         let (ns, name) = key.split_once('/').unwrap_or(("default", key));
         let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), ns);
         match api.get_opt(name).await? {
