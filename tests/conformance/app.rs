@@ -434,3 +434,105 @@ async fn run_returns_an_error_when_leadership_is_lost() {
     );
     intruder.abort();
 }
+
+/// A provider that, in `initialize`, reads Nodes through `clients.client("my-informer")` twice
+/// and once through `clients.client("my-writer")`, recording when each read returned.
+struct InformingCloud {
+    reads: Arc<parking_lot::Mutex<Vec<(&'static str, Instant)>>>,
+}
+
+#[async_trait::async_trait]
+impl cloud_provider::CloudProvider for InformingCloud {
+    async fn initialize(
+        &self,
+        ctx: cloud_provider::InitContext,
+    ) -> cloud_provider::CloudResult<()> {
+        let informer = ctx.clients.client("my-informer").await?;
+        let writer = ctx.clients.client("my-writer").await?;
+        for (name, client) in [
+            ("my-informer", &informer),
+            ("my-writer", &writer),
+            ("my-informer", &informer),
+        ] {
+            Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+                .list(&Default::default())
+                .await
+                .map_err(cloud_provider::CloudError::other)?;
+            self.reads.lock().push((name, Instant::now()));
+        }
+        Ok(())
+    }
+    fn provider_name(&self) -> &str {
+        "informing"
+    }
+}
+
+/// Upstream's `cloud.Initialize(c.ClientBuilder, stop)` (`app/controllermanager.go`): the
+/// provider's `initialize` gets the manager's client builder, so each client it asks for
+/// carries its name in the user agent and has its own `--kube-api-qps` bucket.
+#[tokio::test(start_paused = true)]
+async fn initialize_gets_the_managers_client_builder() {
+    use cloud_provider_app::{ControllerRegistry, HealthChecks, run_with};
+    let server = crate::memory_server().await;
+    let agents = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let seen = agents.clone();
+    let router = server.router().layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let seen = seen.clone();
+            async move {
+                if request.uri().path() == "/api/v1/nodes" {
+                    let agent = request
+                        .headers()
+                        .get(axum::http::header::USER_AGENT)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    seen.lock().push(agent);
+                }
+                next.run(request).await
+            }
+        },
+    ));
+    let client = kube::Client::new(router, "default");
+    let reads = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let shutdown = CancellationToken::new();
+    let start = Instant::now();
+    let app = tokio::spawn(run_with(
+        options(&[
+            "--leader-elect=false",
+            "--kube-api-qps",
+            "1",
+            "--kube-api-burst",
+            "1",
+        ]),
+        ControllerRegistry::new(),
+        Arc::new(InformingCloud {
+            reads: reads.clone(),
+        }),
+        client,
+        shutdown.clone(),
+        HealthChecks::new(),
+    ));
+    sleep(Duration::from_secs(5)).await;
+    let reads = reads.lock().clone();
+    assert_eq!(reads.len(), 3, "{reads:?}");
+    assert_eq!(reads[0].1 - start, Duration::ZERO, "first read at once");
+    assert_eq!(
+        reads[1].1 - start,
+        Duration::ZERO,
+        "my-writer has its own bucket"
+    );
+    assert_eq!(
+        reads[2].1 - start,
+        Duration::from_secs(1),
+        "my-informer's second read waits for its own bucket (1 per second)"
+    );
+    // The provider's reads come first: the controllers' caches start after `initialize`.
+    let agents = agents.lock().clone();
+    assert!(agents.len() >= 3, "{agents:?}");
+    assert!(agents[0].ends_with("ccm-rs/my-informer"), "{agents:?}");
+    assert!(agents[1].ends_with("ccm-rs/my-writer"), "{agents:?}");
+    assert!(agents[2].ends_with("ccm-rs/my-informer"), "{agents:?}");
+    shutdown.cancel();
+    app.await.unwrap().unwrap();
+}

@@ -378,13 +378,13 @@ fn admin_kubeconfig_file(cluster: &TestServer, dir: &Path) -> PathBuf {
 /// `system:serviceaccount:kube-system:route-controller`, not the manager.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_account_credentials_give_each_controller_its_own_identity() {
-    use cloud_provider_app::ClientBuilder;
+    use cloud_provider_app::ControllerClients;
     use k8s_openapi::api::core::v1::Node;
 
     let cluster = cluster().await;
     let admin = cluster.admin_client().await.unwrap();
     let config = client_config(&cluster.admin_kubeconfig()).await.unwrap();
-    let clients = ClientBuilder::new(admin.clone(), Some(config))
+    let clients = ControllerClients::new(admin.clone(), Some(config))
         .with_rate_limit(20.0, 30)
         .with_service_account_credentials(true);
     let shutdown = CancellationToken::new();
@@ -419,7 +419,7 @@ async fn service_account_credentials_give_each_controller_its_own_identity() {
     shutdown.cancel();
     // Without the flag, the manager's identity (the admin here) is kept.
     let config = client_config(&cluster.admin_kubeconfig()).await.unwrap();
-    let shared = ClientBuilder::new(admin.clone(), Some(config))
+    let shared = ControllerClients::new(admin.clone(), Some(config))
         .controller_client("node-route-controller", CancellationToken::new())
         .await
         .unwrap();

@@ -26,7 +26,7 @@ pub use default_controllers::{
     CLOUD_NODE_CONTROLLER, CLOUD_NODE_LIFECYCLE_CONTROLLER, ROUTE_CONTROLLER, SERVICE_CONTROLLER,
     default_registry,
 };
-pub use kube_client::{ClientBuilder, ClientError};
+pub use kube_client::{ClientError, ControllerClients};
 pub use leader::{LeaderElectionConfig, LeaderElector, LeaderError};
 pub use options::{
     CloudControllerManagerOptions, ClusterCidrError, GoDuration, GoDurationError, LogFormat,

@@ -12,15 +12,13 @@ use crate::controllers::{
     CloudRateLimiter, ControllerContext, ControllerMetrics, EventRecorder, NodeCache,
 };
 use crate::delegated::{AccessReviewer, DelegatedAuth, TokenReviewer};
-use crate::kube_client::ClientBuilder;
+use crate::kube_client::ControllerClients;
 use crate::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
 use crate::options::{
     CloudControllerManagerOptions, LogFormat, OptionsError, is_controller_enabled,
 };
 use crate::serve::{self, HealthChecks, Metrics};
-use cloud_provider::{
-    BoxError, CloudError, CloudProvider, InitContext, RegistryError, SharedClient,
-};
+use cloud_provider::{BoxError, CloudError, CloudProvider, InitContext, RegistryError};
 
 /// A running controller: ends when the context's `shutdown` token is cancelled.
 pub type ControllerFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
@@ -357,7 +355,7 @@ pub async fn run(
     wait_for_api_server(&client, API_SERVER_WAIT).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    let clients = ClientBuilder::new(client, Some(config));
+    let clients = ControllerClients::new(client, Some(config));
     run_clients(
         options,
         controllers,
@@ -401,17 +399,17 @@ pub async fn run_with(
     shutdown: CancellationToken,
     checks: HealthChecks,
 ) -> Result<(), AppError> {
-    let clients = ClientBuilder::new(client, None);
+    let clients = ControllerClients::new(client, None);
     run_clients(options, controllers, cloud, clients, shutdown, checks).await
 }
 
-/// [`run_with`] over a [`ClientBuilder`] (which knows the cluster configuration when [`run`]
+/// [`run_with`] over [`ControllerClients`] (which knows the cluster configuration when [`run`]
 /// made it, so controllers can use their own service accounts).
 async fn run_clients(
     options: CloudControllerManagerOptions,
     controllers: ControllerRegistry,
     cloud: Arc<dyn CloudProvider>,
-    clients: ClientBuilder,
+    clients: ControllerClients,
     shutdown: CancellationToken,
     checks: HealthChecks,
 ) -> Result<(), AppError> {
@@ -427,7 +425,7 @@ async fn run_clients(
         .with_service_account_credentials(options.use_service_account_credentials);
     // The shared caches, events and cloud initialization: the manager's identity, one
     // limiter (client-go's "shared-informers" client).
-    let client = clients.client(Some("shared-informers"));
+    let client = clients.manager_client("shared-informers");
     for warning in options.compatibility_warnings() {
         tracing::warn!("{warning}");
     }
@@ -467,7 +465,7 @@ async fn run_clients(
     };
     let result = if options.leader_elect {
         let elector = LeaderElector::new(
-            clients.client(Some("leader-election")),
+            clients.manager_client("leader-election"),
             LeaderElectionConfig::from_options(&options),
         )
         .with_shutdown(shutdown.clone());
@@ -496,7 +494,7 @@ struct Starter {
     controllers: ControllerRegistry,
     cloud: Arc<dyn CloudProvider>,
     client: kube::Client,
-    clients: ClientBuilder,
+    clients: ControllerClients,
     checks: HealthChecks,
     metrics: Metrics,
     controller_metrics: ControllerMetrics,
@@ -509,7 +507,10 @@ impl Starter {
     }
 
     async fn start(self, token: CancellationToken) -> Result<(), AppError> {
-        let clients = Arc::new(SharedClient(self.client.clone()));
+        // Upstream's `cloud.Initialize(c.ClientBuilder, stop)`: the provider's clients are
+        // built as the controllers' are (own user agent, own token bucket, own service
+        // account with --use-service-account-credentials), and renew until leadership ends.
+        let clients = Arc::new(self.clients.clone().with_shutdown(token.clone()));
         self.cloud
             .initialize(InitContext::new(clients, token.clone()))
             .await
@@ -520,7 +521,7 @@ impl Starter {
         // Events go through client-go's correlator (spam filter) but, unlike upstream's
         // asynchronous broadcaster, are written inline by the controllers: their writes are
         // not held by --kube-api-qps, so a controller never waits on an Event.
-        let events = EventRecorder::new(self.clients.unthrottled(Some("event-broadcaster")));
+        let events = EventRecorder::new(self.clients.unthrottled("event-broadcaster"));
         let mut running = Vec::new();
         let interval = self.options.controller_start_interval.value;
         let mut first = true;
