@@ -12,9 +12,11 @@ use cloud_provider::well_known::{
 };
 use cloud_provider::{CloudProvider, CloudResult, InstanceMetadata, InstancesV2, node_address};
 use cloud_provider_app::controllers::ControllerContext;
-use cloud_provider_app::controllers::node::{CloudNodeConfig, CloudNodeController, ConfigError};
-use cloud_provider_app::controllers::node_lifecycle::{
+use cloud_provider_app::controllers::cloud_node_lifecycle::{
     CloudNodeLifecycleConfig, CloudNodeLifecycleController,
+};
+use cloud_provider_app::controllers::node::{
+    CloudNodeConfig, CloudNodeConfigError, CloudNodeController,
 };
 use cloud_provider_fake::{FakeCloud, FakeInstance, Fault, FaultRule, Method, Parts};
 use k8s_openapi::api::core::v1::{
@@ -640,7 +642,7 @@ async fn no_instances_skips_and_zero_syncs_is_an_error() {
     let (c, _t) = ctx(&client, fake([]));
     let err = CloudNodeController::new(c, CloudNodeConfig::default().with_concurrent_node_syncs(0))
         .unwrap_err();
-    assert_eq!(err, ConfigError::ZeroConcurrentNodeSyncs);
+    assert_eq!(err, CloudNodeConfigError::ZeroConcurrentNodeSyncs);
 }
 
 async fn batching_calls(batch: bool) -> (usize, usize) {

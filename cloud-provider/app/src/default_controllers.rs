@@ -3,8 +3,8 @@
 
 use crate::controllers::{
     ControllerContext,
+    cloud_node_lifecycle::{CloudNodeLifecycleConfig, CloudNodeLifecycleController},
     node::{CloudNodeConfig, CloudNodeController},
-    node_lifecycle::{CloudNodeLifecycleConfig, CloudNodeLifecycleController},
     route::{RouteConfig, RouteController},
     service::{ServiceConfig, ServiceController},
 };

@@ -298,7 +298,7 @@ pub(crate) struct DelegatedAuth {
 
 /// How a request fared.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Decision {
+pub(crate) enum AccessDecision {
     /// Serve it.
     Allow,
     /// 401: credentials given but not accepted.
@@ -359,14 +359,14 @@ impl DelegatedAuth {
     }
 
     /// Whether `user` may `verb` the non-resource `path`.
-    pub(crate) async fn authorize(&self, user: &User, verb: &str, path: &str) -> Decision {
+    pub(crate) async fn authorize(&self, user: &User, verb: &str, path: &str) -> AccessDecision {
         if self.path_always_allowed(path)
             || user
                 .groups
                 .iter()
                 .any(|g| self.always_allow_groups.contains(g))
         {
-            return Decision::Allow;
+            return AccessDecision::Allow;
         }
         let denied = |reason: &str| {
             let mut message = format!(
@@ -377,7 +377,7 @@ impl DelegatedAuth {
                 message.push_str(": ");
                 message.push_str(reason);
             }
-            Decision::Forbidden(message)
+            AccessDecision::Forbidden(message)
         };
         let Some(access) = &self.access else {
             return denied("");
@@ -395,9 +395,9 @@ impl DelegatedAuth {
             path: path.to_owned(),
         };
         match access.review(attributes).await {
-            Ok((true, _)) => Decision::Allow,
+            Ok((true, _)) => AccessDecision::Allow,
             Ok((false, reason)) => denied(&reason),
-            Err(error) => Decision::Error(error),
+            Err(error) => AccessDecision::Error(error),
         }
     }
 
@@ -408,10 +408,10 @@ impl DelegatedAuth {
         headers: &HeaderMap,
         method: &str,
         path: &str,
-    ) -> Decision {
+    ) -> AccessDecision {
         let user = match self.authenticate(peer, headers).await {
             Ok(user) => user,
-            Err(reason) => return Decision::Unauthorized(reason),
+            Err(reason) => return AccessDecision::Unauthorized(reason),
         };
         self.authorize(&user, &method.to_ascii_lowercase(), path)
             .await
@@ -463,16 +463,16 @@ pub(crate) async fn layer(
         .decide(peer.as_ref(), request.headers(), &method, &path)
         .await
     {
-        Decision::Allow => next.run(request).await,
-        Decision::Unauthorized(reason) => {
+        AccessDecision::Allow => next.run(request).await,
+        AccessDecision::Unauthorized(reason) => {
             tracing::debug!(%path, %reason, "unauthorized request");
             status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
         }
-        Decision::Forbidden(message) => {
+        AccessDecision::Forbidden(message) => {
             tracing::debug!(%path, %message, "forbidden request");
             status(StatusCode::FORBIDDEN, "Forbidden", &message)
         }
-        Decision::Error(error) => {
+        AccessDecision::Error(error) => {
             tracing::warn!(%path, %error, "authorization failed");
             status(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -545,17 +545,20 @@ mod tests {
         });
         let none = HeaderMap::new();
         for path in ["/healthz", "/readyz", "/livez", "/debug/flags/v"] {
-            assert_eq!(auth.decide(None, &none, "GET", path).await, Decision::Allow);
+            assert_eq!(
+                auth.decide(None, &none, "GET", path).await,
+                AccessDecision::Allow
+            );
         }
         assert_eq!(
             auth.decide(None, &none, "GET", "/metrics").await,
-            Decision::Forbidden(
+            AccessDecision::Forbidden(
                 "forbidden: User \"system:anonymous\" cannot get path \"/metrics\"".into()
             )
         );
         assert_eq!(
             auth.decide(None, &none, "GET", "/healthz/extra").await,
-            Decision::Forbidden(
+            AccessDecision::Forbidden(
                 "forbidden: User \"system:anonymous\" cannot get path \"/healthz/extra\"".into()
             ),
             "always-allow paths are exact unless they end in *"
@@ -563,19 +566,19 @@ mod tests {
         let admin = peer("admin", &[GROUP_MASTERS]);
         assert_eq!(
             auth.decide(Some(&admin), &none, "GET", "/metrics").await,
-            Decision::Allow
+            AccessDecision::Allow
         );
         let alice = peer("alice", &["dev"]);
         assert!(matches!(
             auth.decide(Some(&alice), &none, "GET", "/configz").await,
-            Decision::Forbidden(_)
+            AccessDecision::Forbidden(_)
         ));
         // A bearer token with nobody to review it is refused (401), even on /healthz.
         let mut token = HeaderMap::new();
         token.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
         assert!(matches!(
             auth.decide(None, &token, "GET", "/healthz").await,
-            Decision::Unauthorized(_)
+            AccessDecision::Unauthorized(_)
         ));
     }
 
@@ -670,11 +673,11 @@ mod tests {
         let good = bearer("good-1");
         assert_eq!(
             auth.decide(None, &good, "GET", "/metrics").await,
-            Decision::Allow
+            AccessDecision::Allow
         );
         assert_eq!(
             auth.decide(None, &good, "GET", "/metrics").await,
-            Decision::Allow
+            AccessDecision::Allow
         );
         assert_eq!(
             reviews(),
@@ -683,7 +686,7 @@ mod tests {
         );
         assert_eq!(
             auth.decide(None, &good, "GET", "/configz").await,
-            Decision::Forbidden(
+            AccessDecision::Forbidden(
                 "forbidden: User \"alice\" cannot get path \"/configz\": no RBAC rule".into()
             )
         );
@@ -691,7 +694,7 @@ mod tests {
         let bad = bearer("forged");
         assert_eq!(
             auth.decide(None, &bad, "GET", "/healthz").await,
-            Decision::Unauthorized("bad token".into())
+            AccessDecision::Unauthorized("bad token".into())
         );
         auth.decide(None, &bad, "GET", "/healthz").await;
         assert_eq!(reviews(), (2, 2), "refusals are cached too");

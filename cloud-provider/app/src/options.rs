@@ -742,7 +742,7 @@ mod tests {
         assert!(o.batch_instance_metadata);
         assert_eq!(
             o.node_deletion_grace_period.value,
-            crate::controllers::node_lifecycle::DEFAULT_DELETE_GRACE_PERIOD
+            crate::controllers::cloud_node_lifecycle::DEFAULT_DELETE_GRACE_PERIOD
         );
         assert!(!o.watch_based_routes);
         assert!(o.lb_drift_reensure_period.value.is_zero());

@@ -17,7 +17,7 @@ use crate::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
 use crate::options::{
     CloudControllerManagerOptions, LogFormat, OptionsError, is_controller_enabled,
 };
-use crate::serve::{self, HealthChecks, Metrics};
+use crate::serve::{self, HealthChecks, ManagerMetrics};
 use cloud_provider::{BoxError, CloudError, CloudProvider, InitContext, RegistryError};
 
 /// A running controller: ends when the context's `shutdown` token is cancelled.
@@ -287,7 +287,7 @@ async fn start_secure_serving(
     let tls = options
         .tls_settings()
         .server_config(&cert, client_ca.as_deref())?;
-    let listener = crate::secure_serving::TlsListener::bind(addr, tls, shutdown.clone()).await?;
+    let listener = crate::secure_serving::HttpsListener::bind(addr, tls, shutdown.clone()).await?;
     let local = axum::serve::Listener::local_addr(&listener)?.addr;
     let router = serve::secured(
         serve::with_configz(router, crate::configz::component_config(options)),
@@ -440,7 +440,7 @@ async fn run_clients(
         options.cloud_api_qps,
         options.cloud_api_burst,
     ));
-    let metrics = Metrics::new(limiter.clone());
+    let metrics = ManagerMetrics::new(limiter.clone());
     cloud.register_metrics(&mut metrics.registry().lock());
     let controller_metrics = ControllerMetrics::new();
     controller_metrics.register(&mut metrics.registry().lock());
@@ -496,7 +496,7 @@ struct Starter {
     client: kube::Client,
     clients: ControllerClients,
     checks: HealthChecks,
-    metrics: Metrics,
+    metrics: ManagerMetrics,
     controller_metrics: ControllerMetrics,
     limiter: Arc<CloudRateLimiter>,
 }

@@ -509,18 +509,18 @@ pub(crate) struct Peer {
 /// in their own tasks (a slow client never holds up the others), completed ones are handed
 /// to axum with their [`Peer`].
 #[derive(Debug)]
-pub(crate) struct TlsListener {
+pub(crate) struct HttpsListener {
     ready: mpsc::Receiver<(TlsStream<TcpStream>, Peer)>,
     local: SocketAddr,
 }
 
-impl TlsListener {
+impl HttpsListener {
     /// Binds `addr` and starts accepting with `config` until `shutdown` is cancelled.
     pub(crate) async fn bind(
         addr: SocketAddr,
         config: Arc<rustls::ServerConfig>,
         shutdown: CancellationToken,
-    ) -> Result<TlsListener, ServingError> {
+    ) -> Result<HttpsListener, ServingError> {
         let tcp = TcpListener::bind(addr)
             .await
             .map_err(|source| ServingError::Bind { addr, source })?;
@@ -529,7 +529,7 @@ impl TlsListener {
             .map_err(|source| ServingError::Bind { addr, source })?;
         let (send, ready) = mpsc::channel(64);
         tokio::spawn(accept_loop(tcp, TlsAcceptor::from(config), send, shutdown));
-        Ok(TlsListener { ready, local })
+        Ok(HttpsListener { ready, local })
     }
 }
 
@@ -585,7 +585,7 @@ async fn accept_loop(
     }
 }
 
-impl axum::serve::Listener for TlsListener {
+impl axum::serve::Listener for HttpsListener {
     type Io = TlsStream<TcpStream>;
     type Addr = Peer;
 
@@ -605,8 +605,8 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
-impl Connected<IncomingStream<'_, TlsListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
+impl Connected<IncomingStream<'_, HttpsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, HttpsListener>) -> Self {
         stream.remote_addr().clone()
     }
 }

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controllers::CloudRateLimiter;
 use crate::delegated::DelegatedAuth;
-use crate::secure_serving::{Peer, TlsListener};
+use crate::secure_serving::{HttpsListener, Peer};
 
 /// One named health check: `Ok` when healthy, else the reason.
 pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
@@ -93,9 +93,9 @@ impl HealthChecks {
 type Labels = Vec<(String, String)>;
 
 /// The `/metrics` registry: `running_managed_controllers`, the cloud rate limiter's counters,
-/// and whatever the controllers register through [`Metrics::registry`].
+/// and whatever the controllers register through [`ManagerMetrics::registry`].
 #[derive(Clone)]
-pub(crate) struct Metrics {
+pub(crate) struct ManagerMetrics {
     registry: Arc<Mutex<Registry>>,
     running: Family<Labels, Gauge>,
     limiter: Arc<CloudRateLimiter>,
@@ -103,13 +103,13 @@ pub(crate) struct Metrics {
     waited: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
-impl std::fmt::Debug for Metrics {
+impl std::fmt::Debug for ManagerMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Metrics").finish_non_exhaustive()
+        f.debug_struct("ManagerMetrics").finish_non_exhaustive()
     }
 }
 
-impl Metrics {
+impl ManagerMetrics {
     /// A registry reporting on `limiter`.
     pub(crate) fn new(limiter: Arc<CloudRateLimiter>) -> Self {
         let mut registry = Registry::default();
@@ -131,7 +131,7 @@ impl Metrics {
             "Total time callers waited on the shared cloud rate limiter",
             waited.clone(),
         );
-        Metrics {
+        ManagerMetrics {
             registry: Arc::new(Mutex::new(registry)),
             running,
             limiter,
@@ -177,11 +177,11 @@ impl Metrics {
 #[derive(Clone)]
 struct AppState {
     checks: HealthChecks,
-    metrics: Metrics,
+    metrics: ManagerMetrics,
 }
 
 /// The router of the endpoints.
-pub(crate) fn router(checks: HealthChecks, metrics: Metrics) -> Router {
+pub(crate) fn router(checks: HealthChecks, metrics: ManagerMetrics) -> Router {
     Router::new()
         .route("/healthz", get(|s, q| aggregate("healthz", s, q)))
         .route("/readyz", get(|s, q| aggregate("readyz", s, q)))
@@ -298,7 +298,7 @@ pub(crate) fn secured(router: Router, auth: DelegatedAuth) -> Router {
 /// Serves `router` over TLS on `listener` until `shutdown` is cancelled; every request
 /// carries its connection's [`Peer`].
 pub(crate) async fn serve_tls(
-    listener: TlsListener,
+    listener: HttpsListener,
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
@@ -330,9 +330,9 @@ mod tests {
         (status, String::from_utf8(body.to_vec()).unwrap())
     }
 
-    fn setup() -> (HealthChecks, Metrics, Router) {
+    fn setup() -> (HealthChecks, ManagerMetrics, Router) {
         let checks = HealthChecks::new();
-        let metrics = Metrics::new(Arc::new(CloudRateLimiter::unlimited()));
+        let metrics = ManagerMetrics::new(Arc::new(CloudRateLimiter::unlimited()));
         let router = router(checks.clone(), metrics.clone());
         (checks, metrics, router)
     }
@@ -396,7 +396,7 @@ mod tests {
     #[tokio::test]
     async fn metrics_in_prometheus_text_format() {
         let limiter = Arc::new(CloudRateLimiter::unlimited());
-        let metrics = Metrics::new(limiter.clone());
+        let metrics = ManagerMetrics::new(limiter.clone());
         let router = router(HealthChecks::new(), metrics.clone());
         metrics.set_controller_running("service-lb-controller", true);
         limiter.acquire().await;

@@ -2,11 +2,11 @@
 //! and service. Each is a kube-rs client of the API server (any API server: a real cluster or
 //! core-cluster) and calls the provider through a [`ControllerContext`].
 
+pub mod cloud_node_lifecycle;
 mod events;
 pub mod metrics;
 pub mod node;
 mod node_cache;
-pub mod node_lifecycle;
 mod rate_limit;
 pub mod route;
 pub mod service;

@@ -111,7 +111,7 @@ impl CloudNodeConfig {
 /// Why a node controller could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum CloudNodeConfigError {
     /// `concurrent_node_syncs` was 0.
     #[error("concurrent-node-syncs must be greater than 0")]
     ZeroConcurrentNodeSyncs,
@@ -161,12 +161,14 @@ impl CloudNodeController {
     pub fn new(
         ctx: ControllerContext,
         config: CloudNodeConfig,
-    ) -> Result<Option<Self>, ConfigError> {
+    ) -> Result<Option<Self>, CloudNodeConfigError> {
         if config.concurrent_node_syncs == 0 {
-            return Err(ConfigError::ZeroConcurrentNodeSyncs);
+            return Err(CloudNodeConfigError::ZeroConcurrentNodeSyncs);
         }
         if config.node_status_update_frequency.is_zero() {
-            return Err(ConfigError::ZeroPeriod("node-status-update-frequency"));
+            return Err(CloudNodeConfigError::ZeroPeriod(
+                "node-status-update-frequency",
+            ));
         }
         if !supports_instances(ctx.cloud.as_ref()) {
             warn!(

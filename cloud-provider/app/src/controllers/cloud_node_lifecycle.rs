@@ -32,7 +32,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::ControllerContext;
 use super::events::EventType;
-use super::node::{ConfigError, has_taint, node_name, provider_id_of, supports_instances};
+use super::node::{CloudNodeConfigError, has_taint, node_name, provider_id_of, supports_instances};
 use cloud_provider::well_known::TAINT_SHUTDOWN;
 use cloud_provider::{CloudError, instance_provider_id};
 
@@ -109,9 +109,9 @@ impl CloudNodeLifecycleController {
     pub fn new(
         ctx: ControllerContext,
         config: CloudNodeLifecycleConfig,
-    ) -> Result<Option<Self>, ConfigError> {
+    ) -> Result<Option<Self>, CloudNodeConfigError> {
         if config.node_monitor_period.is_zero() {
-            return Err(ConfigError::ZeroPeriod("node-monitor-period"));
+            return Err(CloudNodeConfigError::ZeroPeriod("node-monitor-period"));
         }
         if !supports_instances(ctx.cloud.as_ref()) {
             warn!(
