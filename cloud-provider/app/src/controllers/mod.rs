@@ -10,7 +10,6 @@ mod node_cache;
 mod rate_limit;
 pub mod route;
 pub mod service;
-mod sync_trigger;
 
 use std::sync::Arc;
 

@@ -11,23 +11,22 @@
 //! Service takes the cleanup path instead); a node change calls `UpdateLoadBalancer` only for
 //! the Services whose eligible node set changed; an optional periodic drift re-ensure.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ccm_workqueue::{RateLimiter, WorkQueue};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use parking_lot::Mutex;
-use tokio::sync::Notify;
 use tracing::Instrument;
 
 use super::events::EventType;
-use super::metrics::{QUEUE_NODE, QUEUE_SERVICE, QueueMetrics, seconds_since};
-use super::sync_trigger::SyncTrigger;
+use super::metrics::{QUEUE_NODE, QUEUE_SERVICE, seconds_since};
 use super::{ControllerContext, NodeEvent};
 use cloud_provider::helpers::service::{
     has_load_balancer_finalizer, load_balancer_status_equal, wants_load_balancer,
@@ -225,103 +224,10 @@ fn key_of(service: &Service) -> String {
     )
 }
 
-/// A work queue: a key is processed by one worker at a time; failures back off. Reports
-/// client-go's workqueue metrics (queue `service`).
-struct Queue {
-    inner: Mutex<QueueInner>,
-    notify: Notify,
-    metrics: QueueMetrics,
-}
-
-#[derive(Default)]
-struct QueueInner {
-    queue: VecDeque<String>,
-    /// The queued keys and when each entered the queue.
-    queued: HashMap<String, tokio::time::Instant>,
-    processing: HashSet<String>,
-    dirty: HashSet<String>,
-    failures: HashMap<String, u32>,
-}
-
-impl Queue {
-    fn new(metrics: QueueMetrics) -> Self {
-        Queue {
-            inner: Mutex::default(),
-            notify: Notify::new(),
-            metrics,
-        }
-    }
-
-    /// Queues `key` (counted when it enters the queue; a key being processed enters it when
-    /// its worker is done).
-    fn add(&self, key: &str) {
-        let mut q = self.inner.lock();
-        if q.processing.contains(key) {
-            q.dirty.insert(key.to_owned());
-        } else if !q.queued.contains_key(key) {
-            q.queued.insert(key.to_owned(), tokio::time::Instant::now());
-            self.metrics.added();
-            q.queue.push_back(key.to_owned());
-            drop(q);
-            self.notify.notify_waiters();
-        }
-    }
-
-    fn add_after(self: &Arc<Self>, key: &str, delay: Duration) {
-        let (queue, key) = (self.clone(), key.to_owned());
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            queue.add(&key);
-        });
-    }
-
-    fn add_rate_limited(self: &Arc<Self>, key: &str) {
-        let failures = {
-            let mut q = self.inner.lock();
-            let n = q.failures.entry(key.to_owned()).or_default();
-            *n += 1;
-            *n - 1
-        };
-        self.metrics.retried();
-        let delay = BACKOFF_BASE
-            .saturating_mul(2u32.saturating_pow(failures.min(16)))
-            .min(BACKOFF_MAX);
-        self.add_after(key, delay);
-    }
-
-    fn forget(&self, key: &str) {
-        self.inner.lock().failures.remove(key);
-    }
-
-    async fn get(&self) -> String {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let mut q = self.inner.lock();
-                if let Some(key) = q.queue.pop_front() {
-                    if let Some(queued_at) = q.queued.remove(&key) {
-                        self.metrics.taken(queued_at);
-                    }
-                    q.processing.insert(key.clone());
-                    return key;
-                }
-            }
-            notified.await;
-        }
-    }
-
-    fn done(&self, key: &str) {
-        let requeue = {
-            let mut q = self.inner.lock();
-            q.processing.remove(key);
-            q.dirty.remove(key)
-        };
-        if requeue {
-            self.add(key);
-        }
-    }
+/// Upstream's service-controller queues (`service` and `node`):
+/// `NewTypedItemExponentialFailureRateLimiter(minRetryDelay, maxRetryDelay)`, 5 s to 300 s.
+fn service_rate_limiter<K: std::hash::Hash + Eq + Clone>() -> RateLimiter<K> {
+    RateLimiter::exponential(BACKOFF_BASE, BACKOFF_MAX)
 }
 
 #[derive(Default)]
@@ -357,10 +263,12 @@ const ELIGIBLE_LIST_INTERVAL: Duration = Duration::from_secs(1);
 pub struct ServiceController {
     ctx: ControllerContext,
     config: ServiceConfig,
-    queue: Arc<Queue>,
+    queue: WorkQueue<String>,
     state: Mutex<State>,
-    /// Upstream's `node` queue: the node syncs asked for by Node changes.
-    node_queue: SyncTrigger,
+    /// Upstream's `node` queue: the node syncs asked for by Node changes. Every Node change
+    /// asks for the same whole-cluster sync, so its one key is `()`: changes that arrive while
+    /// it is queued coalesce, and one that arrives while it runs queues the next one.
+    node_queue: WorkQueue<()>,
 }
 
 impl std::fmt::Debug for ServiceController {
@@ -387,8 +295,10 @@ impl ServiceController {
             return Ok(None);
         }
         Ok(Some(ServiceController {
-            queue: Arc::new(Queue::new(ctx.metrics.queue(QUEUE_SERVICE))),
-            node_queue: SyncTrigger::new(ctx.metrics.queue(QUEUE_NODE)),
+            queue: WorkQueue::new(service_rate_limiter())
+                .with_metrics(ctx.metrics.queue(QUEUE_SERVICE)),
+            node_queue: WorkQueue::new(service_rate_limiter())
+                .with_metrics(ctx.metrics.queue(QUEUE_NODE)),
             ctx,
             config,
             state: Mutex::default(),
@@ -419,9 +329,7 @@ impl ServiceController {
     }
 
     async fn service_worker(&self) {
-        loop {
-            let key = self.queue.get().await;
-            let work = self.queue.metrics.start(1);
+        while let Some(key) = self.queue.get().await {
             let result = self
                 .sync_service(&key)
                 .instrument(tracing::info_span!("sync_service", service = %key))
@@ -432,15 +340,14 @@ impl ServiceController {
                     Some(delay) => {
                         tracing::info!(service = %key, ?delay, %err, "retrying after the delay asked for");
                         self.queue.forget(&key);
-                        self.queue.add_after(&key, delay);
+                        self.queue.add_after(key.clone(), delay);
                     }
                     None => {
                         tracing::warn!(service = %key, %err, "sync failed; backing off");
-                        self.queue.add_rate_limited(&key);
+                        self.queue.add_rate_limited(key.clone());
                     }
                 },
             }
-            drop(work);
             self.queue.done(&key);
         }
     }
@@ -463,7 +370,7 @@ impl ServiceController {
                     };
                     seen.insert(key.clone(), svc);
                     if enqueue {
-                        self.queue.add(&key);
+                        self.queue.add(key.clone());
                     }
                 }
                 Ok(watcher::Event::Delete(svc)) => self.service_gone(&mut seen, &key_of(&svc)),
@@ -497,7 +404,7 @@ impl ServiceController {
     fn service_gone(&self, seen: &mut HashMap<String, Service>, key: &str) {
         seen.remove(key);
         if self.state.lock().cache.contains_key(key) {
-            self.queue.add(key);
+            self.queue.add(key.to_owned());
         }
     }
 
@@ -519,7 +426,7 @@ impl ServiceController {
                 }
             };
             if trigger {
-                self.node_queue.add();
+                self.node_queue.add(());
             }
         }
     }
@@ -527,13 +434,16 @@ impl ServiceController {
     async fn node_worker(&self) {
         loop {
             tokio::select! {
-                () = self.node_queue.queued() => {}
-                () = tokio::time::sleep(self.config.node_sync_period) => self.node_queue.add(),
+                () = self.node_queue.ready() => {}
+                () = tokio::time::sleep(self.config.node_sync_period) => self.node_queue.add(()),
             }
-            let _work = self.node_queue.take();
+            let Some(()) = self.node_queue.try_get() else {
+                continue;
+            };
             if let Err(err) = self.sync_nodes().await {
                 tracing::warn!(%err, "node sync failed");
             }
+            self.node_queue.done(&());
         }
     }
 
@@ -553,7 +463,7 @@ impl ServiceController {
                 .map(|(k, _)| k.clone())
                 .collect();
             for key in keys {
-                self.queue.add(&key);
+                self.queue.add(key.clone());
             }
         }
     }
@@ -714,7 +624,7 @@ impl ServiceController {
                     &message,
                 )
                 .await;
-                self.queue.add(key);
+                self.queue.add(key.to_owned());
             }
         }
     }
