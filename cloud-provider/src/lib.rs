@@ -12,8 +12,9 @@
 //!    support: the controller that needs them is skipped.
 //! 2. Register it once with [`register_cloud_provider!`]. The factory receives the
 //!    `--cloud-config` file's contents, or `None` when the flag is absent.
-//! 3. In the binary, reference the provider crate (`use my_provider as _;`): a crate that is
-//!    only listed in `Cargo.toml` is not linked, and its registration never runs.
+//! 3. In the binary, which depends on `cloud-provider-app` and calls its `run`, reference the
+//!    provider crate (`use my_provider as _;`): a crate that is only listed in `Cargo.toml` is
+//!    not linked, and its registration never runs.
 //! 4. Run the [`conformance`] kit against your provider in your tests.
 //!
 //! ## Errors
