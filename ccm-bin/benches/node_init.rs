@@ -43,9 +43,7 @@ use std::{
 };
 
 use anyhow::Context;
-use cloud_provider::app::{
-    CloudControllerManagerOptions, HealthChecks, default_registry, run_with,
-};
+use cloud_provider_app::{CloudControllerManagerOptions, HealthChecks, default_registry, run_with};
 use cloud_provider_fake::{FakeCloud, FakeInstance};
 use tokio_util::sync::CancellationToken;
 
@@ -278,7 +276,7 @@ fn main() -> anyhow::Result<()> {
     }
     let options = CloudControllerManagerOptions::try_parse_from(&flags)?;
     if std::env::var_os("RUST_LOG").is_some() {
-        cloud_provider::app::init_logging(options.log_format);
+        cloud_provider_app::init_logging(options.log_format);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

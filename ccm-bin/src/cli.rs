@@ -6,9 +6,9 @@ use anyhow::{Context, bail};
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, parser::ValueSource};
 use cloud_provider::{
     CloudProvider, Registry,
-    app::CloudControllerManagerOptions,
     conformance::{ConformanceKit, Fixture},
 };
+use cloud_provider_app::CloudControllerManagerOptions;
 use cloud_provider_fake::FakeCloud;
 
 /// The demo cloud `ccm conformance` uses with the fake provider when no config is given.
@@ -72,7 +72,7 @@ pub(crate) fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => error.exit(),
     };
-    cloud_provider::app::init_logging_for(&cli.ccm);
+    cloud_provider_app::init_logging_for(&cli.ccm);
     let result = match cli.command {
         None => manage(cli.ccm, cli.embedded, &matches),
         Some(Command::Apiserver(args)) => apiserver(args),
@@ -131,9 +131,9 @@ fn manage(
                 stray.join(", ")
             );
         }
-        runtime.block_on(cloud_provider::app::run(
+        runtime.block_on(cloud_provider_app::run(
             ccm,
-            cloud_provider::app::default_registry(),
+            cloud_provider_app::default_registry(),
         ))?;
         return Ok(ExitCode::SUCCESS);
     }

@@ -3,7 +3,7 @@
 //! node IPAM, garbage collection, pod GC), simulated nodes that register as kubelets of a
 //! cluster with an external cloud provider, and the fake cloud with one instance per
 //! simulated node. The cloud-controller-manager then runs exactly as against a real cluster
-//! (`cloud_provider::app::run_with`, the four shared controllers, leader election), through
+//! (`cloud_provider_app::run_with`, the four shared controllers, leader election), through
 //! the API server's REST API. It prints progress (nodes registered, initialized, Ready;
 //! load balancers ensured) and a summary; `kubectl` works through the kubeconfig it writes.
 
@@ -15,10 +15,8 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use cloud_provider::{
-    CloudProvider,
-    app::{CloudControllerManagerOptions, HealthChecks},
-};
+use cloud_provider::CloudProvider;
+use cloud_provider_app::{CloudControllerManagerOptions, HealthChecks};
 use cloud_provider_fake::{FakeCloud, FakeInstance};
 use core_cluster::{
     ApiServer,
@@ -400,7 +398,7 @@ pub(crate) async fn run(
 ) -> anyhow::Result<()> {
     let lifecycle = lifecycle_config(&args, &ccm)?;
     let ipam = ipam_config(&args, &ccm)?;
-    ccm.validate_with(&cloud_provider::app::default_registry().names())
+    ccm.validate_with(&cloud_provider_app::default_registry().names())
         .map_err(anyhow::Error::msg)?;
     let apiserver_args =
         crate::apiserver::parse_config_from(&args.service_cluster_ip_range, "30000-32767")?;
@@ -563,9 +561,9 @@ pub(crate) async fn run(
         ccm_router = ccm_router.layer(axum::Extension(tokens));
     }
     let ccm_client = kube::Client::new(ccm_router, "default");
-    let mut manager = tokio::spawn(cloud_provider::app::run_with(
+    let mut manager = tokio::spawn(cloud_provider_app::run_with(
         ccm,
-        cloud_provider::app::default_registry(),
+        cloud_provider_app::default_registry(),
         cloud,
         ccm_client,
         shutdown.child_token(),

@@ -5,7 +5,7 @@ use std::time::Duration;
 /// Parses a non-negative Go-style duration as Kubernetes flags take them (`5s`, `1m30s`,
 /// `500ms`), with the SDK's parser so `ccm` and the app entry read durations alike.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let parsed = cloud_provider::app::options::parse_go_duration(text)?;
+    let parsed = cloud_provider_app::parse_go_duration(text).map_err(|e| e.to_string())?;
     if parsed.negative {
         return Err(format!("{text:?}: must not be negative"));
     }

@@ -2,7 +2,7 @@
 //! (`aws` through the default cargo feature of the same name).
 //!
 //! With no subcommand, `ccm` is the cloud-controller-manager (upstream's flags, through
-//! `cloud_provider::app`):
+//! `cloud_provider_app`):
 //! - with `--kubeconfig`, `--master` or inside a pod, it manages that cluster;
 //! - with none of them, it starts the embedded default: core-cluster's API server, the
 //!   node-side controllers, simulated nodes and the fake cloud, and manages that.

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use cloud_provider::app::CloudControllerManagerOptions;
+use cloud_provider_app::CloudControllerManagerOptions;
 use k8s_openapi::api::{apps::v1::DaemonSet, rbac::v1::ClusterRole};
 use serde::Deserialize;
 

@@ -12,8 +12,9 @@
 //!    support: the controller that needs them is skipped.
 //! 2. Register it once with [`register_cloud_provider!`]. The factory receives the
 //!    `--cloud-config` file's contents, or `None` when the flag is absent.
-//! 3. In the binary, reference the provider crate (`use my_provider as _;`): a crate that is
-//!    only listed in `Cargo.toml` is not linked, and its registration never runs.
+//! 3. In the binary, which depends on `cloud-provider-app` and calls its `run`, reference the
+//!    provider crate (`use my_provider as _;`): a crate that is only listed in `Cargo.toml` is
+//!    not linked, and its registration never runs.
 //! 4. Run the [`conformance`] kit against your provider in your tests.
 //!
 //! ## Errors
@@ -33,12 +34,12 @@
 //! | [`well_known`] | taints, labels, annotations, the finalizer, ports |
 //! | [`helpers`] | provided-node-ip parsing and address order, Service source ranges, LB names |
 //! | [`conformance`] | the provider conformance kit |
-//! | [`app`] | the cloud-controller-manager application: flags, leader election, endpoints, `run` |
-//! | [`controllers`] | the shared cloud controllers and what they share (context, cloud rate limiter) |
+//!
+//! The cloud-controller-manager application (flags, leader election, endpoints, the shared
+//! controllers, `run`) is the `cloud-provider-app` crate: the binary depends on it, the
+//! provider crate does not.
 
-pub mod app;
 pub mod conformance;
-pub mod controllers;
 pub mod error;
 pub mod helpers;
 pub mod provider;
@@ -56,11 +57,6 @@ pub use provider::{
 };
 pub use registry::{CloudConfig, ProviderFactory, Registry, RegistryError, init_cloud_provider};
 pub use types::{InstanceMetadata, Route, Zone, node_address};
-
-/// The README's Rust examples, compiled and run as doc tests so they stay true.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;
 
 /// Re-exports for the macros. Not public API.
 #[doc(hidden)]

@@ -21,26 +21,36 @@ pub type CloudResult<T> = Result<T, CloudError>;
 /// [`InstancesV2::instance_metadata_batch`] runs at once.
 pub const DEFAULT_BATCH_CONCURRENCY: usize = 16;
 
-/// Builds Kubernetes clients for a provider, one per purpose. The name identifies the caller in
-/// the API server's logs (its user agent), as upstream's `ControllerClientBuilder` does.
+/// Builds Kubernetes clients for a provider, one per purpose, as upstream's
+/// `ControllerClientBuilder` (`k8s.io/controller-manager/pkg/clientbuilder`) does: the name
+/// identifies the caller in the API server's logs (its user agent), and the controller
+/// manager's builder gives each name its own client-side rate limit and, with
+/// `--use-service-account-credentials`, its own service account in `kube-system`.
+///
+/// Async because a service-account client needs the account and a token from the API server
+/// before it can be handed out (upstream's `DynamicControllerClientBuilder`).
+#[async_trait]
 pub trait ClientBuilder: Send + Sync {
     /// A client for the component called `name`.
-    fn client(&self, name: &str) -> CloudResult<kube::Client>;
+    async fn client(&self, name: &str) -> CloudResult<kube::Client>;
 }
 
-/// A [`ClientBuilder`] that hands out clones of one client, whatever the name.
+/// A [`ClientBuilder`] that hands out clones of one client, whatever the name (tests, and
+/// embedders that manage their own identity).
 #[derive(Clone)]
 pub struct SharedClient(pub kube::Client);
 
+#[async_trait]
 impl ClientBuilder for SharedClient {
-    fn client(&self, _name: &str) -> CloudResult<kube::Client> {
+    async fn client(&self, _name: &str) -> CloudResult<kube::Client> {
         Ok(self.0.clone())
     }
 }
 
-/// What [`CloudProvider::initialize`] receives: a way to reach the cluster and a token that is
-/// cancelled when the controller manager stops (or loses leadership). Background tasks the
-/// provider starts must end when `shutdown` is cancelled.
+/// What [`CloudProvider::initialize`] receives: the controller manager's client builder (as
+/// upstream's `cloud.Initialize(c.ClientBuilder, stop)` in `app/controllermanager.go`) and a
+/// token that is cancelled when the controller manager stops (or loses leadership).
+/// Background tasks the provider starts must end when `shutdown` is cancelled.
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct InitContext {

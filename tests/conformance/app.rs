@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use cloud_provider::app::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
+use cloud_provider_app::{LeaderElectionConfig, LeaderElector, LeaderError};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::PostParams;
@@ -254,9 +254,9 @@ static STARTED_A: AtomicUsize = AtomicUsize::new(0);
 static STARTED_B: AtomicUsize = AtomicUsize::new(0);
 
 fn start_a(
-    ctx: cloud_provider::controllers::ControllerContext,
-    _: &cloud_provider::app::CloudControllerManagerOptions,
-) -> Result<Option<cloud_provider::app::ControllerFuture>, cloud_provider::BoxError> {
+    ctx: cloud_provider_app::controllers::ControllerContext,
+    _: &cloud_provider_app::CloudControllerManagerOptions,
+) -> Result<Option<cloud_provider_app::ControllerFuture>, cloud_provider::BoxError> {
     STARTED_A.fetch_add(1, Ordering::SeqCst);
     Ok(Some(Box::pin(async move {
         ctx.shutdown.cancelled().await;
@@ -265,9 +265,9 @@ fn start_a(
 }
 
 fn start_b(
-    ctx: cloud_provider::controllers::ControllerContext,
-    _: &cloud_provider::app::CloudControllerManagerOptions,
-) -> Result<Option<cloud_provider::app::ControllerFuture>, cloud_provider::BoxError> {
+    ctx: cloud_provider_app::controllers::ControllerContext,
+    _: &cloud_provider_app::CloudControllerManagerOptions,
+) -> Result<Option<cloud_provider_app::ControllerFuture>, cloud_provider::BoxError> {
     STARTED_B.fetch_add(1, Ordering::SeqCst);
     Ok(Some(Box::pin(async move {
         ctx.shutdown.cancelled().await;
@@ -278,9 +278,9 @@ fn start_b(
 static STOPPED_C: AtomicUsize = AtomicUsize::new(0);
 
 fn start_c(
-    ctx: cloud_provider::controllers::ControllerContext,
-    _: &cloud_provider::app::CloudControllerManagerOptions,
-) -> Result<Option<cloud_provider::app::ControllerFuture>, cloud_provider::BoxError> {
+    ctx: cloud_provider_app::controllers::ControllerContext,
+    _: &cloud_provider_app::CloudControllerManagerOptions,
+) -> Result<Option<cloud_provider_app::ControllerFuture>, cloud_provider::BoxError> {
     Ok(Some(Box::pin(async move {
         ctx.shutdown.cancelled().await;
         STOPPED_C.fetch_add(1, Ordering::SeqCst);
@@ -288,10 +288,10 @@ fn start_c(
     })))
 }
 
-fn options(args: &[&str]) -> cloud_provider::app::CloudControllerManagerOptions {
+fn options(args: &[&str]) -> cloud_provider_app::CloudControllerManagerOptions {
     let mut all = vec!["ccm", "--cloud-provider", "tiny", "--secure-port", "0"];
     all.extend_from_slice(args);
-    cloud_provider::app::CloudControllerManagerOptions::try_parse_from(all).unwrap()
+    cloud_provider_app::CloudControllerManagerOptions::try_parse_from(all).unwrap()
 }
 
 /// Checklist rows 5 and 80, §3.2 and §3.3: `--controllers` decides which registered controllers start; healthz gets
@@ -299,7 +299,7 @@ fn options(args: &[&str]) -> cloud_provider::app::CloudControllerManagerOptions 
 /// (One test, since the dummy controllers count starts in statics.)
 #[tokio::test(start_paused = true)]
 async fn run_starts_the_enabled_controllers() {
-    use cloud_provider::app::{AppError, ControllerRegistry, HealthChecks, run_with};
+    use cloud_provider_app::{AppError, ControllerRegistry, HealthChecks, run_with};
     let registry = || {
         ControllerRegistry::new()
             .with("a", start_a)
@@ -394,7 +394,7 @@ async fn run_starts_the_enabled_controllers() {
 /// the controllers are stopped.
 #[tokio::test(start_paused = true)]
 async fn run_returns_an_error_when_leadership_is_lost() {
-    use cloud_provider::app::{AppError, ControllerRegistry, HealthChecks, run_with};
+    use cloud_provider_app::{AppError, ControllerRegistry, HealthChecks, run_with};
     let client = client().await;
     let app = tokio::spawn(run_with(
         options(&["--controllers", "*"]),
@@ -433,4 +433,106 @@ async fn run_returns_an_error_when_leadership_is_lost() {
         "the controller was stopped"
     );
     intruder.abort();
+}
+
+/// A provider that, in `initialize`, reads Nodes through `clients.client("my-informer")` twice
+/// and once through `clients.client("my-writer")`, recording when each read returned.
+struct InformingCloud {
+    reads: Arc<parking_lot::Mutex<Vec<(&'static str, Instant)>>>,
+}
+
+#[async_trait::async_trait]
+impl cloud_provider::CloudProvider for InformingCloud {
+    async fn initialize(
+        &self,
+        ctx: cloud_provider::InitContext,
+    ) -> cloud_provider::CloudResult<()> {
+        let informer = ctx.clients.client("my-informer").await?;
+        let writer = ctx.clients.client("my-writer").await?;
+        for (name, client) in [
+            ("my-informer", &informer),
+            ("my-writer", &writer),
+            ("my-informer", &informer),
+        ] {
+            Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+                .list(&Default::default())
+                .await
+                .map_err(cloud_provider::CloudError::other)?;
+            self.reads.lock().push((name, Instant::now()));
+        }
+        Ok(())
+    }
+    fn provider_name(&self) -> &str {
+        "informing"
+    }
+}
+
+/// Upstream's `cloud.Initialize(c.ClientBuilder, stop)` (`app/controllermanager.go`): the
+/// provider's `initialize` gets the manager's client builder, so each client it asks for
+/// carries its name in the user agent and has its own `--kube-api-qps` bucket.
+#[tokio::test(start_paused = true)]
+async fn initialize_gets_the_managers_client_builder() {
+    use cloud_provider_app::{ControllerRegistry, HealthChecks, run_with};
+    let server = crate::memory_server().await;
+    let agents = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let seen = agents.clone();
+    let router = server.router().layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let seen = seen.clone();
+            async move {
+                if request.uri().path() == "/api/v1/nodes" {
+                    let agent = request
+                        .headers()
+                        .get(axum::http::header::USER_AGENT)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    seen.lock().push(agent);
+                }
+                next.run(request).await
+            }
+        },
+    ));
+    let client = kube::Client::new(router, "default");
+    let reads = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let shutdown = CancellationToken::new();
+    let start = Instant::now();
+    let app = tokio::spawn(run_with(
+        options(&[
+            "--leader-elect=false",
+            "--kube-api-qps",
+            "1",
+            "--kube-api-burst",
+            "1",
+        ]),
+        ControllerRegistry::new(),
+        Arc::new(InformingCloud {
+            reads: reads.clone(),
+        }),
+        client,
+        shutdown.clone(),
+        HealthChecks::new(),
+    ));
+    sleep(Duration::from_secs(5)).await;
+    let reads = reads.lock().clone();
+    assert_eq!(reads.len(), 3, "{reads:?}");
+    assert_eq!(reads[0].1 - start, Duration::ZERO, "first read at once");
+    assert_eq!(
+        reads[1].1 - start,
+        Duration::ZERO,
+        "my-writer has its own bucket"
+    );
+    assert_eq!(
+        reads[2].1 - start,
+        Duration::from_secs(1),
+        "my-informer's second read waits for its own bucket (1 per second)"
+    );
+    // The provider's reads come first: the controllers' caches start after `initialize`.
+    let agents = agents.lock().clone();
+    assert!(agents.len() >= 3, "{agents:?}");
+    assert!(agents[0].ends_with("ccm-rs/my-informer"), "{agents:?}");
+    assert!(agents[1].ends_with("ccm-rs/my-writer"), "{agents:?}");
+    assert!(agents[2].ends_with("ccm-rs/my-informer"), "{agents:?}");
+    shutdown.cancel();
+    app.await.unwrap().unwrap();
 }

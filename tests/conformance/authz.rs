@@ -11,8 +11,8 @@ use std::time::Duration;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use cloud_provider::app::HealthChecks;
 use cloud_provider::well_known::TAINT_UNINITIALIZED;
+use cloud_provider_app::HealthChecks;
 use cloud_provider_fake::{FakeCloud, FakeInstance};
 use core_cluster::auth::{node::node_user, rbac::service_account_user};
 use core_cluster::controllers::node_ipam::{NodeIpamConfig, NodeIpamController};
@@ -135,9 +135,9 @@ async fn start(edit_role: impl FnOnce(&mut serde_json::Value)) -> Secured {
             denials.clone(),
             record_denials,
         ));
-    tokio::spawn(cloud_provider::app::run_with(
+    tokio::spawn(cloud_provider_app::run_with(
         ccm_options(),
-        cloud_provider::app::default_registry(),
+        cloud_provider_app::default_registry(),
         Arc::new(cloud),
         kube::Client::new(ccm_router, "default"),
         stop.child_token(),

@@ -10,8 +10,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cloud_provider::app::{AppError, CloudControllerManagerOptions, HealthChecks};
 use cloud_provider::well_known::{FINALIZER_LOAD_BALANCER_CLEANUP, TAINT_UNINITIALIZED};
+use cloud_provider_app::{AppError, CloudControllerManagerOptions, HealthChecks};
 use cloud_provider_fake::{Call, FakeCloud, FakeInstance, Fault, FaultRule, Method};
 use core_cluster::ApiServer;
 use core_cluster::controllers::node_ipam::{NodeIpamConfig, NodeIpamController};
@@ -271,9 +271,9 @@ impl Ccm {
         let (client, tap) = Tap::client(&cluster.server);
         let shutdown = CancellationToken::new();
         let checks = HealthChecks::new();
-        let task = tokio::spawn(cloud_provider::app::run_with(
+        let task = tokio::spawn(cloud_provider_app::run_with(
             ccm_options(),
-            cloud_provider::app::default_registry(),
+            cloud_provider_app::default_registry(),
             Arc::new(cluster.cloud.clone()),
             client,
             shutdown.clone(),
@@ -720,9 +720,9 @@ async fn metrics_show_upstream_names_with_the_controllers_work() {
         .authorization_always_allow_paths
         .push("/metrics".to_owned());
     let shutdown = CancellationToken::new();
-    let app = tokio::spawn(cloud_provider::app::run_with(
+    let app = tokio::spawn(cloud_provider_app::run_with(
         options,
-        cloud_provider::app::default_registry(),
+        cloud_provider_app::default_registry(),
         Arc::new(cluster.cloud.clone()),
         cluster.client.clone(),
         shutdown.clone(),

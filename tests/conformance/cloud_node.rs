@@ -5,17 +5,19 @@
 use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use cloud_provider::controllers::ControllerContext;
-use cloud_provider::controllers::node::{CloudNodeConfig, CloudNodeController, ConfigError};
-use cloud_provider::controllers::node_lifecycle::{
-    CloudNodeLifecycleConfig, CloudNodeLifecycleController,
-};
 use cloud_provider::well_known::{
     ANNOTATION_PROVIDED_NODE_IP, LABEL_FAILURE_DOMAIN_BETA_REGION, LABEL_FAILURE_DOMAIN_BETA_ZONE,
     LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_STABLE, LABEL_TOPOLOGY_REGION, LABEL_TOPOLOGY_ZONE,
     TAINT_SHUTDOWN, TAINT_UNINITIALIZED,
 };
 use cloud_provider::{CloudProvider, CloudResult, InstanceMetadata, InstancesV2, node_address};
+use cloud_provider_app::controllers::ControllerContext;
+use cloud_provider_app::controllers::cloud_node_lifecycle::{
+    CloudNodeLifecycleConfig, CloudNodeLifecycleController,
+};
+use cloud_provider_app::controllers::node::{
+    CloudNodeConfig, CloudNodeConfigError, CloudNodeController,
+};
 use cloud_provider_fake::{FakeCloud, FakeInstance, Fault, FaultRule, Method, Parts};
 use k8s_openapi::api::core::v1::{
     Event, Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Taint,
@@ -640,7 +642,7 @@ async fn no_instances_skips_and_zero_syncs_is_an_error() {
     let (c, _t) = ctx(&client, fake([]));
     let err = CloudNodeController::new(c, CloudNodeConfig::default().with_concurrent_node_syncs(0))
         .unwrap_err();
-    assert_eq!(err, ConfigError::ZeroConcurrentNodeSyncs);
+    assert_eq!(err, CloudNodeConfigError::ZeroConcurrentNodeSyncs);
 }
 
 async fn batching_calls(batch: bool) -> (usize, usize) {

@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cloud_provider::controllers::ControllerContext;
-use cloud_provider::controllers::ControllerMetrics;
-use cloud_provider::controllers::node::{CloudNodeConfig, CloudNodeController};
-use cloud_provider::controllers::route::{RouteConfig, RouteController};
-use cloud_provider::controllers::service::{ServiceConfig, ServiceController};
 use cloud_provider::prometheus_client::registry::Registry;
+use cloud_provider_app::controllers::ControllerContext;
+use cloud_provider_app::controllers::ControllerMetrics;
+use cloud_provider_app::controllers::node::{CloudNodeConfig, CloudNodeController};
+use cloud_provider_app::controllers::route::{RouteConfig, RouteController};
+use cloud_provider_app::controllers::service::{ServiceConfig, ServiceController};
 use cloud_provider_fake::{FakeCloud, FakeInstance, Fault, FaultRule, Method};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;

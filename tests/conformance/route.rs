@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use cloud_provider::controllers::ControllerContext;
-use cloud_provider::controllers::route::{RouteConfig, RouteController};
 use cloud_provider::{CloudProvider, CloudResult, Route, Routes};
+use cloud_provider_app::controllers::ControllerContext;
+use cloud_provider_app::controllers::route::{RouteConfig, RouteController};
 use cloud_provider_fake::{Call, FakeCloud, FakeInstance, FakeRoute, Fault, FaultRule, Method};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Event, Node};

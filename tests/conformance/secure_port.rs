@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::Request;
-use cloud_provider::app::{
+use cloud_provider_app::{
     AppError, CloudControllerManagerOptions, ControllerRegistry, HealthChecks,
 };
 use cloud_provider_fake::FakeCloud;
@@ -65,7 +65,7 @@ impl Ccm {
         args.extend_from_slice(extra);
         let options = CloudControllerManagerOptions::try_parse_from(args).expect("flags");
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(cloud_provider::app::run_with(
+        let task = tokio::spawn(cloud_provider_app::run_with(
             options,
             ControllerRegistry::new(),
             Arc::new(FakeCloud::default()),
@@ -378,13 +378,13 @@ fn admin_kubeconfig_file(cluster: &TestServer, dir: &Path) -> PathBuf {
 /// `system:serviceaccount:kube-system:route-controller`, not the manager.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_account_credentials_give_each_controller_its_own_identity() {
-    use cloud_provider::app::kube_client::ClientBuilder;
+    use cloud_provider_app::ControllerClients;
     use k8s_openapi::api::core::v1::Node;
 
     let cluster = cluster().await;
     let admin = cluster.admin_client().await.unwrap();
     let config = client_config(&cluster.admin_kubeconfig()).await.unwrap();
-    let clients = ClientBuilder::new(admin.clone(), Some(config))
+    let clients = ControllerClients::new(admin.clone(), Some(config))
         .with_rate_limit(20.0, 30)
         .with_service_account_credentials(true);
     let shutdown = CancellationToken::new();
@@ -419,7 +419,7 @@ async fn service_account_credentials_give_each_controller_its_own_identity() {
     shutdown.cancel();
     // Without the flag, the manager's identity (the admin here) is kept.
     let config = client_config(&cluster.admin_kubeconfig()).await.unwrap();
-    let shared = ClientBuilder::new(admin.clone(), Some(config))
+    let shared = ControllerClients::new(admin.clone(), Some(config))
         .controller_client("node-route-controller", CancellationToken::new())
         .await
         .unwrap();
@@ -460,9 +460,9 @@ async fn upstream_example_daemonset_flags_start_the_manager() {
         &cert_dir,
     ])
     .expect("upstream's flags parse");
-    let manager = tokio::spawn(cloud_provider::app::run(
+    let manager = tokio::spawn(cloud_provider_app::run(
         options,
-        cloud_provider::app::default_registry(),
+        cloud_provider_app::default_registry(),
     ));
     let ccm = Ccm {
         port,
@@ -541,7 +541,7 @@ async fn a_forbidden_client_ca_lookup_fails_unless_tolerated() {
         args.extend_from_slice(extra);
         CloudControllerManagerOptions::try_parse_from(args).unwrap()
     };
-    let error = cloud_provider::app::run_with(
+    let error = cloud_provider_app::run_with(
         options(&[]),
         ControllerRegistry::new(),
         Arc::new(FakeCloud::default()),
@@ -563,7 +563,7 @@ async fn a_forbidden_client_ca_lookup_fails_unless_tolerated() {
     );
 
     let shutdown = CancellationToken::new();
-    let tolerated = tokio::spawn(cloud_provider::app::run_with(
+    let tolerated = tokio::spawn(cloud_provider_app::run_with(
         options(&["--authentication-tolerate-lookup-failure"]),
         ControllerRegistry::new(),
         Arc::new(FakeCloud::default()),

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use cloud_provider::controllers::ControllerContext;
-use cloud_provider::controllers::service::{ServiceConfig, ServiceController};
 use cloud_provider::well_known::FINALIZER_LOAD_BALANCER_CLEANUP;
 use cloud_provider::{CloudError, CloudProvider, CloudResult, LoadBalancer};
+use cloud_provider_app::controllers::ControllerContext;
+use cloud_provider_app::controllers::service::{ServiceConfig, ServiceController};
 use cloud_provider_fake::{Call, FakeCloud, FakeInstance, Fault, FaultRule, Method};
 use k8s_openapi::api::core::v1::{Event, LoadBalancerStatus, Node, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};

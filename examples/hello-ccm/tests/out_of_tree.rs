@@ -1,5 +1,6 @@
-//! The out-of-tree proof: a binary that links the provider finds it by name and the provider
-//! passes the conformance kit; a binary that only depends on it does not see it.
+//! The out-of-tree proof: a binary that links the provider finds it by name, runs the
+//! cloud-controller-manager with it, and the provider passes the conformance kit; a binary
+//! that only depends on it does not see it.
 
 use std::process::Command;
 
@@ -17,6 +18,7 @@ fn linked_binary_finds_the_provider_and_passes_the_kit() {
     );
     let out = Command::new(env!("CARGO_BIN_EXE_hello-ccm"))
         .args([
+            "conformance",
             "--cloud-config",
             config.to_str().unwrap(),
             "node-a",
@@ -41,7 +43,7 @@ fn linked_binary_finds_the_provider_and_passes_the_kit() {
 fn a_bad_config_is_a_clear_error_naming_provider_and_path() {
     let config = config_file("bad", "node-a hello-zone-1 not-an-ip\n");
     let out = Command::new(env!("CARGO_BIN_EXE_hello-ccm"))
-        .args(["--cloud-config", config.to_str().unwrap()])
+        .args(["conformance", "--cloud-config", config.to_str().unwrap()])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -66,4 +68,49 @@ fn a_binary_that_does_not_reference_the_crate_does_not_register_it() {
         "registered providers:",
         "the linker pitfall changed: {stdout}"
     );
+}
+
+/// The vendor `main` is `cloud_provider_app::run` with the provider linked: `--cloud-provider
+/// hello` is found (an unknown name lists it), its config is read, and the manager goes on to
+/// reach the cluster, whose unreadable kubeconfig is the error.
+#[test]
+fn the_vendor_main_runs_the_manager_with_the_linked_provider() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_hello-ccm"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = run(&["--cloud-provider", "nope"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("unknown cloud provider \"nope\"; registered providers: hello"),
+        "{stderr}"
+    );
+    let bad = config_file("main-bad", "node-a hello-zone-1 not-an-ip\n");
+    let (code, stderr) = run(&[
+        "--cloud-provider",
+        "hello",
+        "--cloud-config",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("line 1: want `name zone ip`"), "{stderr}");
+    let good = config_file("main-good", "node-a hello-zone-1 10.0.0.1\n");
+    let kubeconfig = std::env::temp_dir().join("hello-ccm-no-such-dir/kubeconfig");
+    let (code, stderr) = run(&[
+        "--cloud-provider",
+        "hello",
+        "--cloud-config",
+        good.to_str().unwrap(),
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("cluster access"), "{stderr}");
+    assert!(stderr.contains(kubeconfig.to_str().unwrap()), "{stderr}");
 }

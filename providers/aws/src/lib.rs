@@ -243,7 +243,7 @@ impl CloudProvider for AwsCloud {
     /// Keeps a client of the cluster (its Nodes name route targets and load-balancer backends
     /// by instance ID, as upstream's provider-ID index does), and builds the SDK clients.
     async fn initialize(&self, ctx: InitContext) -> CloudResult<()> {
-        let client = ctx.clients.client("aws-cloud-provider")?;
+        let client = ctx.clients.client("aws-cloud-provider").await?;
         let _ = self.inner.cluster.set(client);
         self.connect().await
     }

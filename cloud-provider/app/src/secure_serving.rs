@@ -41,13 +41,13 @@ use tokio_util::sync::CancellationToken;
 
 /// The pair name of generated certificates in `--cert-dir` (upstream's
 /// `ServerCert.PairName` for the cloud-controller-manager).
-pub const PAIR_NAME: &str = "cloud-controller-manager";
+pub(crate) const PAIR_NAME: &str = "cloud-controller-manager";
 
 /// How long a client has to complete the TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most TLS handshakes in progress at once; beyond that new connections are closed, so
 /// clients that never finish a handshake cannot pile up tasks.
-pub const MAX_HANDSHAKES: usize = 1024;
+pub(crate) const MAX_HANDSHAKES: usize = 1024;
 
 /// Why secure serving could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -92,7 +92,7 @@ fn certificate_error(what: impl Into<String>, message: impl std::fmt::Display) -
 
 /// A serving certificate chain and its key, in PEM.
 #[derive(Clone)]
-pub struct CertKey {
+pub(crate) struct CertKey {
     /// The certificate, then its chain.
     pub cert_pem: String,
     /// The private key.
@@ -107,7 +107,7 @@ impl std::fmt::Debug for CertKey {
 
 /// Where the serving certificate comes from, by upstream's precedence.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CertSource {
+pub(crate) struct CertSource {
     /// `--tls-cert-file`.
     pub cert_file: Option<PathBuf>,
     /// `--tls-private-key-file`.
@@ -118,7 +118,7 @@ pub struct CertSource {
 
 /// Loads or generates the serving certificate for a server bound to `bind` (see the module
 /// documentation for the precedence).
-pub fn serving_cert(source: &CertSource, bind: IpAddr) -> Result<CertKey, ServingError> {
+pub(crate) fn serving_cert(source: &CertSource, bind: IpAddr) -> Result<CertKey, ServingError> {
     match (&source.cert_file, &source.key_file) {
         (Some(cert), Some(key)) => {
             return Ok(CertKey {
@@ -177,7 +177,11 @@ pub fn serving_cert(source: &CertSource, bind: IpAddr) -> Result<CertKey, Servin
 
 /// client-go's `GenerateSelfSignedCertKey`: a CA and a certificate for `host` (plus `ips`
 /// and `dns`) signed by it, valid for a year; the PEM holds the certificate, then the CA.
-pub fn self_signed(host: &str, ips: &[IpAddr], dns: &[&str]) -> Result<CertKey, ServingError> {
+pub(crate) fn self_signed(
+    host: &str,
+    ips: &[IpAddr],
+    dns: &[&str],
+) -> Result<CertKey, ServingError> {
     use rcgen::{
         BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
         IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
@@ -271,7 +275,10 @@ fn write(path: &Path, contents: &str, private: bool) -> Result<(), ServingError>
 }
 
 /// The certificates of a PEM text (a CA bundle, a chain).
-pub fn certificates(what: &str, pem: &str) -> Result<Vec<CertificateDer<'static>>, ServingError> {
+pub(crate) fn certificates(
+    what: &str,
+    pem: &str,
+) -> Result<Vec<CertificateDer<'static>>, ServingError> {
     let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| certificate_error(what, e))?;
@@ -325,7 +332,7 @@ const GO_CIPHER_SUITES: &[&str] = &[
 
 /// The TLS settings of the secure port.
 #[derive(Debug, Clone, Default)]
-pub struct TlsSettings {
+pub(crate) struct TlsSettings {
     /// `--tls-min-version` (Go's `VersionTLS10` … `VersionTLS13`).
     pub min_version: Option<String>,
     /// `--tls-cipher-suites` (Go's names).
@@ -335,7 +342,7 @@ pub struct TlsSettings {
 impl TlsSettings {
     /// What these settings cannot honour exactly (logged as warnings), or an error for a name
     /// Go does not know.
-    pub fn check(&self) -> Result<Vec<String>, ServingError> {
+    pub(crate) fn check(&self) -> Result<Vec<String>, ServingError> {
         self.build_provider().map(|(_, _, warnings)| warnings)
     }
 
@@ -420,7 +427,7 @@ impl TlsSettings {
     /// The rustls server configuration: `cert`, client certificates verified against
     /// `client_ca` when there is one (optional for the client), HTTP/2 and HTTP/1.1 by ALPN,
     /// the ring provider given explicitly.
-    pub fn server_config(
+    pub(crate) fn server_config(
         &self,
         cert: &CertKey,
         client_ca: Option<&str>,
@@ -463,7 +470,7 @@ impl TlsSettings {
 /// The identity a verified client certificate names: CN is the user, each O a group
 /// (upstream's x509 `CommonNameUserConversion`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertificateIdentity {
+pub(crate) struct CertificateIdentity {
     /// The user (CN).
     pub user: String,
     /// The groups (O).
@@ -472,7 +479,7 @@ pub struct CertificateIdentity {
 
 impl CertificateIdentity {
     /// The identity of a DER certificate, if it names a user.
-    pub fn from_der(der: &[u8]) -> Option<Self> {
+    pub(crate) fn from_der(der: &[u8]) -> Option<Self> {
         let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
         let subject = cert.subject();
         let user = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
@@ -491,7 +498,7 @@ impl CertificateIdentity {
 /// client certificate, the identity it names. In every request's extensions as
 /// `ConnectInfo<Peer>`.
 #[derive(Debug, Clone)]
-pub struct Peer {
+pub(crate) struct Peer {
     /// The client's address.
     pub addr: SocketAddr,
     /// The verified client certificate's identity.
@@ -502,18 +509,18 @@ pub struct Peer {
 /// in their own tasks (a slow client never holds up the others), completed ones are handed
 /// to axum with their [`Peer`].
 #[derive(Debug)]
-pub struct TlsListener {
+pub(crate) struct HttpsListener {
     ready: mpsc::Receiver<(TlsStream<TcpStream>, Peer)>,
     local: SocketAddr,
 }
 
-impl TlsListener {
+impl HttpsListener {
     /// Binds `addr` and starts accepting with `config` until `shutdown` is cancelled.
-    pub async fn bind(
+    pub(crate) async fn bind(
         addr: SocketAddr,
         config: Arc<rustls::ServerConfig>,
         shutdown: CancellationToken,
-    ) -> Result<TlsListener, ServingError> {
+    ) -> Result<HttpsListener, ServingError> {
         let tcp = TcpListener::bind(addr)
             .await
             .map_err(|source| ServingError::Bind { addr, source })?;
@@ -522,7 +529,7 @@ impl TlsListener {
             .map_err(|source| ServingError::Bind { addr, source })?;
         let (send, ready) = mpsc::channel(64);
         tokio::spawn(accept_loop(tcp, TlsAcceptor::from(config), send, shutdown));
-        Ok(TlsListener { ready, local })
+        Ok(HttpsListener { ready, local })
     }
 }
 
@@ -578,7 +585,7 @@ async fn accept_loop(
     }
 }
 
-impl axum::serve::Listener for TlsListener {
+impl axum::serve::Listener for HttpsListener {
     type Io = TlsStream<TcpStream>;
     type Addr = Peer;
 
@@ -598,8 +605,8 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
-impl Connected<IncomingStream<'_, TlsListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
+impl Connected<IncomingStream<'_, HttpsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, HttpsListener>) -> Self {
         stream.remote_addr().clone()
     }
 }

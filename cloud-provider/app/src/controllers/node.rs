@@ -8,13 +8,15 @@
 //!
 //! Beyond upstream: with [`CloudNodeConfig::batch`] (the default) every Node waiting at one
 //! moment is looked up with one
-//! [`InstancesV2::instance_metadata_batch`](crate::InstancesV2::instance_metadata_batch) call
-//! (in chunks of [`BATCH_CHUNK`]), so a provider that batches makes one cloud call per sync instead of one per
+//! [`InstancesV2::instance_metadata_batch`](cloud_provider::InstancesV2::instance_metadata_batch) call
+//! (in chunks of 500 Nodes), so a provider that batches makes one cloud call per sync instead of one per
 //! Node. A cloud answer that makes no sense (no providerID anywhere, an address that is not an
 //! IP) keeps the taint, emits a `Warning` event and is retried with backoff.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
+
+use ccm_workqueue::{Queue, QueueMetrics, RateLimiter};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
@@ -23,27 +25,25 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::events::EventType;
-use super::metrics::{QUEUE_NODES, QueueMetrics, seconds_since_creation};
+use super::metrics::{QUEUE_NODES, seconds_since_creation};
 use super::{ControllerContext, NodeEvent};
-use crate::helpers::node_address::node_addresses_from_node_ip;
-use crate::helpers::parse_ip_sloppy;
-use crate::well_known::{
+use cloud_provider::helpers::node_address::node_addresses_from_node_ip;
+use cloud_provider::helpers::parse_ip_sloppy;
+use cloud_provider::well_known::{
     ANNOTATION_PROVIDED_NODE_IP, LABEL_FAILURE_DOMAIN_BETA_REGION, LABEL_FAILURE_DOMAIN_BETA_ZONE,
     LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_STABLE, LABEL_TOPOLOGY_REGION, LABEL_TOPOLOGY_ZONE,
     TAINT_UNINITIALIZED,
 };
-use crate::{CloudError, CloudProvider, InstanceMetadata, instance_provider_id};
+use cloud_provider::{CloudError, CloudProvider, InstanceMetadata, instance_provider_id};
 
 /// The largest number of Nodes passed to one [`InstancesV2::instance_metadata_batch`] call.
 ///
-/// [`InstancesV2::instance_metadata_batch`]: crate::InstancesV2::instance_metadata_batch
-pub const BATCH_CHUNK: usize = 500;
+/// [`InstancesV2::instance_metadata_batch`]: cloud_provider::InstancesV2::instance_metadata_batch
+pub(crate) const BATCH_CHUNK: usize = 500;
 
 /// The event source component of this controller.
-pub const COMPONENT: &str = "cloud-node-controller";
+pub(crate) const COMPONENT: &str = "cloud-node-controller";
 
-const BACKOFF_BASE: Duration = Duration::from_millis(5);
-const BACKOFF_MAX: Duration = Duration::from_secs(1000);
 const UPDATE_CONFLICT_STEPS: usize = 20;
 
 /// Settings of the cloud-node controller.
@@ -111,7 +111,7 @@ impl CloudNodeConfig {
 /// Why a node controller could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum CloudNodeConfigError {
     /// `concurrent_node_syncs` was 0.
     #[error("concurrent-node-syncs must be greater than 0")]
     ZeroConcurrentNodeSyncs,
@@ -123,7 +123,7 @@ pub enum ConfigError {
 /// Why one Node could not be synced. Kept on the key until its retry.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum SyncError {
+pub(crate) enum SyncError {
     /// The cloud call failed.
     #[error("cloud: {0}")]
     Cloud(#[from] CloudError),
@@ -161,12 +161,14 @@ impl CloudNodeController {
     pub fn new(
         ctx: ControllerContext,
         config: CloudNodeConfig,
-    ) -> Result<Option<Self>, ConfigError> {
+    ) -> Result<Option<Self>, CloudNodeConfigError> {
         if config.concurrent_node_syncs == 0 {
-            return Err(ConfigError::ZeroConcurrentNodeSyncs);
+            return Err(CloudNodeConfigError::ZeroConcurrentNodeSyncs);
         }
         if config.node_status_update_frequency.is_zero() {
-            return Err(ConfigError::ZeroPeriod("node-status-update-frequency"));
+            return Err(CloudNodeConfigError::ZeroPeriod(
+                "node-status-update-frequency",
+            ));
         }
         if !supports_instances(ctx.cloud.as_ref()) {
             warn!(
@@ -184,16 +186,15 @@ impl CloudNodeController {
         let mut intake = self.ctx.nodes.subscribe();
         let shutdown = self.ctx.shutdown.clone();
         let initialize = async {
-            let mut queue = Queue::new(self.ctx.metrics.queue(QUEUE_NODES));
+            let mut queue = node_queue(self.ctx.metrics.queue(QUEUE_NODES));
             let mut ready = false;
             loop {
-                let next_retry = queue.next_deadline();
                 tokio::select! {
                     event = intake.recv() => match event {
                         Some(event) => take(event, &mut queue, &mut ready),
                         None => break,
                     },
-                    _ = sleep_until_opt(next_retry) => {}
+                    _ = ccm_workqueue::sleep_until(queue.next_deadline()) => {}
                 }
                 if !ready {
                     continue;
@@ -203,30 +204,35 @@ impl CloudNodeController {
                 while let Ok(more) = intake.try_recv() {
                     take(more, &mut queue, &mut ready);
                 }
-                let due = queue.take_due(Instant::now());
-                if !due.is_empty() {
-                    let _work = queue.metrics.start(due.len());
-                    // The watch's events are read while the sync runs and kept as names: left
-                    // in the channel, each held two versions of its Node, and a sync of 500
-                    // Nodes under load let tens of thousands pile up (50 MB at 10,000 Nodes).
-                    let mut arrived = HashSet::new();
-                    {
-                        let sync = self.sync_nodes(due, &mut queue);
-                        tokio::pin!(sync);
-                        loop {
-                            tokio::select! {
-                                () = &mut sync => break,
-                                Some(event) = intake.recv() => {
-                                    if let Some(name) = arrived_name(event, &mut ready) {
-                                        arrived.insert(name);
-                                    }
-                                }
-                            }
+                let due = queue.drain();
+                if due.is_empty() {
+                    continue;
+                }
+                // The watch's events are read while the sync runs and queued as names: a
+                // Node that changes meanwhile is dirty and synced again once this sync is
+                // done (client-go's processing set). Left in the channel, each event held
+                // two versions of its Node, and a sync of 500 Nodes under load let tens of
+                // thousands pile up (50 MB at 10,000 Nodes).
+                let outcomes = {
+                    let sync = self.sync_nodes(&due);
+                    tokio::pin!(sync);
+                    loop {
+                        tokio::select! {
+                            outcomes = &mut sync => break outcomes,
+                            Some(event) = intake.recv() => take(event, &mut queue, &mut ready),
                         }
                     }
-                    for name in arrived {
-                        queue.add_now(name);
+                };
+                // Forget the failures only on success, so repeated failures back off
+                // exponentially as a rate-limited workqueue does.
+                for (name, outcome) in outcomes {
+                    match outcome {
+                        Outcome::Synced => queue.forget(&name),
+                        Outcome::Retry { at_least } => retry(&mut queue, name, at_least),
                     }
+                }
+                for name in &due {
+                    queue.done(name);
                 }
             }
         };
@@ -250,29 +256,30 @@ impl CloudNodeController {
         }
     }
 
-    async fn sync_nodes(&self, names: Vec<String>, queue: &mut Queue) {
+    /// Syncs the Nodes called `names`: initializes the tainted ones (one batched metadata
+    /// lookup) and mirrors the labels of the others. The outcome of each.
+    async fn sync_nodes(&self, names: &[String]) -> Vec<(String, Outcome)> {
+        let mut outcomes = Vec::with_capacity(names.len());
         let mut waiting = Vec::new();
         for name in names {
-            let Some(node) = self.ctx.nodes.get(&name) else {
-                queue.forget(&name);
+            let Some(node) = self.ctx.nodes.get(name) else {
+                outcomes.push((name.clone(), Outcome::Synced));
                 continue;
             };
             if has_taint(&node, TAINT_UNINITIALIZED) {
                 waiting.push(node);
             } else {
-                // Forget the failures only on success, so repeated failures back off
-                // exponentially as a rate-limited workqueue does.
                 match self.reconcile_node_labels(&node).await {
-                    Ok(()) => queue.forget(&name),
+                    Ok(()) => outcomes.push((name.clone(), Outcome::Synced)),
                     Err(err) => {
                         warn!(node = %name, error = %err, "failed to mirror node labels");
-                        queue.retry(name, None);
+                        outcomes.push((name.clone(), Outcome::Retry { at_least: None }));
                     }
                 }
             }
         }
         if waiting.is_empty() {
-            return;
+            return outcomes;
         }
         let nodes: Vec<&Node> = waiting.iter().map(|n| n.as_ref()).collect();
         debug!(waiting = nodes.len(), "initializing waiting nodes");
@@ -282,7 +289,7 @@ impl CloudNodeController {
         // request's state) in memory.
         let mut pending = nodes.into_iter().zip(metas);
         let mut in_flight = futures::stream::FuturesUnordered::new();
-        let mut outcomes = Vec::new();
+        let mut results = Vec::new();
         loop {
             while in_flight.len() < self.config.concurrent_node_syncs
                 && let Some((node, meta)) = pending.next()
@@ -290,13 +297,13 @@ impl CloudNodeController {
                 in_flight.push(self.sync_one(node, meta));
             }
             match in_flight.next().await {
-                Some(outcome) => outcomes.push(outcome),
+                Some(result) => results.push(result),
                 None => break,
             }
         }
-        for (name, result) in outcomes {
+        for (name, result) in results {
             match result {
-                Ok(()) => queue.forget(&name),
+                Ok(()) => outcomes.push((name, Outcome::Synced)),
                 Err(err) => {
                     warn!(node = %name, error = %err, "failed to initialize node");
                     if let Some(node) = self.ctx.nodes.get(&name) {
@@ -311,14 +318,15 @@ impl CloudNodeController {
                             )
                             .await;
                     }
-                    let retry_after = match &err {
+                    let at_least = match &err {
                         SyncError::Cloud(err) => err.retry_after_delay(),
                         _ => None,
                     };
-                    queue.retry(name, retry_after);
+                    outcomes.push((name, Outcome::Retry { at_least }));
                 }
             }
         }
+        outcomes
     }
 
     /// Initializes one waiting Node from its metadata lookup; the Node's name and the outcome.
@@ -791,9 +799,9 @@ pub(crate) fn is_kubernetes_label(key: &str) -> bool {
 }
 
 /// Queues a changed Node; `Synced` opens the gate (no sync before the first full list).
-fn take(event: NodeEvent, queue: &mut Queue, ready: &mut bool) {
+fn take(event: NodeEvent, queue: &mut Queue<String>, ready: &mut bool) {
     if let Some(name) = arrived_name(event, ready) {
-        queue.add_now(name);
+        queue.add(name);
     }
 }
 
@@ -844,92 +852,33 @@ pub(crate) fn has_taint(node: &Node, key: &str) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == key))
 }
 
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
+/// The `Nodes` queue, as upstream's cloud-node controller makes it:
+/// `DefaultTypedControllerRateLimiter` (5 ms to 1000 s per Node, 10 retries per second
+/// overall).
+fn node_queue(metrics: QueueMetrics) -> Queue<String> {
+    Queue::new(RateLimiter::default_controller()).with_metrics(metrics)
 }
 
-/// The work queue: keys due now or at a backoff deadline, with per-key failure counts, and
-/// client-go's workqueue metrics (queue `Nodes`).
-struct Queue {
-    due: BTreeMap<String, Due>,
-    failures: HashMap<String, u32>,
-    metrics: QueueMetrics,
+/// What became of one Node's sync.
+#[derive(Debug)]
+enum Outcome {
+    /// Done; its failures are forgotten.
+    Synced,
+    /// Failed: requeued after its backoff, and not before `at_least` (a cloud's
+    /// `Retry-After`).
+    Retry { at_least: Option<Duration> },
 }
 
-/// When a key is due, and whether it is already counted in the queue's depth (a key waiting
-/// for its backoff enters the queue at its deadline, as with client-go's `AddAfter`).
-struct Due {
-    at: Instant,
-    counted: bool,
-}
-
-impl Queue {
-    fn new(metrics: QueueMetrics) -> Self {
-        Queue {
-            due: BTreeMap::new(),
-            failures: HashMap::new(),
-            metrics,
-        }
-    }
-
-    fn add_now(&mut self, name: String) {
-        // A queued key stays queued once (client-go's dirty set); a key waiting for its
-        // backoff keeps its deadline, as a rate-limited workqueue does.
-        if self.due.contains_key(&name) {
-            return;
-        }
-        self.metrics.added();
-        let at = Instant::now();
-        self.due.insert(name, Due { at, counted: true });
-    }
-
-    fn retry(&mut self, name: String, retry_after: Option<Duration>) {
-        let failures = self.failures.entry(name.clone()).or_insert(0);
-        let delay = BACKOFF_BASE
-            .saturating_mul(2u32.saturating_pow((*failures).min(30)))
-            .min(BACKOFF_MAX);
-        *failures += 1;
-        let delay = retry_after.map_or(delay, |after| after.max(delay));
-        self.metrics.retried();
-        let at = Instant::now() + delay;
-        let counted = self.due.get(&name).is_some_and(|d| d.counted);
-        self.due.insert(name, Due { at, counted });
-    }
-
-    fn forget(&mut self, name: &str) {
-        self.failures.remove(name);
-    }
-
-    fn next_deadline(&self) -> Option<Instant> {
-        self.due.values().map(|d| d.at).min()
-    }
-
-    fn take_due(&mut self, now: Instant) -> Vec<String> {
-        let due: Vec<String> = self
-            .due
-            .iter()
-            .filter(|(_, d)| d.at <= now)
-            .map(|(name, _)| name.clone())
-            .collect();
-        for name in &due {
-            if let Some(d) = self.due.remove(name) {
-                if !d.counted {
-                    self.metrics.added();
-                }
-                self.metrics.taken(d.at);
-            }
-        }
-        due
-    }
+/// Requeues a failed Node after its backoff, or after `at_least` when that is longer.
+fn retry(queue: &mut Queue<String>, name: String, at_least: Option<Duration>) {
+    let backoff = queue.rate_limiter().when(&name);
+    queue.add_after(name, at_least.map_or(backoff, |after| after.max(backoff)));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node_address;
+    use cloud_provider::node_address;
 
     #[test]
     fn kubernetes_labels_are_recognized() {
@@ -977,20 +926,47 @@ mod tests {
     }
 
     /// client-go's rate-limited workqueue: each failure doubles the key's delay until the
-    /// key is forgotten after a success, which starts it again at the base delay.
+    /// key is forgotten after a success, which starts it again at the base delay (5 ms,
+    /// upstream's `DefaultTypedControllerRateLimiter`); a cloud's `Retry-After` is a floor.
     #[tokio::test(start_paused = true)]
     async fn retries_back_off_exponentially_until_forgotten() {
-        let mut queue = Queue::new(crate::controllers::ControllerMetrics::new().queue(QUEUE_NODES));
-        let delay = |queue: &Queue| queue.next_deadline().unwrap() - Instant::now();
-        queue.retry("n".into(), None);
+        const BACKOFF_BASE: Duration = Duration::from_millis(5);
+        let n = || "n".to_owned();
+        let mut queue = node_queue(crate::controllers::ControllerMetrics::new().queue(QUEUE_NODES));
+        let delay = |queue: &Queue<String>| queue.next_deadline().unwrap() - Instant::now();
+        retry(&mut queue, n(), None);
         assert_eq!(delay(&queue), BACKOFF_BASE);
-        queue.retry("n".into(), None);
+        tokio::time::advance(BACKOFF_BASE).await;
+        assert_eq!(queue.drain(), [n()]);
+        retry(&mut queue, n(), None);
         assert_eq!(delay(&queue), BACKOFF_BASE * 2);
-        queue.retry("n".into(), None);
+        tokio::time::advance(BACKOFF_BASE * 2).await;
+        assert!(queue.drain().is_empty(), "n is still processing");
+        queue.done(&n());
+        assert_eq!(queue.drain(), [n()], "queued again once done");
+        retry(&mut queue, n(), None);
         assert_eq!(delay(&queue), BACKOFF_BASE * 4);
-        queue.forget("n");
-        queue.retry("n".into(), None);
-        assert_eq!(delay(&queue), BACKOFF_BASE);
+        assert_eq!(queue.num_requeues(&n()), 3);
+        queue.forget(&n());
+        queue.done(&n());
+        tokio::time::advance(BACKOFF_BASE * 4).await;
+        assert_eq!(queue.drain(), [n()]);
+        queue.done(&n());
+        retry(&mut queue, n(), None);
+        assert_eq!(
+            delay(&queue),
+            BACKOFF_BASE,
+            "forgotten: the base delay again"
+        );
+        tokio::time::advance(BACKOFF_BASE).await;
+        assert_eq!(queue.drain(), [n()]);
+        queue.done(&n());
+        retry(&mut queue, n(), Some(Duration::from_secs(2)));
+        assert_eq!(
+            delay(&queue),
+            Duration::from_secs(2),
+            "Retry-After is a floor"
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //!   answer and the dead Node lingers (reference §5 row 8);
 //! - [`CloudNodeLifecycleConfig::delete_grace_period`]: a Node is deleted only once the cloud
 //!   has said "gone" for that long, at least twice, without saying "exists" in between
-//!   (0 = upstream: at once). The default, [`DEFAULT_DELETE_GRACE_PERIOD`] (60 s), is safe
+//!   (0 = upstream: at once). The default, 60 s, is safe
 //!   against an eventually-consistent cloud: kubernetes#127424 ("EKS has seen … delete a Node
 //!   that does exist") came from a single "not found" answer about a new instance. It costs
 //!   one minute before a dead Node goes, well inside the 5 minutes the taint-eviction of a
@@ -32,16 +32,16 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::ControllerContext;
 use super::events::EventType;
-use super::node::{ConfigError, has_taint, node_name, provider_id_of, supports_instances};
-use crate::well_known::TAINT_SHUTDOWN;
-use crate::{CloudError, instance_provider_id};
+use super::node::{CloudNodeConfigError, has_taint, node_name, provider_id_of, supports_instances};
+use cloud_provider::well_known::TAINT_SHUTDOWN;
+use cloud_provider::{CloudError, instance_provider_id};
 
 /// The default of [`CloudNodeLifecycleConfig::delete_grace_period`] and of
 /// `--node-deletion-grace-period`: one minute of "gone" answers before a Node is deleted.
-pub const DEFAULT_DELETE_GRACE_PERIOD: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_DELETE_GRACE_PERIOD: Duration = Duration::from_secs(60);
 
 /// The event source component of this controller.
-pub const COMPONENT: &str = "cloud-node-lifecycle-controller";
+pub(crate) const COMPONENT: &str = "cloud-node-lifecycle-controller";
 
 /// Settings of the cloud-node-lifecycle controller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub struct CloudNodeLifecycleConfig {
     /// How often every Node is checked (`--node-monitor-period`, default 5 s).
     pub node_monitor_period: Duration,
     /// How long the cloud must keep saying "gone" (at least twice) before the Node is deleted
-    /// (beyond upstream; default [`DEFAULT_DELETE_GRACE_PERIOD`]; 0 is upstream's immediate
+    /// (beyond upstream; default 60 s; 0 is upstream's immediate
     /// deletion on the first answer).
     pub delete_grace_period: Duration,
 }
@@ -109,9 +109,9 @@ impl CloudNodeLifecycleController {
     pub fn new(
         ctx: ControllerContext,
         config: CloudNodeLifecycleConfig,
-    ) -> Result<Option<Self>, ConfigError> {
+    ) -> Result<Option<Self>, CloudNodeConfigError> {
         if config.node_monitor_period.is_zero() {
-            return Err(ConfigError::ZeroPeriod("node-monitor-period"));
+            return Err(CloudNodeConfigError::ZeroPeriod("node-monitor-period"));
         }
         if !supports_instances(ctx.cloud.as_ref()) {
             warn!(

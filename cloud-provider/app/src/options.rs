@@ -10,7 +10,7 @@ use ipnet::IpNet;
 
 /// Canonical controller names, and the aliases upstream accepts for them
 /// (`names.CCMControllerAliases()`).
-pub const CONTROLLER_ALIASES: &[(&str, &str)] = &[
+pub(crate) const CONTROLLER_ALIASES: &[(&str, &str)] = &[
     ("cloud-node", "cloud-node-controller"),
     ("cloud-node-lifecycle", "cloud-node-lifecycle-controller"),
     ("service", "service-lb-controller"),
@@ -18,7 +18,7 @@ pub const CONTROLLER_ALIASES: &[(&str, &str)] = &[
 ];
 
 /// The canonical names of the four shared cloud controllers.
-pub const DEFAULT_CONTROLLERS: &[&str] = &[
+pub(crate) const DEFAULT_CONTROLLERS: &[&str] = &[
     "cloud-node-controller",
     "cloud-node-lifecycle-controller",
     "service-lb-controller",
@@ -27,7 +27,7 @@ pub const DEFAULT_CONTROLLERS: &[&str] = &[
 
 /// Resolves an alias (`service`) to its canonical name (`service-lb-controller`); canonical
 /// and unknown names are returned unchanged.
-pub fn canonical_controller_name(name: &str) -> &str {
+pub(crate) fn canonical_controller_name(name: &str) -> &str {
     CONTROLLER_ALIASES
         .iter()
         .find(|(alias, _)| *alias == name)
@@ -49,9 +49,30 @@ pub enum LogFormat {
 #[error("invalid options: {}", .0.join("; "))]
 pub struct OptionsError(pub Vec<String>);
 
+/// A flag value that is not a Go duration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GoDurationError {
+    /// Not a number followed by a unit, or out of range.
+    #[error("invalid duration {0:?}")]
+    Invalid(String),
+    /// A number without a unit (Go accepts a bare `0` only).
+    #[error("missing unit in duration {0:?}")]
+    MissingUnit(String),
+    /// A unit Go does not know.
+    #[error("unknown unit {unit:?} in duration {text:?}")]
+    UnknownUnit {
+        /// The unit as written.
+        unit: String,
+        /// The whole flag value.
+        text: String,
+    },
+}
+
 /// Parses a Go duration (`5s`, `1m30s`, `300ms`, `1h`, `0`); a leading `-` is allowed and
 /// parses to a negative value, so [`CloudControllerManagerOptions::validate`] can name it.
-pub fn parse_go_duration(text: &str) -> Result<GoDuration, String> {
+pub fn parse_go_duration(text: &str) -> Result<GoDuration, GoDurationError> {
+    let invalid = || GoDurationError::Invalid(text.to_owned());
     let (negative, mut rest) = match text.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, text.strip_prefix('+').unwrap_or(text)),
@@ -63,19 +84,17 @@ pub fn parse_go_duration(text: &str) -> Result<GoDuration, String> {
         });
     }
     if rest.is_empty() {
-        return Err(format!("invalid duration {text:?}"));
+        return Err(invalid());
     }
     let mut total = 0f64;
     while !rest.is_empty() {
         let number_len = rest
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("missing unit in duration {text:?}"))?;
+            .ok_or_else(|| GoDurationError::MissingUnit(text.to_owned()))?;
         if number_len == 0 {
-            return Err(format!("invalid duration {text:?}"));
+            return Err(invalid());
         }
-        let number: f64 = rest[..number_len]
-            .parse()
-            .map_err(|_| format!("invalid duration {text:?}"))?;
+        let number: f64 = rest[..number_len].parse().map_err(|_| invalid())?;
         rest = &rest[number_len..];
         let unit_len = rest
             .find(|c: char| c.is_ascii_digit() || c == '.')
@@ -87,14 +106,34 @@ pub fn parse_go_duration(text: &str) -> Result<GoDuration, String> {
             "s" => 1.0,
             "m" => 60.0,
             "h" => 3600.0,
-            unit => return Err(format!("unknown unit {unit:?} in duration {text:?}")),
+            unit => {
+                return Err(GoDurationError::UnknownUnit {
+                    unit: unit.to_owned(),
+                    text: text.to_owned(),
+                });
+            }
         };
         rest = &rest[unit_len..];
         total += number * seconds;
     }
     Duration::try_from_secs_f64(total)
         .map(|value| GoDuration { negative, value })
-        .map_err(|_| format!("invalid duration {text:?}"))
+        .map_err(|_| invalid())
+}
+
+/// An invalid `--cluster-cidr`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterCidrError {
+    /// An entry that is not a CIDR.
+    #[error("--cluster-cidr: {0:?} is not a CIDR")]
+    NotACidr(String),
+    /// More than one CIDR per IP family.
+    #[error("--cluster-cidr: at most two CIDRs (one per IP family), got {0}")]
+    TooMany(usize),
+    /// Two CIDRs of one family.
+    #[error("--cluster-cidr: two CIDRs must be one IPv4 and one IPv6, got {0} and {1}")]
+    SameFamily(IpNet, IpNet),
 }
 
 /// A duration flag value: Go syntax, possibly negative (which validation rejects).
@@ -122,8 +161,8 @@ impl GoDuration {
 }
 
 impl std::str::FromStr for GoDuration {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
+    type Err = GoDurationError;
+    fn from_str(text: &str) -> Result<Self, GoDurationError> {
         parse_go_duration(text)
     }
 }
@@ -329,7 +368,7 @@ pub struct CloudControllerManagerOptions {
     pub authorization_webhook_cache_unauthorized_ttl: GoDuration,
     /// Upstream flags accepted for compatibility, with a warning.
     #[command(flatten)]
-    pub accepted: super::upstream_flags::AcceptedFlags,
+    pub accepted: crate::upstream_flags::AcceptedFlags,
 }
 
 impl Default for CloudControllerManagerOptions {
@@ -361,26 +400,26 @@ impl CloudControllerManagerOptions {
     }
 
     /// The log format: `--logging-format` if given, else `--log-format`.
-    pub fn effective_log_format(&self) -> LogFormat {
+    pub(crate) fn effective_log_format(&self) -> LogFormat {
         self.logging_format.unwrap_or(self.log_format)
     }
 
     /// Whether the route controller reconciles on Node changes: `--watch-based-routes` or
     /// upstream's feature gate.
-    pub fn watch_based_routes_enabled(&self) -> bool {
+    pub(crate) fn watch_based_routes_enabled(&self) -> bool {
         self.watch_based_routes
-            || super::upstream_flags::parse_feature_gates(&self.feature_gates)
+            || crate::upstream_flags::parse_feature_gates(&self.feature_gates)
                 .ok()
                 .and_then(|gates| {
                     gates
-                        .get(super::upstream_flags::FEATURE_GATE_WATCH_BASED_ROUTES)
+                        .get(crate::upstream_flags::FEATURE_GATE_WATCH_BASED_ROUTES)
                         .copied()
                 })
                 .unwrap_or(false)
     }
 
     /// What the manager warns about at start: upstream flags given that have no effect here.
-    pub fn compatibility_warnings(&self) -> Vec<String> {
+    pub(crate) fn compatibility_warnings(&self) -> Vec<String> {
         let mut warnings: Vec<String> = self
             .accepted
             .given()
@@ -404,9 +443,9 @@ impl CloudControllerManagerOptions {
         if let Ok(tls) = self.tls_settings().check() {
             warnings.extend(tls);
         }
-        if let Ok(gates) = super::upstream_flags::parse_feature_gates(&self.feature_gates) {
+        if let Ok(gates) = crate::upstream_flags::parse_feature_gates(&self.feature_gates) {
             for gate in gates.keys() {
-                if gate != super::upstream_flags::FEATURE_GATE_WATCH_BASED_ROUTES {
+                if gate != crate::upstream_flags::FEATURE_GATE_WATCH_BASED_ROUTES {
                     warnings.push(format!("feature gate {gate} has no effect here"));
                 }
             }
@@ -415,17 +454,17 @@ impl CloudControllerManagerOptions {
     }
 
     /// The TLS settings of the secure port (`--tls-min-version`, `--tls-cipher-suites`).
-    pub fn tls_settings(&self) -> super::secure_serving::TlsSettings {
-        super::secure_serving::TlsSettings {
+    pub(crate) fn tls_settings(&self) -> crate::secure_serving::TlsSettings {
+        crate::secure_serving::TlsSettings {
             min_version: self.tls_min_version.clone(),
             cipher_suites: self.tls_cipher_suites.clone(),
         }
     }
 
     /// Where the serving certificate comes from (empty paths count as not given).
-    pub fn cert_source(&self) -> super::secure_serving::CertSource {
+    pub(crate) fn cert_source(&self) -> crate::secure_serving::CertSource {
         let given = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
-        super::secure_serving::CertSource {
+        crate::secure_serving::CertSource {
             cert_file: given(&self.tls_cert_file),
             key_file: given(&self.tls_private_key_file),
             cert_dir: given(&self.cert_dir),
@@ -491,7 +530,7 @@ impl CloudControllerManagerOptions {
                 errors.push(format!("{flag} cannot be negative"));
             }
         }
-        if let Err(error) = super::upstream_flags::parse_feature_gates(&self.feature_gates) {
+        if let Err(error) = crate::upstream_flags::parse_feature_gates(&self.feature_gates) {
             errors.push(error);
         }
         if self.concurrent_node_status_updates < 0 {
@@ -549,7 +588,7 @@ impl CloudControllerManagerOptions {
             && self.is_controller_enabled("node-route-controller")
             && let Err(error) = self.cluster_cidrs()
         {
-            errors.push(error);
+            errors.push(error.to_string());
         }
         if let Err(error) = self.tls_settings().check() {
             errors.push(error.to_string());
@@ -596,7 +635,7 @@ impl CloudControllerManagerOptions {
 
     /// `--cluster-cidr` parsed: at most two CIDRs, one per IP family. An empty flag is an
     /// empty list.
-    pub fn cluster_cidrs(&self) -> Result<Vec<IpNet>, String> {
+    pub fn cluster_cidrs(&self) -> Result<Vec<IpNet>, ClusterCidrError> {
         if self.cluster_cidr.trim().is_empty() {
             return Ok(Vec::new());
         }
@@ -605,21 +644,16 @@ impl CloudControllerManagerOptions {
             let part = part.trim();
             let cidr: IpNet = part
                 .parse()
-                .map_err(|_| format!("--cluster-cidr: {part:?} is not a CIDR"))?;
+                .map_err(|_| ClusterCidrError::NotACidr(part.to_owned()))?;
             cidrs.push(cidr);
         }
         if cidrs.len() > 2 {
-            return Err(format!(
-                "--cluster-cidr: at most two CIDRs (one per IP family), got {}",
-                cidrs.len()
-            ));
+            return Err(ClusterCidrError::TooMany(cidrs.len()));
         }
         if let [a, b] = cidrs.as_slice()
             && matches!(a, IpNet::V4(_)) == matches!(b, IpNet::V4(_))
         {
-            return Err(format!(
-                "--cluster-cidr: two CIDRs must be one IPv4 and one IPv6, got {a} and {b}"
-            ));
+            return Err(ClusterCidrError::SameFamily(*a, *b));
         }
         Ok(cidrs)
     }
@@ -634,7 +668,7 @@ impl CloudControllerManagerOptions {
 /// Upstream's `IsControllerEnabled`: scan `controllers` in order; the first `name` enables,
 /// the first `-name` disables (aliases resolved); with no mention, the controller is on iff
 /// `*` is present and it is not in `disabled_by_default`. An empty list enables nothing.
-pub fn is_controller_enabled(
+pub(crate) fn is_controller_enabled(
     controllers: &[String],
     name: &str,
     disabled_by_default: &[&str],
@@ -708,7 +742,7 @@ mod tests {
         assert!(o.batch_instance_metadata);
         assert_eq!(
             o.node_deletion_grace_period.value,
-            crate::controllers::node_lifecycle::DEFAULT_DELETE_GRACE_PERIOD
+            crate::controllers::cloud_node_lifecycle::DEFAULT_DELETE_GRACE_PERIOD
         );
         assert!(!o.watch_based_routes);
         assert!(o.lb_drift_reensure_period.value.is_zero());

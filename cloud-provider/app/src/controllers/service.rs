@@ -11,32 +11,31 @@
 //! Service takes the cleanup path instead); a node change calls `UpdateLoadBalancer` only for
 //! the Services whose eligible node set changed; an optional periodic drift re-ensure.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ccm_workqueue::{RateLimiter, WorkQueue};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use parking_lot::Mutex;
-use tokio::sync::Notify;
 use tracing::Instrument;
 
 use super::events::EventType;
-use super::metrics::{QUEUE_NODE, QUEUE_SERVICE, QueueMetrics, seconds_since};
-use super::sync_trigger::SyncTrigger;
+use super::metrics::{QUEUE_NODE, QUEUE_SERVICE, seconds_since};
 use super::{ControllerContext, NodeEvent};
-use crate::helpers::service::{
+use cloud_provider::helpers::service::{
     has_load_balancer_finalizer, load_balancer_status_equal, wants_load_balancer,
 };
-use crate::well_known::{
+use cloud_provider::well_known::{
     FINALIZER_LOAD_BALANCER_CLEANUP, LABEL_EXCLUDE_FROM_EXTERNAL_LOAD_BALANCERS,
     TAINT_TO_BE_DELETED_BY_CLUSTER_AUTOSCALER,
 };
-use crate::{CloudError, LoadBalancer};
+use cloud_provider::{CloudError, LoadBalancer};
 
 const COMPONENT: &str = "service-controller";
 const BACKOFF_BASE: Duration = Duration::from_secs(5);
@@ -90,7 +89,7 @@ pub enum ServiceConfigError {
 /// Why a Service sync failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ServiceSyncError {
+pub(crate) enum ServiceSyncError {
     /// A cloud call failed.
     #[error("{0}")]
     Cloud(#[from] CloudError),
@@ -101,7 +100,7 @@ pub enum ServiceSyncError {
 
 impl ServiceSyncError {
     /// The delay a `RetryAfter` error asks for.
-    pub fn retry_after(&self) -> Option<Duration> {
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
         match self {
             ServiceSyncError::Cloud(err) => err.retry_after_delay(),
             ServiceSyncError::Api(_) => None,
@@ -111,7 +110,7 @@ impl ServiceSyncError {
 
 /// Whether the Node passes the exclusion-label predicate: no label, or a value that parses
 /// (as Go's `strconv.ParseBool`) to false.
-pub fn node_included(node: &Node) -> bool {
+pub(crate) fn node_included(node: &Node) -> bool {
     match node
         .labels()
         .get(LABEL_EXCLUDE_FROM_EXTERNAL_LOAD_BALANCERS)
@@ -123,7 +122,7 @@ pub fn node_included(node: &Node) -> bool {
 
 /// Upstream's stable node-set predicates: not being deleted, included, and without the
 /// cluster autoscaler's `ToBeDeletedByClusterAutoscaler` taint. Readiness is not checked.
-pub fn node_eligible(node: &Node) -> bool {
+pub(crate) fn node_eligible(node: &Node) -> bool {
     node.metadata.deletion_timestamp.is_none()
         && node_included(node)
         && !node
@@ -138,7 +137,7 @@ pub fn node_eligible(node: &Node) -> bool {
 
 /// Whether a Node update triggers a node sync: the exclusion predicate flipped or the
 /// `providerID` changed.
-pub fn should_sync_updated_node(old: &Node, new: &Node) -> bool {
+pub(crate) fn should_sync_updated_node(old: &Node, new: &Node) -> bool {
     node_included(old) != node_included(new) || provider_id(old) != provider_id(new)
 }
 
@@ -169,14 +168,14 @@ fn node_set(nodes: &[Arc<Node>]) -> NodeSet {
 }
 
 /// Whether the Service has the finalizer and is being deleted or no longer a LoadBalancer.
-pub fn needs_cleanup(service: &Service) -> bool {
+pub(crate) fn needs_cleanup(service: &Service) -> bool {
     has_load_balancer_finalizer(service)
         && (service.metadata.deletion_timestamp.is_some()
             || service.spec.as_ref().and_then(|s| s.type_.as_deref()) != Some("LoadBalancer"))
 }
 
 /// Upstream's `needsUpdate`: whether a Service update concerns its load balancer.
-pub fn needs_update(old: &Service, new: &Service) -> bool {
+pub(crate) fn needs_update(old: &Service, new: &Service) -> bool {
     let (ow, nw) = (wants_load_balancer(old), wants_load_balancer(new));
     if !ow && !nw {
         return false;
@@ -225,103 +224,10 @@ fn key_of(service: &Service) -> String {
     )
 }
 
-/// A work queue: a key is processed by one worker at a time; failures back off. Reports
-/// client-go's workqueue metrics (queue `service`).
-struct Queue {
-    inner: Mutex<QueueInner>,
-    notify: Notify,
-    metrics: QueueMetrics,
-}
-
-#[derive(Default)]
-struct QueueInner {
-    queue: VecDeque<String>,
-    /// The queued keys and when each entered the queue.
-    queued: HashMap<String, tokio::time::Instant>,
-    processing: HashSet<String>,
-    dirty: HashSet<String>,
-    failures: HashMap<String, u32>,
-}
-
-impl Queue {
-    fn new(metrics: QueueMetrics) -> Self {
-        Queue {
-            inner: Mutex::default(),
-            notify: Notify::new(),
-            metrics,
-        }
-    }
-
-    /// Queues `key` (counted when it enters the queue; a key being processed enters it when
-    /// its worker is done).
-    fn add(&self, key: &str) {
-        let mut q = self.inner.lock();
-        if q.processing.contains(key) {
-            q.dirty.insert(key.to_owned());
-        } else if !q.queued.contains_key(key) {
-            q.queued.insert(key.to_owned(), tokio::time::Instant::now());
-            self.metrics.added();
-            q.queue.push_back(key.to_owned());
-            drop(q);
-            self.notify.notify_waiters();
-        }
-    }
-
-    fn add_after(self: &Arc<Self>, key: &str, delay: Duration) {
-        let (queue, key) = (self.clone(), key.to_owned());
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            queue.add(&key);
-        });
-    }
-
-    fn add_rate_limited(self: &Arc<Self>, key: &str) {
-        let failures = {
-            let mut q = self.inner.lock();
-            let n = q.failures.entry(key.to_owned()).or_default();
-            *n += 1;
-            *n - 1
-        };
-        self.metrics.retried();
-        let delay = BACKOFF_BASE
-            .saturating_mul(2u32.saturating_pow(failures.min(16)))
-            .min(BACKOFF_MAX);
-        self.add_after(key, delay);
-    }
-
-    fn forget(&self, key: &str) {
-        self.inner.lock().failures.remove(key);
-    }
-
-    async fn get(&self) -> String {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let mut q = self.inner.lock();
-                if let Some(key) = q.queue.pop_front() {
-                    if let Some(queued_at) = q.queued.remove(&key) {
-                        self.metrics.taken(queued_at);
-                    }
-                    q.processing.insert(key.clone());
-                    return key;
-                }
-            }
-            notified.await;
-        }
-    }
-
-    fn done(&self, key: &str) {
-        let requeue = {
-            let mut q = self.inner.lock();
-            q.processing.remove(key);
-            q.dirty.remove(key)
-        };
-        if requeue {
-            self.add(key);
-        }
-    }
+/// Upstream's service-controller queues (`service` and `node`):
+/// `NewTypedItemExponentialFailureRateLimiter(minRetryDelay, maxRetryDelay)`, 5 s to 300 s.
+fn service_rate_limiter<K: std::hash::Hash + Eq + Clone>() -> RateLimiter<K> {
+    RateLimiter::exponential(BACKOFF_BASE, BACKOFF_MAX)
 }
 
 #[derive(Default)]
@@ -357,10 +263,12 @@ const ELIGIBLE_LIST_INTERVAL: Duration = Duration::from_secs(1);
 pub struct ServiceController {
     ctx: ControllerContext,
     config: ServiceConfig,
-    queue: Arc<Queue>,
+    queue: WorkQueue<String>,
     state: Mutex<State>,
-    /// Upstream's `node` queue: the node syncs asked for by Node changes.
-    node_queue: SyncTrigger,
+    /// Upstream's `node` queue: the node syncs asked for by Node changes. Every Node change
+    /// asks for the same whole-cluster sync, so its one key is `()`: changes that arrive while
+    /// it is queued coalesce, and one that arrives while it runs queues the next one.
+    node_queue: WorkQueue<()>,
 }
 
 impl std::fmt::Debug for ServiceController {
@@ -387,8 +295,10 @@ impl ServiceController {
             return Ok(None);
         }
         Ok(Some(ServiceController {
-            queue: Arc::new(Queue::new(ctx.metrics.queue(QUEUE_SERVICE))),
-            node_queue: SyncTrigger::new(ctx.metrics.queue(QUEUE_NODE)),
+            queue: WorkQueue::new(service_rate_limiter())
+                .with_metrics(ctx.metrics.queue(QUEUE_SERVICE)),
+            node_queue: WorkQueue::new(service_rate_limiter())
+                .with_metrics(ctx.metrics.queue(QUEUE_NODE)),
             ctx,
             config,
             state: Mutex::default(),
@@ -419,9 +329,7 @@ impl ServiceController {
     }
 
     async fn service_worker(&self) {
-        loop {
-            let key = self.queue.get().await;
-            let work = self.queue.metrics.start(1);
+        while let Some(key) = self.queue.get().await {
             let result = self
                 .sync_service(&key)
                 .instrument(tracing::info_span!("sync_service", service = %key))
@@ -432,15 +340,14 @@ impl ServiceController {
                     Some(delay) => {
                         tracing::info!(service = %key, ?delay, %err, "retrying after the delay asked for");
                         self.queue.forget(&key);
-                        self.queue.add_after(&key, delay);
+                        self.queue.add_after(key.clone(), delay);
                     }
                     None => {
                         tracing::warn!(service = %key, %err, "sync failed; backing off");
-                        self.queue.add_rate_limited(&key);
+                        self.queue.add_rate_limited(key.clone());
                     }
                 },
             }
-            drop(work);
             self.queue.done(&key);
         }
     }
@@ -463,7 +370,7 @@ impl ServiceController {
                     };
                     seen.insert(key.clone(), svc);
                     if enqueue {
-                        self.queue.add(&key);
+                        self.queue.add(key.clone());
                     }
                 }
                 Ok(watcher::Event::Delete(svc)) => self.service_gone(&mut seen, &key_of(&svc)),
@@ -497,7 +404,7 @@ impl ServiceController {
     fn service_gone(&self, seen: &mut HashMap<String, Service>, key: &str) {
         seen.remove(key);
         if self.state.lock().cache.contains_key(key) {
-            self.queue.add(key);
+            self.queue.add(key.to_owned());
         }
     }
 
@@ -519,7 +426,7 @@ impl ServiceController {
                 }
             };
             if trigger {
-                self.node_queue.add();
+                self.node_queue.add(());
             }
         }
     }
@@ -527,13 +434,16 @@ impl ServiceController {
     async fn node_worker(&self) {
         loop {
             tokio::select! {
-                () = self.node_queue.queued() => {}
-                () = tokio::time::sleep(self.config.node_sync_period) => self.node_queue.add(),
+                () = self.node_queue.ready() => {}
+                () = tokio::time::sleep(self.config.node_sync_period) => self.node_queue.add(()),
             }
-            let _work = self.node_queue.take();
+            let Some(()) = self.node_queue.try_get() else {
+                continue;
+            };
             if let Err(err) = self.sync_nodes().await {
                 tracing::warn!(%err, "node sync failed");
             }
+            self.node_queue.done(&());
         }
     }
 
@@ -553,7 +463,7 @@ impl ServiceController {
                 .map(|(k, _)| k.clone())
                 .collect();
             for key in keys {
-                self.queue.add(&key);
+                self.queue.add(key.clone());
             }
         }
     }
@@ -611,7 +521,7 @@ impl ServiceController {
     }
 
     /// Updates the hosts of every cached load balancer whose eligible node set changed.
-    pub async fn sync_nodes(&self) -> Result<(), kube::Error> {
+    pub(crate) async fn sync_nodes(&self) -> Result<(), kube::Error> {
         let started = tokio::time::Instant::now();
         self.ctx.nodes.wait_synced().await;
         let services: Vec<(String, Service)> = {
@@ -714,7 +624,7 @@ impl ServiceController {
                     &message,
                 )
                 .await;
-                self.queue.add(key);
+                self.queue.add(key.to_owned());
             }
         }
     }
@@ -727,7 +637,7 @@ impl ServiceController {
     }
 
     /// Syncs one Service by key (`namespace/name`).
-    pub async fn sync_service(&self, key: &str) -> Result<(), ServiceSyncError> {
+    pub(crate) async fn sync_service(&self, key: &str) -> Result<(), ServiceSyncError> {
         let (ns, name) = key.split_once('/').unwrap_or(("default", key));
         let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), ns);
         match api.get_opt(name).await? {

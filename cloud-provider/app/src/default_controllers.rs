@@ -1,20 +1,18 @@
 //! The four shared controllers, wired to the flags: [`default_registry`] is what a vendor's
-//! `main` passes to [`run`](super::run()) unless it adds or removes controllers.
+//! `main` passes to [`run`](crate::run()) unless it adds or removes controllers.
 
-use super::{
+use crate::controllers::{
+    ControllerContext,
+    cloud_node_lifecycle::{CloudNodeLifecycleConfig, CloudNodeLifecycleController},
+    node::{CloudNodeConfig, CloudNodeController},
+    route::{RouteConfig, RouteController},
+    service::{ServiceConfig, ServiceController},
+};
+use crate::{
     options::CloudControllerManagerOptions,
     run::{ControllerFuture, ControllerRegistry},
 };
-use crate::{
-    BoxError,
-    controllers::{
-        ControllerContext,
-        node::{CloudNodeConfig, CloudNodeController},
-        node_lifecycle::{CloudNodeLifecycleConfig, CloudNodeLifecycleController},
-        route::{RouteConfig, RouteController},
-        service::{ServiceConfig, ServiceController},
-    },
-};
+use cloud_provider::BoxError;
 
 /// The canonical name of the cloud-node controller.
 pub const CLOUD_NODE_CONTROLLER: &str = "cloud-node-controller";
@@ -124,7 +122,7 @@ mod tests {
         );
         // The aliases of upstream's checklist row 80 resolve to these names.
         for alias in ["cloud-node", "cloud-node-lifecycle", "service", "route"] {
-            let canonical = crate::app::options::canonical_controller_name(alias);
+            let canonical = crate::options::canonical_controller_name(alias);
             assert!(names.contains(&canonical), "{alias} -> {canonical}");
         }
     }

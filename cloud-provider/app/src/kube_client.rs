@@ -5,7 +5,7 @@
 //!   (`cloud-controller-manager/<version> (<os>/<arch>) ccm-rs/<controller>`, as client-go's
 //!   `AddUserAgent` appends the name);
 //! - with `--use-service-account-credentials`, each controller's client authenticates as its
-//!   own service account in `kube-system` (upstream's `DynamicControllerClientBuilder`): the
+//!   own service account in `kube-system` (upstream's `DynamicControllerControllerClients`): the
 //!   account is created when missing, a token is asked for with the TokenRequest API
 //!   (one hour) and renewed when 80 % of its life has passed.
 //!
@@ -26,13 +26,13 @@ use tokio_util::sync::CancellationToken;
 use crate::controllers::CloudRateLimiter;
 
 /// The namespace of the controllers' service accounts.
-pub const SERVICE_ACCOUNT_NAMESPACE: &str = "kube-system";
+pub(crate) const SERVICE_ACCOUNT_NAMESPACE: &str = "kube-system";
 /// How long a controller's token is asked for (upstream's `defaultExpirationSeconds`).
-pub const TOKEN_EXPIRATION: Duration = Duration::from_secs(3600);
+pub(crate) const TOKEN_EXPIRATION: Duration = Duration::from_secs(3600);
 
 /// The service account (and user-agent suffix) of a controller, by upstream's
 /// `DefaultInitFuncConstructors` client names; other controllers use their own name.
-pub fn client_name(controller: &str) -> &str {
+pub(crate) fn client_name(controller: &str) -> &str {
     match controller {
         "cloud-node-controller" => "cloud-node-controller",
         "cloud-node-lifecycle-controller" => "node-controller",
@@ -44,7 +44,7 @@ pub fn client_name(controller: &str) -> &str {
 
 /// The user agent of the manager's clients; `name` is appended as client-go's `AddUserAgent`
 /// does.
-pub fn user_agent(name: Option<&str>) -> String {
+pub(crate) fn user_agent(name: Option<&str>) -> String {
     let base = format!(
         "cloud-controller-manager/v{} ({}/{}) ccm-rs",
         env!("CARGO_PKG_VERSION"),
@@ -101,13 +101,13 @@ impl tower_service::Service<Request<kube::client::Body>> for Limited {
 }
 
 /// client-go's `DefaultQPS`, used when `--kube-api-qps` is 0.
-pub const DEFAULT_QPS: f32 = 5.0;
+pub(crate) const DEFAULT_QPS: f32 = 5.0;
 /// client-go's `DefaultBurst`, used when `--kube-api-burst` is 0.
-pub const DEFAULT_BURST: i32 = 10;
+pub(crate) const DEFAULT_BURST: i32 = 10;
 
 /// The token bucket of a client, as client-go's `RESTClientFor` makes it: a QPS of 0 means
 /// [`DEFAULT_QPS`], a burst of 0 [`DEFAULT_BURST`], a negative QPS no limit.
-pub fn token_bucket(qps: f32, burst: i32) -> CloudRateLimiter {
+pub(crate) fn token_bucket(qps: f32, burst: i32) -> CloudRateLimiter {
     let qps = if qps == 0.0 { DEFAULT_QPS } else { qps };
     let burst = if burst == 0 { DEFAULT_BURST } else { burst };
     if qps < 0.0 {
@@ -119,7 +119,8 @@ pub fn token_bucket(qps: f32, burst: i32) -> CloudRateLimiter {
 
 /// `client` behind a [`token_bucket`] of `qps` requests per second and bursts of `burst`
 /// (client-go's `--kube-api-qps`/`--kube-api-burst`), sending `user_agent` when given.
-pub fn rate_limited(
+#[cfg(test)]
+fn rate_limited(
     client: kube::Client,
     qps: f32,
     burst: i32,
@@ -176,19 +177,24 @@ pub enum ClientError {
 }
 
 /// Builds the manager's clients: the root one (shared informers, events, leader election)
-/// and one per controller.
+/// and one per controller, as upstream's controller-manager `ClientBuilder`. It is also the
+/// [`cloud_provider::ClientBuilder`] the provider's `initialize` receives, so a provider's
+/// `clients.client("my-informer")` gets its own user agent, its own token bucket and, with
+/// `--use-service-account-credentials`, its own service account.
 #[derive(Clone)]
-pub struct ClientBuilder {
+pub struct ControllerClients {
     root: kube::Client,
     config: Option<kube::Config>,
     qps: f32,
     burst: i32,
     service_accounts: bool,
+    /// Ends the token renewals of the clients built through [`cloud_provider::ClientBuilder`].
+    shutdown: CancellationToken,
 }
 
-impl std::fmt::Debug for ClientBuilder {
+impl std::fmt::Debug for ControllerClients {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientBuilder")
+        f.debug_struct("ControllerClients")
             .field("qps", &self.qps)
             .field("burst", &self.burst)
             .field("service_accounts", &self.service_accounts)
@@ -196,17 +202,26 @@ impl std::fmt::Debug for ClientBuilder {
     }
 }
 
-impl ClientBuilder {
+impl ControllerClients {
     /// Clients over `root`, the manager's own connection, without limit; `config`, when
     /// known, lets controllers connect as their own service accounts.
     pub fn new(root: kube::Client, config: Option<kube::Config>) -> Self {
-        ClientBuilder {
+        ControllerClients {
             root,
             config,
             qps: -1.0,
             burst: 0,
             service_accounts: false,
+            shutdown: CancellationToken::new(),
         }
+    }
+
+    /// The clients handed out through [`cloud_provider::ClientBuilder`] renew their
+    /// service-account tokens until `shutdown` is cancelled (by default, for the process's
+    /// life).
+    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+        self.shutdown = shutdown;
+        self
     }
 
     /// Each client gets a token bucket of `qps`/`burst`.
@@ -230,7 +245,7 @@ impl ClientBuilder {
     }
 
     /// The manager's own connection, without limiter.
-    pub fn root(&self) -> &kube::Client {
+    pub(crate) fn root(&self) -> &kube::Client {
         &self.root
     }
 
@@ -239,21 +254,21 @@ impl ClientBuilder {
     }
 
     /// A client with the manager's identity, its own limiter and `name` in its user agent.
-    pub fn client(&self, name: Option<&str>) -> kube::Client {
+    pub(crate) fn manager_client(&self, name: &str) -> kube::Client {
         wrap(
             self.root.clone(),
             self.limiter(),
-            Some(&user_agent(name)),
+            Some(&user_agent(Some(name))),
             None,
         )
     }
 
     /// A client with the manager's identity and `name` in its user agent, without limiter.
-    pub fn unthrottled(&self, name: Option<&str>) -> kube::Client {
+    pub(crate) fn unthrottled(&self, name: &str) -> kube::Client {
         wrap(
             self.root.clone(),
             Arc::new(CloudRateLimiter::unlimited()),
-            Some(&user_agent(name)),
+            Some(&user_agent(Some(name))),
             None,
         )
     }
@@ -268,7 +283,7 @@ impl ClientBuilder {
     ) -> Result<kube::Client, ClientError> {
         let name = client_name(controller);
         let Some(config) = self.config.clone().filter(|_| self.service_accounts) else {
-            return Ok(self.client(Some(name)));
+            return Ok(self.manager_client(name));
         };
         let token = service_account_token(&self.root, name).await?;
         let shared = Arc::new(RwLock::new(token.0));
@@ -298,6 +313,18 @@ impl ClientBuilder {
             Some(&user_agent(Some(name))),
             Some(shared),
         ))
+    }
+}
+
+/// Upstream's `ClientBuilder.Client(name)`: the client of `name` (a controller's name, or
+/// any name a provider picks), with its own limiter and user agent, and its own service
+/// account when service-account credentials are on.
+#[async_trait::async_trait]
+impl cloud_provider::ClientBuilder for ControllerClients {
+    async fn client(&self, name: &str) -> cloud_provider::CloudResult<kube::Client> {
+        self.controller_client(name, self.shutdown.clone())
+            .await
+            .map_err(|e| cloud_provider::CloudError::context(format!("the client of {name}"), e))
     }
 }
 
@@ -481,7 +508,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn controller_clients_have_their_own_agent_and_bucket() {
         let (root, agents) = api();
-        let clients = ClientBuilder::new(root, None).with_rate_limit(1.0, 1);
+        let clients = ControllerClients::new(root, None).with_rate_limit(1.0, 1);
         let shutdown = CancellationToken::new();
         let route = clients
             .controller_client("node-route-controller", shutdown.clone())
@@ -503,6 +530,27 @@ mod tests {
             agents[1].ends_with("ccm-rs/service-controller"),
             "{agents:?}"
         );
+    }
+
+    /// Upstream's `cloud.Initialize(c.ClientBuilder, stop)` (`app/controllermanager.go`):
+    /// the builder a provider receives is the manager's, so each name a provider asks for
+    /// gets its own user agent and its own `--kube-api-qps` bucket, as a controller's does.
+    #[tokio::test(start_paused = true)]
+    async fn a_provider_gets_clients_with_their_own_agent_and_bucket() {
+        let (root, agents) = api();
+        let clients: Arc<dyn cloud_provider::ClientBuilder> =
+            Arc::new(ControllerClients::new(root, None).with_rate_limit(1.0, 1));
+        let informer = clients.client("my-informer").await.unwrap();
+        let writer = clients.client("my-writer").await.unwrap();
+        let start = tokio::time::Instant::now();
+        get_version(&informer).await;
+        get_version(&writer).await;
+        assert_eq!(start.elapsed(), Duration::ZERO, "separate buckets");
+        get_version(&informer).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(1), "one per second");
+        let agents = agents.lock().clone();
+        assert!(agents[0].ends_with("ccm-rs/my-informer"), "{agents:?}");
+        assert!(agents[1].ends_with("ccm-rs/my-writer"), "{agents:?}");
     }
 
     #[test]

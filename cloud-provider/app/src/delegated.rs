@@ -42,27 +42,27 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::secure_serving::Peer;
+use crate::secure_serving::Peer;
 
 /// The ConfigMap a delegating server reads its client CA from when `--client-ca-file` is not
 /// given (upstream's `extension-apiserver-authentication` in `kube-system`).
-pub const AUTHENTICATION_CONFIGMAP: (&str, &str) =
+pub(crate) const AUTHENTICATION_CONFIGMAP: (&str, &str) =
     ("kube-system", "extension-apiserver-authentication");
 /// The always-allowed group (`system:masters`).
-pub const GROUP_MASTERS: &str = "system:masters";
+pub(crate) const GROUP_MASTERS: &str = "system:masters";
 /// The group every authenticated user is in.
-pub const GROUP_AUTHENTICATED: &str = "system:authenticated";
+pub(crate) const GROUP_AUTHENTICATED: &str = "system:authenticated";
 /// How long a TokenReview or SubjectAccessReview may take (upstream's `TokenRequestTimeout`
 /// and `ClientTimeout`, 10 s each).
-pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 /// The user of requests without credentials.
-pub const USER_ANONYMOUS: &str = "system:anonymous";
+pub(crate) const USER_ANONYMOUS: &str = "system:anonymous";
 /// The group of requests without credentials.
-pub const GROUP_UNAUTHENTICATED: &str = "system:unauthenticated";
+pub(crate) const GROUP_UNAUTHENTICATED: &str = "system:unauthenticated";
 
 /// Who made a request.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct User {
+pub(crate) struct User {
     /// The user name.
     pub name: String,
     /// The UID, when the authenticator gives one.
@@ -75,7 +75,7 @@ pub struct User {
 
 impl User {
     /// `system:anonymous` in `system:unauthenticated`.
-    pub fn anonymous() -> User {
+    pub(crate) fn anonymous() -> User {
         User {
             name: USER_ANONYMOUS.into(),
             groups: vec![GROUP_UNAUTHENTICATED.into()],
@@ -142,7 +142,7 @@ impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
 }
 
 /// Checks bearer tokens with `TokenReview`s, caching the answers.
-pub struct TokenReviewer {
+pub(crate) struct TokenReviewer {
     client: kube::Client,
     ttl: Duration,
     cache: TtlCache<[u8; 32], Result<User, String>>,
@@ -158,7 +158,7 @@ impl std::fmt::Debug for TokenReviewer {
 
 impl TokenReviewer {
     /// Reviews through `client`; answers are kept for `ttl` (0 = not cached).
-    pub fn new(client: kube::Client, ttl: Duration) -> Self {
+    pub(crate) fn new(client: kube::Client, ttl: Duration) -> Self {
         TokenReviewer {
             client,
             ttl,
@@ -168,7 +168,7 @@ impl TokenReviewer {
 
     /// The user `token` authenticates as, or why not (a review that cannot be made is not
     /// cached).
-    pub async fn review(&self, token: &str) -> Result<User, String> {
+    pub(crate) async fn review(&self, token: &str) -> Result<User, String> {
         let mut key = [0u8; 32];
         key.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref());
         if let Some(cached) = self.cache.get(&key) {
@@ -220,7 +220,7 @@ struct Attributes {
 }
 
 /// Authorizes non-resource requests with `SubjectAccessReview`s, caching the answers.
-pub struct AccessReviewer {
+pub(crate) struct AccessReviewer {
     client: kube::Client,
     allowed_ttl: Duration,
     denied_ttl: Duration,
@@ -239,7 +239,7 @@ impl std::fmt::Debug for AccessReviewer {
 impl AccessReviewer {
     /// Reviews through `client`; allowed answers are kept `allowed_ttl`, denied ones
     /// `denied_ttl`.
-    pub fn new(client: kube::Client, allowed_ttl: Duration, denied_ttl: Duration) -> Self {
+    pub(crate) fn new(client: kube::Client, allowed_ttl: Duration, denied_ttl: Duration) -> Self {
         AccessReviewer {
             client,
             allowed_ttl,
@@ -289,7 +289,7 @@ impl AccessReviewer {
 
 /// The secure port's authentication and authorization; cheap to clone.
 #[derive(Debug, Clone)]
-pub struct DelegatedAuth {
+pub(crate) struct DelegatedAuth {
     tokens: Option<Arc<TokenReviewer>>,
     access: Option<Arc<AccessReviewer>>,
     always_allow_paths: Arc<Vec<String>>,
@@ -298,7 +298,7 @@ pub struct DelegatedAuth {
 
 /// How a request fared.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum AccessDecision {
     /// Serve it.
     Allow,
     /// 401: credentials given but not accepted.
@@ -313,7 +313,7 @@ impl DelegatedAuth {
     /// Authentication by `tokens`, authorization by `access`, `always_allow_paths` open to
     /// all and `system:masters` allowed everything. Without a reviewer, tokens are refused
     /// and only the always-allowed paths and groups are served.
-    pub fn new(
+    pub(crate) fn new(
         tokens: Option<TokenReviewer>,
         access: Option<AccessReviewer>,
         always_allow_paths: Vec<String>,
@@ -327,7 +327,7 @@ impl DelegatedAuth {
     }
 
     /// Who sent a request with `headers` over a connection from `peer`.
-    pub async fn authenticate(
+    pub(crate) async fn authenticate(
         &self,
         peer: Option<&Peer>,
         headers: &HeaderMap,
@@ -359,14 +359,14 @@ impl DelegatedAuth {
     }
 
     /// Whether `user` may `verb` the non-resource `path`.
-    pub async fn authorize(&self, user: &User, verb: &str, path: &str) -> Decision {
+    pub(crate) async fn authorize(&self, user: &User, verb: &str, path: &str) -> AccessDecision {
         if self.path_always_allowed(path)
             || user
                 .groups
                 .iter()
                 .any(|g| self.always_allow_groups.contains(g))
         {
-            return Decision::Allow;
+            return AccessDecision::Allow;
         }
         let denied = |reason: &str| {
             let mut message = format!(
@@ -377,7 +377,7 @@ impl DelegatedAuth {
                 message.push_str(": ");
                 message.push_str(reason);
             }
-            Decision::Forbidden(message)
+            AccessDecision::Forbidden(message)
         };
         let Some(access) = &self.access else {
             return denied("");
@@ -395,23 +395,23 @@ impl DelegatedAuth {
             path: path.to_owned(),
         };
         match access.review(attributes).await {
-            Ok((true, _)) => Decision::Allow,
+            Ok((true, _)) => AccessDecision::Allow,
             Ok((false, reason)) => denied(&reason),
-            Err(error) => Decision::Error(error),
+            Err(error) => AccessDecision::Error(error),
         }
     }
 
     /// Authenticates then authorizes a request.
-    pub async fn decide(
+    pub(crate) async fn decide(
         &self,
         peer: Option<&Peer>,
         headers: &HeaderMap,
         method: &str,
         path: &str,
-    ) -> Decision {
+    ) -> AccessDecision {
         let user = match self.authenticate(peer, headers).await {
             Ok(user) => user,
-            Err(reason) => return Decision::Unauthorized(reason),
+            Err(reason) => return AccessDecision::Unauthorized(reason),
         };
         self.authorize(&user, &method.to_ascii_lowercase(), path)
             .await
@@ -420,7 +420,7 @@ impl DelegatedAuth {
 
 /// The token of an `Authorization: Bearer <token>` header (scheme case-insensitive; an
 /// empty token counts as none).
-pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.trim().split_once(' ')?;
     let token = token.trim();
@@ -448,7 +448,11 @@ fn status(code: StatusCode, reason: &str, message: &str) -> Response {
 
 /// The axum middleware: serves the request when [`DelegatedAuth::decide`] allows it, else
 /// answers upstream's 401, 403 or 500 `Status`.
-pub async fn layer(State(auth): State<DelegatedAuth>, request: Request, next: Next) -> Response {
+pub(crate) async fn layer(
+    State(auth): State<DelegatedAuth>,
+    request: Request,
+    next: Next,
+) -> Response {
     let peer = request
         .extensions()
         .get::<ConnectInfo<Peer>>()
@@ -459,16 +463,16 @@ pub async fn layer(State(auth): State<DelegatedAuth>, request: Request, next: Ne
         .decide(peer.as_ref(), request.headers(), &method, &path)
         .await
     {
-        Decision::Allow => next.run(request).await,
-        Decision::Unauthorized(reason) => {
+        AccessDecision::Allow => next.run(request).await,
+        AccessDecision::Unauthorized(reason) => {
             tracing::debug!(%path, %reason, "unauthorized request");
             status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
         }
-        Decision::Forbidden(message) => {
+        AccessDecision::Forbidden(message) => {
             tracing::debug!(%path, %message, "forbidden request");
             status(StatusCode::FORBIDDEN, "Forbidden", &message)
         }
-        Decision::Error(error) => {
+        AccessDecision::Error(error) => {
             tracing::warn!(%path, %error, "authorization failed");
             status(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -483,7 +487,7 @@ pub async fn layer(State(auth): State<DelegatedAuth>, request: Request, next: Ne
 /// `client-ca-file`), as upstream's `lookupMissingConfigInCluster`: a missing ConfigMap or
 /// key is no CA (client certificates are then not accepted); any other failure is an error
 /// unless `tolerate` (then a warning).
-pub async fn lookup_client_ca(
+pub(crate) async fn lookup_client_ca(
     client: &kube::Client,
     tolerate: bool,
 ) -> Result<Option<String>, DelegationError> {
@@ -511,7 +515,7 @@ pub async fn lookup_client_ca(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::app::secure_serving::CertificateIdentity;
+    use crate::secure_serving::CertificateIdentity;
     use axum::http::HeaderValue;
 
     fn peer(user: &str, groups: &[&str]) -> Peer {
@@ -541,17 +545,20 @@ mod tests {
         });
         let none = HeaderMap::new();
         for path in ["/healthz", "/readyz", "/livez", "/debug/flags/v"] {
-            assert_eq!(auth.decide(None, &none, "GET", path).await, Decision::Allow);
+            assert_eq!(
+                auth.decide(None, &none, "GET", path).await,
+                AccessDecision::Allow
+            );
         }
         assert_eq!(
             auth.decide(None, &none, "GET", "/metrics").await,
-            Decision::Forbidden(
+            AccessDecision::Forbidden(
                 "forbidden: User \"system:anonymous\" cannot get path \"/metrics\"".into()
             )
         );
         assert_eq!(
             auth.decide(None, &none, "GET", "/healthz/extra").await,
-            Decision::Forbidden(
+            AccessDecision::Forbidden(
                 "forbidden: User \"system:anonymous\" cannot get path \"/healthz/extra\"".into()
             ),
             "always-allow paths are exact unless they end in *"
@@ -559,19 +566,19 @@ mod tests {
         let admin = peer("admin", &[GROUP_MASTERS]);
         assert_eq!(
             auth.decide(Some(&admin), &none, "GET", "/metrics").await,
-            Decision::Allow
+            AccessDecision::Allow
         );
         let alice = peer("alice", &["dev"]);
         assert!(matches!(
             auth.decide(Some(&alice), &none, "GET", "/configz").await,
-            Decision::Forbidden(_)
+            AccessDecision::Forbidden(_)
         ));
         // A bearer token with nobody to review it is refused (401), even on /healthz.
         let mut token = HeaderMap::new();
         token.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
         assert!(matches!(
             auth.decide(None, &token, "GET", "/healthz").await,
-            Decision::Unauthorized(_)
+            AccessDecision::Unauthorized(_)
         ));
     }
 
@@ -666,11 +673,11 @@ mod tests {
         let good = bearer("good-1");
         assert_eq!(
             auth.decide(None, &good, "GET", "/metrics").await,
-            Decision::Allow
+            AccessDecision::Allow
         );
         assert_eq!(
             auth.decide(None, &good, "GET", "/metrics").await,
-            Decision::Allow
+            AccessDecision::Allow
         );
         assert_eq!(
             reviews(),
@@ -679,7 +686,7 @@ mod tests {
         );
         assert_eq!(
             auth.decide(None, &good, "GET", "/configz").await,
-            Decision::Forbidden(
+            AccessDecision::Forbidden(
                 "forbidden: User \"alice\" cannot get path \"/configz\": no RBAC rule".into()
             )
         );
@@ -687,7 +694,7 @@ mod tests {
         let bad = bearer("forged");
         assert_eq!(
             auth.decide(None, &bad, "GET", "/healthz").await,
-            Decision::Unauthorized("bad token".into())
+            AccessDecision::Unauthorized("bad token".into())
         );
         auth.decide(None, &bad, "GET", "/healthz").await;
         assert_eq!(reviews(), (2, 2), "refusals are cached too");

@@ -23,7 +23,7 @@ pub struct CloudRateLimiter {
 
 /// What the limiter has done so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RateLimiterStats {
+pub(crate) struct RateLimiterStats {
     /// Calls let through.
     pub granted: u64,
     /// Total time callers waited.
@@ -76,7 +76,7 @@ impl CloudRateLimiter {
     }
 
     /// Counts so far.
-    pub fn stats(&self) -> RateLimiterStats {
+    pub(crate) fn stats(&self) -> RateLimiterStats {
         RateLimiterStats {
             granted: self.granted.load(Ordering::Relaxed),
             waited: Duration::from_micros(self.waited_micros.load(Ordering::Relaxed)),

@@ -8,17 +8,17 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::delegated::{AccessReviewer, DelegatedAuth, TokenReviewer};
-use super::kube_client::ClientBuilder;
-use super::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
-use super::options::{
-    CloudControllerManagerOptions, LogFormat, OptionsError, is_controller_enabled,
-};
-use super::serve::{self, HealthChecks, Metrics};
 use crate::controllers::{
     CloudRateLimiter, ControllerContext, ControllerMetrics, EventRecorder, NodeCache,
 };
-use crate::{BoxError, CloudError, CloudProvider, InitContext, RegistryError, SharedClient};
+use crate::delegated::{AccessReviewer, DelegatedAuth, TokenReviewer};
+use crate::kube_client::ControllerClients;
+use crate::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
+use crate::options::{
+    CloudControllerManagerOptions, LogFormat, OptionsError, is_controller_enabled,
+};
+use crate::serve::{self, HealthChecks, ManagerMetrics};
+use cloud_provider::{BoxError, CloudError, CloudProvider, InitContext, RegistryError};
 
 /// A running controller: ends when the context's `shutdown` token is cancelled.
 pub type ControllerFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
@@ -112,10 +112,10 @@ pub enum AppError {
     Serve(#[from] std::io::Error),
     /// Secure serving could not be set up (certificates, TLS flags, the port).
     #[error("secure serving: {0}")]
-    SecureServing(#[from] super::secure_serving::ServingError),
+    SecureServing(#[from] crate::secure_serving::ServingError),
     /// Delegated authentication could not be set up.
     #[error(transparent)]
-    Delegation(#[from] super::delegated::DelegationError),
+    Delegation(#[from] crate::delegated::DelegationError),
     /// Leadership was lost (upstream exits 1).
     #[error(transparent)]
     Leader(#[from] LeaderError),
@@ -158,13 +158,13 @@ fn install_logging(default_level: &str, format: LogFormat) {
 /// mapped to a level when `RUST_LOG` is unset.
 pub fn init_logging_for(options: &CloudControllerManagerOptions) {
     install_logging(
-        super::upstream_flags::level_for_verbosity(options.verbosity),
+        crate::upstream_flags::level_for_verbosity(options.verbosity),
         options.effective_log_format(),
     );
 }
 
 /// The cluster configuration `--kubeconfig` / `--master` describe, else the in-cluster one.
-pub async fn cluster_config(
+pub(crate) async fn cluster_config(
     options: &CloudControllerManagerOptions,
 ) -> Result<kube::Config, AppError> {
     let cluster = |e: &dyn std::fmt::Display| AppError::Cluster(e.to_string());
@@ -202,7 +202,8 @@ async fn kubeconfig_file(path: &std::path::Path) -> Result<kube::Config, AppErro
 }
 
 /// The cluster client `--kubeconfig` / `--master` describe, else the in-cluster config.
-pub async fn cluster_client(
+#[cfg(test)]
+pub(crate) async fn cluster_client(
     options: &CloudControllerManagerOptions,
 ) -> Result<kube::Client, AppError> {
     let config = cluster_config(options).await?;
@@ -235,10 +236,10 @@ async fn delegated_auth(
         .as_ref()
         .filter(|p| !p.as_os_str().is_empty())
     {
-        Some(path) => Some(super::secure_serving::read(path)?),
+        Some(path) => Some(crate::secure_serving::read(path)?),
         None if options.authentication_skip_lookup => None,
         None => {
-            super::delegated::lookup_client_ca(
+            crate::delegated::lookup_client_ca(
                 &authn,
                 options.authentication_tolerate_lookup_failure,
             )
@@ -281,15 +282,15 @@ async fn start_secure_serving(
     AppError,
 > {
     let addr = std::net::SocketAddr::new(options.bind_address, options.secure_port);
-    let cert = super::secure_serving::serving_cert(&options.cert_source(), options.bind_address)?;
+    let cert = crate::secure_serving::serving_cert(&options.cert_source(), options.bind_address)?;
     let (auth, client_ca) = delegated_auth(options, root).await?;
     let tls = options
         .tls_settings()
         .server_config(&cert, client_ca.as_deref())?;
-    let listener = super::secure_serving::TlsListener::bind(addr, tls, shutdown.clone()).await?;
+    let listener = crate::secure_serving::HttpsListener::bind(addr, tls, shutdown.clone()).await?;
     let local = axum::serve::Listener::local_addr(&listener)?.addr;
     let router = serve::secured(
-        serve::with_configz(router, super::configz::component_config(options)),
+        serve::with_configz(router, crate::configz::component_config(options)),
         auth,
     );
     tracing::info!(
@@ -305,12 +306,15 @@ async fn start_secure_serving(
 
 /// How long [`run`] waits for the API server to answer before giving up (upstream's
 /// `WaitForAPIServer` timeout).
-pub const API_SERVER_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const API_SERVER_WAIT: Duration = Duration::from_secs(10);
 
 /// Waits until the API server answers `/version`, asking every second, for at most `wait`.
 /// An unreachable server is a clear error (the binary exits 1) instead of controllers
 /// retrying in silence.
-pub async fn wait_for_api_server(client: &kube::Client, wait: Duration) -> Result<(), AppError> {
+pub(crate) async fn wait_for_api_server(
+    client: &kube::Client,
+    wait: Duration,
+) -> Result<(), AppError> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         match client.apiserver_version().await {
@@ -340,16 +344,18 @@ pub async fn run(
     controllers: ControllerRegistry,
 ) -> Result<(), AppError> {
     options.validate_with(&controllers.names())?;
-    let cloud =
-        crate::init_cloud_provider(&options.cloud_provider, options.cloud_config.as_deref())?
-            .ok_or(AppError::NoCloud)?;
+    let cloud = cloud_provider::init_cloud_provider(
+        &options.cloud_provider,
+        options.cloud_config.as_deref(),
+    )?
+    .ok_or(AppError::NoCloud)?;
     let config = cluster_config(&options).await?;
     let client =
         kube::Client::try_from(config.clone()).map_err(|e| AppError::Cluster(e.to_string()))?;
     wait_for_api_server(&client, API_SERVER_WAIT).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    let clients = ClientBuilder::new(client, Some(config));
+    let clients = ControllerClients::new(client, Some(config));
     run_clients(
         options,
         controllers,
@@ -393,17 +399,17 @@ pub async fn run_with(
     shutdown: CancellationToken,
     checks: HealthChecks,
 ) -> Result<(), AppError> {
-    let clients = ClientBuilder::new(client, None);
+    let clients = ControllerClients::new(client, None);
     run_clients(options, controllers, cloud, clients, shutdown, checks).await
 }
 
-/// [`run_with`] over a [`ClientBuilder`] (which knows the cluster configuration when [`run`]
+/// [`run_with`] over [`ControllerClients`] (which knows the cluster configuration when [`run`]
 /// made it, so controllers can use their own service accounts).
 async fn run_clients(
     options: CloudControllerManagerOptions,
     controllers: ControllerRegistry,
     cloud: Arc<dyn CloudProvider>,
-    clients: ClientBuilder,
+    clients: ControllerClients,
     shutdown: CancellationToken,
     checks: HealthChecks,
 ) -> Result<(), AppError> {
@@ -419,7 +425,7 @@ async fn run_clients(
         .with_service_account_credentials(options.use_service_account_credentials);
     // The shared caches, events and cloud initialization: the manager's identity, one
     // limiter (client-go's "shared-informers" client).
-    let client = clients.client(Some("shared-informers"));
+    let client = clients.manager_client("shared-informers");
     for warning in options.compatibility_warnings() {
         tracing::warn!("{warning}");
     }
@@ -434,7 +440,7 @@ async fn run_clients(
         options.cloud_api_qps,
         options.cloud_api_burst,
     ));
-    let metrics = Metrics::new(limiter.clone());
+    let metrics = ManagerMetrics::new(limiter.clone());
     cloud.register_metrics(&mut metrics.registry().lock());
     let controller_metrics = ControllerMetrics::new();
     controller_metrics.register(&mut metrics.registry().lock());
@@ -459,7 +465,7 @@ async fn run_clients(
     };
     let result = if options.leader_elect {
         let elector = LeaderElector::new(
-            clients.client(Some("leader-election")),
+            clients.manager_client("leader-election"),
             LeaderElectionConfig::from_options(&options),
         )
         .with_shutdown(shutdown.clone());
@@ -488,9 +494,9 @@ struct Starter {
     controllers: ControllerRegistry,
     cloud: Arc<dyn CloudProvider>,
     client: kube::Client,
-    clients: ClientBuilder,
+    clients: ControllerClients,
     checks: HealthChecks,
-    metrics: Metrics,
+    metrics: ManagerMetrics,
     controller_metrics: ControllerMetrics,
     limiter: Arc<CloudRateLimiter>,
 }
@@ -501,7 +507,10 @@ impl Starter {
     }
 
     async fn start(self, token: CancellationToken) -> Result<(), AppError> {
-        let clients = Arc::new(SharedClient(self.client.clone()));
+        // Upstream's `cloud.Initialize(c.ClientBuilder, stop)`: the provider's clients are
+        // built as the controllers' are (own user agent, own token bucket, own service
+        // account with --use-service-account-credentials), and renew until leadership ends.
+        let clients = Arc::new(self.clients.clone().with_shutdown(token.clone()));
         self.cloud
             .initialize(InitContext::new(clients, token.clone()))
             .await
@@ -512,7 +521,7 @@ impl Starter {
         // Events go through client-go's correlator (spam filter) but, unlike upstream's
         // asynchronous broadcaster, are written inline by the controllers: their writes are
         // not held by --kube-api-qps, so a controller never waits on an Event.
-        let events = EventRecorder::new(self.clients.unthrottled(Some("event-broadcaster")));
+        let events = EventRecorder::new(self.clients.unthrottled("event-broadcaster"));
         let mut running = Vec::new();
         let interval = self.options.controller_start_interval.value;
         let mut first = true;

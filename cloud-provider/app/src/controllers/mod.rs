@@ -2,21 +2,20 @@
 //! and service. Each is a kube-rs client of the API server (any API server: a real cluster or
 //! core-cluster) and calls the provider through a [`ControllerContext`].
 
+pub mod cloud_node_lifecycle;
 mod events;
 pub mod metrics;
 pub mod node;
-pub mod node_cache;
-pub mod node_lifecycle;
-pub mod rate_limit;
+mod node_cache;
+mod rate_limit;
 pub mod route;
 pub mod service;
-mod sync_trigger;
 
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::CloudProvider;
+use cloud_provider::CloudProvider;
 pub use events::EventRecorder;
 pub use metrics::ControllerMetrics;
 pub use node_cache::{NodeCache, NodeEvent, NodeEvents};

@@ -3,7 +3,7 @@
 //! a warning at start ([`AcceptedFlags::given`]); none is ever a reason to refuse to start.
 //!
 //! Flags that do have a meaning here are real fields of
-//! [`CloudControllerManagerOptions`](super::CloudControllerManagerOptions).
+//! [`CloudControllerManagerOptions`](crate::options::CloudControllerManagerOptions).
 
 use std::collections::BTreeMap;
 
@@ -97,14 +97,12 @@ accepted_flags! {
 }
 
 /// Feature gates we know. Upstream's others (logging, metrics gates) are accepted and ignored.
-pub const FEATURE_GATE_WATCH_BASED_ROUTES: &str =
+pub(crate) const FEATURE_GATE_WATCH_BASED_ROUTES: &str =
     "CloudControllerManagerWatchBasedRoutesReconciliation";
-/// The webhook gate (accepted; no webhook is implemented).
-pub const FEATURE_GATE_WEBHOOK: &str = "CloudControllerManagerWebhook";
 
 /// Parses `--feature-gates` (`A=true,B=false`, Go bool values) into a map. A malformed entry
 /// is an error, as upstream.
-pub fn parse_feature_gates(entries: &[String]) -> Result<BTreeMap<String, bool>, String> {
+pub(crate) fn parse_feature_gates(entries: &[String]) -> Result<BTreeMap<String, bool>, String> {
     let mut gates = BTreeMap::new();
     for entry in entries.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
         let (name, value) = entry
@@ -126,7 +124,7 @@ pub fn parse_feature_gates(entries: &[String]) -> Result<BTreeMap<String, bool>,
 
 /// The `tracing` filter for klog's `-v` when `RUST_LOG` is not set: 0–2 `info` (production
 /// manifests run `--v=2`), 3–4 `debug`, 5 and more `trace`.
-pub fn level_for_verbosity(verbosity: u8) -> &'static str {
+pub(crate) fn level_for_verbosity(verbosity: u8) -> &'static str {
     match verbosity {
         0..=2 => "info",
         3..=4 => "debug",

@@ -1,15 +1,18 @@
 //! What the controller metrics cost at 10,000 Nodes: every Node's key through the `Nodes`
-//! queue's metrics (added, taken, one batch of work), and a scrape of every metric.
+//! queue with its metrics (added, taken in one batch, done), and a scrape of every metric.
 //!
-//! `cargo bench -p cloud-provider --bench queue_metrics` (or `cargo test --bench
+//! `cargo bench -p cloud-provider-app --bench queue_metrics` (or `cargo test --bench
 //! queue_metrics` for a debug build, an upper bound). Prints the median of 21 rounds.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use cloud_provider::controllers::ControllerMetrics;
-use cloud_provider::controllers::metrics::{QUEUE_NODE, QUEUE_NODES, QUEUE_ROUTES, QUEUE_SERVICE};
+use ccm_workqueue::{Queue, RateLimiter};
+use cloud_provider_app::controllers::ControllerMetrics;
+use cloud_provider_app::controllers::metrics::{
+    QUEUE_NODE, QUEUE_NODES, QUEUE_ROUTES, QUEUE_SERVICE,
+};
 use prometheus_client::registry::Registry;
 
 const NODES: usize = 10_000;
@@ -24,23 +27,25 @@ fn main() {
     let metrics = ControllerMetrics::new();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
-    let nodes = metrics.queue(QUEUE_NODES);
+    let mut nodes =
+        Queue::new(RateLimiter::default_controller()).with_metrics(metrics.queue(QUEUE_NODES));
     for queue in [QUEUE_SERVICE, QUEUE_NODE, QUEUE_ROUTES] {
         metrics.queue(queue);
     }
+    let names: Vec<String> = (0..NODES).map(|n| format!("node-{n}")).collect();
 
     let sync = median(
         (0..ROUNDS)
             .map(|_| {
                 let start = Instant::now();
-                let queued_at = Instant::now();
-                for _ in 0..NODES {
-                    nodes.added();
+                for name in &names {
+                    nodes.add(name.clone());
                 }
-                for _ in 0..NODES {
-                    nodes.taken(queued_at);
+                let batch = nodes.drain();
+                assert_eq!(batch.len(), NODES);
+                for name in &batch {
+                    nodes.done(name);
                 }
-                drop(nodes.start(NODES));
                 start.elapsed()
             })
             .collect(),

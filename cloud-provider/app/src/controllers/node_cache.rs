@@ -256,7 +256,7 @@ async fn drive(inner: &Inner) {
 /// The Node with only what the controllers read: no `managedFields`; of the status only the
 /// addresses and the `Ready` / `NetworkUnavailable` conditions. Metadata and spec stay whole,
 /// so a PUT of a cached Node (which ignores status) loses nothing.
-pub fn trim(mut node: Node) -> Node {
+pub(super) fn trim(mut node: Node) -> Node {
     node.metadata.managed_fields = None;
     if let Some(status) = node.status.take() {
         node.status = Some(NodeStatus {

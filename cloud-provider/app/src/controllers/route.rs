@@ -9,7 +9,7 @@
 //!   [`Route::enable_node_addresses`] (deletes first, then creates);
 //! - sets the Node's `NetworkUnavailable` condition (`RouteCreated` / `NoRouteCreated`).
 //!
-//! At most [`MAX_CONCURRENT_ROUTE_OPERATIONS`] create/delete calls are in flight. The
+//! At most 200 create/delete calls are in flight. The
 //! periodic mode reconciles every [`RouteConfig::reconcile_period`]; the watch-based mode
 //! (beyond upstream's alpha) reconciles on Node add/delete/pod-CIDR/address changes, at most
 //! once per period, and retries failed creates.
@@ -18,6 +18,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ccm_workqueue::{RateLimiter, WorkQueue};
 use futures::StreamExt;
 use ipnet::IpNet;
 use jiff::Timestamp;
@@ -30,9 +31,8 @@ use tracing::Instrument;
 
 use super::events::EventType;
 use super::metrics::QUEUE_ROUTES;
-use super::sync_trigger::SyncTrigger;
 use super::{ControllerContext, NodeEvent, NodeEvents};
-use crate::{CloudError, Route, Routes};
+use cloud_provider::{CloudError, Route, Routes};
 
 /// How many `NetworkUnavailable` condition patches one reconcile keeps in flight: at 10,000
 /// Nodes all of them can change at once (the first pass after a restart, a cloud outage), and
@@ -40,10 +40,10 @@ use crate::{CloudError, Route, Routes};
 const CONDITION_PATCHES_IN_FLIGHT: usize = 64;
 
 /// Upstream's cap on in-flight create/delete route calls.
-pub const MAX_CONCURRENT_ROUTE_OPERATIONS: usize = 200;
+pub(crate) const MAX_CONCURRENT_ROUTE_OPERATIONS: usize = 200;
 
 /// The Node condition the controller writes.
-pub const CONDITION_NETWORK_UNAVAILABLE: &str = "NetworkUnavailable";
+pub(crate) const CONDITION_NETWORK_UNAVAILABLE: &str = "NetworkUnavailable";
 
 const COMPONENT: &str = "route_controller";
 
@@ -220,29 +220,30 @@ impl RouteController {
 
     async fn run_watch_based(&self) {
         // Upstream's `Routes` queue, rate limited to one reconcile per period.
-        let trigger = SyncTrigger::new(self.ctx.metrics.queue(QUEUE_ROUTES));
-        let watch = watch_nodes(self.ctx.nodes.subscribe(), &trigger);
+        let queue = routes_queue(self.ctx.metrics.queue(QUEUE_ROUTES));
+        let watch = watch_nodes(self.ctx.nodes.subscribe(), &queue);
         let reconciles = async {
             let mut last: Option<tokio::time::Instant> = None;
             loop {
-                trigger.queued().await;
+                queue.ready().await;
                 if let Some(last) = last {
                     tokio::time::sleep_until(last + self.config.reconcile_period).await;
                 }
-                let Some(_work) = trigger.take() else {
+                let Some(()) = queue.try_get() else {
                     continue;
                 };
                 last = Some(tokio::time::Instant::now());
                 match self.reconcile().await {
                     Ok(report) if report.failed_creates > 0 || report.failed_deletes > 0 => {
-                        trigger.add_rate_limited();
+                        queue.add_rate_limited(());
                     }
-                    Ok(_) => {}
+                    Ok(_) => queue.forget(&()),
                     Err(err) => {
                         tracing::warn!(%err, "route reconcile failed");
-                        trigger.add_rate_limited();
+                        queue.add_rate_limited(());
                     }
                 }
+                queue.done(&());
             }
         };
         tokio::join!(watch, reconciles);
@@ -560,9 +561,17 @@ fn triggers(old: &Node, new: &Node) -> bool {
         || old.metadata.resource_version == new.metadata.resource_version
 }
 
+/// The watch-based mode's `Routes` queue: every trigger asks for the same whole reconcile, so
+/// its one key is `()` (triggers that arrive while it is queued coalesce, one that arrives
+/// while it runs queues the next); retries back off as upstream's default controller rate
+/// limiter says, and never come sooner than a period after the last reconcile.
+fn routes_queue(metrics: ccm_workqueue::QueueMetrics) -> WorkQueue<()> {
+    WorkQueue::new(RateLimiter::default_controller()).with_metrics(metrics)
+}
+
 /// Upstream's watch-mode triggers, from the shared Node cache: an added or deleted Node, a
 /// pod-CIDR or address change, and the first complete list.
-async fn watch_nodes(mut events: NodeEvents, trigger: &SyncTrigger) {
+async fn watch_nodes(mut events: NodeEvents, queue: &WorkQueue<()>) {
     let mut listed = false;
     while let Some(event) = events.recv().await {
         let fire = match event {
@@ -575,7 +584,7 @@ async fn watch_nodes(mut events: NodeEvents, trigger: &SyncTrigger) {
             NodeEvent::Synced => !std::mem::replace(&mut listed, true),
         };
         if fire {
-            trigger.add();
+            queue.add(());
         }
     }
 }
@@ -586,6 +595,44 @@ mod tests {
 
     fn net(s: &str) -> IpNet {
         s.parse().unwrap()
+    }
+
+    /// The `Routes` queue has one key: adds coalesce while it is queued, an add while the
+    /// reconcile runs queues the next one, and a failed reconcile is retried after its backoff
+    /// (client-go's dirty and processing sets, one key).
+    #[tokio::test(start_paused = true)]
+    async fn the_routes_queue_coalesces_adds_until_taken() {
+        use crate::controllers::ControllerMetrics;
+        let metrics = ControllerMetrics::new();
+        let queue = routes_queue(metrics.queue(QUEUE_ROUTES));
+        assert!(queue.try_get().is_none());
+        queue.add(());
+        queue.add(());
+        assert_eq!(metrics.queue(QUEUE_ROUTES).depth(), 1);
+        tokio::time::timeout(Duration::from_secs(1), queue.ready())
+            .await
+            .expect("queued");
+        queue.try_get().expect("one reconcile queued");
+        assert_eq!(metrics.queue(QUEUE_ROUTES).depth(), 0);
+        assert!(queue.try_get().is_none(), "the two adds made one reconcile");
+        queue.add(());
+        queue.done(&());
+        assert!(
+            queue.try_get().is_some(),
+            "an add while reconciling queues the next"
+        );
+        let retry = queue.add_rate_limited(());
+        queue.done(&());
+        assert!(queue.try_get().is_none(), "not before its backoff");
+        tokio::time::sleep(retry).await;
+        assert!(queue.try_get().is_some(), "retried after its backoff");
+        queue.done(&());
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), queue.ready())
+                .await
+                .is_err(),
+            "nothing queued"
+        );
     }
 
     /// Checklist row 41: CIDR validation.

@@ -41,8 +41,8 @@ pub struct LeaderElectionConfig {
 }
 
 impl LeaderElectionConfig {
-    /// Upstream's defaults (15 s, 10 s, 2 s) for the Lease `namespace/name`, with
-    /// [`default_identity`].
+    /// Upstream's defaults (15 s, 10 s, 2 s) for the Lease `namespace/name`, with the
+    /// identity `hostname_uuid` (unique per process even on one host).
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         LeaderElectionConfig {
             namespace: namespace.into(),
@@ -61,7 +61,7 @@ impl LeaderElectionConfig {
     }
 
     /// The config the `--leader-elect-*` flags describe.
-    pub fn from_options(options: &super::CloudControllerManagerOptions) -> Self {
+    pub(crate) fn from_options(options: &crate::options::CloudControllerManagerOptions) -> Self {
         LeaderElectionConfig {
             lease_duration: options.leader_elect_lease_duration.value,
             renew_deadline: options.leader_elect_renew_deadline.value,
@@ -75,7 +75,7 @@ impl LeaderElectionConfig {
 }
 
 /// `hostname_uuid`, as upstream's CCM: unique per process even on one host.
-pub fn default_identity() -> String {
+pub(crate) fn default_identity() -> String {
     let host = std::env::var("HOSTNAME")
         .ok()
         .filter(|h| !h.is_empty())
@@ -118,7 +118,7 @@ struct State {
 
 /// A handle on an elector's state for the `leaderElection` health check.
 #[derive(Debug, Clone)]
-pub struct LeaderHealth {
+pub(crate) struct LeaderHealth {
     state: Arc<Mutex<State>>,
     lease_duration: Duration,
 }
@@ -126,7 +126,7 @@ pub struct LeaderHealth {
 impl LeaderHealth {
     /// Upstream's check: fails when we lead and our last renewal is older than the lease
     /// duration plus `tolerance` (20 s upstream).
-    pub fn check(&self, tolerance: Duration) -> Result<(), String> {
+    pub(crate) fn check(&self, tolerance: Duration) -> Result<(), String> {
         let state = self.state.lock();
         match (state.leading, state.last_renew) {
             (true, Some(at)) if at.elapsed() > self.lease_duration + tolerance => Err(format!(
@@ -135,11 +135,6 @@ impl LeaderHealth {
             )),
             _ => Ok(()),
         }
-    }
-
-    /// Whether this process currently holds the Lease.
-    pub fn is_leader(&self) -> bool {
-        self.state.lock().leading
     }
 }
 
@@ -170,7 +165,7 @@ impl LeaderElector {
     }
 
     /// A handle for the `leaderElection` health check.
-    pub fn health(&self) -> LeaderHealth {
+    pub(crate) fn health(&self) -> LeaderHealth {
         LeaderHealth {
             state: self.state.clone(),
             lease_duration: self.config.lease_duration,

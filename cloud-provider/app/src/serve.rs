@@ -1,6 +1,6 @@
 //! The health, metrics and configuration endpoints (upstream §3.4), served with axum over
-//! HTTPS on `--bind-address:--secure-port` ([`super::secure_serving`]) behind delegated
-//! authentication and authorization ([`super::delegated`]): `/healthz`, `/readyz` and
+//! HTTPS on `--bind-address:--secure-port` ([`crate::secure_serving`]) behind delegated
+//! authentication and authorization ([`crate::delegated`]): `/healthz`, `/readyz` and
 //! `/livez` are always allowed, `/metrics` and `/configz` need an identity the cluster
 //! allows (`get` on the path).
 //!
@@ -9,7 +9,7 @@
 //!   skips one; each check is also at `/healthz/<name>` (upstream mounts only the exact path).
 //! - `/readyz` and `/livez` (beyond upstream, which does not serve them) answer the same checks.
 //! - `/metrics`: Prometheus text format.
-//! - `/configz`: the component configuration as JSON ([`super::configz`]).
+//! - `/configz`: the component configuration as JSON ([`crate::configz`]).
 
 use std::sync::Arc;
 
@@ -25,9 +25,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use super::delegated::DelegatedAuth;
-use super::secure_serving::{Peer, TlsListener};
 use crate::controllers::CloudRateLimiter;
+use crate::delegated::DelegatedAuth;
+use crate::secure_serving::{HttpsListener, Peer};
 
 /// One named health check: `Ok` when healthy, else the reason.
 pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
@@ -93,9 +93,9 @@ impl HealthChecks {
 type Labels = Vec<(String, String)>;
 
 /// The `/metrics` registry: `running_managed_controllers`, the cloud rate limiter's counters,
-/// and whatever the controllers register through [`Metrics::registry`].
+/// and whatever the controllers register through [`ManagerMetrics::registry`].
 #[derive(Clone)]
-pub struct Metrics {
+pub(crate) struct ManagerMetrics {
     registry: Arc<Mutex<Registry>>,
     running: Family<Labels, Gauge>,
     limiter: Arc<CloudRateLimiter>,
@@ -103,15 +103,15 @@ pub struct Metrics {
     waited: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
-impl std::fmt::Debug for Metrics {
+impl std::fmt::Debug for ManagerMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Metrics").finish_non_exhaustive()
+        f.debug_struct("ManagerMetrics").finish_non_exhaustive()
     }
 }
 
-impl Metrics {
+impl ManagerMetrics {
     /// A registry reporting on `limiter`.
-    pub fn new(limiter: Arc<CloudRateLimiter>) -> Self {
+    pub(crate) fn new(limiter: Arc<CloudRateLimiter>) -> Self {
         let mut registry = Registry::default();
         let running = Family::<Labels, Gauge>::default();
         registry.register(
@@ -131,7 +131,7 @@ impl Metrics {
             "Total time callers waited on the shared cloud rate limiter",
             waited.clone(),
         );
-        Metrics {
+        ManagerMetrics {
             registry: Arc::new(Mutex::new(registry)),
             running,
             limiter,
@@ -141,12 +141,12 @@ impl Metrics {
     }
 
     /// The registry, for controllers to register their own metrics in.
-    pub fn registry(&self) -> Arc<Mutex<Registry>> {
+    pub(crate) fn registry(&self) -> Arc<Mutex<Registry>> {
         self.registry.clone()
     }
 
     /// Sets `running_managed_controllers{name,manager="cloud-controller-manager"}`.
-    pub fn set_controller_running(&self, name: &str, running: bool) {
+    pub(crate) fn set_controller_running(&self, name: &str, running: bool) {
         self.running
             .get_or_create(&vec![
                 ("manager".to_owned(), "cloud-controller-manager".to_owned()),
@@ -156,7 +156,7 @@ impl Metrics {
     }
 
     /// The metrics in Prometheus text format.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let stats = self.limiter.stats();
         self.granted
             .inc_by(stats.granted.saturating_sub(self.granted.get()));
@@ -177,11 +177,11 @@ impl Metrics {
 #[derive(Clone)]
 struct AppState {
     checks: HealthChecks,
-    metrics: Metrics,
+    metrics: ManagerMetrics,
 }
 
 /// The router of the endpoints.
-pub fn router(checks: HealthChecks, metrics: Metrics) -> Router {
+pub(crate) fn router(checks: HealthChecks, metrics: ManagerMetrics) -> Router {
     Router::new()
         .route("/healthz", get(|s, q| aggregate("healthz", s, q)))
         .route("/readyz", get(|s, q| aggregate("readyz", s, q)))
@@ -276,7 +276,7 @@ async fn metrics_handler(State(state): State<AppState>) -> Response {
 }
 
 /// Adds `/configz`, answering `config` as JSON.
-pub fn with_configz(router: Router, config: serde_json::Value) -> Router {
+pub(crate) fn with_configz(router: Router, config: serde_json::Value) -> Router {
     let body = config.to_string();
     router.route(
         "/configz",
@@ -288,17 +288,17 @@ pub fn with_configz(router: Router, config: serde_json::Value) -> Router {
 }
 
 /// `router` behind delegated authentication and authorization.
-pub fn secured(router: Router, auth: DelegatedAuth) -> Router {
+pub(crate) fn secured(router: Router, auth: DelegatedAuth) -> Router {
     router.layer(axum::middleware::from_fn_with_state(
         auth,
-        super::delegated::layer,
+        crate::delegated::layer,
     ))
 }
 
 /// Serves `router` over TLS on `listener` until `shutdown` is cancelled; every request
 /// carries its connection's [`Peer`].
-pub async fn serve_tls(
-    listener: TlsListener,
+pub(crate) async fn serve_tls(
+    listener: HttpsListener,
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
@@ -330,9 +330,9 @@ mod tests {
         (status, String::from_utf8(body.to_vec()).unwrap())
     }
 
-    fn setup() -> (HealthChecks, Metrics, Router) {
+    fn setup() -> (HealthChecks, ManagerMetrics, Router) {
         let checks = HealthChecks::new();
-        let metrics = Metrics::new(Arc::new(CloudRateLimiter::unlimited()));
+        let metrics = ManagerMetrics::new(Arc::new(CloudRateLimiter::unlimited()));
         let router = router(checks.clone(), metrics.clone());
         (checks, metrics, router)
     }
@@ -396,7 +396,7 @@ mod tests {
     #[tokio::test]
     async fn metrics_in_prometheus_text_format() {
         let limiter = Arc::new(CloudRateLimiter::unlimited());
-        let metrics = Metrics::new(limiter.clone());
+        let metrics = ManagerMetrics::new(limiter.clone());
         let router = router(HealthChecks::new(), metrics.clone());
         metrics.set_controller_running("service-lb-controller", true);
         limiter.acquire().await;

@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::options::{CloudControllerManagerOptions, GoDuration};
+use crate::options::{CloudControllerManagerOptions, GoDuration};
 
 /// The name `/configz` lists the configuration under.
-pub const CONFIGZ_NAME: &str = "cloudcontrollermanager";
+pub(crate) const CONFIGZ_NAME: &str = "cloudcontrollermanager";
 
 /// Formats a duration as Go's `time.Duration.String()`: `0s`, `1.5s`, `300ms`, `5m0s`,
 /// `12h0m0s`.
-pub fn go_duration_string(duration: Duration) -> String {
+pub(crate) fn go_duration_string(duration: Duration) -> String {
     if duration.is_zero() {
         return "0s".to_owned();
     }
@@ -57,7 +57,7 @@ fn d(value: GoDuration) -> Value {
 }
 
 /// The component configuration `options` make, in upstream's shape.
-pub fn component_config(options: &CloudControllerManagerOptions) -> Value {
+pub(crate) fn component_config(options: &CloudControllerManagerOptions) -> Value {
     let o = options;
     json!({
         CONFIGZ_NAME: {
