@@ -1,7 +1,7 @@
 //! # cloud-provider-aws: an AWS provider on the official AWS SDK for Rust
 //!
-//! [`AwsCloud`] implements [`InstancesV2`](cloud_provider::InstancesV2),
-//! [`Routes`](cloud_provider::Routes) and [`LoadBalancer`](cloud_provider::LoadBalancer) with
+//! [`AwsCloud`] implements [`cloud_provider::InstancesV2`],
+//! [`cloud_provider::Routes`] and [`cloud_provider::LoadBalancer`] with
 //! `aws-sdk-ec2` (instances, routes, security groups) and `aws-sdk-elasticloadbalancingv2`
 //! (Network Load Balancers). It is registered as `aws`, so
 //! `ccm --cloud-provider aws --cloud-config aws.conf` uses it; code builds it from the config
