@@ -749,9 +749,9 @@ mod tests {
     // node-lifecycle.md §7 row 51 (where we differ: bad CIDRs are skipped, not fatal)
     #[tokio::test]
     async fn bad_pod_cidrs_are_skipped_not_fatal() {
-        let server = crate::ApiServer::new(
-            std::sync::Arc::new(crate::store::MemoryStore::new()),
-            crate::ApiServerConfig::default(),
+        let server = core_cluster_apiserver::ApiServer::new(
+            std::sync::Arc::new(core_cluster_store::MemoryStore::new()),
+            core_cluster_apiserver::ApiServerConfig::default(),
         )
         .await
         .unwrap();

@@ -23,7 +23,7 @@ use tokio::{task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-use crate::api::HealthChecker;
+use core_cluster_machinery::health::HealthChecker;
 
 /// The metric counting controller panics.
 pub const PANICS_METRIC: &str = "controller_panics";

@@ -1,4 +1,4 @@
-//! # A kubelet stand-in simulating many nodes in one process (in the spirit of kwok)
+//! # core-cluster-sim: a kubelet stand-in simulating many nodes in one process (in the spirit of kwok)
 //!
 //! [`NodeSimulator`] plays the kubelet of every node added with
 //! [`add_nodes`](NodeSimulator::add_nodes), through kube-rs only:
@@ -26,6 +26,10 @@
 //! timestamps written to the API (`renewTime`, `lastHeartbeatTime`, `startTime`) follow the
 //! tokio clock from the wall-clock time the simulator was created
 //! ([`WallClock`](crate::clock::WallClock)).
+//!
+//! The simulator stands on `core-cluster-machinery` only (the clock) and reaches the API
+//! server through its API, as a kubelet does: it may not depend on the API server, the
+//! store or the controllers.
 //!
 //! ## Fault injection with kubectl
 //!
@@ -88,6 +92,9 @@ use tokio::{
     time::Instant,
 };
 use tokio_util::sync::CancellationToken;
+
+// The clock under the path this code has always used (`crate::clock::…`).
+pub(crate) use core_cluster_machinery::clock;
 
 use crate::clock::WallClock;
 

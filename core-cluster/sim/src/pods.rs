@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{NodeState, SimError, bump, node};
-use crate::sim::Shared;
+use crate::Shared;
 
 /// kubelet's graceful-shutdown pod status (v1.33 `nodeshutdown_manager`).
 pub(super) const SHUTDOWN_REASON: &str = "Terminated";

@@ -1,4 +1,7 @@
-//! The versioned key-value store behind the API server.
+//! # core-cluster-store: the versioned key-value store behind the API server
+//!
+//! The bottom layer: it may not depend on the other core-cluster crates, nor on anything
+//! HTTP or TLS (axum, hyper, rustls); only the API server builds on it.
 //!
 //! # Model
 //!

@@ -294,7 +294,7 @@ impl Stream for WindowStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::EventKind;
+    use crate::EventKind;
     use bytes::Bytes;
     use futures::StreamExt;
 
@@ -341,7 +341,7 @@ mod tests {
             kind: EventKind::Delete,
             key: key.into(),
             value: None,
-            prev_value: Some(crate::store::KeyValue {
+            prev_value: Some(crate::KeyValue {
                 key: key.into(),
                 value: Bytes::from(vec![b'x'; size]),
                 create_revision: 1,

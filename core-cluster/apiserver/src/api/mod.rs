@@ -41,6 +41,7 @@ use crate::{
     },
     store::Store,
 };
+pub use core_cluster_machinery::health::HealthChecker;
 use status::ApiError;
 pub use watch::WatchLimits;
 
@@ -107,15 +108,6 @@ pub(crate) struct ServerState {
     pub(crate) authorizer: Authorizer,
     /// Checks of `/livez` added with [`ApiServer::add_livez_checks`].
     pub(crate) livez_checks: parking_lot::RwLock<Vec<Arc<dyn HealthChecker>>>,
-}
-
-/// A named check of `/livez` added from outside the server, such as one per controller of
-/// the process (upstream's `healthz.HealthChecker`, added with `AddLivezChecks`).
-pub trait HealthChecker: Send + Sync {
-    /// The check's name: `/livez/<name>` and its `[+]<name> ok` line.
-    fn name(&self) -> &str;
-    /// `Err(reason)` while failing.
-    fn check(&self) -> Result<(), String>;
 }
 
 /// A Kubernetes-compatible API server over a [`Store`].

@@ -9,7 +9,7 @@ use k8s_openapi::{
     apimachinery::pkg::api::resource::Quantity as K8sQuantity,
 };
 
-use crate::{controllers::taint_eviction::tolerates, registry::quantity::parse_quantity};
+use crate::{registry::quantity::parse_quantity, taint_eviction::tolerates};
 
 /// `NodeUnschedulable`'s reason (`ErrReasonUnschedulable`).
 pub const REASON_UNSCHEDULABLE: &str = "node(s) were unschedulable";

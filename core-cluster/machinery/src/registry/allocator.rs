@@ -8,7 +8,7 @@ use std::{collections::HashSet, net::IpAddr, ops::RangeInclusive};
 use ipnet::IpNet;
 use serde_json::{Value, json};
 
-use crate::api::status::FieldError;
+use crate::registry::FieldError;
 
 /// What one write allocated (to roll back if the write fails) and what it gave up (to
 /// release once the write succeeds).

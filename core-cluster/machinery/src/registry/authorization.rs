@@ -1,6 +1,6 @@
 //! `rbac.authorization.k8s.io/v1` (Role, ClusterRole, RoleBinding, ClusterRoleBinding, with
 //! upstream's validation) and `authorization.k8s.io/v1` (the four access reviews: created,
-//! answered, never stored; see [`crate::auth::review`]).
+//! answered, never stored; the API server's `auth::review` answers them).
 
 use k8s_openapi::api::{
     authorization::v1::{
@@ -18,7 +18,7 @@ use super::{
     table::{AGE, NAME},
     typed,
 };
-use crate::api::status::FieldError;
+use crate::registry::FieldError;
 
 /// The RBAC API group.
 pub const RBAC_GROUP: &str = "rbac.authorization.k8s.io";

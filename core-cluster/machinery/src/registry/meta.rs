@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::api::status::FieldError;
+use crate::registry::FieldError;
 
 /// The largest DNS-1123 subdomain.
 pub const DNS1123_SUBDOMAIN_MAX: usize = 253;

@@ -1,10 +1,11 @@
 //! The resources the API server serves: one [`ResourceDef`] per resource, each a few lines
 //! of identity plus its strategy (defaulting, validation, table columns, field selectors).
-//! The HTTP layer ([`crate::api`]) runs every verb generically over these definitions.
+//! The API server's HTTP layer runs every verb generically over these definitions.
 
 pub mod allocator;
 pub mod authorization;
 pub mod events;
+mod field;
 pub mod meta;
 pub mod quantity;
 pub mod resources;
@@ -15,7 +16,7 @@ pub mod workloads;
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
 
-use crate::api::status::FieldError;
+pub use field::FieldError;
 pub use meta::NameRule;
 pub use table::Column;
 

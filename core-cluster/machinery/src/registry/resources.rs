@@ -21,7 +21,7 @@ use super::{
     table::{AGE, NAME, age},
     typed,
 };
-use crate::api::status::FieldError;
+use crate::registry::FieldError;
 
 /// Every served resource, in discovery order.
 pub static ALL: &[&ResourceDef] = &[
@@ -1515,7 +1515,7 @@ pub static TOKEN_REVIEWS: ResourceDef = ResourceDef {
 };
 
 /// authentication.k8s.io/v1 selfsubjectreviews (`kubectl auth whoami`): create only, never
-/// stored; answered with the requester's own identity ([`crate::auth::review`]).
+/// stored; answered with the requester's own identity (the API server's `auth::review`).
 pub static SELF_SUBJECT_REVIEWS: ResourceDef = ResourceDef {
     group: "authentication.k8s.io",
     version: "v1",

@@ -17,7 +17,7 @@ use super::{
     table::{AGE, NAME, age},
     typed,
 };
-use crate::api::status::FieldError;
+use crate::registry::FieldError;
 
 /// A label selector as `kubectl` prints it: `app=web,tier in (a,b)`.
 pub fn selector_string(selector: &Value) -> String {
