@@ -25,7 +25,7 @@
 //! Timers are tokio timers (one task per node, sleeping), so tests run with paused time;
 //! timestamps written to the API (`renewTime`, `lastHeartbeatTime`, `startTime`) follow the
 //! tokio clock from the wall-clock time the simulator was created
-//! ([`WallClock`](crate::clock::WallClock)).
+//! ([`WallClock`]).
 //!
 //! The simulator stands on `core-cluster-machinery` only (the clock) and reaches the API
 //! server through its API, as a kubelet does: it may not depend on the API server, the

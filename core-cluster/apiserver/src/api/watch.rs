@@ -54,7 +54,7 @@ use crate::{
     store::{EventKind, StoreError, WatchEvent},
 };
 
-/// What watches may hold for clients that do not read (see the [module](self) docs).
+/// What watches may hold for clients that do not read (see the `watch` module's docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WatchLimits {
     /// How many encoded events one watcher's backlog holds (upstream's watch channel:

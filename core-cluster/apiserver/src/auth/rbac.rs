@@ -4,7 +4,7 @@
 //! Requests are decided against an [`RbacIndex`]: roles by namespace, bindings by subject
 //! (user name, group) and namespace. It is loaded once from the store when the server starts
 //! and then kept current one object at a time: the API server's store is wrapped
-//! ([`RbacAuthorizer::observe`]) so that every write to the RBAC group, whoever makes it
+//! (`RbacAuthorizer::observe`) so that every write to the RBAC group, whoever makes it
 //! (a request, `ApiServer::apply_manifest`, namespace cleanup, the bootstrap policy),
 //! updates the index before the write returns. A client reads its own grants at once, and
 //! a decision never waits for a rebuild (upstream keeps informer-fed indexes the same way).
@@ -481,7 +481,7 @@ impl RbacIndex {
 }
 
 /// The RBAC authorizer: an [`RbacIndex`] kept current by the writes of the store it
-/// [observes](RbacAuthorizer::observe).
+/// observes (`RbacAuthorizer::observe`).
 #[derive(Debug, Default)]
 pub struct RbacAuthorizer {
     shared: Arc<Shared>,

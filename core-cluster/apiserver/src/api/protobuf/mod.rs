@@ -16,12 +16,12 @@
 //! `object.raw` is the enveloped object.
 //!
 //! Handlers answer through `json_response`, which encodes the value straight to protobuf
-//! when the request asked for it ([`encode_answer`]); other JSON answers (errors, watch
+//! when the request asked for it (`encode_answer`); other JSON answers (errors, watch
 //! lines) are re-read and encoded by the middleware.
 //!
 //! The messages come from kube-rs' `k8s-pb`: the envelope and watch event are its prost
-//! structs; objects go through one generic transcoder ([`wire`]) driven by a table
-//! generated from k8s-pb ([`schema`]), so no kind has code of its own.
+//! structs; objects go through one generic transcoder (`wire`) driven by a table
+//! generated from k8s-pb (`schema`), so no kind has code of its own.
 
 mod layer;
 mod schema;

@@ -105,7 +105,7 @@ pub enum WireError {
     /// The table has no such message.
     #[error("no protobuf message {0}")]
     UnknownMessage(String),
-    /// Messages nest deeper than [`MAX_DEPTH`].
+    /// Messages nest deeper than `MAX_DEPTH`.
     #[error("the message nests deeper than {MAX_DEPTH} levels")]
     TooDeep,
     /// The body decodes to more elements than its size allows.

@@ -4,7 +4,7 @@
 //!
 //! A node identity is `system:node:<name>` in `system:nodes`. The authorizer decides
 //! secrets, configmaps, persistentvolumeclaims and service-account tokens on its
-//! [graph](graph) of the pods bound to each node: a node reads a secret or mints a token
+//! [graph] of the pods bound to each node: a node reads a secret or mints a token
 //! only for objects its pods reference. It narrows leases to the node's own in
 //! `kube-node-lease`, and gives every other request the node rules. The API server keeps
 //! the graph current from its own writes (`graph_populator.rs`).
