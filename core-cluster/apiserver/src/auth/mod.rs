@@ -72,7 +72,7 @@ impl UserInfo {
     /// A user with `name` in `groups`; `system:authenticated` is added if missing.
     ///
     /// ```
-    /// use core_cluster::auth::UserInfo;
+    /// use core_cluster_apiserver::auth::UserInfo;
     /// let alice = UserInfo::new("alice", ["dev"]);
     /// assert_eq!(alice.groups, ["dev", "system:authenticated"]);
     /// ```
