@@ -12,6 +12,7 @@
 //! - [`auth`]: the identity of a request ([`auth::UserInfo`]);
 //! - [`clock`]: wall-clock time that follows tokio's clock (paused in tests);
 //! - [`serve`]: serving on a socket and writing a kubeconfig;
+//! - [`controllers`]: the built-in controllers, each a kube-rs client of the server;
 //! - [`sim`]: a kubelet stand-in simulating many nodes (registration, leases, pods,
 //!   graceful shutdown, fault injection), in the spirit of kwok.
 //!
@@ -19,16 +20,20 @@
 //!   validation and `explain`.
 //!
 //! In-process use, with no TCP: kube 5's `Client::new(server.router(), "default")`.
+//!
+//! # Layers
+//!
+//! This crate only re-exports; the code lives in one crate per layer, so Cargo refuses any
+//! dependency cycle between them:
+//!
+//! - `core-cluster-store` ([`store`]) and `core-cluster-machinery` ([`registry`],
+//!   [`patch`], [`openapi`], [`clock`]) at the bottom, neither knowing the other;
+//! - `core-cluster-apiserver` ([`api`], [`auth`], [`serve`]) on both;
+//! - `core-cluster-controllers` ([`controllers`]) and `core-cluster-sim` ([`sim`]) on the
+//!   machinery only: they talk to the server over its API, like any client.
 
-pub mod api;
-pub mod auth;
-pub mod clock;
-pub mod controllers;
-pub mod openapi;
-pub mod patch;
-pub mod registry;
-pub mod serve;
-pub mod sim;
-pub mod store;
-
-pub use api::{ApiServer, ApiServerConfig, WatchLimits};
+pub use core_cluster_apiserver::{ApiServer, ApiServerConfig, WatchLimits, api, auth, serve};
+pub use core_cluster_controllers as controllers;
+pub use core_cluster_machinery::{clock, openapi, patch, registry};
+pub use core_cluster_sim as sim;
+pub use core_cluster_store as store;

@@ -1,4 +1,4 @@
-//! The protobuf schema table of the API server (`src/api/protobuf/schema.txt`), derived
+//! The protobuf schema table of the API server (`apiserver/src/api/protobuf/schema.txt`), derived
 //! from kube-rs' `k8s-pb` crate and checked against it.
 //!
 //! k8s-pb has prost structs only (no descriptors), so the table is generated from its
@@ -20,7 +20,7 @@ use std::{
 use serde_json::Value;
 
 /// Where the committed table lives, relative to the crate.
-const TABLE: &str = "src/api/protobuf/schema.txt";
+const TABLE: &str = "apiserver/src/api/protobuf/schema.txt";
 
 /// Kinds that are not served resources but travel in request or response bodies: the
 /// request kinds of subresources, metav1's kinds every group version carries, and the
@@ -429,7 +429,7 @@ fn schema_table_matches_k8s_pb() {
 }
 
 #[test]
-#[ignore = "writes src/api/protobuf/schema.txt"]
+#[ignore = "writes apiserver/src/api/protobuf/schema.txt"]
 fn regenerate() {
     std::fs::write(
         Path::new(env!("CARGO_MANIFEST_DIR")).join(TABLE),

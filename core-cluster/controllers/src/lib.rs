@@ -1,0 +1,29 @@
+//! # core-cluster-controllers: the built-in controllers
+//!
+//! The control-plane controllers of the node side, each a kube-rs client of the API server
+//! like any other (they never touch the store): node lifecycle, taint eviction, node IPAM,
+//! garbage collection, pod garbage collection, the scheduler and the workload controllers
+//! (ReplicaSet, Deployment, Job, DaemonSet); and the [`supervisor`] that restarts any of
+//! them after a panic.
+//!
+//! The controllers stand on `core-cluster-machinery` (resource defaults, quantities, the
+//! clock, the health-check trait) and reach the API server through kube-rs only: this crate
+//! may not depend on the API server or the store (its unit tests run an in-memory server as
+//! a dev-dependency).
+
+// The machinery under the paths this code has always used (`crate::registry::…`).
+pub(crate) use core_cluster_machinery::{clock, registry};
+
+pub mod daemonset;
+pub mod deployment;
+pub mod garbage_collector;
+pub mod job;
+pub mod node_ipam;
+pub mod node_lifecycle;
+pub mod pod_gc;
+mod queue;
+pub mod replicaset;
+pub mod scheduler;
+pub mod supervisor;
+pub mod taint_eviction;
+mod workload;

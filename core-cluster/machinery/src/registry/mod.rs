@@ -1,0 +1,247 @@
+//! The resources the API server serves: one [`ResourceDef`] per resource, each a few lines
+//! of identity plus its strategy (defaulting, validation, table columns, field selectors).
+//! The API server's HTTP layer runs every verb generically over these definitions.
+
+pub mod allocator;
+pub mod authorization;
+pub mod events;
+mod field;
+pub mod meta;
+pub mod quantity;
+pub mod resources;
+pub mod selectors;
+pub mod table;
+pub mod workloads;
+
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::Value;
+
+pub use field::FieldError;
+pub use meta::NameRule;
+pub use table::Column;
+
+/// A served resource and its strategy.
+#[derive(Debug)]
+pub struct ResourceDef {
+    /// API group; empty for core.
+    pub group: &'static str,
+    /// API version.
+    pub version: &'static str,
+    /// Kind.
+    pub kind: &'static str,
+    /// Plural name, used in URLs.
+    pub plural: &'static str,
+    /// Singular name.
+    pub singular: &'static str,
+    /// Short names (`no`, `po`, `svc`).
+    pub short_names: &'static [&'static str],
+    /// Categories (`all`).
+    pub categories: &'static [&'static str],
+    /// Namespaced or cluster-scoped.
+    pub namespaced: bool,
+    /// Whether it has a `status` subresource (the main resource then ignores status
+    /// changes, and the subresource ignores everything else).
+    pub status: bool,
+    /// Whether `metadata.generation` counts spec changes. Upstream sets it for workloads and
+    /// pods, not for Nodes, Services and the other core objects served here.
+    pub generation: bool,
+    /// Other subresources (`binding`, `eviction`).
+    pub extra_subresources: &'static [&'static str],
+    /// Storage location, `<group or core>/<plural>`. Two versions of one resource (core and
+    /// `events.k8s.io` events) share it.
+    pub storage: &'static str,
+    /// The name rule.
+    pub name_rule: NameRule,
+    /// Round-trips an object through its k8s-openapi type: a decode error means a malformed
+    /// object; keys missing from the result are unknown fields.
+    pub typed: fn(&Value) -> Result<Value, String>,
+    /// Table columns for `kubectl get`.
+    pub columns: &'static [Column],
+    /// Resource-specific field-selector values (beyond `metadata.name`/`namespace`).
+    pub field: fn(&Value, &str) -> Option<String>,
+    /// The field-selector paths supported beyond `metadata.name` and `metadata.namespace`.
+    pub field_paths: &'static [&'static str],
+    /// Defaulting and system fields on create (not run for status writes).
+    pub prepare_create: fn(&mut Value),
+    /// Defaulting on updates and patches of the object (not of its status): what upstream's
+    /// defaulting, which runs on every decoded write, adds that `prepare_create` also adds.
+    /// [`no_defaults`] for most kinds.
+    pub prepare_update: fn(&mut Value),
+    /// Validation of a new object, or of an update (with the old object).
+    pub validate: fn(&Value, Option<&Value>) -> Vec<FieldError>,
+    /// Converts an object of this version to its storage form.
+    pub to_storage: fn(Value) -> Value,
+    /// Converts a stored object to this version.
+    pub from_storage: fn(Value) -> Value,
+}
+
+impl ResourceDef {
+    /// `v1` or `coordination.k8s.io/v1`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_owned()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The storage key prefix of the resource, or of one namespace of it.
+    pub fn key_prefix(&self, namespace: Option<&str>) -> String {
+        match (self.namespaced, namespace) {
+            (true, Some(ns)) => format!("/registry/{}/{}/", self.storage, ns),
+            _ => format!("/registry/{}/", self.storage),
+        }
+    }
+
+    /// The storage key of one object.
+    pub fn key(&self, namespace: Option<&str>, name: &str) -> String {
+        format!(
+            "{}{}",
+            self.key_prefix(namespace.filter(|_| self.namespaced)),
+            name
+        )
+    }
+
+    /// The value of a field-selector path on an object, or `None` if the path is not
+    /// supported for this resource.
+    pub fn field_value(&self, obj: &Value, path: &str) -> Option<String> {
+        match path {
+            "metadata.name" => Some(
+                meta::str_at(obj, &["metadata", "name"])
+                    .unwrap_or("")
+                    .to_owned(),
+            ),
+            "metadata.namespace" => Some(
+                meta::str_at(obj, &["metadata", "namespace"])
+                    .unwrap_or("")
+                    .to_owned(),
+            ),
+            other => (self.field)(obj, other),
+        }
+    }
+
+    /// Whether `DELETE` on the collection (`deletecollection`) is served: see
+    /// [`serves_deletecollection`].
+    pub fn deletecollection(&self) -> bool {
+        serves_deletecollection(self.group, self.plural)
+    }
+
+    /// Whether a field-selector path is supported.
+    pub fn supports_field(&self, path: &str) -> bool {
+        matches!(path, "metadata.name" | "metadata.namespace") || self.field_paths.contains(&path)
+    }
+}
+
+/// Whether `DELETE` on the collection of `plural` in `group` (`deletecollection`) is served:
+/// not for namespaces, as upstream (discovery does not list it, the OpenAPI document has no
+/// such operation, and the request is a 405).
+pub fn serves_deletecollection(group: &str, plural: &str) -> bool {
+    !(group.is_empty() && plural == "namespaces")
+}
+
+/// No defaulting (a [`ResourceDef::prepare_create`] or [`ResourceDef::prepare_update`]).
+pub fn no_defaults(_: &mut Value) {}
+
+/// Round-trips through the k8s-openapi type `K` (see [`ResourceDef::typed`]).
+pub fn typed<K: DeserializeOwned + Serialize>(obj: &Value) -> Result<Value, String> {
+    let typed: K = serde_json::from_value(obj.clone()).map_err(|e| e.to_string())?;
+    serde_json::to_value(typed).map_err(|e| e.to_string())
+}
+
+/// The paths of keys present (and not null) in `given` but absent from `known`: the unknown
+/// fields of a write, for `fieldValidation=Strict`.
+pub fn unknown_fields(given: &Value, known: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    collect_unknown(given, known, String::new(), &mut out);
+    out
+}
+
+fn collect_unknown(given: &Value, known: &Value, path: String, out: &mut Vec<String>) {
+    match (given, known) {
+        (Value::Object(g), Value::Object(k)) => {
+            for (key, value) in g {
+                let child = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                match k.get(key) {
+                    Some(known_value) => collect_unknown(value, known_value, child, out),
+                    None if value.is_null() => {}
+                    None => out.push(child),
+                }
+            }
+        }
+        (Value::Array(g), Value::Array(k)) => {
+            for (i, (gv, kv)) in g.iter().zip(k).enumerate() {
+                collect_unknown(gv, kv, format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The set of served resources.
+#[derive(Debug)]
+pub struct Registry {
+    defs: Vec<&'static ResourceDef>,
+}
+
+impl Registry {
+    /// The standard set (see [`resources::ALL`]).
+    pub fn standard() -> Self {
+        Registry {
+            defs: resources::ALL.to_vec(),
+        }
+    }
+
+    /// Every resource.
+    pub fn all(&self) -> &[&'static ResourceDef] {
+        &self.defs
+    }
+
+    /// The resource at `group/version/plural`.
+    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
+        self.defs
+            .iter()
+            .copied()
+            .find(|d| d.group == group && d.version == version && d.plural == plural)
+    }
+
+    /// The group-versions served, core first.
+    pub fn group_versions(&self) -> Vec<(&'static str, &'static str)> {
+        let mut out: Vec<(&str, &str)> = Vec::new();
+        for d in &self.defs {
+            if !out.contains(&(d.group, d.version)) {
+                out.push((d.group, d.version));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn unknown_fields_are_found_at_any_depth() {
+        let given = json!({"spec": {"a": 1, "bogus": 2, "list": [{"x": 1, "y": 2}]}, "gone": null});
+        let known = json!({"spec": {"a": 1, "list": [{"x": 1}]}});
+        assert_eq!(
+            unknown_fields(&given, &known),
+            ["spec.bogus", "spec.list[0].y"]
+        );
+    }
+
+    #[test]
+    fn keys_are_isolated_by_namespace() {
+        let pods = Registry::standard().find("", "v1", "pods").unwrap();
+        assert_eq!(pods.key(Some("a"), "p"), "/registry/core/pods/a/p");
+        assert_eq!(pods.key_prefix(Some("a")), "/registry/core/pods/a/");
+        let nodes = Registry::standard().find("", "v1", "nodes").unwrap();
+        assert_eq!(nodes.key(None, "n1"), "/registry/core/nodes/n1");
+    }
+}

@@ -1,0 +1,1630 @@
+//! The served resources. Adding one is a `ResourceDef` literal: identity, the k8s-openapi
+//! type, columns and (where the resource has rules) defaulting and validation.
+
+use k8s_openapi::api::{
+    authentication::v1::{SelfSubjectReview, TokenReview},
+    coordination::v1::Lease,
+    core::v1::{
+        ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount,
+    },
+    discovery::v1::EndpointSlice,
+    events::v1::Event as EventsV1Event,
+};
+use serde_json::{Value, json};
+
+use super::{
+    Column, NameRule, ResourceDef,
+    events::{identity, to_core, to_events_v1},
+    meta::{is_qualified_name, str_at},
+    no_defaults,
+    quantity::{check_pod_spec_quantities, quantity_of},
+    table::{AGE, NAME, age},
+    typed,
+};
+use crate::registry::FieldError;
+
+/// Every served resource, in discovery order.
+pub static ALL: &[&ResourceDef] = &[
+    &NAMESPACES,
+    &NODES,
+    &PODS,
+    &SERVICES,
+    &ENDPOINTS,
+    &EVENTS,
+    &SERVICE_ACCOUNTS,
+    &CONFIG_MAPS,
+    &SECRETS,
+    &LEASES,
+    &ENDPOINT_SLICES,
+    &EVENTS_V1,
+    &TOKEN_REVIEWS,
+    &SELF_SUBJECT_REVIEWS,
+    &super::authorization::ROLES,
+    &super::authorization::CLUSTER_ROLES,
+    &super::authorization::ROLE_BINDINGS,
+    &super::authorization::CLUSTER_ROLE_BINDINGS,
+    &super::authorization::SUBJECT_ACCESS_REVIEWS,
+    &super::authorization::LOCAL_SUBJECT_ACCESS_REVIEWS,
+    &super::authorization::SELF_SUBJECT_ACCESS_REVIEWS,
+    &super::authorization::SELF_SUBJECT_RULES_REVIEWS,
+    &super::workloads::DEPLOYMENTS,
+    &super::workloads::REPLICA_SETS,
+    &super::workloads::DAEMON_SETS,
+    &super::workloads::JOBS,
+];
+
+/// Resources that are never stored: a create is answered at once and nothing else is
+/// served (the `authentication.k8s.io` and `authorization.k8s.io` reviews), as `storage`
+/// entries. Discovery lists `create` alone for them, as kube-apiserver does.
+pub static CREATE_ONLY: &[&str] = &[
+    "authentication.k8s.io/tokenreviews",
+    "authentication.k8s.io/selfsubjectreviews",
+    "authorization.k8s.io/subjectaccessreviews",
+    "authorization.k8s.io/localsubjectaccessreviews",
+    "authorization.k8s.io/selfsubjectaccessreviews",
+    "authorization.k8s.io/selfsubjectrulesreviews",
+];
+
+fn no_fields(_: &Value, _: &str) -> Option<String> {
+    None
+}
+
+fn no_rules(_: &Value, _: Option<&Value>) -> Vec<FieldError> {
+    Vec::new()
+}
+
+pub(super) fn s(v: &Value, path: &[&str]) -> String {
+    str_at(v, path).unwrap_or("").to_owned()
+}
+
+pub(super) fn none_if_empty(s: String) -> Value {
+    json!(if s.is_empty() { "<none>".to_owned() } else { s })
+}
+
+// ---------------------------------------------------------------- namespaces
+
+/// core/v1 namespaces.
+pub static NAMESPACES: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    kind: "Namespace",
+    plural: "namespaces",
+    singular: "namespace",
+    short_names: &["ns"],
+    categories: &[],
+    namespaced: false,
+    status: true,
+    generation: false,
+    extra_subresources: &["finalize"],
+    storage: "core/namespaces",
+    name_rule: NameRule::Label,
+    typed: typed::<Namespace>,
+    columns: &[
+        NAME,
+        Column {
+            name: "Status",
+            type_: "string",
+            format: "",
+            description: "The status of the namespace",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["status", "phase"])),
+        },
+        AGE,
+    ],
+    field: |o, p| (p == "status.phase").then(|| s(o, &["status", "phase"])),
+    field_paths: &["status.phase"],
+    prepare_update: no_defaults,
+    prepare_create: |o| {
+        o["status"] = json!({"phase": "Active"});
+        if o["spec"]["finalizers"].is_null() {
+            o["spec"] = json!({"finalizers": ["kubernetes"]});
+        }
+    },
+    validate: no_rules,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+// ---------------------------------------------------------------- nodes
+
+fn node_ready(o: &Value) -> String {
+    let ready = o["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .map(|c| c["status"].as_str().unwrap_or("Unknown").to_owned());
+    let mut status = match ready.as_deref() {
+        Some("True") => "Ready".to_owned(),
+        Some("False") => "NotReady".to_owned(),
+        _ => "Unknown".to_owned(),
+    };
+    if o["spec"]["unschedulable"].as_bool() == Some(true) {
+        status.push_str(",SchedulingDisabled");
+    }
+    status
+}
+
+fn node_roles(o: &Value) -> String {
+    let mut roles: Vec<&str> = o["metadata"]["labels"]
+        .as_object()
+        .map(|l| {
+            l.iter()
+                .filter_map(|(k, v)| {
+                    k.strip_prefix("node-role.kubernetes.io/")
+                        .filter(|r| !r.is_empty())
+                        .or_else(|| (k == "kubernetes.io/role").then(|| v.as_str().unwrap_or("")))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    roles.sort_unstable();
+    if roles.is_empty() {
+        "<none>".to_owned()
+    } else {
+        roles.join(",")
+    }
+}
+
+fn node_address(o: &Value, type_: &str) -> Value {
+    let found = o["status"]["addresses"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["type"] == type_))
+        .and_then(|a| a["address"].as_str())
+        .unwrap_or("");
+    none_if_empty(found.to_owned())
+}
+
+fn node_info(field: &'static str) -> impl Fn(&Value) -> Value {
+    move |o| none_if_empty(s(o, &["status", "nodeInfo", field]))
+}
+
+fn validate_node(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let spec = &new["spec"];
+    if let Some(old) = old {
+        let old_pid = old["spec"]["providerID"].as_str().unwrap_or("");
+        if !old_pid.is_empty() && spec["providerID"].as_str().unwrap_or("") != old_pid {
+            errors.push(FieldError::forbidden(
+                "spec.providerID",
+                "node updates may not change providerID except from \"\" to valid",
+            ));
+        }
+        let old_cidrs = &old["spec"]["podCIDRs"];
+        if old_cidrs.as_array().is_some_and(|a| !a.is_empty()) && spec["podCIDRs"] != *old_cidrs {
+            errors.push(FieldError::forbidden(
+                "spec.podCIDRs",
+                "node updates may not change podCIDR except from \"\" to valid",
+            ));
+        }
+    }
+    if let Some(cidrs) = spec["podCIDRs"].as_array() {
+        let mut families = Vec::new();
+        for (i, c) in cidrs.iter().enumerate() {
+            match c.as_str().and_then(|c| c.parse::<ipnet::IpNet>().ok()) {
+                Some(net) => families.push(net.addr().is_ipv6()),
+                None => errors.push(FieldError::invalid(
+                    format!("spec.podCIDRs[{i}]"),
+                    c,
+                    "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)",
+                )),
+            }
+        }
+        if cidrs.len() > 2 || (families.len() == 2 && families[0] == families[1]) {
+            errors.push(FieldError::invalid(
+                "spec.podCIDRs",
+                &spec["podCIDRs"],
+                "may specify no more than one CIDR for each IP family",
+            ));
+        }
+        if let Some(first) = cidrs.first()
+            && spec["podCIDR"].as_str().is_some_and(|p| !p.is_empty())
+            && spec["podCIDR"] != *first
+        {
+            errors.push(FieldError::invalid(
+                "spec.podCIDRs",
+                &spec["podCIDRs"],
+                "the first CIDR must equal spec.podCIDR",
+            ));
+        }
+    }
+    validate_taints(&spec["taints"], "spec.taints", &mut errors);
+    errors
+}
+
+fn validate_taints(taints: &Value, field: &str, errors: &mut Vec<FieldError>) {
+    let Some(taints) = taints.as_array() else {
+        return;
+    };
+    let mut seen = Vec::new();
+    for (i, t) in taints.iter().enumerate() {
+        let key = t["key"].as_str().unwrap_or("");
+        if !is_qualified_name(key) {
+            errors.push(FieldError::invalid(
+                format!("{field}[{i}].key"),
+                &t["key"],
+                "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+            ));
+        }
+        let effect = t["effect"].as_str().unwrap_or("");
+        if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+            errors.push(FieldError::not_supported(
+                format!("{field}[{i}].effect"),
+                &t["effect"],
+                &["NoSchedule", "PreferNoSchedule", "NoExecute"],
+            ));
+        }
+        if seen.contains(&(key, effect)) {
+            errors.push(FieldError::duplicate(
+                format!("{field}[{i}]"),
+                &json!(format!("{key}:{effect}")),
+            ));
+        }
+        seen.push((key, effect));
+    }
+}
+
+/// core/v1 nodes.
+pub static NODES: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    kind: "Node",
+    plural: "nodes",
+    singular: "node",
+    short_names: &["no"],
+    categories: &[],
+    namespaced: false,
+    status: true,
+    generation: false,
+    extra_subresources: &[],
+    storage: "core/nodes",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<Node>,
+    columns: &[
+        NAME,
+        Column {
+            name: "Status",
+            type_: "string",
+            format: "",
+            description: "The status of the node",
+            priority: 0,
+            cell: |o, _| json!(node_ready(o)),
+        },
+        Column {
+            name: "Roles",
+            type_: "string",
+            format: "",
+            description: "The roles of the node",
+            priority: 0,
+            cell: |o, _| json!(node_roles(o)),
+        },
+        AGE,
+        Column {
+            name: "Version",
+            type_: "string",
+            format: "",
+            description: "Kubelet Version reported by the node.",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["status", "nodeInfo", "kubeletVersion"])),
+        },
+        Column {
+            name: "Internal-IP",
+            type_: "string",
+            format: "",
+            description: "List of addresses reachable to the node.",
+            priority: 1,
+            cell: |o, _| node_address(o, "InternalIP"),
+        },
+        Column {
+            name: "External-IP",
+            type_: "string",
+            format: "",
+            description: "List of addresses reachable to the node.",
+            priority: 1,
+            cell: |o, _| node_address(o, "ExternalIP"),
+        },
+        Column {
+            name: "OS-Image",
+            type_: "string",
+            format: "",
+            description: "OS Image reported by the node from /etc/os-release.",
+            priority: 1,
+            cell: |o, _| node_info("osImage")(o),
+        },
+        Column {
+            name: "Kernel-Version",
+            type_: "string",
+            format: "",
+            description: "Kernel Version reported by the node.",
+            priority: 1,
+            cell: |o, _| node_info("kernelVersion")(o),
+        },
+        Column {
+            name: "Container-Runtime",
+            type_: "string",
+            format: "",
+            description: "Container Runtime Version reported by the node.",
+            priority: 1,
+            cell: |o, _| node_info("containerRuntimeVersion")(o),
+        },
+    ],
+    field: |o, p| {
+        (p == "spec.unschedulable").then(|| {
+            o["spec"]["unschedulable"]
+                .as_bool()
+                .unwrap_or(false)
+                .to_string()
+        })
+    },
+    field_paths: &["spec.unschedulable"],
+    prepare_update: no_defaults,
+    prepare_create: no_defaults,
+    validate: validate_node,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+// ---------------------------------------------------------------- pods
+
+/// The tolerations upstream's DefaultTolerationSeconds admission adds to every pod.
+fn add_default_tolerations(spec: &mut Value) {
+    if !spec["tolerations"].is_array() {
+        spec["tolerations"] = json!([]);
+    }
+    let tolerations = spec["tolerations"].as_array_mut().expect("array");
+    for key in [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ] {
+        // Upstream: a toleration of this key, or of every key (an empty key), with the
+        // NoExecute or every effect (an empty effect) already covers it.
+        let tolerated = tolerations.iter().any(|t| {
+            let effect = t["effect"].as_str().unwrap_or("");
+            let k = t["key"].as_str().unwrap_or("");
+            (k == key || k.is_empty()) && (effect.is_empty() || effect == "NoExecute")
+        });
+        if !tolerated {
+            tolerations.push(json!({
+                "key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300
+            }));
+        }
+    }
+}
+
+/// The defaults upstream gives a pod spec (`SetDefaults_PodSpec`, `SetDefaults_Container`),
+/// also applied to the pod templates of workloads.
+pub(super) fn default_pod_spec(spec: &mut Value) {
+    if !spec.is_object() {
+        return;
+    }
+    for (field, value) in [
+        ("restartPolicy", json!("Always")),
+        ("dnsPolicy", json!("ClusterFirst")),
+        ("schedulerName", json!("default-scheduler")),
+        ("terminationGracePeriodSeconds", json!(30)),
+        ("securityContext", json!({})),
+    ] {
+        if spec[field].is_null() {
+            spec[field] = value;
+        }
+    }
+    if let Some(containers) = spec["containers"].as_array_mut() {
+        for c in containers {
+            let image = c["image"].as_str().unwrap_or("").to_owned();
+            if c["imagePullPolicy"].is_null() {
+                let latest = image.ends_with(":latest")
+                    || !image.rsplit('/').next().unwrap_or("").contains(':');
+                c["imagePullPolicy"] = json!(if latest { "Always" } else { "IfNotPresent" });
+            }
+            if c["terminationMessagePath"].is_null() {
+                c["terminationMessagePath"] = json!("/dev/termination-log");
+            }
+            if c["terminationMessagePolicy"].is_null() {
+                c["terminationMessagePolicy"] = json!("File");
+            }
+        }
+    }
+}
+
+fn prepare_pod(o: &mut Value) {
+    let spec = &mut o["spec"];
+    if spec.is_object() {
+        default_pod_spec(spec);
+        // Admission defaults of pods only (not of templates).
+        for (field, value) in [
+            ("enableServiceLinks", json!(true)),
+            ("preemptionPolicy", json!("PreemptLowerPriority")),
+            ("priority", json!(0)),
+        ] {
+            if spec[field].is_null() {
+                spec[field] = value;
+            }
+        }
+        add_default_tolerations(spec);
+    }
+    let has_resources = o["spec"]["containers"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["resources"].as_object().is_some_and(|r| !r.is_empty()))
+    });
+    o["status"] = json!({
+        "phase": "Pending",
+        "qosClass": if has_resources { "Burstable" } else { "BestEffort" },
+    });
+}
+
+/// Upstream `ValidateResourceRequirements` (with `ValidateResourceQuantityValue` →
+/// `ValidateNonnegativeQuantity`) for the `resources` of the container at `path`: no
+/// negative request or limit, and no request above its limit.
+fn validate_resource_requirements(c: &Value, path: &str, errors: &mut Vec<FieldError>) {
+    let requirements = &c["resources"];
+    let limits = requirements["limits"].as_object();
+    for (kind, map) in [
+        ("limits", limits),
+        ("requests", requirements["requests"].as_object()),
+    ] {
+        for (name, value) in map.into_iter().flatten() {
+            let Some(q) = quantity_of(value) else {
+                continue;
+            };
+            if q.is_negative() {
+                errors.push(FieldError::invalid(
+                    format!("{path}.{kind}[{name}]"),
+                    value,
+                    "must be greater than or equal to 0",
+                ));
+            }
+            let limit = limits.and_then(|l| l.get(name));
+            if kind == "requests"
+                && let Some(limit) = limit
+                && quantity_of(limit).is_some_and(|l| q > l)
+            {
+                errors.push(FieldError::invalid(
+                    format!("{path}.requests"),
+                    value,
+                    format!(
+                        "must be less than or equal to {name} limit of {}",
+                        limit.as_str().unwrap_or("")
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// Upstream decodes quantities with the object (`resource.Quantity.UnmarshalJSON`): a pod
+/// whose requests, limits or overhead hold something else is a 400 before validation.
+fn typed_pod(o: &Value) -> Result<Value, String> {
+    check_pod_spec_quantities(&o["spec"]).map_err(|e| e.to_string())?;
+    typed::<Pod>(o)
+}
+
+/// The container rules of a pod spec at `prefix` (`spec`, `spec.template.spec`).
+pub(super) fn validate_pod_spec(spec: &Value, prefix: &str) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    for list in ["containers", "initContainers"] {
+        for (i, c) in spec[list].as_array().into_iter().flatten().enumerate() {
+            let path = format!("{prefix}.{list}[{i}].resources");
+            validate_resource_requirements(c, &path, &mut errors);
+        }
+    }
+    // Upstream `validateOverhead`.
+    for (name, value) in spec["overhead"].as_object().into_iter().flatten() {
+        if quantity_of(value).is_some_and(|q| q.is_negative()) {
+            errors.push(FieldError::invalid(
+                format!("{prefix}.overhead[{name}]"),
+                value,
+                "must be greater than or equal to 0",
+            ));
+        }
+    }
+    match spec["containers"].as_array() {
+        Some(cs) if !cs.is_empty() => {
+            for (i, c) in cs.iter().enumerate() {
+                if c["name"].as_str().unwrap_or("").is_empty() {
+                    errors.push(FieldError::required(
+                        format!("{prefix}.containers[{i}].name"),
+                        "",
+                    ));
+                }
+                if c["image"].as_str().unwrap_or("").is_empty() {
+                    errors.push(FieldError::required(
+                        format!("{prefix}.containers[{i}].image"),
+                        "",
+                    ));
+                }
+            }
+        }
+        _ => errors.push(FieldError::required(format!("{prefix}.containers"), "")),
+    }
+    errors
+}
+
+fn validate_pod(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let mut errors = validate_pod_spec(&new["spec"], "spec");
+    if let Some(old) = old {
+        let old_node = old["spec"]["nodeName"].as_str().unwrap_or("");
+        if !old_node.is_empty() && new["spec"]["nodeName"].as_str().unwrap_or("") != old_node {
+            errors.push(FieldError::forbidden("spec.nodeName", "pod updates may not change fields other than `spec.containers[*].image`, `spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing tolerations), `spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)"));
+        }
+    }
+    errors
+}
+
+fn pod_ready(o: &Value, _: i64) -> Value {
+    let total = o["spec"]["containers"].as_array().map_or(0, Vec::len);
+    let ready = o["status"]["containerStatuses"]
+        .as_array()
+        .map_or(0, |cs| cs.iter().filter(|c| c["ready"] == true).count());
+    json!(format!("{ready}/{total}"))
+}
+
+fn pod_status(o: &Value, _: i64) -> Value {
+    if !o["metadata"]["deletionTimestamp"].is_null() {
+        return json!("Terminating");
+    }
+    let reason = s(o, &["status", "reason"]);
+    if !reason.is_empty() {
+        return json!(reason);
+    }
+    json!(s(o, &["status", "phase"]))
+}
+
+fn pod_restarts(o: &Value, _: i64) -> Value {
+    json!(o["status"]["containerStatuses"].as_array().map_or(0, |cs| {
+        cs.iter()
+            .map(|c| c["restartCount"].as_i64().unwrap_or(0))
+            .sum::<i64>()
+    }))
+}
+
+/// core/v1 pods.
+pub static PODS: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    kind: "Pod",
+    plural: "pods",
+    singular: "pod",
+    short_names: &["po"],
+    categories: &["all"],
+    namespaced: true,
+    status: true,
+    generation: true,
+    extra_subresources: &["binding", "eviction"],
+    storage: "core/pods",
+    name_rule: NameRule::Subdomain,
+    typed: typed_pod,
+    columns: &[
+        NAME,
+        Column {
+            name: "Ready",
+            type_: "string",
+            format: "",
+            description: "The aggregate readiness state of this pod for accepting traffic.",
+            priority: 0,
+            cell: pod_ready,
+        },
+        Column {
+            name: "Status",
+            type_: "string",
+            format: "",
+            description: "The aggregate status of the containers in this pod.",
+            priority: 0,
+            cell: pod_status,
+        },
+        Column {
+            name: "Restarts",
+            type_: "string",
+            format: "",
+            description: "The number of times the containers in this pod have been restarted.",
+            priority: 0,
+            cell: pod_restarts,
+        },
+        AGE,
+        Column {
+            name: "IP",
+            type_: "string",
+            format: "",
+            description: "IP address allocated to the pod.",
+            priority: 1,
+            cell: |o, _| none_if_empty(s(o, &["status", "podIP"])),
+        },
+        Column {
+            name: "Node",
+            type_: "string",
+            format: "",
+            description: "Name of the Node this pod is assigned to.",
+            priority: 1,
+            cell: |o, _| none_if_empty(s(o, &["spec", "nodeName"])),
+        },
+        Column {
+            name: "Nominated Node",
+            type_: "string",
+            format: "",
+            description: "Name of the Node this pod is nominated to.",
+            priority: 1,
+            cell: |o, _| none_if_empty(s(o, &["status", "nominatedNodeName"])),
+        },
+        Column {
+            name: "Readiness Gates",
+            type_: "string",
+            format: "",
+            description: "Readiness gates.",
+            priority: 1,
+            cell: |_, _| json!("<none>"),
+        },
+    ],
+    field: |o, p| match p {
+        "spec.nodeName" => Some(s(o, &["spec", "nodeName"])),
+        "spec.restartPolicy" => Some(s(o, &["spec", "restartPolicy"])),
+        "spec.schedulerName" => Some(s(o, &["spec", "schedulerName"])),
+        "spec.serviceAccountName" => Some(s(o, &["spec", "serviceAccountName"])),
+        "spec.hostNetwork" => Some(
+            o["spec"]["hostNetwork"]
+                .as_bool()
+                .unwrap_or(false)
+                .to_string(),
+        ),
+        "status.phase" => Some(s(o, &["status", "phase"])),
+        "status.podIP" => Some(s(o, &["status", "podIP"])),
+        "status.nominatedNodeName" => Some(s(o, &["status", "nominatedNodeName"])),
+        _ => None,
+    },
+    field_paths: &[
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "spec.hostNetwork",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+    ],
+    prepare_update: no_defaults,
+    prepare_create: prepare_pod,
+    validate: validate_pod,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+// ---------------------------------------------------------------- services
+
+fn prepare_service(o: &mut Value) {
+    let spec = &mut o["spec"];
+    if spec.is_object() {
+        if spec["type"].is_null() {
+            spec["type"] = json!("ClusterIP");
+        }
+        if spec["sessionAffinity"].is_null() {
+            spec["sessionAffinity"] = json!("None");
+        }
+        if spec["internalTrafficPolicy"].is_null() && spec["type"] != "ExternalName" {
+            spec["internalTrafficPolicy"] = json!("Cluster");
+        }
+        let external = matches!(spec["type"].as_str(), Some("NodePort" | "LoadBalancer"));
+        if external && spec["externalTrafficPolicy"].is_null() {
+            spec["externalTrafficPolicy"] = json!("Cluster");
+        }
+        if let Some(ports) = spec["ports"].as_array_mut() {
+            for p in ports {
+                if p["protocol"].is_null() {
+                    p["protocol"] = json!("TCP");
+                }
+                // SetDefaults_Service: an unset targetPort, or the zero IntOrString (0 or
+                // "", which Go's protobuf clients send for an unset one), is the port.
+                if p["targetPort"].is_null() || p["targetPort"] == 0 || p["targetPort"] == "" {
+                    p["targetPort"] = p["port"].clone();
+                }
+            }
+        }
+    }
+    o["status"] = json!({"loadBalancer": {}});
+}
+
+fn validate_service(new: &Value, _old: Option<&Value>) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let spec = &new["spec"];
+    let type_ = spec["type"].as_str().unwrap_or("ClusterIP");
+    if !matches!(
+        type_,
+        "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName"
+    ) {
+        errors.push(FieldError::not_supported(
+            "spec.type",
+            &spec["type"],
+            &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"],
+        ));
+    }
+    let ports = spec["ports"].as_array().cloned().unwrap_or_default();
+    let headless = spec["clusterIP"] == "None";
+    if ports.is_empty() && type_ != "ExternalName" && !headless {
+        errors.push(FieldError::required("spec.ports", ""));
+    }
+    let mut seen = Vec::new();
+    let mut names = Vec::new();
+    for (i, p) in ports.iter().enumerate() {
+        let port = p["port"].as_i64().unwrap_or(0);
+        if !(1..=65535).contains(&port) {
+            errors.push(FieldError::invalid(
+                format!("spec.ports[{i}].port"),
+                &p["port"],
+                "must be between 1 and 65535, inclusive",
+            ));
+        }
+        let protocol = p["protocol"].as_str().unwrap_or("TCP");
+        if !matches!(protocol, "TCP" | "UDP" | "SCTP") {
+            errors.push(FieldError::not_supported(
+                format!("spec.ports[{i}].protocol"),
+                &p["protocol"],
+                &["SCTP", "TCP", "UDP"],
+            ));
+        }
+        if seen.contains(&(port, protocol)) {
+            errors.push(FieldError::duplicate(
+                format!("spec.ports[{i}]"),
+                &json!({"port": port, "protocol": protocol}),
+            ));
+        }
+        seen.push((port, protocol));
+        let name = p["name"].as_str().unwrap_or("");
+        if ports.len() > 1 && name.is_empty() {
+            errors.push(FieldError::required(format!("spec.ports[{i}].name"), ""));
+        } else if !name.is_empty() && names.contains(&name) {
+            errors.push(FieldError::duplicate(
+                format!("spec.ports[{i}].name"),
+                &json!(name),
+            ));
+        }
+        names.push(name);
+    }
+    if type_ == "ExternalName" && spec["externalName"].as_str().unwrap_or("").is_empty() {
+        errors.push(FieldError::required("spec.externalName", ""));
+    }
+    errors
+}
+
+fn service_external_ip(o: &Value, _: i64) -> Value {
+    let mut ips: Vec<String> = o["status"]["loadBalancer"]["ingress"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|i| i["ip"].as_str().or_else(|| i["hostname"].as_str()))
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(external) = o["spec"]["externalIPs"].as_array() {
+        ips.extend(
+            external
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_owned)),
+        );
+    }
+    match (ips.is_empty(), o["spec"]["type"].as_str()) {
+        (false, _) => json!(ips.join(",")),
+        (true, Some("LoadBalancer")) => json!("<pending>"),
+        (true, Some("ExternalName")) => json!(s(o, &["spec", "externalName"])),
+        _ => json!("<none>"),
+    }
+}
+
+fn service_ports(o: &Value, _: i64) -> Value {
+    let ports: Vec<String> = o["spec"]["ports"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    let port = p["port"].as_i64().unwrap_or(0);
+                    let proto = p["protocol"].as_str().unwrap_or("TCP");
+                    match p["nodePort"].as_i64() {
+                        Some(np) => format!("{port}:{np}/{proto}"),
+                        None => format!("{port}/{proto}"),
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    none_if_empty(ports.join(","))
+}
+
+/// A string map as a table cell, `k1=v1,k2=v2` (kubectl's selector columns), or `<none>`.
+pub(super) fn key_values_cell(map: &Value) -> Value {
+    let pairs: Vec<String> = map
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect()
+        })
+        .unwrap_or_default();
+    none_if_empty(pairs.join(","))
+}
+
+fn service_selector(o: &Value, _: i64) -> Value {
+    key_values_cell(&o["spec"]["selector"])
+}
+
+/// core/v1 services.
+pub static SERVICES: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    kind: "Service",
+    plural: "services",
+    singular: "service",
+    short_names: &["svc"],
+    categories: &["all"],
+    namespaced: true,
+    status: true,
+    generation: false,
+    extra_subresources: &[],
+    storage: "core/services",
+    name_rule: NameRule::Label,
+    typed: typed::<Service>,
+    columns: &[
+        NAME,
+        Column {
+            name: "Type",
+            type_: "string",
+            format: "",
+            description: "The type of the service.",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["spec", "type"])),
+        },
+        Column {
+            name: "Cluster-IP",
+            type_: "string",
+            format: "",
+            description: "The cluster IP of the service.",
+            priority: 0,
+            cell: |o, _| none_if_empty(s(o, &["spec", "clusterIP"])),
+        },
+        Column {
+            name: "External-IP",
+            type_: "string",
+            format: "",
+            description: "The external IP of the service.",
+            priority: 0,
+            cell: service_external_ip,
+        },
+        Column {
+            name: "Port(s)",
+            type_: "string",
+            format: "",
+            description: "The ports of the service.",
+            priority: 0,
+            cell: service_ports,
+        },
+        AGE,
+        Column {
+            name: "Selector",
+            type_: "string",
+            format: "",
+            description: "The selector of the service.",
+            priority: 1,
+            cell: service_selector,
+        },
+    ],
+    field: |o, p| match p {
+        "spec.clusterIP" => Some(s(o, &["spec", "clusterIP"])),
+        "spec.type" => Some(s(o, &["spec", "type"])),
+        _ => None,
+    },
+    field_paths: &["spec.clusterIP", "spec.type"],
+    prepare_update: no_defaults,
+    prepare_create: prepare_service,
+    validate: validate_service,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+// ---------------------------------------------------------------- endpoints
+
+/// core/v1 endpoints.
+pub static ENDPOINTS: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    kind: "Endpoints",
+    plural: "endpoints",
+    singular: "endpoints",
+    short_names: &["ep"],
+    categories: &[],
+    namespaced: true,
+    status: false,
+    generation: false,
+    extra_subresources: &[],
+    storage: "core/endpoints",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<Endpoints>,
+    columns: &[
+        NAME,
+        Column {
+            name: "Endpoints",
+            type_: "string",
+            format: "",
+            description: "Endpoints of the service.",
+            priority: 0,
+            cell: |o, _| {
+                let mut all = Vec::new();
+                for subset in o["subsets"].as_array().into_iter().flatten() {
+                    for a in subset["addresses"].as_array().into_iter().flatten() {
+                        for p in subset["ports"].as_array().into_iter().flatten() {
+                            all.push(format!("{}:{}", a["ip"].as_str().unwrap_or(""), p["port"]));
+                        }
+                    }
+                }
+                let more = all.len().saturating_sub(3);
+                all.truncate(3);
+                let mut text = all.join(",");
+                if more > 0 {
+                    text.push_str(&format!(" + {more} more..."));
+                }
+                none_if_empty(text)
+            },
+        },
+        AGE,
+    ],
+    field: no_fields,
+    field_paths: &[],
+    prepare_update: no_defaults,
+    prepare_create: no_defaults,
+    validate: no_rules,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+// ---------------------------------------------------------------- events
+
+fn event_last_seen(o: &Value, now: i64) -> Value {
+    for path in [
+        &["series", "lastObservedTime"][..],
+        &["lastTimestamp"],
+        &["deprecatedLastTimestamp"],
+        &["eventTime"],
+    ] {
+        if str_at(o, path).is_some() {
+            return json!(age(o, path, now));
+        }
+    }
+    json!(age(o, &["metadata", "creationTimestamp"], now))
+}
+
+fn event_object_cell(r: &Value) -> Value {
+    json!(format!(
+        "{}/{}",
+        r["kind"].as_str().unwrap_or("").to_lowercase(),
+        r["name"].as_str().unwrap_or("")
+    ))
+}
+
+fn event_field(reference: &str, o: &Value, p: &str) -> Option<String> {
+    if let Some(sub) = p
+        .strip_prefix(reference)
+        .and_then(|rest| rest.strip_prefix('.'))
+    {
+        return matches!(
+            sub,
+            "kind" | "namespace" | "name" | "uid" | "apiVersion" | "resourceVersion" | "fieldPath"
+        )
+        .then(|| o[reference][sub].as_str().unwrap_or("").to_owned());
+    }
+    match p {
+        "reason" | "type" | "reportingComponent" | "reportingController" => {
+            Some(o[p].as_str().unwrap_or("").to_owned())
+        }
+        "source" => Some(s(o, &["source", "component"])),
+        _ => None,
+    }
+}
+
+const EVENT_COLUMNS: [Column; 2] = [
+    Column {
+        name: "Last Seen",
+        type_: "string",
+        format: "",
+        description: "Time since the event was last seen.",
+        priority: 0,
+        cell: event_last_seen,
+    },
+    Column {
+        name: "Type",
+        type_: "string",
+        format: "",
+        description: "Type of this event.",
+        priority: 0,
+        cell: |o, _| json!(s(o, &["type"])),
+    },
+];
+
+/// core/v1 events (stored form of both event APIs).
+pub static EVENTS: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    kind: "Event",
+    plural: "events",
+    singular: "event",
+    short_names: &["ev"],
+    categories: &[],
+    namespaced: true,
+    status: false,
+    generation: false,
+    extra_subresources: &[],
+    storage: "core/events",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<Event>,
+    columns: &[
+        EVENT_COLUMNS[0],
+        EVENT_COLUMNS[1],
+        Column {
+            name: "Reason",
+            type_: "string",
+            format: "",
+            description: "Reason",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["reason"])),
+        },
+        Column {
+            name: "Object",
+            type_: "string",
+            format: "",
+            description: "The object this event is about.",
+            priority: 0,
+            cell: |o, _| event_object_cell(&o["involvedObject"]),
+        },
+        Column {
+            name: "Message",
+            type_: "string",
+            format: "",
+            description: "Message",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["message"])),
+        },
+    ],
+    field: |o, p| event_field("involvedObject", o, p),
+    field_paths: &[
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "type",
+        "reportingComponent",
+        "source",
+    ],
+    prepare_update: no_defaults,
+    prepare_create: |o| {
+        if o["count"].is_null() {
+            o["count"] = json!(1);
+        }
+    },
+    validate: |o, _| {
+        let mut errors = Vec::new();
+        if o["involvedObject"]["name"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty()
+            && o["involvedObject"]["kind"]
+                .as_str()
+                .unwrap_or("")
+                .is_empty()
+        {
+            errors.push(FieldError::required("involvedObject", ""));
+        }
+        errors
+    },
+    to_storage: identity,
+    from_storage: identity,
+};
+
+/// events.k8s.io/v1 events, stored with core events.
+pub static EVENTS_V1: ResourceDef = ResourceDef {
+    group: "events.k8s.io",
+    version: "v1",
+    kind: "Event",
+    plural: "events",
+    singular: "event",
+    short_names: &["ev"],
+    categories: &[],
+    namespaced: true,
+    status: false,
+    generation: false,
+    extra_subresources: &[],
+    storage: "core/events",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<EventsV1Event>,
+    columns: &[
+        EVENT_COLUMNS[0],
+        EVENT_COLUMNS[1],
+        Column {
+            name: "Reason",
+            type_: "string",
+            format: "",
+            description: "Reason",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["reason"])),
+        },
+        Column {
+            name: "Object",
+            type_: "string",
+            format: "",
+            description: "The object this event is about.",
+            priority: 0,
+            cell: |o, _| event_object_cell(&o["regarding"]),
+        },
+        Column {
+            name: "Message",
+            type_: "string",
+            format: "",
+            description: "Message",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["note"])),
+        },
+    ],
+    field: |o, p| event_field("regarding", o, p),
+    field_paths: &[
+        "regarding.kind",
+        "regarding.namespace",
+        "regarding.name",
+        "regarding.uid",
+        "regarding.apiVersion",
+        "regarding.resourceVersion",
+        "regarding.fieldPath",
+        "reason",
+        "type",
+        "reportingController",
+    ],
+    prepare_update: no_defaults,
+    prepare_create: no_defaults,
+    validate: |o, _| {
+        let mut errors = Vec::new();
+        if o["eventTime"].is_null() {
+            errors.push(FieldError::required("eventTime", ""));
+        }
+        errors
+    },
+    to_storage: to_core,
+    from_storage: to_events_v1,
+};
+
+// ---------------------------------------------------------------- the rest
+
+/// core/v1 serviceaccounts.
+pub static SERVICE_ACCOUNTS: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    kind: "ServiceAccount",
+    plural: "serviceaccounts",
+    singular: "serviceaccount",
+    short_names: &["sa"],
+    categories: &[],
+    namespaced: true,
+    status: false,
+    generation: false,
+    extra_subresources: &["token"],
+    storage: "core/serviceaccounts",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<ServiceAccount>,
+    columns: &[
+        NAME,
+        Column {
+            name: "Secrets",
+            type_: "integer",
+            format: "",
+            description: "Secrets",
+            priority: 0,
+            cell: |o, _| json!(o["secrets"].as_array().map_or(0, Vec::len)),
+        },
+        AGE,
+    ],
+    field: no_fields,
+    field_paths: &[],
+    prepare_update: no_defaults,
+    prepare_create: no_defaults,
+    validate: no_rules,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+fn data_count(o: &Value) -> usize {
+    o["data"].as_object().map_or(0, |m| m.len())
+        + o["binaryData"].as_object().map_or(0, |m| m.len())
+}
+
+/// core/v1 configmaps.
+pub static CONFIG_MAPS: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    kind: "ConfigMap",
+    plural: "configmaps",
+    singular: "configmap",
+    short_names: &["cm"],
+    categories: &[],
+    namespaced: true,
+    status: false,
+    generation: false,
+    extra_subresources: &[],
+    storage: "core/configmaps",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<ConfigMap>,
+    columns: &[
+        NAME,
+        Column {
+            name: "Data",
+            type_: "integer",
+            format: "",
+            description: "Number of entries",
+            priority: 0,
+            cell: |o, _| json!(data_count(o)),
+        },
+        AGE,
+    ],
+    field: no_fields,
+    field_paths: &[],
+    prepare_update: no_defaults,
+    prepare_create: no_defaults,
+    validate: no_rules,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+/// core/v1 secrets.
+pub static SECRETS: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    kind: "Secret",
+    plural: "secrets",
+    singular: "secret",
+    short_names: &[],
+    categories: &[],
+    namespaced: true,
+    status: false,
+    generation: false,
+    extra_subresources: &[],
+    storage: "core/secrets",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<Secret>,
+    columns: &[
+        NAME,
+        Column {
+            name: "Type",
+            type_: "string",
+            format: "",
+            description: "The type of the secret",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["type"])),
+        },
+        Column {
+            name: "Data",
+            type_: "integer",
+            format: "",
+            description: "Number of entries",
+            priority: 0,
+            cell: |o, _| json!(data_count(o)),
+        },
+        AGE,
+    ],
+    field: |o, p| (p == "type").then(|| s(o, &["type"])),
+    field_paths: &["type"],
+    prepare_update: merge_string_data,
+    prepare_create: |o| {
+        if o["type"].is_null() {
+            o["type"] = json!("Opaque");
+        }
+        merge_string_data(o);
+    },
+    validate: no_rules,
+    to_storage: identity,
+    // Secrets a server before this rule stored with their `stringData`.
+    from_storage: |mut o| {
+        merge_string_data(&mut o);
+        o
+    },
+};
+
+/// Upstream's `Convert_v1_Secret_To_core_Secret`: every `stringData` entry is written into
+/// `data`, base64-encoded, over any `data` entry of the same key, and `stringData` itself
+/// is dropped, so it is never stored nor returned (`kubectl create secret` manifests and Helm
+/// charts write `stringData`; consumers read `data`). A null entry is the empty string, as
+/// Go decodes it into a `map[string]string`.
+pub fn merge_string_data(secret: &mut Value) {
+    use base64::{Engine, engine::general_purpose::STANDARD};
+    let Some(fields) = secret.as_object_mut() else {
+        return;
+    };
+    let Some(Value::Object(entries)) = fields.remove("stringData") else {
+        return;
+    };
+    if entries.is_empty() {
+        return;
+    }
+    let data = fields
+        .entry("data")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if !data.is_object() {
+        *data = Value::Object(Default::default());
+    }
+    let Some(data) = data.as_object_mut() else {
+        return;
+    };
+    for (key, value) in entries {
+        let text = value.as_str().unwrap_or("");
+        data.insert(key, json!(STANDARD.encode(text)));
+    }
+}
+
+/// coordination.k8s.io/v1 leases.
+pub static LEASES: ResourceDef = ResourceDef {
+    group: "coordination.k8s.io",
+    version: "v1",
+    kind: "Lease",
+    plural: "leases",
+    singular: "lease",
+    short_names: &[],
+    categories: &[],
+    namespaced: true,
+    status: false,
+    generation: false,
+    extra_subresources: &[],
+    storage: "coordination.k8s.io/leases",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<Lease>,
+    columns: &[
+        NAME,
+        Column {
+            name: "Holder",
+            type_: "string",
+            format: "",
+            description: "The holder of the lease",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["spec", "holderIdentity"])),
+        },
+        AGE,
+    ],
+    field: no_fields,
+    field_paths: &[],
+    prepare_update: no_defaults,
+    prepare_create: no_defaults,
+    validate: |o, _| {
+        let mut errors = Vec::new();
+        if let Some(d) = o["spec"]["leaseDurationSeconds"].as_i64()
+            && d <= 0
+        {
+            errors.push(FieldError::invalid(
+                "spec.leaseDurationSeconds",
+                &json!(d),
+                "must be greater than 0",
+            ));
+        }
+        errors
+    },
+    to_storage: identity,
+    from_storage: identity,
+};
+
+/// discovery.k8s.io/v1 endpointslices.
+pub static ENDPOINT_SLICES: ResourceDef = ResourceDef {
+    group: "discovery.k8s.io",
+    version: "v1",
+    kind: "EndpointSlice",
+    plural: "endpointslices",
+    singular: "endpointslice",
+    short_names: &[],
+    categories: &[],
+    namespaced: true,
+    status: false,
+    generation: false,
+    extra_subresources: &[],
+    storage: "discovery.k8s.io/endpointslices",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<EndpointSlice>,
+    columns: &[
+        NAME,
+        Column {
+            name: "AddressType",
+            type_: "string",
+            format: "",
+            description: "Type of address",
+            priority: 0,
+            cell: |o, _| json!(s(o, &["addressType"])),
+        },
+        Column {
+            name: "Ports",
+            type_: "string",
+            format: "",
+            description: "Ports",
+            priority: 0,
+            cell: |o, _| {
+                none_if_empty(
+                    o["ports"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .map(|p| p["port"].to_string())
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        })
+                        .unwrap_or_default(),
+                )
+            },
+        },
+        Column {
+            name: "Endpoints",
+            type_: "string",
+            format: "",
+            description: "Endpoints",
+            priority: 0,
+            cell: |o, _| {
+                none_if_empty(
+                    o["endpoints"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|e| e["addresses"][0].as_str())
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        })
+                        .unwrap_or_default(),
+                )
+            },
+        },
+        AGE,
+    ],
+    field: no_fields,
+    field_paths: &[],
+    prepare_update: no_defaults,
+    prepare_create: no_defaults,
+    validate: |o, _| {
+        let mut errors = Vec::new();
+        match o["addressType"].as_str() {
+            Some("IPv4" | "IPv6" | "FQDN") => {}
+            _ => errors.push(FieldError::not_supported(
+                "addressType",
+                &o["addressType"],
+                &["FQDN", "IPv4", "IPv6"],
+            )),
+        }
+        errors
+    },
+    to_storage: identity,
+    from_storage: identity,
+};
+
+/// authentication.k8s.io/v1 tokenreviews: create only, never stored (`api::tokens`).
+pub static TOKEN_REVIEWS: ResourceDef = ResourceDef {
+    group: "authentication.k8s.io",
+    version: "v1",
+    kind: "TokenReview",
+    plural: "tokenreviews",
+    singular: "tokenreview",
+    short_names: &[],
+    categories: &[],
+    namespaced: false,
+    status: false,
+    generation: false,
+    extra_subresources: &[],
+    storage: "authentication.k8s.io/tokenreviews",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<TokenReview>,
+    columns: &[NAME, AGE],
+    field: no_fields,
+    field_paths: &[],
+    prepare_update: no_defaults,
+    prepare_create: no_defaults,
+    validate: no_rules,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+/// authentication.k8s.io/v1 selfsubjectreviews (`kubectl auth whoami`): create only, never
+/// stored; answered with the requester's own identity (the API server's `auth::review`).
+pub static SELF_SUBJECT_REVIEWS: ResourceDef = ResourceDef {
+    group: "authentication.k8s.io",
+    version: "v1",
+    kind: "SelfSubjectReview",
+    plural: "selfsubjectreviews",
+    singular: "selfsubjectreview",
+    short_names: &[],
+    categories: &[],
+    namespaced: false,
+    status: false,
+    generation: false,
+    extra_subresources: &[],
+    storage: "authentication.k8s.io/selfsubjectreviews",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<SelfSubjectReview>,
+    columns: &[NAME, AGE],
+    field: no_fields,
+    field_paths: &[],
+    prepare_update: no_defaults,
+    prepare_create: no_defaults,
+    validate: no_rules,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_status_column() {
+        let node = json!({"spec": {"unschedulable": true},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+        assert_eq!(node_ready(&node), "Ready,SchedulingDisabled");
+        assert_eq!(node_ready(&json!({})), "Unknown");
+        let roles = json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": "", "node-role.kubernetes.io/worker": ""}}});
+        assert_eq!(node_roles(&roles), "control-plane,worker");
+    }
+
+    #[test]
+    fn pods_get_default_tolerations_once() {
+        let mut pod = json!({"spec": {"containers": [{"name": "c", "image": "nginx"}],
+            "tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10}]}});
+        prepare_pod(&mut pod);
+        let tolerations = pod["spec"]["tolerations"].as_array().unwrap();
+        assert_eq!(tolerations.len(), 2);
+        assert_eq!(
+            tolerations[0]["tolerationSeconds"], 10,
+            "an existing toleration is kept"
+        );
+        assert_eq!(tolerations[1]["key"], "node.kubernetes.io/not-ready");
+        assert_eq!(tolerations[1]["tolerationSeconds"], 300);
+        assert_eq!(pod["status"]["phase"], "Pending");
+        assert_eq!(pod["spec"]["containers"][0]["imagePullPolicy"], "Always");
+    }
+
+    /// Upstream DefaultTolerationSeconds: a toleration with an empty key (every taint) and
+    /// an empty or NoExecute effect already covers both taints; a NoSchedule one does not.
+    #[test]
+    fn pods_tolerating_every_taint_get_no_default_tolerations() {
+        for toleration in [
+            json!({"operator": "Exists"}),
+            json!({"key": "", "operator": "Exists", "effect": "NoExecute"}),
+        ] {
+            let mut pod = json!({"spec": {"containers": [{"name": "c", "image": "nginx"}],
+                "tolerations": [toleration.clone()]}});
+            prepare_pod(&mut pod);
+            assert_eq!(pod["spec"]["tolerations"], json!([toleration]));
+        }
+        let mut pod = json!({"spec": {"containers": [{"name": "c", "image": "nginx"}],
+            "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]}});
+        prepare_pod(&mut pod);
+        assert_eq!(pod["spec"]["tolerations"].as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn node_immutable_fields() {
+        let old = json!({"spec": {"providerID": "fake://1", "podCIDRs": ["10.0.0.0/24"]}});
+        let new = json!({"spec": {"providerID": "fake://2", "podCIDRs": ["10.0.1.0/24"]}});
+        let errors = validate_node(&new, Some(&old));
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["spec.providerID", "spec.podCIDRs"]);
+        let first_set = json!({"spec": {"providerID": "fake://1"}});
+        assert!(validate_node(&first_set, Some(&json!({"spec": {}}))).is_empty());
+        let bad = json!({"spec": {"podCIDRs": ["10.0.0.0/24", "10.1.0.0/24"], "taints": [{"key": "a", "effect": "Bogus"}]}});
+        assert_eq!(validate_node(&bad, None).len(), 2);
+    }
+
+    #[test]
+    fn string_data_is_merged_into_data_and_dropped() {
+        let mut secret = json!({"data": {"a": "b2xk", "keep": "eA=="},
+                                "stringData": {"a": "new", "b": "v", "n": null}});
+        merge_string_data(&mut secret);
+        assert_eq!(
+            secret,
+            json!({"data": {"a": "bmV3", "keep": "eA==", "b": "dg==", "n": ""}})
+        );
+        let mut only = json!({"stringData": {"k": "v"}});
+        merge_string_data(&mut only);
+        assert_eq!(only, json!({"data": {"k": "dg=="}}));
+        let mut empty = json!({"stringData": {}, "data": null});
+        merge_string_data(&mut empty);
+        assert_eq!(empty, json!({"data": null}));
+    }
+
+    #[test]
+    fn service_port_column() {
+        let svc = json!({"spec": {"type": "LoadBalancer", "ports": [{"port": 80, "nodePort": 30080, "protocol": "TCP"}, {"port": 53, "protocol": "UDP"}]}});
+        assert_eq!(service_ports(&svc, 0), json!("80:30080/TCP,53/UDP"));
+        assert_eq!(service_external_ip(&svc, 0), json!("<pending>"));
+    }
+}

@@ -1,0 +1,846 @@
+//! The workload resources: apps/v1 Deployments, ReplicaSets and DaemonSets, batch/v1 Jobs.
+//! Defaults and validation follow upstream's `pkg/apis/apps` and `pkg/apis/batch`
+//! (`SetDefaults_*`, `Validate*Spec`); columns are kubectl's.
+
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, Deployment, ReplicaSet},
+    batch::v1::Job,
+};
+use serde_json::{Value, json};
+
+use super::{
+    Column, NameRule, ResourceDef,
+    events::identity,
+    no_defaults,
+    quantity::check_pod_spec_quantities,
+    resources::{default_pod_spec, key_values_cell, none_if_empty, s, validate_pod_spec},
+    table::{AGE, NAME, age},
+    typed,
+};
+use crate::registry::FieldError;
+
+/// A label selector as `kubectl` prints it: `app=web,tier in (a,b)`.
+pub fn selector_string(selector: &Value) -> String {
+    let mut parts: Vec<String> = selector["matchLabels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect()
+        })
+        .unwrap_or_default();
+    for e in selector["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let key = e["key"].as_str().unwrap_or("");
+        let values: Vec<&str> = e["values"]
+            .as_array()
+            .map(|v| v.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        parts.push(match e["operator"].as_str().unwrap_or("") {
+            "In" => format!("{key} in ({})", values.join(",")),
+            "NotIn" => format!("{key} notin ({})", values.join(",")),
+            "Exists" => key.to_owned(),
+            "DoesNotExist" => format!("!{key}"),
+            other => format!("{key} {other}"),
+        });
+    }
+    parts.join(",")
+}
+
+/// Whether a label selector (`matchLabels`, `matchExpressions`) selects `labels`. An empty
+/// selector selects everything.
+pub fn selector_matches(selector: &Value, labels: &Value) -> bool {
+    let label = |k: &str| labels.get(k).and_then(Value::as_str);
+    let labels_ok = selector["matchLabels"]
+        .as_object()
+        .is_none_or(|m| m.iter().all(|(k, v)| label(k) == v.as_str()));
+    let exprs_ok = selector["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|e| {
+            let key = e["key"].as_str().unwrap_or("");
+            let in_values = |v: &str| {
+                e["values"]
+                    .as_array()
+                    .is_some_and(|vs| vs.iter().any(|x| x.as_str() == Some(v)))
+            };
+            match e["operator"].as_str().unwrap_or("") {
+                "In" => label(key).is_some_and(in_values),
+                "NotIn" => !label(key).is_some_and(in_values),
+                "Exists" => label(key).is_some(),
+                "DoesNotExist" => label(key).is_none(),
+                _ => false,
+            }
+        });
+    labels_ok && exprs_ok
+}
+
+fn count(o: &Value, path: &[&str]) -> i64 {
+    let mut v = o;
+    for p in path {
+        v = &v[*p];
+    }
+    v.as_i64().unwrap_or(0)
+}
+
+fn containers_cell(o: &Value, field: &str) -> Value {
+    let names: Vec<&str> = o["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .map(|cs| cs.iter().filter_map(|c| c[field].as_str()).collect())
+        .unwrap_or_default();
+    none_if_empty(names.join(","))
+}
+
+const CONTAINERS: Column = Column {
+    name: "Containers",
+    type_: "string",
+    format: "",
+    description: "Names of each container in the template.",
+    priority: 1,
+    cell: |o, _| containers_cell(o, "name"),
+};
+const IMAGES: Column = Column {
+    name: "Images",
+    type_: "string",
+    format: "",
+    description: "Images referenced by each container in the template.",
+    priority: 1,
+    cell: |o, _| containers_cell(o, "image"),
+};
+const SELECTOR: Column = Column {
+    name: "Selector",
+    type_: "string",
+    format: "",
+    description: "Label selector for pods.",
+    priority: 1,
+    cell: |o, _| none_if_empty(selector_string(&o["spec"]["selector"])),
+};
+
+const fn int_column(
+    name: &'static str,
+    description: &'static str,
+    cell: fn(&Value, i64) -> Value,
+) -> Column {
+    Column {
+        name,
+        type_: "integer",
+        format: "",
+        description,
+        priority: 0,
+        cell,
+    }
+}
+
+/// A pod template with the defaults the API server gives templates on create, so that
+/// controllers compare templates written with and without defaults alike (upstream
+/// defaults on every decode; this server defaults on create).
+pub fn defaulted_template(template: &Value) -> Value {
+    let mut t = template.clone();
+    default_pod_spec(&mut t["spec"]);
+    t
+}
+
+/// Round-trips a workload through `K`, refusing first (400, as upstream's decoder) a
+/// template whose resource quantities do not parse.
+fn typed_template<K: serde::de::DeserializeOwned + serde::Serialize>(
+    o: &Value,
+) -> Result<Value, String> {
+    check_pod_spec_quantities(&o["spec"]["template"]["spec"]).map_err(|e| e.to_string())?;
+    typed::<K>(o)
+}
+
+/// Defaults every workload's template gets; the status starts empty (upstream's
+/// `PrepareForCreate`).
+fn prepare_template(o: &mut Value) {
+    default_pod_spec(&mut o["spec"]["template"]["spec"]);
+    o["status"] = json!({});
+}
+
+/// An int-or-percent (`25%` or `1`) is well formed and not negative.
+fn valid_int_or_percent(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => n.as_i64().is_some_and(|n| n >= 0),
+        Value::String(s) => s
+            .strip_suffix('%')
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_some(),
+        _ => false,
+    }
+}
+
+fn non_negative(o: &Value, path: &[&str], field: &str, errors: &mut Vec<FieldError>) {
+    let mut v = o;
+    for p in path {
+        v = &v[*p];
+    }
+    if let Some(n) = v.as_i64()
+        && n < 0
+    {
+        errors.push(FieldError::invalid(
+            field,
+            v,
+            "must be greater than or equal to 0",
+        ));
+    }
+}
+
+/// Upstream's `ValidatePodTemplateSpecForReplicaSet` and selector rules: a required,
+/// non-empty selector that selects the template's labels, the template's containers, a
+/// selector that does not change (apps/v1), and the allowed restart policies.
+fn validate_selector_and_template(
+    new: &Value,
+    old: Option<&Value>,
+    restart_policies: &[&str],
+) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let spec = &new["spec"];
+    let selector = &spec["selector"];
+    let empty = selector["matchLabels"]
+        .as_object()
+        .is_none_or(|m| m.is_empty())
+        && selector["matchExpressions"]
+            .as_array()
+            .is_none_or(|m| m.is_empty());
+    if selector.is_null() {
+        errors.push(FieldError::required("spec.selector", ""));
+    } else if empty {
+        errors.push(FieldError::invalid(
+            "spec.selector",
+            selector,
+            "empty selector is invalid for deployment",
+        ));
+    } else if !selector_matches(selector, &spec["template"]["metadata"]["labels"]) {
+        errors.push(FieldError::invalid(
+            "spec.template.metadata.labels",
+            &spec["template"]["metadata"]["labels"],
+            "`selector` does not match template `labels`",
+        ));
+    }
+    errors.extend(validate_pod_spec(
+        &spec["template"]["spec"],
+        "spec.template.spec",
+    ));
+    let policy = spec["template"]["spec"]["restartPolicy"]
+        .as_str()
+        .unwrap_or("");
+    if !restart_policies.contains(&policy) {
+        errors.push(FieldError::not_supported(
+            "spec.template.spec.restartPolicy",
+            &json!(policy),
+            restart_policies,
+        ));
+    }
+    if let Some(old) = old
+        && old["spec"]["selector"] != *selector
+    {
+        errors.push(FieldError::invalid(
+            "spec.selector",
+            selector,
+            "field is immutable",
+        ));
+    }
+    errors
+}
+
+// ---------------------------------------------------------------- deployments
+
+fn prepare_deployment(o: &mut Value) {
+    prepare_template(o);
+    let spec = &mut o["spec"];
+    if !spec.is_object() {
+        return;
+    }
+    for (field, value) in [
+        ("replicas", json!(1)),
+        ("revisionHistoryLimit", json!(10)),
+        ("progressDeadlineSeconds", json!(600)),
+        ("strategy", json!({"type": "RollingUpdate"})),
+    ] {
+        if spec[field].is_null() {
+            spec[field] = value;
+        }
+    }
+    // `strategy: {}` (as `kubectl create deployment` writes it) is a RollingUpdate.
+    if spec["strategy"]["type"].is_null() {
+        spec["strategy"]["type"] = json!("RollingUpdate");
+    }
+    if spec["strategy"]["type"] == "RollingUpdate" {
+        let ru = &mut spec["strategy"]["rollingUpdate"];
+        if ru["maxSurge"].is_null() {
+            ru["maxSurge"] = json!("25%");
+        }
+        if ru["maxUnavailable"].is_null() {
+            ru["maxUnavailable"] = json!("25%");
+        }
+    }
+}
+
+fn validate_deployment(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let mut errors = validate_selector_and_template(new, old, &["Always"]);
+    let spec = &new["spec"];
+    non_negative(spec, &["replicas"], "spec.replicas", &mut errors);
+    match spec["strategy"]["type"].as_str().unwrap_or("RollingUpdate") {
+        "RollingUpdate" => {
+            let ru = &spec["strategy"]["rollingUpdate"];
+            for f in ["maxSurge", "maxUnavailable"] {
+                if !ru[f].is_null() && !valid_int_or_percent(&ru[f]) {
+                    errors.push(FieldError::invalid(
+                        format!("spec.strategy.rollingUpdate.{f}"),
+                        &ru[f],
+                        "a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')",
+                    ));
+                }
+            }
+            let zero = |v: &Value| v.is_null() || *v == json!(0) || *v == json!("0%");
+            if zero(&ru["maxSurge"]) && zero(&ru["maxUnavailable"]) {
+                errors.push(FieldError::invalid(
+                    "spec.strategy.rollingUpdate.maxUnavailable",
+                    &ru["maxUnavailable"],
+                    "may not be 0 when `maxSurge` is 0",
+                ));
+            }
+        }
+        "Recreate" => {
+            if !spec["strategy"]["rollingUpdate"].is_null() {
+                errors.push(FieldError::forbidden(
+                    "spec.strategy.rollingUpdate",
+                    "may not be specified when strategy `type` is 'Recreate'",
+                ));
+            }
+        }
+        _ => errors.push(FieldError::not_supported(
+            "spec.strategy.type",
+            &spec["strategy"]["type"],
+            &["Recreate", "RollingUpdate"],
+        )),
+    }
+    errors
+}
+
+/// apps/v1 deployments.
+pub static DEPLOYMENTS: ResourceDef = ResourceDef {
+    group: "apps",
+    version: "v1",
+    kind: "Deployment",
+    plural: "deployments",
+    singular: "deployment",
+    short_names: &["deploy"],
+    categories: &["all"],
+    namespaced: true,
+    status: true,
+    generation: true,
+    extra_subresources: &["scale"],
+    storage: "apps/deployments",
+    name_rule: NameRule::Subdomain,
+    typed: typed_template::<Deployment>,
+    columns: &[
+        NAME,
+        Column {
+            name: "Ready",
+            type_: "string",
+            format: "",
+            description: "Number of the pod with ready state",
+            priority: 0,
+            cell: |o, _| {
+                json!(format!(
+                    "{}/{}",
+                    count(o, &["status", "readyReplicas"]),
+                    count(o, &["spec", "replicas"])
+                ))
+            },
+        },
+        int_column(
+            "Up-to-date",
+            "Total number of non-terminated pods targeted by this deployment that have the desired template spec.",
+            |o, _| json!(count(o, &["status", "updatedReplicas"])),
+        ),
+        int_column(
+            "Available",
+            "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment.",
+            |o, _| json!(count(o, &["status", "availableReplicas"])),
+        ),
+        AGE,
+        CONTAINERS,
+        IMAGES,
+        SELECTOR,
+    ],
+    field: |_, _| None,
+    field_paths: &[],
+    prepare_update: no_defaults,
+    prepare_create: prepare_deployment,
+    validate: validate_deployment,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+// ---------------------------------------------------------------- replicasets
+
+fn prepare_replica_set(o: &mut Value) {
+    prepare_template(o);
+    if o["spec"].is_object() && o["spec"]["replicas"].is_null() {
+        o["spec"]["replicas"] = json!(1);
+    }
+}
+
+fn validate_replica_set(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let mut errors = validate_selector_and_template(new, old, &["Always"]);
+    non_negative(&new["spec"], &["replicas"], "spec.replicas", &mut errors);
+    non_negative(
+        &new["spec"],
+        &["minReadySeconds"],
+        "spec.minReadySeconds",
+        &mut errors,
+    );
+    errors
+}
+
+/// apps/v1 replicasets.
+pub static REPLICA_SETS: ResourceDef = ResourceDef {
+    group: "apps",
+    version: "v1",
+    kind: "ReplicaSet",
+    plural: "replicasets",
+    singular: "replicaset",
+    short_names: &["rs"],
+    categories: &["all"],
+    namespaced: true,
+    status: true,
+    generation: true,
+    extra_subresources: &["scale"],
+    storage: "apps/replicasets",
+    name_rule: NameRule::Subdomain,
+    typed: typed_template::<ReplicaSet>,
+    columns: &[
+        NAME,
+        int_column("Desired", "Number of desired pods.", |o, _| {
+            json!(count(o, &["spec", "replicas"]))
+        }),
+        int_column("Current", "Number of actual pods.", |o, _| {
+            json!(count(o, &["status", "replicas"]))
+        }),
+        int_column("Ready", "Number of ready pods.", |o, _| {
+            json!(count(o, &["status", "readyReplicas"]))
+        }),
+        AGE,
+        CONTAINERS,
+        IMAGES,
+        SELECTOR,
+    ],
+    field: |o, p| (p == "status.replicas").then(|| count(o, &["status", "replicas"]).to_string()),
+    field_paths: &["status.replicas"],
+    prepare_update: no_defaults,
+    prepare_create: prepare_replica_set,
+    validate: validate_replica_set,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+// ---------------------------------------------------------------- daemonsets
+
+fn prepare_daemon_set(o: &mut Value) {
+    prepare_template(o);
+    let spec = &mut o["spec"];
+    if !spec.is_object() {
+        return;
+    }
+    if spec["revisionHistoryLimit"].is_null() {
+        spec["revisionHistoryLimit"] = json!(10);
+    }
+    if spec["updateStrategy"].is_null() {
+        spec["updateStrategy"] = json!({"type": "RollingUpdate"});
+    }
+    if spec["updateStrategy"]["type"] == "RollingUpdate" {
+        let ru = &mut spec["updateStrategy"]["rollingUpdate"];
+        if ru["maxUnavailable"].is_null() {
+            ru["maxUnavailable"] = json!(1);
+        }
+        if ru["maxSurge"].is_null() {
+            ru["maxSurge"] = json!(0);
+        }
+    }
+}
+
+fn validate_daemon_set(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let mut errors = validate_selector_and_template(new, old, &["Always"]);
+    match new["spec"]["updateStrategy"]["type"]
+        .as_str()
+        .unwrap_or("RollingUpdate")
+    {
+        "RollingUpdate" | "OnDelete" => {}
+        _ => errors.push(FieldError::not_supported(
+            "spec.updateStrategy.type",
+            &new["spec"]["updateStrategy"]["type"],
+            &["OnDelete", "RollingUpdate"],
+        )),
+    }
+    errors
+}
+
+fn node_selector_cell(o: &Value) -> Value {
+    key_values_cell(&o["spec"]["template"]["spec"]["nodeSelector"])
+}
+
+/// apps/v1 daemonsets.
+pub static DAEMON_SETS: ResourceDef = ResourceDef {
+    group: "apps",
+    version: "v1",
+    kind: "DaemonSet",
+    plural: "daemonsets",
+    singular: "daemonset",
+    short_names: &["ds"],
+    categories: &["all"],
+    namespaced: true,
+    status: true,
+    generation: true,
+    extra_subresources: &[],
+    storage: "apps/daemonsets",
+    name_rule: NameRule::Subdomain,
+    typed: typed_template::<DaemonSet>,
+    columns: &[
+        NAME,
+        int_column(
+            "Desired",
+            "The total number of nodes that should be running the daemon pod.",
+            |o, _| json!(count(o, &["status", "desiredNumberScheduled"])),
+        ),
+        int_column(
+            "Current",
+            "The number of nodes that are running at least 1 daemon pod and are supposed to run the daemon pod.",
+            |o, _| json!(count(o, &["status", "currentNumberScheduled"])),
+        ),
+        int_column(
+            "Ready",
+            "The number of nodes that should be running the daemon pod and have one or more of the daemon pod running and ready.",
+            |o, _| json!(count(o, &["status", "numberReady"])),
+        ),
+        int_column(
+            "Up-to-date",
+            "The total number of nodes that are running updated daemon pod",
+            |o, _| json!(count(o, &["status", "updatedNumberScheduled"])),
+        ),
+        int_column(
+            "Available",
+            "The number of nodes that should be running the daemon pod and have one or more of the daemon pod running and available.",
+            |o, _| json!(count(o, &["status", "numberAvailable"])),
+        ),
+        Column {
+            name: "Node Selector",
+            type_: "string",
+            format: "",
+            description: "NodeSelector is a selector which must be true for the pod to fit on a node.",
+            priority: 0,
+            cell: |o, _| node_selector_cell(o),
+        },
+        AGE,
+        CONTAINERS,
+        IMAGES,
+        SELECTOR,
+    ],
+    field: |_, _| None,
+    field_paths: &[],
+    prepare_update: no_defaults,
+    prepare_create: prepare_daemon_set,
+    validate: validate_daemon_set,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+// ---------------------------------------------------------------- jobs
+
+/// The label carrying the Job's uid on its selector and pods.
+pub const JOB_CONTROLLER_UID: &str = "batch.kubernetes.io/controller-uid";
+/// The label carrying the Job's name on its pods.
+pub const JOB_NAME: &str = "batch.kubernetes.io/job-name";
+
+/// Upstream's `SetDefaults_Job` plus the generated selector of `PrepareForCreate`
+/// (`generateSelector`): unless `manualSelector`, the selector is the Job's uid and the
+/// template gets the uid and name labels (and their legacy unprefixed forms).
+fn prepare_job(o: &mut Value) {
+    prepare_template(o);
+    let uid = s(o, &["metadata", "uid"]);
+    let name = s(o, &["metadata", "name"]);
+    let spec = &mut o["spec"];
+    if !spec.is_object() {
+        return;
+    }
+    match (spec["completions"].is_null(), spec["parallelism"].is_null()) {
+        (true, true) => {
+            spec["completions"] = json!(1);
+            spec["parallelism"] = json!(1);
+        }
+        (_, true) => spec["parallelism"] = json!(1),
+        _ => {}
+    }
+    for (field, value) in [
+        ("backoffLimit", json!(6)),
+        ("completionMode", json!("NonIndexed")),
+        ("suspend", json!(false)),
+        ("manualSelector", json!(false)),
+        ("podReplacementPolicy", json!("TerminatingOrFailed")),
+    ] {
+        if spec[field].is_null() {
+            spec[field] = value;
+        }
+    }
+    if spec["manualSelector"] != true {
+        spec["selector"] = json!({"matchLabels": {JOB_CONTROLLER_UID: uid}});
+        let labels = &mut spec["template"]["metadata"]["labels"];
+        if !labels.is_object() {
+            *labels = json!({});
+        }
+        for (k, v) in [
+            (JOB_CONTROLLER_UID, &uid),
+            (JOB_NAME, &name),
+            ("controller-uid", &uid),
+            ("job-name", &name),
+        ] {
+            labels[k] = json!(v);
+        }
+    }
+}
+
+fn validate_job(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let mut errors = validate_selector_and_template(new, old, &["OnFailure", "Never"]);
+    let spec = &new["spec"];
+    for f in [
+        "parallelism",
+        "completions",
+        "backoffLimit",
+        "activeDeadlineSeconds",
+    ] {
+        non_negative(spec, &[f], &format!("spec.{f}"), &mut errors);
+    }
+    if let Some(old) = old
+        && old["spec"]["completions"] != spec["completions"]
+    {
+        errors.push(FieldError::invalid(
+            "spec.completions",
+            &spec["completions"],
+            "field is immutable",
+        ));
+    }
+    if let Some(old) = old
+        && old["spec"]["template"] != spec["template"]
+    {
+        errors.push(FieldError::invalid(
+            "spec.template",
+            &spec["template"],
+            "field is immutable",
+        ));
+    }
+    errors
+}
+
+fn job_condition(o: &Value, kind: &str) -> bool {
+    o["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == kind && c["status"] == "True")
+    })
+}
+
+/// kubectl's Job STATUS column (v1.33 printers): Complete, Failed, FailureTarget,
+/// SuccessCriteriaMet, Suspended, else Running.
+fn job_status(o: &Value) -> &'static str {
+    if job_condition(o, "Failed") {
+        "Failed"
+    } else if job_condition(o, "Complete") {
+        "Complete"
+    } else if job_condition(o, "FailureTarget") {
+        "FailureTarget"
+    } else if job_condition(o, "SuccessCriteriaMet") {
+        "SuccessCriteriaMet"
+    } else if job_condition(o, "Suspended") {
+        "Suspended"
+    } else {
+        "Running"
+    }
+}
+
+fn job_duration(o: &Value, now: i64) -> Value {
+    let start = o["status"]["startTime"]
+        .as_str()
+        .and_then(super::meta::parse_time);
+    let Some(start) = start else {
+        return json!("");
+    };
+    let end = o["status"]["completionTime"]
+        .as_str()
+        .and_then(super::meta::parse_time)
+        .unwrap_or(now);
+    let synthetic = json!({"t": jiff::Timestamp::from_second(now - (end - start)).map(|t| t.to_string()).unwrap_or_default()});
+    json!(age(&synthetic, &["t"], now))
+}
+
+/// batch/v1 jobs.
+pub static JOBS: ResourceDef = ResourceDef {
+    group: "batch",
+    version: "v1",
+    kind: "Job",
+    plural: "jobs",
+    singular: "job",
+    short_names: &[],
+    categories: &["all"],
+    namespaced: true,
+    status: true,
+    generation: true,
+    extra_subresources: &[],
+    storage: "batch/jobs",
+    name_rule: NameRule::Subdomain,
+    typed: typed_template::<Job>,
+    columns: &[
+        NAME,
+        Column {
+            name: "Status",
+            type_: "string",
+            format: "",
+            description: "Status of the job.",
+            priority: 0,
+            cell: |o, _| json!(job_status(o)),
+        },
+        Column {
+            name: "Completions",
+            type_: "string",
+            format: "",
+            description: "The desired number of successfully finished pods the job should be run with.",
+            priority: 0,
+            cell: |o, _| {
+                let succeeded = count(o, &["status", "succeeded"]);
+                json!(match o["spec"]["completions"].as_i64() {
+                    Some(c) => format!("{succeeded}/{c}"),
+                    None => format!("{succeeded}/1 of {}", count(o, &["spec", "parallelism"])),
+                })
+            },
+        },
+        Column {
+            name: "Duration",
+            type_: "string",
+            format: "",
+            description: "Time required to complete the job.",
+            priority: 0,
+            cell: job_duration,
+        },
+        AGE,
+        CONTAINERS,
+        IMAGES,
+        SELECTOR,
+    ],
+    field: |o, p| {
+        (p == "status.successful").then(|| count(o, &["status", "succeeded"]).to_string())
+    },
+    field_paths: &["status.successful"],
+    prepare_update: no_defaults,
+    prepare_create: prepare_job,
+    validate: validate_job,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deployment(spec: Value) -> Value {
+        json!({"metadata": {"name": "web", "uid": "u1"}, "spec": spec})
+    }
+
+    fn template(labels: Value) -> Value {
+        json!({"metadata": {"labels": labels}, "spec": {"containers": [{"name": "nginx", "image": "nginx"}]}})
+    }
+
+    /// Upstream `SetDefaults_Deployment`: 1 replica, RollingUpdate 25 %/25 %, history 10,
+    /// progress deadline 600 s; and the template gets the pod defaults.
+    #[test]
+    fn deployment_defaults() {
+        let mut d = deployment(
+            json!({"selector": {"matchLabels": {"app": "web"}}, "template": template(json!({"app": "web"}))}),
+        );
+        prepare_deployment(&mut d);
+        assert_eq!(d["spec"]["replicas"], 1);
+        assert_eq!(
+            d["spec"]["strategy"]["rollingUpdate"],
+            json!({"maxSurge": "25%", "maxUnavailable": "25%"})
+        );
+        assert_eq!(d["spec"]["revisionHistoryLimit"], 10);
+        assert_eq!(d["spec"]["template"]["spec"]["restartPolicy"], "Always");
+        assert!(validate_deployment(&d, None).is_empty());
+        // kubectl create deployment writes `strategy: {}`.
+        let mut k = deployment(
+            json!({"strategy": {}, "selector": {"matchLabels": {"app": "web"}}, "template": template(json!({"app": "web"}))}),
+        );
+        prepare_deployment(&mut k);
+        assert_eq!(k["spec"]["strategy"]["type"], "RollingUpdate");
+        assert!(validate_deployment(&k, None).is_empty());
+    }
+
+    /// Upstream `ValidateDeploymentSpec`: the selector must select the template's labels,
+    /// is immutable in apps/v1, replicas are not negative, maxSurge and maxUnavailable are
+    /// not both 0.
+    #[test]
+    fn deployment_validation() {
+        let mut d = deployment(
+            json!({"replicas": -1, "selector": {"matchLabels": {"app": "web"}},
+            "template": template(json!({"app": "other"})),
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "0%"}}}),
+        );
+        prepare_deployment(&mut d);
+        let fields: Vec<String> = validate_deployment(&d, None)
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.template.metadata.labels",
+                "spec.replicas",
+                "spec.strategy.rollingUpdate.maxUnavailable"
+            ]
+        );
+        let mut old = deployment(
+            json!({"selector": {"matchLabels": {"app": "old"}}, "template": template(json!({"app": "old"}))}),
+        );
+        prepare_deployment(&mut old);
+        let mut new = old.clone();
+        new["spec"]["selector"] = json!({"matchLabels": {"app": "new"}});
+        new["spec"]["template"]["metadata"]["labels"] = json!({"app": "new"});
+        let errors = validate_deployment(&new, Some(&old));
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].field, "spec.selector");
+    }
+
+    /// Upstream `generateSelector` and `SetDefaults_Job`; `ValidateJobSpec` allows only
+    /// OnFailure and Never.
+    #[test]
+    fn job_defaults_selector_and_restart_policy() {
+        let mut j = json!({"metadata": {"name": "pi", "uid": "u-1"}, "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "pi", "image": "perl"}]}}}});
+        prepare_job(&mut j);
+        assert_eq!(
+            j["spec"]["selector"],
+            json!({"matchLabels": {JOB_CONTROLLER_UID: "u-1"}})
+        );
+        assert_eq!(j["spec"]["template"]["metadata"]["labels"][JOB_NAME], "pi");
+        assert_eq!(
+            (
+                j["spec"]["completions"].as_i64(),
+                j["spec"]["parallelism"].as_i64(),
+                j["spec"]["backoffLimit"].as_i64()
+            ),
+            (Some(1), Some(1), Some(6))
+        );
+        assert!(validate_job(&j, None).is_empty());
+        j["spec"]["template"]["spec"]["restartPolicy"] = json!("Always");
+        let errors = validate_job(&j, None);
+        assert_eq!(errors[0].field, "spec.template.spec.restartPolicy");
+    }
+
+    #[test]
+    fn selectors() {
+        let sel = json!({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]});
+        assert!(selector_matches(&sel, &json!({"app": "web", "tier": "b"})));
+        assert!(!selector_matches(&sel, &json!({"app": "web"})));
+        assert_eq!(selector_string(&sel), "app=web,tier in (a,b)");
+    }
+}

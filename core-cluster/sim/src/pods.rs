@@ -1,0 +1,596 @@
+//! The pods of the simulated nodes: started, finished, shut down.
+
+use std::{
+    collections::HashSet,
+    net::{IpAddr, Ipv4Addr},
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
+    runtime::{WatchStreamExt, reflector, watcher},
+};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{NodeState, SimError, bump, node};
+use crate::Shared;
+
+/// kubelet's graceful-shutdown pod status (v1.33 `nodeshutdown_manager`).
+pub(super) const SHUTDOWN_REASON: &str = "Terminated";
+/// kubelet's graceful-shutdown pod message.
+pub(super) const SHUTDOWN_MESSAGE: &str =
+    "Pod was terminated in response to imminent node shutdown.";
+/// Pod annotation: how long the pod's containers run before they exit (`30`, `30s`,
+/// `500ms`, `2m`, `1h`). Without it containers run until the pod is deleted.
+pub const RUN_DURATION_ANNOTATION: &str = "sim.ccm-rs.io/run-duration";
+/// Pod annotation: the exit code of the containers when they exit (default 0).
+pub const EXIT_CODE_ANNOTATION: &str = "sim.ccm-rs.io/exit-code";
+/// kubelet's container restart backoff: 10 s doubling to 5 minutes.
+const RESTART_BACKOFF: Duration = Duration::from_secs(10);
+const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(300);
+
+/// Parses a run duration: seconds, or a number with `ms`, `s`, `m` or `h`.
+pub fn parse_run_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = number
+        .parse()
+        .ok()
+        .filter(|n: &f64| n.is_finite() && *n >= 0.0)?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(secs))
+}
+
+/// The run duration and exit code a pod's annotations ask for; `None` when it runs
+/// forever (or the annotation is malformed, which is logged).
+fn run_plan(pod: &Pod) -> Option<(Duration, i32)> {
+    let annotations = pod.metadata.annotations.as_ref()?;
+    let raw = annotations.get(RUN_DURATION_ANNOTATION)?;
+    let Some(duration) = parse_run_duration(raw) else {
+        tracing::warn!(pod = %pod.name_any(), value = %raw, "ignoring malformed {RUN_DURATION_ANNOTATION}");
+        return None;
+    };
+    let code = annotations
+        .get(EXIT_CODE_ANNOTATION)
+        .and_then(|c| c.trim().parse().ok())
+        .unwrap_or(0);
+    Some((duration, code))
+}
+
+/// Pod priority from which a pod is critical (`scheduling.SystemCriticalPriority`).
+const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// Pods being started or finished, by uid, so a pod is worked on once at a time.
+#[derive(Debug, Default)]
+pub(super) struct PodTracker {
+    starting: Mutex<HashSet<String>>,
+    finishing: Mutex<HashSet<String>>,
+}
+
+fn is_critical(pod: &Pod) -> bool {
+    let spec = pod.spec.as_ref();
+    spec.and_then(|s| s.priority)
+        .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
+        || matches!(
+            spec.and_then(|s| s.priority_class_name.as_deref()),
+            Some("system-node-critical" | "system-cluster-critical")
+        )
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
+}
+
+fn node_of(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .filter(|n| !n.is_empty())
+}
+
+/// Watches all pods and handles those bound to simulated nodes; re-examines a node's pods
+/// when its heartbeats resume.
+pub(super) async fn run_pods(
+    shared: Arc<Shared>,
+    mut resumed: mpsc::UnboundedReceiver<String>,
+    shutdown: CancellationToken,
+) {
+    let api: Api<Pod> = Api::all(shared.client.clone());
+    let (store, writer) = reflector::store();
+    let mut stream = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .boxed();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            Some(name) = resumed.recv() => {
+                for pod in store.state() {
+                    if node_of(&pod) == Some(name.as_str()) {
+                        handle_pod(&shared, &pod, &shutdown);
+                    }
+                }
+            }
+            e = stream.next() => match e {
+                Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => {
+                    handle_pod(&shared, &pod, &shutdown);
+                }
+                Some(Ok(watcher::Event::Delete(pod))) => {
+                    let uid = pod.uid().unwrap_or_default();
+                    shared.pods.starting.lock().remove(&uid);
+                    shared.pods.finishing.lock().remove(&uid);
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => tracing::debug!(error = %e, "pod watch error"),
+                None => return,
+            },
+        }
+    }
+}
+
+/// Decides what the kubelet of the pod's node does with it.
+fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
+    let Some(node_name) = node_of(pod) else {
+        return;
+    };
+    let Ok(node) = shared.node(node_name) else {
+        return;
+    };
+    if shared.heartbeat_stopped(&node) {
+        return;
+    }
+    let uid = pod.uid().unwrap_or_default();
+    let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+    if pod.metadata.deletion_timestamp.is_some() {
+        if !shared.pods.finishing.lock().insert(uid.clone()) {
+            return;
+        }
+        let grace = if shared.config.wait_pod_grace_period {
+            Duration::from_secs(
+                pod.metadata
+                    .deletion_grace_period_seconds
+                    .unwrap_or(0)
+                    .max(0) as u64,
+            )
+        } else {
+            Duration::ZERO
+        };
+        let (shared, shutdown) = (shared.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(grace) => {}
+            }
+            let Ok(_permit) = shared.pod_writes.acquire().await else {
+                return;
+            };
+            let api: Api<Pod> = Api::namespaced(shared.client_for(&node.name), &ns);
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match api.delete(&name, &params).await {
+                Ok(_) => bump(&shared.counters.pods_finished),
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "finishing pod failed");
+                    shared.pods.finishing.lock().remove(&uid);
+                }
+            }
+        });
+        return;
+    }
+    if phase(pod) != "Pending" {
+        shared.pods.starting.lock().remove(&uid);
+        if let Some(since) = ready_to_restore(pod) {
+            restore_ready(shared, &node, pod, since);
+        }
+        return;
+    }
+    if !shared.pods.starting.lock().insert(uid.clone()) {
+        return;
+    }
+    let shutting_down = node.ctl.lock().shutting_down;
+    let status = if shutting_down {
+        // The shutdown manager's admission handler rejects new pods.
+        json!({"status": {
+            "phase": "Failed",
+            "reason": "NodeShutdown",
+            "message": "Pod was rejected as the node is shutting down.",
+        }})
+    } else {
+        running_status(shared, &node, pod)
+    };
+    let plan = if shutting_down { None } else { run_plan(pod) };
+    let (shared, node, pod, shutdown) =
+        (shared.clone(), node.clone(), pod.clone(), shutdown.clone());
+    tokio::spawn(async move {
+        let api: Api<Pod> = Api::namespaced(shared.client_for(&node.name), &ns);
+        {
+            let Ok(_permit) = shared.pod_writes.acquire().await else {
+                return;
+            };
+            match api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+            {
+                Ok(_) if !shutting_down => bump(&shared.counters.pods_started),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(node = %node.name, pod = %format!("{ns}/{name}"), error = %e, "pod status update failed");
+                    shared.pods.starting.lock().remove(&uid);
+                    return;
+                }
+            }
+        }
+        if let Some((duration, code)) = plan {
+            run_to_exit(
+                &shared, &node, &api, &pod, status, duration, code, &shutdown,
+            )
+            .await;
+        }
+    });
+}
+
+/// When a running pod's containers are all ready but its `Ready` condition is not (the
+/// node lifecycle controller's `MarkPodsNotReady` while the node was unreachable), the time
+/// its containers became ready: kubelet's status manager writes its own view back
+/// (`needsReconcile`), with the transition time it had cached.
+fn ready_to_restore(pod: &Pod) -> Option<Value> {
+    let status = pod.status.as_ref()?;
+    if phase(pod) != "Running" {
+        return None;
+    }
+    let conditions = status.conditions.as_deref()?;
+    let find = |t: &str| conditions.iter().find(|c| c.type_ == t);
+    let containers_ready = find("ContainersReady").filter(|c| c.status == "True")?;
+    if find("Ready")?.status == "True" {
+        return None;
+    }
+    let statuses = status.container_statuses.as_deref()?;
+    if statuses.is_empty() || !statuses.iter().all(|c| c.ready) {
+        return None;
+    }
+    Some(serde_json::to_value(&containers_ready.last_transition_time).unwrap_or(Value::Null))
+}
+
+/// Writes `Ready=True` back on a pod whose containers are ready (see [`ready_to_restore`]).
+fn restore_ready(shared: &Arc<Shared>, node: &Arc<NodeState>, pod: &Pod, since: Value) {
+    let uid = pod.uid().unwrap_or_default();
+    if !shared.pods.starting.lock().insert(uid.clone()) {
+        return;
+    }
+    let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+    let patch = json!({"status": {"conditions": [
+        {"type": "Ready", "status": "True", "reason": null, "message": null, "lastTransitionTime": since},
+    ]}});
+    let (shared, node) = (shared.clone(), node.clone());
+    tokio::spawn(async move {
+        if let Ok(_permit) = shared.pod_writes.acquire().await {
+            let api: Api<Pod> = Api::namespaced(shared.client_for(&node.name), &ns);
+            if let Err(e) = api
+                .patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
+                .await
+            {
+                tracing::warn!(node = %node.name, pod = %format!("{ns}/{name}"), error = %e, "pod ready status update failed");
+            }
+        }
+        shared.pods.starting.lock().remove(&uid);
+    });
+}
+
+/// Lets the containers of a started pod run for `duration`, then exit with `code`: the pod
+/// is `Succeeded` or `Failed` (restartPolicy `Never`), or its containers restart after
+/// kubelet's backoff (`Always`; `OnFailure` when the code is not 0).
+#[allow(clippy::too_many_arguments)]
+async fn run_to_exit(
+    shared: &Arc<Shared>,
+    node: &Arc<NodeState>,
+    api: &Api<Pod>,
+    pod: &Pod,
+    mut status: Value,
+    duration: Duration,
+    code: i32,
+    shutdown: &CancellationToken,
+) {
+    let name = pod.name_any();
+    let policy = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.clone())
+        .unwrap_or_else(|| "Always".into());
+    let restart = policy == "Always" || (policy == "OnFailure" && code != 0);
+    let mut restarts: i32 = 0;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(duration) => {}
+        }
+        // An unreachable kubelet reports nothing; the pod stays as the API last saw it.
+        if shared.heartbeat_stopped(node) {
+            return;
+        }
+        let now = shared.clock.now().to_string();
+        let terminated = json!({"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
+            "startedAt": status["status"]["startTime"], "finishedAt": now});
+        if let Some(cs) = status["status"]["containerStatuses"].as_array_mut() {
+            for c in cs {
+                c["ready"] = json!(false);
+                c["started"] = json!(false);
+                c["state"] = json!({"terminated": terminated});
+            }
+        }
+        if !restart {
+            let phase = if code == 0 { "Succeeded" } else { "Failed" };
+            status["status"]["phase"] = json!(phase);
+            if let Some(conds) = status["status"]["conditions"].as_array_mut() {
+                for c in conds.iter_mut() {
+                    if matches!(
+                        c["type"].as_str(),
+                        Some("Ready" | "ContainersReady" | "PodReadyToStartContainers")
+                    ) {
+                        c["status"] = json!("False");
+                        c["reason"] = json!("PodCompleted");
+                        c["lastTransitionTime"] = json!(now);
+                    }
+                }
+            }
+        } else {
+            // The container restarts at once with its restart counted (kubelet's crash
+            // loop backoff is applied before the next run).
+            restarts += 1;
+            if let Some(cs) = status["status"]["containerStatuses"].as_array_mut() {
+                for c in cs {
+                    c["lastState"] = json!({"terminated": terminated});
+                    c["restartCount"] = json!(restarts);
+                    c["ready"] = json!(true);
+                    c["started"] = json!(true);
+                    c["state"] = json!({"running": {"startedAt": now}});
+                }
+            }
+        }
+        let Ok(_permit) = shared.pod_writes.acquire().await else {
+            return;
+        };
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => return,
+            Err(e) => {
+                tracing::warn!(pod = %name, error = %e, "pod exit status update failed");
+                return;
+            }
+        }
+        if !restart {
+            return;
+        }
+        let backoff = RESTART_BACKOFF
+            .saturating_mul(1u32.checked_shl(restarts as u32 - 1).unwrap_or(u32::MAX))
+            .min(MAX_RESTART_BACKOFF);
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+    }
+}
+
+/// The status of a pod whose containers all started and are ready.
+fn running_status(shared: &Shared, node: &NodeState, pod: &Pod) -> Value {
+    let now = shared.clock.now().to_string();
+    let spec = pod.spec.as_ref();
+    let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
+    let pod_ip = if host_network {
+        node.ip
+    } else {
+        // 10.128.0.0/9, one address per started pod.
+        let n = shared.pod_seq.fetch_add(1, Ordering::Relaxed) as u32;
+        IpAddr::V4(Ipv4Addr::from(
+            u32::from(Ipv4Addr::new(10, 128, 0, 1)) + (n & 0x7f_ffff),
+        ))
+    };
+    let uid = pod.uid().unwrap_or_default();
+    let containers: Vec<Value> = spec
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "image": c.image.clone().unwrap_or_default(),
+                "imageID": "",
+                "containerID": format!("sim://{uid}/{}", c.name),
+                "ready": true,
+                "started": true,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": now}},
+            })
+        })
+        .collect();
+    let init: Vec<Value> = spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "image": c.image.clone().unwrap_or_default(),
+                "imageID": "",
+                "containerID": format!("sim://{uid}/{}", c.name),
+                "ready": true,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}},
+            })
+        })
+        .collect();
+    let cond = |t: &str| json!({"type": t, "status": "True", "lastProbeTime": null, "lastTransitionTime": now});
+    let mut status = json!({
+        "phase": "Running",
+        "hostIP": node.ip.to_string(),
+        "hostIPs": [{"ip": node.ip.to_string()}],
+        "podIP": pod_ip.to_string(),
+        "podIPs": [{"ip": pod_ip.to_string()}],
+        "startTime": now,
+        "qosClass": "BestEffort",
+        "conditions": [
+            cond("PodReadyToStartContainers"),
+            cond("Initialized"),
+            cond("Ready"),
+            cond("ContainersReady"),
+            cond("PodScheduled"),
+        ],
+        "containerStatuses": containers,
+    });
+    if !init.is_empty() {
+        status["initContainerStatuses"] = json!(init);
+    }
+    json!({ "status": status })
+}
+
+/// The status kubelet's shutdown manager gives a pod it kills.
+fn shutdown_status(shared: &Shared, pod: &Pod) -> Value {
+    let now = shared.clock.now().to_string();
+    let uid = pod.uid().unwrap_or_default();
+    let containers: Vec<Value> = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "image": c.image.clone().unwrap_or_default(),
+                "imageID": "",
+                "containerID": format!("sim://{uid}/{}", c.name),
+                "ready": false,
+                "started": false,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": now}},
+            })
+        })
+        .collect();
+    let cond = |t: &str, s: &str| json!({"type": t, "status": s, "lastProbeTime": null, "lastTransitionTime": now});
+    let mut disruption = cond("DisruptionTarget", "True");
+    disruption["reason"] = json!("TerminationByKubelet");
+    disruption["message"] = json!(SHUTDOWN_MESSAGE);
+    json!({"status": {
+        "phase": "Failed",
+        "reason": SHUTDOWN_REASON,
+        "message": SHUTDOWN_MESSAGE,
+        "conditions": [
+            disruption,
+            cond("PodReadyToStartContainers", "False"),
+            cond("Initialized", "True"),
+            cond("Ready", "False"),
+            cond("ContainersReady", "False"),
+            cond("PodScheduled", "True"),
+        ],
+        "containerStatuses": containers,
+    }})
+}
+
+/// Graceful node shutdown: Ready=False, then regular pods, then critical pods, each group
+/// within its share of the grace period.
+#[tracing::instrument(name = "sim_shutdown", skip_all, fields(node = %node.name))]
+pub(super) async fn graceful_shutdown(
+    shared: &Arc<Shared>,
+    node: &Arc<NodeState>,
+) -> Result<(), SimError> {
+    shared.change(node, |c| c.shutting_down = true);
+    let now = shared.clock.now();
+    node::post_status(shared, &node.name, node::conditions(now, now, now, true)).await;
+
+    let api: Api<Pod> = Api::all(shared.client_for(&node.name));
+    let pods = api
+        .list(&ListParams::default().fields(&format!("spec.nodeName={}", node.name)))
+        .await?;
+    let active: Vec<Pod> = pods
+        .items
+        .into_iter()
+        .filter(|p| !matches!(phase(p), "Succeeded" | "Failed"))
+        .collect();
+    let (critical, regular): (Vec<Pod>, Vec<Pod>) = active.into_iter().partition(is_critical);
+    let config = &shared.config;
+    let critical_period = config
+        .shutdown_grace_period_critical_pods
+        .min(config.shutdown_grace_period);
+    let regular_period = config.shutdown_grace_period - critical_period;
+    tracing::info!(
+        regular = regular.len(),
+        critical = critical.len(),
+        "shutdown: terminating pods"
+    );
+    for (group, period) in [(regular, regular_period), (critical, critical_period)] {
+        let kills = group.iter().map(|pod| {
+            let api: Api<Pod> = Api::namespaced(
+                shared.client_for(&node.name),
+                &pod.namespace().unwrap_or_default(),
+            );
+            let status = shutdown_status(shared, pod);
+            let name = pod.name_any();
+            async move {
+                match api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+                    .await
+                {
+                    Ok(_) => bump(&shared.counters.pods_shut_down),
+                    Err(e) => {
+                        tracing::warn!(pod = %name, error = %e, "shutdown: pod status failed")
+                    }
+                }
+            }
+        });
+        if tokio::time::timeout(period, futures::future::join_all(kills))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?period,
+                "shutdown: pods not terminated within their grace period"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_durations() {
+        assert_eq!(parse_run_duration("30"), Some(Duration::from_secs(30)));
+        assert_eq!(
+            parse_run_duration("500ms"),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(parse_run_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_run_duration("1.5h"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_run_duration("soon"), None);
+        assert_eq!(parse_run_duration("-1s"), None);
+    }
+}
