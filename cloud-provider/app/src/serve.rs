@@ -19,12 +19,12 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use ccm_serving::healthz::{self, HealthQuery};
 use parking_lot::{Mutex, RwLock};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use ccm_serving::healthz::{self, HealthQuery};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 

@@ -13,8 +13,8 @@ use axum::{
     middleware::Next,
     response::{IntoResponse, Response},
 };
-pub use ccm_serving::bearer_token;
 use ccm_serving::Peer;
+pub use ccm_serving::bearer_token;
 
 use super::{UserInfo, token::TokenAuthenticator};
 use crate::api::status::ApiError;
