@@ -385,7 +385,8 @@ pub(super) struct Slot {
 
 impl Slot {
     /// The connection.
-    pub(super) fn conn(&self) -> &Arc<Conn> {
+    #[cfg(test)]
+    fn conn(&self) -> &Arc<Conn> {
         &self.conn
     }
 
