@@ -30,7 +30,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -43,6 +43,7 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::secure_serving::Peer;
+use ccm_serving::bearer_token;
 
 /// The ConfigMap a delegating server reads its client CA from when `--client-ca-file` is not
 /// given (upstream's `extension-apiserver-authentication` in `kube-system`).
@@ -418,15 +419,6 @@ impl DelegatedAuth {
     }
 }
 
-/// The token of an `Authorization: Bearer <token>` header (scheme case-insensitive; an
-/// empty token counts as none).
-pub(crate) fn bearer_token(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.trim().split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-}
-
 fn status(code: StatusCode, reason: &str, message: &str) -> Response {
     let body = serde_json::json!({
         "kind": "Status",
@@ -453,10 +445,8 @@ pub(crate) async fn layer(
     request: Request,
     next: Next,
 ) -> Response {
-    let peer = request
-        .extensions()
-        .get::<ConnectInfo<Peer>>()
-        .map(|c| c.0.clone());
+    // The connection's client, put into every request by the serving loop.
+    let peer = request.extensions().get::<Peer>().cloned();
     let path = request.uri().path().to_owned();
     let method = request.method().as_str().to_owned();
     match auth

@@ -287,8 +287,7 @@ async fn start_secure_serving(
     let tls = options
         .tls_settings()
         .server_config(&cert, client_ca.as_deref())?;
-    let listener = crate::secure_serving::HttpsListener::bind(addr, tls, shutdown.clone()).await?;
-    let local = axum::serve::Listener::local_addr(&listener)?.addr;
+    let (listener, local) = crate::secure_serving::bind(addr).await?;
     let router = serve::secured(
         serve::with_configz(router, crate::configz::component_config(options)),
         auth,
@@ -299,7 +298,7 @@ async fn start_secure_serving(
         "serving /healthz, /readyz, /livez, /metrics, /configz over HTTPS"
     );
     Ok((
-        tokio::spawn(serve::serve_tls(listener, router, shutdown)),
+        tokio::spawn(serve::serve_tls(listener, tls, router, shutdown)),
         local,
     ))
 }

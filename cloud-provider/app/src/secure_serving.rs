@@ -8,10 +8,10 @@
 //! - else a self-signed certificate generated in memory for `localhost` and `127.0.0.1`
 //!   (plus the bind address when it is a specific one).
 //!
-//! Generated certificates follow client-go's `GenerateSelfSignedCertKey`: a CA
-//! (`localhost-ca@<unix time>`) and a serving certificate (`localhost@<unix time>`) signed by
-//! it, one year each, the file holding the serving certificate then the CA. Keys are ECDSA
-//! P-256 (ring makes no RSA keys).
+//! Generated certificates follow client-go's `GenerateSelfSignedCertKey`
+//! ([`ccm_serving::self_signed`]): a CA (`localhost-ca@<unix time>`) and a serving
+//! certificate (`localhost@<unix time>`) signed by it, one year each, the file holding the
+//! serving certificate then the CA. Keys are ECDSA P-256 (ring makes no RSA keys).
 //!
 //! `--tls-min-version` and `--tls-cipher-suites` take Go's names. rustls speaks TLS 1.2 and
 //! 1.3 only, with AEAD suites only: `VersionTLS10`/`VersionTLS11` serve from TLS 1.2 with a
@@ -23,28 +23,24 @@
 //! the cluster's `extension-apiserver-authentication` ConfigMap) they are verified against
 //! it during the handshake, and a certificate from another CA fails the handshake (Go's
 //! `VerifyClientCertIfGiven`). A verified certificate's identity (CN user, O groups) travels
-//! with every request of its connection as [`Peer`].
+//! with every request of its connection as [`Peer`]. Connections are served by
+//! [`ccm_serving::serve`] ([`crate::serve::serve_tls`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use axum::extract::connect_info::Connected;
-use axum::serve::IncomingStream;
+#[cfg(test)]
+pub(crate) use ccm_serving::CertificateIdentity;
+pub(crate) use ccm_serving::{CertKey, Peer};
+use ccm_serving::{CertificateError, self_signed};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
-use tokio_util::sync::CancellationToken;
+use tokio::net::TcpListener;
 
 /// The pair name of generated certificates in `--cert-dir` (upstream's
 /// `ServerCert.PairName` for the cloud-controller-manager).
 pub(crate) const PAIR_NAME: &str = "cloud-controller-manager";
 
-/// How long a client has to complete the TLS handshake.
-pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most TLS handshakes in progress at once; beyond that new connections are closed, so
 /// clients that never finish a handshake cannot pile up tasks.
 pub(crate) const MAX_HANDSHAKES: usize = 1024;
@@ -83,25 +79,19 @@ pub enum ServingError {
     },
 }
 
+impl From<CertificateError> for ServingError {
+    fn from(error: CertificateError) -> Self {
+        ServingError::Certificate {
+            what: error.what,
+            message: error.message,
+        }
+    }
+}
+
 fn certificate_error(what: impl Into<String>, message: impl std::fmt::Display) -> ServingError {
     ServingError::Certificate {
         what: what.into(),
         message: message.to_string(),
-    }
-}
-
-/// A serving certificate chain and its key, in PEM.
-#[derive(Clone)]
-pub(crate) struct CertKey {
-    /// The certificate, then its chain.
-    pub cert_pem: String,
-    /// The private key.
-    pub key_pem: String,
-}
-
-impl std::fmt::Debug for CertKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CertKey").finish_non_exhaustive()
     }
 }
 
@@ -173,78 +163,6 @@ pub(crate) fn serving_cert(source: &CertSource, bind: IpAddr) -> Result<CertKey,
         None => tracing::info!("serving with a self-signed certificate generated in memory"),
     }
     Ok(generated)
-}
-
-/// client-go's `GenerateSelfSignedCertKey`: a CA and a certificate for `host` (plus `ips`
-/// and `dns`) signed by it, valid for a year; the PEM holds the certificate, then the CA.
-pub(crate) fn self_signed(
-    host: &str,
-    ips: &[IpAddr],
-    dns: &[&str],
-) -> Result<CertKey, ServingError> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-        IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
-    };
-    let now = time::OffsetDateTime::now_utc();
-    let stamp = now.unix_timestamp();
-    let year = time::Duration::days(365);
-    let name = |cn: String| {
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, cn);
-        dn
-    };
-    let mut ca = CertificateParams::default();
-    ca.distinguished_name = name(format!("{host}-ca@{stamp}"));
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    (ca.not_before, ca.not_after) = (now - time::Duration::hours(1), now + year);
-    let ca_key = KeyPair::generate().map_err(|e| certificate_error("CA key", e))?;
-    let ca_cert = ca
-        .self_signed(&ca_key)
-        .map_err(|e| certificate_error("CA certificate", e))?;
-    let issuer = Issuer::new(ca, ca_key);
-
-    let mut leaf = CertificateParams::default();
-    leaf.distinguished_name = name(format!("{host}@{stamp}"));
-    leaf.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.use_authority_key_identifier_extension = true;
-    (leaf.not_before, leaf.not_after) = (now - time::Duration::hours(1), now + year);
-    let mut names = Vec::new();
-    match host.parse::<IpAddr>() {
-        Ok(ip) => names.push(SanType::IpAddress(ip)),
-        Err(_) => names.push(SanType::DnsName(
-            host.to_owned()
-                .try_into()
-                .map_err(|e| certificate_error(format!("host {host:?}"), e))?,
-        )),
-    }
-    names.extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
-    for name in dns.iter().filter(|n| **n != host) {
-        names.push(SanType::DnsName(
-            (*name)
-                .to_owned()
-                .try_into()
-                .map_err(|e| certificate_error(format!("name {name:?}"), e))?,
-        ));
-    }
-    leaf.subject_alt_names = names;
-    let key = KeyPair::generate().map_err(|e| certificate_error("serving key", e))?;
-    let cert = leaf
-        .signed_by(&key, &issuer)
-        .map_err(|e| certificate_error("serving certificate", e))?;
-    Ok(CertKey {
-        cert_pem: format!("{}{}", cert.pem(), ca_cert.pem()),
-        key_pem: key.serialize_pem(),
-    })
 }
 
 /// Reads a text file, naming it on error.
@@ -467,153 +385,22 @@ impl TlsSettings {
     }
 }
 
-/// The identity a verified client certificate names: CN is the user, each O a group
-/// (upstream's x509 `CommonNameUserConversion`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CertificateIdentity {
-    /// The user (CN).
-    pub user: String,
-    /// The groups (O).
-    pub groups: Vec<String>,
-}
-
-impl CertificateIdentity {
-    /// The identity of a DER certificate, if it names a user.
-    pub(crate) fn from_der(der: &[u8]) -> Option<Self> {
-        let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-        let subject = cert.subject();
-        let user = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
-        if user.is_empty() {
-            return None;
-        }
-        let groups = subject
-            .iter_organization()
-            .filter_map(|o| o.as_str().ok().map(str::to_owned))
-            .collect();
-        Some(CertificateIdentity { user, groups })
-    }
-}
-
-/// Who is on the other end of a connection: its address and, when it presented a verified
-/// client certificate, the identity it names. In every request's extensions as
-/// `ConnectInfo<Peer>`.
-#[derive(Debug, Clone)]
-pub(crate) struct Peer {
-    /// The client's address.
-    pub addr: SocketAddr,
-    /// The verified client certificate's identity.
-    pub certificate: Option<CertificateIdentity>,
-}
-
-/// A TLS listener for `axum::serve`: TCP connections are accepted and their handshakes run
-/// in their own tasks (a slow client never holds up the others), completed ones are handed
-/// to axum with their [`Peer`].
-#[derive(Debug)]
-pub(crate) struct HttpsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, Peer)>,
-    local: SocketAddr,
-}
-
-impl HttpsListener {
-    /// Binds `addr` and starts accepting with `config` until `shutdown` is cancelled.
-    pub(crate) async fn bind(
-        addr: SocketAddr,
-        config: Arc<rustls::ServerConfig>,
-        shutdown: CancellationToken,
-    ) -> Result<HttpsListener, ServingError> {
-        let tcp = TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServingError::Bind { addr, source })?;
-        let local = tcp
-            .local_addr()
-            .map_err(|source| ServingError::Bind { addr, source })?;
-        let (send, ready) = mpsc::channel(64);
-        tokio::spawn(accept_loop(tcp, TlsAcceptor::from(config), send, shutdown));
-        Ok(HttpsListener { ready, local })
-    }
-}
-
-async fn accept_loop(
-    tcp: TcpListener,
-    acceptor: TlsAcceptor,
-    ready: mpsc::Sender<(TlsStream<TcpStream>, Peer)>,
-    shutdown: CancellationToken,
-) {
-    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
-    loop {
-        let (stream, addr) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = ready.closed() => return,
-            accepted = tcp.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let Ok(permit) = handshakes.clone().try_acquire_owned() else {
-            tracing::warn!(peer = %addr, MAX_HANDSHAKES, "too many TLS handshakes in progress: closing the new connection");
-            drop(stream);
-            continue;
-        };
-        let acceptor = acceptor.clone();
-        let ready = ready.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let stream =
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(error)) => {
-                        tracing::debug!(peer = %addr, %error, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(peer = %addr, "TLS handshake timed out");
-                        return;
-                    }
-                };
-            let certificate = stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|chain| chain.first())
-                .and_then(|leaf| CertificateIdentity::from_der(leaf));
-            let _ = ready.send((stream, Peer { addr, certificate })).await;
-        });
-    }
-}
-
-impl axum::serve::Listener for HttpsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = Peer;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(ready) => ready,
-            // Shut down: axum stops accepting on its own graceful shutdown.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(Peer {
-            addr: self.local,
-            certificate: None,
-        })
-    }
-}
-
-impl Connected<IncomingStream<'_, HttpsListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, HttpsListener>) -> Self {
-        stream.remote_addr().clone()
-    }
+/// Binds `addr` for [`crate::serve::serve_tls`]: the listener and the address bound (port 0
+/// picks a free one).
+pub(crate) async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServingError> {
+    let tcp = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServingError::Bind { addr, source })?;
+    let local = tcp
+        .local_addr()
+        .map_err(|source| ServingError::Bind { addr, source })?;
+    Ok((tcp, local))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio_rustls::TlsAcceptor;
 
     /// Upstream's `MaybeDefaultWithSelfSignedCerts`: with `--cert-dir` the pair
     /// `cloud-controller-manager.crt|.key` is generated once, then reused.

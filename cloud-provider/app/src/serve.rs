@@ -5,8 +5,9 @@
 //! allows (`get` on the path).
 //!
 //! - `/healthz` aggregates named checks (`leaderElection`, one per started controller) with
-//!   apiserver semantics: `?verbose` lists `[+]name ok` / `[-]name failed`, `?exclude=name`
-//!   skips one; each check is also at `/healthz/<name>` (upstream mounts only the exact path).
+//!   apiserver semantics ([`ccm_serving::healthz`]): `?verbose` lists `[+]name ok` /
+//!   `[-]name failed`, `?exclude=name` skips one; each check is also at `/healthz/<name>`
+//!   (upstream mounts only the exact path).
 //! - `/readyz` and `/livez` (beyond upstream, which does not serve them) answer the same checks.
 //! - `/metrics`: Prometheus text format.
 //! - `/configz`: the component configuration as JSON ([`crate::configz`]).
@@ -18,16 +19,18 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use ccm_serving::healthz::{self, HealthQuery};
 use parking_lot::{Mutex, RwLock};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::CloudRateLimiter;
 use crate::delegated::DelegatedAuth;
-use crate::secure_serving::{HttpsListener, Peer};
+use crate::secure_serving::MAX_HANDSHAKES;
 
 /// One named health check: `Ok` when healthy, else the reason.
 pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
@@ -67,18 +70,6 @@ impl HealthChecks {
     /// The names of the checks, in the order they were added.
     pub fn names(&self) -> Vec<String> {
         self.checks.read().iter().map(|(n, _)| n.clone()).collect()
-    }
-
-    fn run(&self, exclude: &[String]) -> Vec<(String, Result<(), String>)> {
-        let checks: Vec<_> = self.checks.read().clone();
-        checks
-            .into_iter()
-            .filter(|(name, _)| !exclude.contains(name))
-            .map(|(name, check)| {
-                let result = check();
-                (name, result)
-            })
-            .collect()
     }
 
     fn get(&self, name: &str) -> Option<HealthCheck> {
@@ -193,74 +184,27 @@ pub(crate) fn router(checks: HealthChecks, metrics: ManagerMetrics) -> Router {
         .with_state(AppState { checks, metrics })
 }
 
-fn text(status: StatusCode, body: String) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        body,
-    )
-        .into_response()
-}
-
 async fn aggregate(
     endpoint: &'static str,
     State(state): State<AppState>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let query = query.unwrap_or_default();
-    let mut verbose = false;
-    let mut exclude = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        match key {
-            "verbose" => verbose = value != "false",
-            "exclude" => exclude.push(value.to_owned()),
-            _ => {}
-        }
-    }
-    let results = state.checks.run(&exclude);
-    let failed = results.iter().any(|(_, r)| r.is_err());
-    let mut body = String::new();
-    if verbose || failed {
-        for (name, result) in &results {
-            match result {
-                Ok(()) => body.push_str(&format!("[+]{name} ok\n")),
-                Err(reason) => {
-                    tracing::warn!(endpoint, check = %name, %reason, "health check failed");
-                    body.push_str(&format!("[-]{name} failed: reason withheld\n"));
-                }
-            }
-        }
-        for name in &exclude {
-            body.push_str(&format!("[+]{name} excluded: ok\n"));
-        }
-        if failed {
-            body.push_str(&format!("{endpoint} check failed\n"));
-        } else {
-            body.push_str(&format!("{endpoint} check passed\n"));
-        }
-    } else {
-        body.push_str("ok");
-    }
-    let status = if failed {
-        StatusCode::INTERNAL_SERVER_ERROR
-    } else {
-        StatusCode::OK
-    };
-    text(status, body)
+    let query = HealthQuery::parse(query.as_deref());
+    let checks: Vec<(String, HealthCheck)> = state.checks.checks.read().clone();
+    healthz::aggregate(
+        endpoint,
+        &query,
+        checks.iter().map(|(name, _)| name.as_str()),
+        |name| match checks.iter().find(|(n, _)| n == name) {
+            Some((_, check)) => check(),
+            None => Ok(()),
+        },
+    )
+    .into_response()
 }
 
 async fn single(State(state): State<AppState>, Path(name): Path<String>) -> Response {
-    match state.checks.get(&name) {
-        None => text(StatusCode::NOT_FOUND, format!("no check called {name:?}\n")),
-        Some(check) => match check() {
-            Ok(()) => text(StatusCode::OK, "ok".to_owned()),
-            Err(reason) => text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("internal server error: {reason}\n"),
-            ),
-        },
-    }
+    healthz::single(state.checks.get(&name).map(|check| check())).into_response()
 }
 
 async fn metrics_handler(State(state): State<AppState>) -> Response {
@@ -295,19 +239,26 @@ pub(crate) fn secured(router: Router, auth: DelegatedAuth) -> Router {
     ))
 }
 
-/// Serves `router` over TLS on `listener` until `shutdown` is cancelled; every request
-/// carries its connection's [`Peer`].
+/// Serves `router` over TLS (`tls`) on `listener` until `shutdown` is cancelled, with Go's
+/// server timeouts as upstream's secure serving sets them and at most [`MAX_HANDSHAKES`]
+/// TLS handshakes in progress; every request carries its connection's
+/// [`Peer`](crate::secure_serving::Peer).
 pub(crate) async fn serve_tls(
-    listener: HttpsListener,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(
+    ccm_serving::serve(
+        router,
         listener,
-        router.into_make_service_with_connect_info::<Peer>(),
+        tls,
+        ccm_serving::HandshakeLimit::new(MAX_HANDSHAKES),
+        ccm_serving::Timeouts::default(),
+        shutdown,
     )
-    .with_graceful_shutdown(shutdown.cancelled_owned())
-    .await
+    .await;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -16,34 +16,27 @@
 //! temporary directory for tests and benchmarks.
 
 use std::{
-    convert::Infallible,
     net::SocketAddr,
     path::{Path, PathBuf},
-    pin::Pin,
     sync::Arc,
-    task::{Context, Poll},
     time::Duration,
 };
 
 use axum::{
     Router,
-    body::Body,
     extract::Request,
     middleware::{self, Next},
     response::Response,
 };
-use bytes::Bytes;
-use hyper::body::{Frame, Incoming, SizeHint};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::{net::TcpListener, sync::mpsc};
-use tokio_rustls::TlsAcceptor;
+use ccm_serving::{ConnectionAuth, Timeouts};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     api::ApiServer,
     auth::{
         GROUP_AUTHENTICATED, UserInfo,
-        authn::{self, Authenticator, PeerCertificate},
+        authn::{self, Authenticator},
         pki::{self, Credentials, Pki, PkiError},
         token::{Clock, TokenAuthenticator, TokenError},
     },
@@ -132,6 +125,16 @@ pub struct ServeOptions {
 }
 
 impl ServeOptions {
+    fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            handshake: self.handshake_timeout,
+            header_read: self.header_read_timeout,
+            idle: self.idle_timeout,
+            http2_keep_alive: self.http2_keep_alive,
+            shutdown_grace: self.shutdown_grace,
+        }
+    }
+
     fn caps(&self) -> limits::Caps {
         let max = self.max_connections.max(1);
         limits::Caps {
@@ -282,13 +285,13 @@ pub fn secure_router(server: &ApiServer, authenticator: Authenticator) -> Router
 /// Inside authentication: an authenticated request (a bearer token on a connection without
 /// a client certificate) makes its connection count as authenticated.
 async fn connection_authenticated(request: Request, next: Next) -> Response {
-    if let Some(promote) = request.extensions().get::<limits::Promote>()
+    if let Some(connection) = request.extensions().get::<ConnectionAuth>()
         && request
             .extensions()
             .get::<UserInfo>()
             .is_some_and(|user| user.in_group(GROUP_AUTHENTICATED))
     {
-        promote.authenticated();
+        connection.authenticated();
     }
     next.run(request).await
 }
@@ -306,7 +309,8 @@ pub async fn serve(
 }
 
 /// Serves `router` over TLS on `listener` until `shutdown` is cancelled, then lets open
-/// requests finish for [`ServeOptions::shutdown_grace`].
+/// requests finish for [`ServeOptions::shutdown_grace`]: [`ccm_serving::serve`] with the
+/// connection limits of `options`.
 pub async fn serve_tls(
     router: Router,
     listener: TcpListener,
@@ -314,174 +318,9 @@ pub async fn serve_tls(
     options: ServeOptions,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let acceptor = TlsAcceptor::from(tls);
-    let limits = limits::Limits::new(options.caps());
-    let options = Arc::new(options);
-    // Every connection task holds a sender: `recv` answers `None` once all have ended.
-    let (live, mut all_ended) = mpsc::channel::<()>(1);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(error) => {
-                    // Out of file descriptors and the like: back off rather than spin.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        // Refusals are logged by the limits, at most once per interval.
-        let Some(slot) = limits.admit(peer.ip()) else {
-            drop(tcp);
-            continue;
-        };
-        let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let router = router.clone();
-        let options = options.clone();
-        let shutdown = shutdown.clone();
-        let live = live.clone();
-        tokio::spawn(async move {
-            serve_connection(tcp, peer, slot, acceptor, router, &options, shutdown).await;
-            drop(live);
-        });
-    }
-    drop(live);
-    let _ = all_ended.recv().await;
+    let limits = limits::Hook(limits::Limits::new(options.caps()));
+    ccm_serving::serve(router, listener, tls, limits, options.timeouts(), shutdown).await;
     Ok(())
-}
-
-async fn serve_connection(
-    tcp: tokio::net::TcpStream,
-    peer: SocketAddr,
-    slot: limits::Slot,
-    acceptor: TlsAcceptor,
-    router: Router,
-    options: &ServeOptions,
-    shutdown: CancellationToken,
-) {
-    let conn = slot.conn().clone();
-    let handshake = tokio::time::timeout(options.handshake_timeout, acceptor.accept(tcp));
-    let stream = tokio::select! {
-        handshake = handshake => match handshake {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(error)) => {
-                tracing::debug!(%peer, %error, "TLS handshake failed");
-                return;
-            }
-            Err(_) => {
-                tracing::debug!(%peer, "TLS handshake timed out");
-                return;
-            }
-        },
-        () = conn.evicted() => {
-            tracing::debug!(%peer, "stalled TLS handshake closed to make room");
-            return;
-        }
-        () = shutdown.cancelled() => return,
-    };
-    let (_, session) = stream.get_ref();
-    let identity = session
-        .peer_certificates()
-        .and_then(|chain| chain.first())
-        .and_then(|leaf| pki::client_identity(leaf))
-        .map(|(user, groups)| UserInfo::new(user, groups));
-    if !slot.handshake_done(identity.is_some()) {
-        // The anonymous share is full of busy connections (logged by the limits).
-        return;
-    }
-    let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
-    let peer_certificate = PeerCertificate(identity);
-    let promote = slot.promote_handle();
-    let service_conn = conn.clone();
-    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
-        // Busy until the response body is done: a watch keeps its connection busy.
-        let busy = service_conn.busy();
-        request.extensions_mut().insert(peer_certificate.clone());
-        request.extensions_mut().insert(promote.clone());
-        let mut router = router.clone();
-        async move {
-            let response = tower_service::Service::call(&mut router, request.map(Body::new))
-                .await
-                .unwrap_or_else(|never: Infallible| match never {});
-            Ok::<_, Infallible>(response.map(|body| WhileBusy { body, _busy: busy }))
-        }
-    });
-    let io = TokioIo::new(stream);
-    let grace = options.shutdown_grace;
-    let idle_timeout = options.idle_timeout;
-    macro_rules! drive {
-        ($conn:expr) => {{
-            let served = $conn;
-            tokio::pin!(served);
-            let why = tokio::select! {
-                r = served.as_mut() => Err(r),
-                () = shutdown.cancelled() => Ok("shutdown"),
-                () = conn.evicted() => Ok("closed to make room"),
-                () = conn.idle_for(idle_timeout) => Ok("idle timeout"),
-            };
-            let result = match why {
-                Err(r) => r,
-                Ok(why) => {
-                    tracing::debug!(%peer, why, "closing the connection");
-                    // HTTP/2: GOAWAY, open streams finish; HTTP/1: closed between requests.
-                    served.as_mut().graceful_shutdown();
-                    match tokio::time::timeout(grace, served.as_mut()).await {
-                        Ok(r) => r,
-                        Err(_) => Ok(()),
-                    }
-                }
-            };
-            if let Err(error) = result {
-                tracing::debug!(%peer, %error, "connection ended with an error");
-            }
-        }};
-    }
-    if h2 {
-        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-        builder
-            .timer(TokioTimer::new())
-            .keep_alive_interval(Some(options.http2_keep_alive))
-            .keep_alive_timeout(options.http2_keep_alive);
-        drive!(builder.serve_connection(io, service));
-    } else {
-        let mut builder = hyper::server::conn::http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(options.header_read_timeout)
-            .keep_alive(true);
-        drive!(builder.serve_connection(io, service));
-    }
-    drop(slot);
-}
-
-/// A response body that keeps its connection busy (not idle, not to be closed to make
-/// room) until it is done or dropped.
-struct WhileBusy {
-    body: Body,
-    _busy: limits::Busy,
-}
-
-impl hyper::body::Body for WhileBusy {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
 }
 
 /// Writes `contents` to `path` atomically (write, then rename), readable by the owner only

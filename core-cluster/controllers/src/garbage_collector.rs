@@ -66,7 +66,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::queue::{WorkQueue, sleep_until_opt};
+use ccm_workqueue::{Queue, RateLimiter, sleep_until};
 
 /// The finalizer that makes a DELETE wait for blocking dependents.
 pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
@@ -237,11 +237,13 @@ impl GarbageCollector {
             })
             .collect();
         let mut events = futures::stream::select_all(streams);
-        let mut queue: WorkQueue<Key> =
-            WorkQueue::new(Duration::from_millis(50), Duration::from_secs(60));
+        let mut queue: Queue<Key> = Queue::new(RateLimiter::exponential(
+            Duration::from_millis(50),
+            Duration::from_secs(60),
+        ));
         let mut relisting: HashMap<usize, HashSet<Key>> = HashMap::new();
         loop {
-            if let Some(key) = queue.pop() {
+            if let Some(key) = queue.try_get() {
                 let span =
                     info_span!("gc_attempt", object = %key, kind = %self.kinds[key.kind].ar.kind);
                 let result = tokio::select! {
@@ -257,12 +259,13 @@ impl GarbageCollector {
                         );
                     }
                 }
+                queue.done(&key);
                 continue;
             }
             let deadline = queue.next_deadline();
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = sleep_until_opt(deadline) => {}
+                _ = sleep_until(deadline) => {}
                 ev = events.next() => match ev {
                     None => return,
                     Some((_, Err(e))) => warn!(error = %e, "GC watch failed; retrying"),
@@ -300,12 +303,7 @@ impl GarbageCollector {
     }
 
     /// Records an object seen by a watch and queues what it may affect.
-    fn observe(
-        &mut self,
-        kind: usize,
-        obj: &DynamicObject,
-        queue: &mut WorkQueue<Key>,
-    ) -> Option<Key> {
+    fn observe(&mut self, kind: usize, obj: &DynamicObject, queue: &mut Queue<Key>) -> Option<Key> {
         let key = key_of(kind, &self.kinds[kind], obj);
         let uid = obj.metadata.uid.clone()?;
         let owners = obj.metadata.owner_references.clone().unwrap_or_default();
@@ -353,7 +351,7 @@ impl GarbageCollector {
     }
 
     /// Drops an object that is gone and queues its dependents and owners.
-    fn forget_object(&mut self, key: &Key, queue: &mut WorkQueue<Key>) {
+    fn forget_object(&mut self, key: &Key, queue: &mut Queue<Key>) {
         let Some(old) = self.graph.remove(key) else {
             return;
         };
@@ -365,7 +363,7 @@ impl GarbageCollector {
         }
     }
 
-    fn requeue_deleting_owner(&self, uid: &str, queue: &mut WorkQueue<Key>) {
+    fn requeue_deleting_owner(&self, uid: &str, queue: &mut Queue<Key>) {
         if let Some(owner) = self.graph.by_uid.get(uid)
             && self.graph.objects.get(owner).is_some_and(|m| m.deleting)
         {
@@ -382,7 +380,7 @@ impl GarbageCollector {
     }
 
     /// upstream `attemptToDeleteItem`.
-    async fn attempt(&mut self, key: &Key, queue: &mut WorkQueue<Key>) -> Result<(), GcError> {
+    async fn attempt(&mut self, key: &Key, queue: &mut Queue<Key>) -> Result<(), GcError> {
         let api = self.api(key.kind, key.namespace.as_deref());
         let Some(obj) = api.get_opt(&key.name).await? else {
             self.forget_object(key, queue);
@@ -549,7 +547,7 @@ impl GarbageCollector {
         &mut self,
         key: &Key,
         owner: &DynamicObject,
-        queue: &mut WorkQueue<Key>,
+        queue: &mut Queue<Key>,
     ) -> Result<(), GcError> {
         let uid = owner.uid().unwrap_or_default();
         let deps = self.graph.dependents_of(&uid);

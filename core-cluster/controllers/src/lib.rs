@@ -21,7 +21,6 @@ pub mod job;
 pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod pod_gc;
-mod queue;
 pub mod replicaset;
 pub mod scheduler;
 pub mod supervisor;

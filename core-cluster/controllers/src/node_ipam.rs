@@ -45,7 +45,7 @@ use kube::{
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::queue::{WorkQueue, sleep_until_opt};
+use ccm_workqueue::{Queue, RateLimiter, sleep_until};
 
 /// Upstream's default node mask for IPv4 (`defaultNodeMaskCIDRIPv4`).
 pub const DEFAULT_NODE_CIDR_MASK_SIZE_IPV4: u8 = 24;
@@ -413,13 +413,15 @@ impl NodeIpamController {
         }
         let api: Api<Node> = Api::all(self.client.clone());
         let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
-        let mut queue: WorkQueue<String> =
-            WorkQueue::new(Duration::from_millis(100), Duration::from_secs(60));
+        let mut queue: Queue<String> = Queue::new(RateLimiter::exponential(
+            Duration::from_millis(100),
+            Duration::from_secs(60),
+        ));
         // Nodes of the current (re)list, held back until it is complete.
         let mut initial: Vec<Node> = Vec::new();
         let mut synced = false;
         loop {
-            if synced && let Some(name) = queue.pop() {
+            if synced && let Some(name) = queue.try_get() {
                 let span = info_span!("node_ipam_sync", node = %name);
                 let result = tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -434,12 +436,13 @@ impl NodeIpamController {
                         );
                     }
                 }
+                queue.done(&name);
                 continue;
             }
             let deadline = queue.next_deadline();
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = sleep_until_opt(deadline), if synced => {}
+                _ = sleep_until(deadline), if synced => {}
                 ev = events.next() => match ev {
                     None => return,
                     Some(Err(e)) => warn!(error = %e, "node watch failed; retrying"),
@@ -465,7 +468,7 @@ impl NodeIpamController {
     /// Rebuilds the allocation map from a complete list of Nodes: occupy every Node's
     /// `spec.podCIDRs` first, then queue the Nodes that need CIDRs, and release the CIDRs of
     /// Nodes that are gone.
-    fn recover(&mut self, nodes: &[Node], queue: &mut WorkQueue<String>) {
+    fn recover(&mut self, nodes: &[Node], queue: &mut Queue<String>) {
         let present: std::collections::HashSet<String> =
             nodes.iter().map(|n| n.name_any()).collect();
         let gone: Vec<String> = self
@@ -496,7 +499,7 @@ impl NodeIpamController {
     }
 
     /// Reacts to a Node seen by the watcher.
-    fn observe(&mut self, node: &Node, queue: &mut WorkQueue<String>) {
+    fn observe(&mut self, node: &Node, queue: &mut Queue<String>) {
         let name = node.name_any();
         let _span = info_span!("node_ipam_observe", node = %name).entered();
         if node.meta().deletion_timestamp.is_some() {
@@ -758,7 +761,10 @@ mod tests {
         let client = Client::new(server.router(), "default");
         let mut ctrl =
             NodeIpamController::new(client, cfg(&["10.0.0.0/16", "fd00::/48"], 24, 64)).unwrap();
-        let mut queue = WorkQueue::new(Duration::from_millis(1), Duration::from_millis(1));
+        let mut queue = Queue::new(RateLimiter::exponential(
+            Duration::from_millis(1),
+            Duration::from_millis(1),
+        ));
         let node: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "n"},
             "spec": {"podCIDR": "bogus", "podCIDRs": ["bogus", "fd00:0:0:5::/64", "10.9.0.0/24"]}
@@ -769,7 +775,7 @@ mod tests {
         assert_eq!(ctrl.held["n"], vec![net("fd00:0:0:5::/64")]);
         assert_eq!(ctrl.sets[0].allocated(), 0);
         assert_eq!(ctrl.sets[1].allocated(), 1);
-        assert_eq!(queue.pop(), None);
+        assert_eq!(queue.try_get(), None);
         ctrl.release_node("n", &node);
         assert_eq!(ctrl.sets[1].allocated(), 0);
     }

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info_span, warn};
 
-use super::queue::{WorkQueue, sleep_until_opt};
+use ccm_workqueue::{Queue, RateLimiter, sleep_until};
 
 /// How long an expectation is waited for before the controller acts anyway (upstream
 /// `ExpectationsTimeout`, 5 minutes).
@@ -165,24 +165,27 @@ pub(crate) async fn drive(
             .enumerate()
             .map(|(i, s)| s.map(move |t| (i, t))),
     );
-    let mut queue: WorkQueue<String> =
-        WorkQueue::new(Duration::from_millis(5), Duration::from_secs(1000));
+    let mut queue: Queue<String> = Queue::new(RateLimiter::exponential(
+        Duration::from_millis(5),
+        Duration::from_secs(1000),
+    ));
     loop {
         if synced.iter().all(|s| *s) {
-            while let Some(key) = queue.pop() {
+            while let Some(key) = queue.try_get() {
                 let span = info_span!("reconcile", controller = reconciler.name(), key = %key);
                 match reconciler.reconcile(&key).instrument(span).await {
                     Ok(again) => {
                         queue.forget(&key);
                         if let Some(after) = again {
-                            queue.add_after(key, after);
+                            queue.add_after(key.clone(), after);
                         }
                     }
                     Err(e) => {
                         warn!(controller = reconciler.name(), %key, error = %e, "sync failed; retrying");
-                        queue.add_rate_limited(key);
+                        queue.add_rate_limited(key.clone());
                     }
                 }
+                queue.done(&key);
                 if shutdown.is_cancelled() {
                     return;
                 }
@@ -196,7 +199,7 @@ pub(crate) async fn drive(
                 Some((i, Trigger::Synced)) => synced[i] = true,
                 None => return,
             },
-            _ = sleep_until_opt(deadline) => {}
+            _ = sleep_until(deadline) => {}
         }
     }
 }

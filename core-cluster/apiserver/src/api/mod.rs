@@ -26,6 +26,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
+use ccm_serving::healthz;
 use ipnet::IpNet;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
@@ -613,7 +614,7 @@ const STORE_HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 /// kube-apiserver's format: `ok`, or with `?verbose` one `[+]check ok` line per check and
 /// `<endpoint> check passed`; any failed check makes it 500 with `[-]check failed: reason
 /// withheld` (the reason is logged, and shown by the per-check path). `?exclude=check`
-/// skips a check.
+/// skips a check. The bodies are [`ccm_serving::healthz`]'s.
 async fn health(State(state): State<Arc<ServerState>>, request: Request) -> Response {
     let mut segments = request.uri().path().trim_matches('/').split('/');
     let endpoint = segments.next().unwrap_or("healthz");
@@ -628,15 +629,12 @@ async fn health(State(state): State<Arc<ServerState>>, request: Request) -> Resp
         .copied()
         .chain(added.iter().map(|c| c.name()))
         .collect();
-    let query: Vec<(String, String)> =
-        serde_urlencoded::from_str(request.uri().query().unwrap_or("")).unwrap_or_default();
-    let verbose = query.iter().any(|(k, _)| k == "verbose");
-    let excluded = |check: &str| query.iter().any(|(k, v)| k == "exclude" && v == check);
+    let query = healthz::HealthQuery::parse(request.uri().query());
 
     let is_store = |check: &str| check != "ping" && health_checks(endpoint).contains(&check);
     let wants_store = match single {
         Some(check) => is_store(check),
-        None => checks.iter().any(|c| is_store(c) && !excluded(c)),
+        None => checks.iter().any(|c| is_store(c) && !query.is_excluded(c)),
     };
     let store = if wants_store {
         match tokio::time::timeout(STORE_HEALTH_TIMEOUT, state.store.health()).await {
@@ -653,61 +651,15 @@ async fn health(State(state): State<Arc<ServerState>>, request: Request) -> Resp
         None if check == "ping" => Ok(()),
         None => store.clone(),
     };
-    let text = |code: StatusCode, body: String| {
-        let mut response = (code, body).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        response.headers_mut().insert(
-            header::X_CONTENT_TYPE_OPTIONS,
-            HeaderValue::from_static("nosniff"),
-        );
-        response
-    };
 
     if let Some(check) = single {
-        if !checks.contains(&check) {
-            return text(StatusCode::NOT_FOUND, "404 page not found\n".into());
+        let result = checks.contains(&check).then(|| outcome(check));
+        if let Some(Err(e)) = &result {
+            tracing::warn!(endpoint, check, error = %e, "health check failed");
         }
-        return match outcome(check) {
-            Ok(()) => text(StatusCode::OK, "ok".into()),
-            Err(e) => {
-                tracing::warn!(endpoint, check, error = %e, "health check failed");
-                text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("internal server error: {e}\n"),
-                )
-            }
-        };
+        return healthz::single(result).into_response();
     }
-    let mut lines = String::new();
-    let mut failed = Vec::new();
-    for check in checks {
-        if excluded(check) {
-            lines.push_str(&format!("[+]{check} excluded: ok\n"));
-            continue;
-        }
-        match outcome(check) {
-            Ok(()) => lines.push_str(&format!("[+]{check} ok\n")),
-            Err(e) => {
-                lines.push_str(&format!("[-]{check} failed: reason withheld\n"));
-                failed.push(format!("{check}: {e}"));
-            }
-        }
-    }
-    if !failed.is_empty() {
-        tracing::warn!(endpoint, failed = ?failed, "{endpoint} check failed");
-        return text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("{lines}{endpoint} check failed\n"),
-        );
-    }
-    if verbose {
-        text(StatusCode::OK, format!("{lines}{endpoint} check passed\n"))
-    } else {
-        text(StatusCode::OK, "ok".into())
-    }
+    healthz::aggregate(endpoint, &query, checks.iter().copied(), outcome).into_response()
 }
 
 async fn metrics_endpoint(State(state): State<Arc<ServerState>>) -> Response {

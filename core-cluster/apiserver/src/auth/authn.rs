@@ -9,10 +9,12 @@ use std::sync::Arc;
 
 use axum::{
     extract::{Request, State},
-    http::{HeaderMap, header},
+    http::HeaderMap,
     middleware::Next,
     response::{IntoResponse, Response},
 };
+use ccm_serving::Peer;
+pub use ccm_serving::bearer_token;
 
 use super::{UserInfo, token::TokenAuthenticator};
 use crate::api::status::ApiError;
@@ -20,11 +22,6 @@ use crate::api::status::ApiError;
 /// The paths anonymous requests may reach (KEP-4633's `anonymous.conditions`, as
 /// kube-apiserver's structured authentication configuration defaults them for health).
 pub const ANONYMOUS_PATHS: [&str; 4] = ["/healthz", "/livez", "/readyz", "/version"];
-
-/// The identity of a verified TLS client certificate, put into every request of its
-/// connection by the server ([`crate::serve`]); `None` when the client sent none.
-#[derive(Debug, Clone, Default)]
-pub struct PeerCertificate(pub Option<UserInfo>);
 
 /// Authenticates requests; cheap to clone.
 #[derive(Debug, Clone, Default)]
@@ -92,15 +89,6 @@ impl Authenticator {
     }
 }
 
-/// The token of an `Authorization: Bearer <token>` header (the scheme is case-insensitive;
-/// an empty token counts as none, as upstream).
-pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.trim().split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-}
-
 /// The axum middleware: authenticates each request, puts its [`UserInfo`] into the
 /// extensions (for the authorizer), or answers 401 `Unauthorized`.
 pub async fn layer(
@@ -108,10 +96,13 @@ pub async fn layer(
     mut request: Request,
     next: Next,
 ) -> Response {
+    // The verified client certificate of the connection, put into every request by the
+    // server ([`crate::serve`]).
     let peer = request
         .extensions()
-        .get::<PeerCertificate>()
-        .and_then(|p| p.0.clone());
+        .get::<Peer>()
+        .and_then(|p| p.certificate.as_ref())
+        .map(|c| UserInfo::new(c.user.clone(), c.groups.iter().cloned()));
     let path = request.uri().path().to_owned();
     match authenticator
         .authenticate(peer.as_ref(), request.headers(), &path)
@@ -130,29 +121,9 @@ pub async fn layer(
 
 #[cfg(test)]
 mod tests {
-    use axum::http::HeaderValue;
+    use axum::http::{HeaderValue, header};
 
     use super::*;
-
-    #[test]
-    fn bearer_tokens_are_parsed_as_upstream() {
-        let mut headers = HeaderMap::new();
-        assert_eq!(bearer_token(&headers), None);
-        headers.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_static("Bearer abc"),
-        );
-        assert_eq!(bearer_token(&headers), Some("abc"));
-        headers.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_static("bearer  abc "),
-        );
-        assert_eq!(bearer_token(&headers), Some("abc"));
-        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer "));
-        assert_eq!(bearer_token(&headers), None);
-        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic abc"));
-        assert_eq!(bearer_token(&headers), None);
-    }
 
     /// KEP-4633: anonymous requests are allowed only on the configured health and version
     /// endpoints; a client certificate's identity wins over everything else.

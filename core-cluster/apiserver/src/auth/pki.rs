@@ -623,17 +623,7 @@ fn write_pair(dir: &Path, name: &str, pair: &CertAndKey) -> Result<(), PkiError>
 /// The user and groups of a client certificate: CN is the user, each O a group
 /// (kube-apiserver's x509 authenticator, `CommonNameUserConversion`).
 pub fn client_identity(der: &[u8]) -> Option<(String, Vec<String>)> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let subject = cert.subject();
-    let user = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
-    if user.is_empty() {
-        return None;
-    }
-    let groups = subject
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok().map(str::to_owned))
-        .collect();
-    Some((user, groups))
+    ccm_serving::CertificateIdentity::from_der(der).map(|id| (id.user, id.groups))
 }
 
 #[cfg(test)]

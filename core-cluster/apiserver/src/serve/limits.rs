@@ -20,7 +20,8 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    net::IpAddr,
+    future::Future,
+    net::{IpAddr, SocketAddr},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -28,8 +29,9 @@ use std::{
     time::Duration,
 };
 
+use ccm_serving::{Activity, CertificateIdentity, ConnectionHook, ConnectionSlot};
 use parking_lot::Mutex;
-use tokio::{sync::Notify, time::Instant};
+use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 /// A handshaking connection younger than this is never closed to make room: a client
@@ -80,19 +82,12 @@ pub(super) struct Conn {
     id: u64,
     ip: IpAddr,
     accepted: Instant,
-    activity: Mutex<Activity>,
-    went_idle: Notify,
+    activity: Activity,
     close: CancellationToken,
     /// Set (under the registry's lock) when the connection gave its slot up.
     evicted: AtomicBool,
     /// Set once it no longer counts as unauthenticated.
     authenticated: AtomicBool,
-}
-
-#[derive(Debug)]
-struct Activity {
-    in_flight: usize,
-    idle_since: Instant,
 }
 
 impl Conn {
@@ -101,11 +96,7 @@ impl Conn {
             id,
             ip,
             accepted: now,
-            activity: Mutex::new(Activity {
-                in_flight: 0,
-                idle_since: now,
-            }),
-            went_idle: Notify::new(),
+            activity: Activity::new(),
             close: CancellationToken::new(),
             evicted: AtomicBool::new(false),
             authenticated: AtomicBool::new(false),
@@ -113,14 +104,14 @@ impl Conn {
     }
 
     fn is_idle(&self) -> bool {
-        self.activity.lock().in_flight == 0
+        self.activity.is_idle()
     }
 
     /// Marks a request in flight until the returned guard is dropped (with the response
     /// body, so a watch keeps its connection busy).
-    pub(super) fn busy(self: &Arc<Self>) -> Busy {
-        self.activity.lock().in_flight += 1;
-        Busy(self.clone())
+    #[cfg(test)]
+    fn busy(self: &Arc<Self>) -> ccm_serving::Busy {
+        self.activity.busy()
     }
 
     /// Resolves when the connection gave its slot up to a newcomer.
@@ -128,43 +119,10 @@ impl Conn {
         self.close.cancelled()
     }
 
-    /// Resolves once no request has been in flight for `limit` (Go's `IdleTimeout`: for
-    /// HTTP/2, no open stream; for HTTP/1, no request since the last response).
-    pub(super) async fn idle_for(&self, limit: Duration) {
-        loop {
-            // Created before the check, so a request ending in between still wakes us.
-            let went_idle = self.went_idle.notified();
-            let deadline = {
-                let activity = self.activity.lock();
-                (activity.in_flight == 0).then(|| activity.idle_since + limit)
-            };
-            match deadline {
-                Some(deadline) if Instant::now() >= deadline => return,
-                Some(deadline) => {
-                    tokio::select! {
-                        () = tokio::time::sleep_until(deadline) => {}
-                        () = went_idle => {}
-                    }
-                }
-                None => went_idle.await,
-            }
-        }
-    }
-}
-
-/// A request in flight on a connection (see [`Conn::busy`]).
-#[derive(Debug)]
-pub(super) struct Busy(Arc<Conn>);
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        let mut activity = self.0.activity.lock();
-        activity.in_flight -= 1;
-        if activity.in_flight == 0 {
-            activity.idle_since = Instant::now();
-            drop(activity);
-            self.0.went_idle.notify_waiters();
-        }
+    /// Resolves once no request has been in flight for `limit` (Go's `IdleTimeout`).
+    #[cfg(test)]
+    async fn idle_for(&self, limit: Duration) {
+        self.activity.idle_for(limit).await
     }
 }
 
@@ -427,7 +385,8 @@ pub(super) struct Slot {
 
 impl Slot {
     /// The connection.
-    pub(super) fn conn(&self) -> &Arc<Conn> {
+    #[cfg(test)]
+    fn conn(&self) -> &Arc<Conn> {
         &self.conn
     }
 
@@ -468,20 +427,50 @@ impl Drop for Slot {
     }
 }
 
-/// Carried in each request's extensions: once a request on the connection authenticates
-/// (a bearer token), the connection leaves the unauthenticated share.
+/// Once a request on the connection authenticates (a bearer token), the connection leaves
+/// the unauthenticated share.
 #[derive(Debug, Clone)]
-pub(crate) struct Promote {
+pub(super) struct Promote {
     limits: Arc<Limits>,
     conn: Arc<Conn>,
 }
 
 impl Promote {
     /// The connection is authenticated.
-    pub(crate) fn authenticated(&self) {
+    pub(super) fn authenticated(&self) {
         if !self.conn.authenticated.load(Ordering::Relaxed) {
             self.limits.authenticated(&self.conn);
         }
+    }
+}
+
+/// The slots as the shared accept loop ([`ccm_serving::serve`]) asks for them.
+#[derive(Debug, Clone)]
+pub(super) struct Hook(pub(super) Arc<Limits>);
+
+impl ConnectionHook for Hook {
+    type Slot = Slot;
+
+    fn admit(&self, peer: SocketAddr) -> Option<Slot> {
+        self.0.admit(peer.ip())
+    }
+}
+
+impl ConnectionSlot for Slot {
+    fn activity(&self) -> &Activity {
+        &self.conn.activity
+    }
+
+    fn evicted(&self) -> impl Future<Output = ()> + Send + '_ {
+        self.conn.evicted()
+    }
+
+    fn handshake_done(&self, certificate: Option<&CertificateIdentity>) -> bool {
+        Slot::handshake_done(self, certificate.is_some())
+    }
+
+    fn authenticated(&self) {
+        self.promote_handle().authenticated();
     }
 }
 

@@ -58,8 +58,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
 
 use self::fit::{NodeFacts, Resources, Unfit, fit_error_message, pod_requests};
-use super::queue::{WorkQueue, sleep_until_opt};
 use crate::clock::WallClock;
+use ccm_workqueue::{Queue, RateLimiter, sleep_until};
 
 /// The default scheduler name (pods default `spec.schedulerName` to it).
 pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
@@ -121,7 +121,7 @@ pub struct SchedulerCore {
     pending: HashMap<String, Pod>,
     /// Pods that fit nowhere, and since when.
     unschedulable: HashMap<String, Instant>,
-    queue: WorkQueue<String>,
+    queue: Queue<String>,
 }
 
 /// A scheduling decision for one pod.
@@ -156,7 +156,10 @@ impl SchedulerCore {
             bound: HashMap::new(),
             pending: HashMap::new(),
             unschedulable: HashMap::new(),
-            queue: WorkQueue::new(config.pod_initial_backoff, config.pod_max_backoff),
+            queue: Queue::new(RateLimiter::exponential(
+                config.pod_initial_backoff,
+                config.pod_max_backoff,
+            )),
         }
     }
 
@@ -285,7 +288,10 @@ impl SchedulerCore {
     /// The next pod to schedule, if one is due.
     pub fn next_pod(&mut self) -> Option<Pod> {
         loop {
-            let key = self.queue.pop()?;
+            let key = self.queue.try_get()?;
+            // Binding runs on its own task and reports back through `bound`/`bind_failed`:
+            // the key is not held while it runs, so an update of the pod queues it at once.
+            self.queue.done(&key);
             if let Some(pod) = self.pending.get(&key) {
                 return Some(pod.clone());
             }
@@ -607,7 +613,7 @@ impl Scheduler {
                     Err(e) => warn!(error = %e, "pod watch error"),
                 },
                 _ = flush.tick() => core.flush_unschedulable(self.config.max_in_unschedulable),
-                _ = sleep_until_opt(deadline) => {}
+                _ = sleep_until(deadline) => {}
             }
         }
     }
