@@ -29,6 +29,7 @@ pub mod patch;
 pub mod registry;
 pub mod serve;
 pub mod sim;
+pub(crate) mod storage;
 pub mod store;
 
 pub use api::{ApiServer, ApiServerConfig, WatchLimits};

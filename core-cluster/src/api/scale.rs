@@ -4,13 +4,14 @@
 use serde_json::{Value, json};
 
 use super::{
-    handlers::{Query, get_object, update_object},
+    ServerState,
+    handlers::{RequestScope, update_object},
     status::{ApiError, FieldError},
 };
 use crate::{
-    api::ServerState,
     patch::{self, PatchType},
-    registry::{ResourceDef, meta::meta_mut, workloads::selector_string},
+    registry::{meta::meta_mut, workloads::selector_string},
+    storage::{ObjectKey, get_list::get_object},
 };
 
 /// The `Scale` of an object (upstream `scaleFromDeployment`): name, namespace, uid,
@@ -34,25 +35,16 @@ pub(crate) fn to_scale(obj: &Value) -> Value {
 }
 
 /// GET of the scale subresource.
-pub(crate) async fn get(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-) -> Result<Value, ApiError> {
-    Ok(to_scale(&get_object(state, def, ns, name).await?.1))
+pub(crate) async fn get(state: &ServerState, key: ObjectKey<'_>) -> Result<Value, ApiError> {
+    let (def, ns, name) = (key.def, key.namespace, key.name);
+    Ok(to_scale(&get_object(&*state.store, def, ns, name).await?.1))
 }
 
 /// PUT of the scale subresource: `spec.replicas` of the `Scale` becomes the object's (with
 /// the `Scale`'s resourceVersion as precondition when given).
-pub(crate) async fn put(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-    scale: Value,
-    query: &Query,
-) -> Result<Value, ApiError> {
+pub(crate) async fn put(scope: &RequestScope, scale: Value) -> Result<Value, ApiError> {
+    let (state, key) = (&scope.state, scope.key());
+    let (def, ns, name) = (key.def, key.namespace, key.name);
     let replicas = &scale["spec"]["replicas"];
     let n = match replicas.as_i64() {
         Some(n) if n >= 0 && n <= i64::from(i32::MAX) => n,
@@ -75,7 +67,7 @@ pub(crate) async fn put(
             )));
         }
     };
-    let mut obj = get_object(state, def, ns, name).await?.1;
+    let mut obj = get_object(&*state.store, def, ns, name).await?.1;
     obj["spec"]["replicas"] = json!(n);
     match scale["metadata"]["resourceVersion"].as_str() {
         Some(rv) if !rv.is_empty() => {
@@ -85,27 +77,20 @@ pub(crate) async fn put(
             meta_mut(&mut obj).remove("resourceVersion");
         }
     }
-    let updated = update_object(state, def, ns, name, None, obj, query).await?;
+    let updated = update_object(state, &scope.write_context(), key, None, obj).await?;
     Ok(to_scale(&updated))
 }
 
 /// PATCH of the scale subresource: the patch (JSON, merge or strategic merge) is applied
 /// to the `Scale`, then written as a PUT.
-pub(crate) async fn patch(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-    content_type: &str,
-    body: &[u8],
-    query: &Query,
-) -> Result<Value, ApiError> {
+pub(crate) async fn patch(scope: &RequestScope) -> Result<Value, ApiError> {
+    let (content_type, body) = (scope.content_type(), &scope.body);
     let patch_type = PatchType::from_content_type(content_type)
         .filter(|t| *t != PatchType::ApplyPatch)
         .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
     let patch =
         patch::decode_body(patch_type, body).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let mut scale = get(state, def, ns, name).await?;
+    let mut scale = get(&scope.state, scope.key()).await?;
     match patch_type {
         PatchType::JsonPatch => {
             scale = patch::json_patch::json_patch(&scale, &patch)
@@ -113,7 +98,7 @@ pub(crate) async fn patch(
         }
         _ => patch::merge_patch::merge_patch(&mut scale, &patch),
     }
-    put(state, def, ns, name, scale, query).await
+    put(scope, scale).await
 }
 
 #[cfg(test)]

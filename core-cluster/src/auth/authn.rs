@@ -15,7 +15,7 @@ use axum::{
 };
 
 use super::{UserInfo, token::TokenAuthenticator};
-use crate::api::status::ApiError;
+use crate::storage::status::ApiError;
 
 /// The paths anonymous requests may reach (KEP-4633's `anonymous.conditions`, as
 /// kube-apiserver's structured authentication configuration defaults them for health).

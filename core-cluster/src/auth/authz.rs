@@ -6,8 +6,28 @@
 use axum::http::{Method, Uri};
 use serde_json::json;
 
+use futures::future::BoxFuture;
+
 use super::{GROUP_MASTERS, UserInfo, node, rbac::RbacAuthorizer};
-use crate::api::status::ApiError;
+use crate::{
+    registry::ResourceDef,
+    storage::{
+        ObjectReader,
+        observe::{ObjectChange, WriteObserver},
+        query_bool,
+        status::ApiError,
+    },
+};
+
+/// Whether a request is a watch: its last `watch` query parameter read by [`query_bool`]
+/// (upstream's `ListOptions.Watch`, so `watch=True` and `watch=yes` are watches). The one
+/// reading of the flag: the handlers, the authorizer and the codec all ask this.
+pub(crate) fn watch_requested(uri: &Uri) -> bool {
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(uri.query().unwrap_or("")).unwrap_or_default();
+    let last = pairs.iter().rev().find(|(k, _)| k == "watch");
+    query_bool(last.map(|(_, v)| v.as_str()))
+}
 
 /// What a request asks to do: upstream's `authorizer.Attributes`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -99,7 +119,7 @@ impl Attributes {
                 .map(|(_, v)| v.as_str())
         };
         let mut rest = rest;
-        let mut watch = crate::api::watch_requested(uri);
+        let mut watch = watch_requested(uri);
         if rest.first() == Some(&"watch") {
             watch = true;
             rest = &rest[1..];
@@ -219,26 +239,44 @@ pub fn forbidden(attrs: &Attributes, reason: &str) -> ApiError {
 
 /// The authorizer chain: `system:masters` is allowed everything, then the Node authorizer,
 /// then RBAC; upstream's union authorizer joins the reasons of the ones with no opinion.
-#[derive(Debug, Default)]
+/// It observes the committed writes of the generic store, which keep the RBAC index and
+/// the Node authorizer's graph current.
+#[derive(Debug)]
 pub struct Authorizer {
     /// The RBAC authorizer and its index.
     pub(crate) rbac: RbacAuthorizer,
     /// The Node authorizer and its graph.
     pub(crate) node: node::NodeAuthorizer,
+    /// Reads what the index and graph are built from.
+    reader: ObjectReader,
 }
 
 impl Authorizer {
+    /// An authorizer whose index and graph are read through `reader` (empty until loaded).
+    pub(crate) fn new(reader: ObjectReader) -> Self {
+        Authorizer {
+            rbac: RbacAuthorizer::default(),
+            node: node::NodeAuthorizer::default(),
+            reader,
+        }
+    }
+
+    /// Builds the RBAC index and the Node authorizer's graph from the store.
+    pub(crate) async fn load(&self) -> Result<(), ApiError> {
+        self.rbac
+            .load(&self.reader)
+            .await
+            .map_err(|e| ApiError::internal(format!("loading RBAC: {e}")))?;
+        self.node.refresh(&self.reader).await
+    }
+
     /// Decides `attrs`; the reason of a denial (possibly empty) goes after the 403 message.
-    pub(crate) async fn authorize(
-        &self,
-        state: &crate::api::ServerState,
-        attrs: &Attributes,
-    ) -> Decision {
+    pub(crate) async fn authorize(&self, attrs: &Attributes) -> Decision {
         if attrs.user.in_group(GROUP_MASTERS) {
             return Decision::Allow;
         }
         let mut reasons = Vec::new();
-        match self.node.authorize(state, attrs).await {
+        match self.node.authorize(&self.reader, attrs).await {
             Decision::NoOpinion(reason) => {
                 if !reason.is_empty() {
                     reasons.push(reason);
@@ -250,6 +288,34 @@ impl Authorizer {
             return Decision::Allow;
         }
         Decision::NoOpinion(reasons.join(", "))
+    }
+}
+
+impl WriteObserver for Authorizer {
+    fn observes(&self, def: &ResourceDef) -> bool {
+        RbacAuthorizer::observes(def) || node::NodeAuthorizer::observes(def)
+    }
+
+    fn changed<'a>(&'a self, change: &'a ObjectChange<'a>) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if RbacAuthorizer::observes(change.def) {
+                self.rbac.changed(&self.reader, change).await;
+            }
+            if node::NodeAuthorizer::observes(change.def) {
+                self.node.changed(&self.reader, change).await;
+            }
+        })
+    }
+
+    fn lost<'a>(&'a self, def: &'a ResourceDef) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if RbacAuthorizer::observes(def) {
+                self.rbac.lost(&self.reader).await;
+            }
+            if node::NodeAuthorizer::observes(def) {
+                self.node.mark_stale();
+            }
+        })
     }
 }
 
