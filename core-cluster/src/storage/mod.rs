@@ -421,3 +421,141 @@ pub(crate) fn parse_rv(rv: &str) -> Result<u64, ApiError> {
     rv.parse()
         .map_err(|_| ApiError::bad_request(format!("invalid resource version {rv:?}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::future::BoxFuture;
+    use serde_json::json;
+
+    use super::*;
+    use crate::{
+        registry::resources::{CONFIG_MAPS, NAMESPACES},
+        store::MemoryStore,
+    };
+
+    /// What a [`Recorder`] was told: (plural, name, had old, had new, revision).
+    type Told = (String, String, bool, bool, u64);
+
+    /// Records the changes of ConfigMaps it is told of.
+    #[derive(Default)]
+    struct Recorder(parking_lot::Mutex<Vec<Told>>);
+
+    impl WriteObserver for Recorder {
+        fn observes(&self, def: &ResourceDef) -> bool {
+            def.plural == "configmaps"
+        }
+
+        fn changed<'a>(&'a self, change: &'a ObjectChange<'a>) -> BoxFuture<'a, ()> {
+            Box::pin(async move {
+                self.0.lock().push((
+                    change.def.plural.to_owned(),
+                    change.name.to_owned(),
+                    change.old.is_some(),
+                    change.new.is_some(),
+                    change.revision,
+                ));
+            })
+        }
+
+        fn lost<'a>(&'a self, _def: &'a ResourceDef) -> BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    /// Refuses every write of the user `mallory`.
+    struct NoMallory;
+
+    impl Admission for NoMallory {
+        fn name(&self) -> &'static str {
+            "NoMallory"
+        }
+
+        fn admit<'a>(
+            &'a self,
+            attrs: &'a AdmissionAttributes<'a>,
+        ) -> BoxFuture<'a, Result<(), ApiError>> {
+            Box::pin(async move {
+                if attrs.user.name == "mallory" {
+                    return Err(ApiError::forbidden(
+                        &Qualified::new("", attrs.resource.plural, attrs.name),
+                        "mallory may not write",
+                    ));
+                }
+                Ok(())
+            })
+        }
+    }
+
+    fn storage(recorder: Arc<Recorder>) -> Arc<Storage> {
+        let allocator = ServiceAllocator::new(vec!["10.96.0.0/12".parse().unwrap()], 30000..=32767);
+        Storage::new(
+            Arc::new(MemoryStore::new()),
+            allocator,
+            1 << 20,
+            vec![Arc::new(NoMallory)],
+            vec![recorder],
+        )
+    }
+
+    fn configmap(name: &str, data: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": "a"}, "data": {"k": data}})
+    }
+
+    /// Upstream's generic `Store` with its watch: every committed create, update and delete
+    /// is one change with the object before and after and the store's revision; writes of
+    /// other resources, and writes admission refused, tell nothing.
+    #[tokio::test]
+    async fn observers_are_told_each_committed_write_with_its_revision() {
+        let recorder = Arc::new(Recorder::default());
+        let storage = storage(recorder.clone());
+        let ctx = WriteContext::server();
+        let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}});
+        create::create_object(&storage, &ctx, &NAMESPACES, None, ns)
+            .await
+            .unwrap();
+        let created =
+            create::create_object(&storage, &ctx, &CONFIG_MAPS, Some("a"), configmap("c", "1"))
+                .await
+                .unwrap();
+        let key = ObjectKey::new(&CONFIG_MAPS, Some("a"), "c");
+        let mut changed = created.clone();
+        changed["data"]["k"] = json!("2");
+        let updated = update::update_object(&storage, &ctx, key, None, changed)
+            .await
+            .unwrap();
+        let mallory = WriteContext::new(UserInfo::new("mallory", ["dev"]), Query::new());
+        let refused = create::create_object(
+            &storage,
+            &mallory,
+            &CONFIG_MAPS,
+            Some("a"),
+            configmap("m", "1"),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(refused.code, 403);
+        let options = delete::DeleteOptions::default();
+        delete::delete_object(&storage, &ctx, key, options)
+            .await
+            .unwrap();
+        let revision = |obj: &Value| -> u64 {
+            obj["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let deleted_at = storage.store.current_revision().await.unwrap();
+        let told = recorder.0.lock().clone();
+        let cm = |old, new, rv| ("configmaps".to_owned(), "c".to_owned(), old, new, rv);
+        assert_eq!(
+            told,
+            vec![
+                cm(false, true, revision(&created)),
+                cm(true, true, revision(&updated)),
+                cm(true, false, deleted_at),
+            ]
+        );
+    }
+}
