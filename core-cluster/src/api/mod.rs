@@ -28,6 +28,7 @@ use axum::{
 };
 use ipnet::IpNet;
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 pub(crate) use crate::auth::authz::watch_requested;
 pub use crate::storage::SYSTEM_NAMESPACES;
@@ -400,10 +401,11 @@ impl ApiServer {
 /// The authorization step of every request, resource and non-resource URLs alike:
 /// impersonation, then the authorizer chain (`system:masters`, Node, RBAC), a 403 with
 /// upstream's message when nothing allows. The handler then runs as the effective user,
-/// which it finds in the request's extensions and hands on to admission explicitly.
+/// which it finds in the request's extensions and hands on to admission explicitly, in a
+/// `request` span with the verb, path and user.
 async fn authorize(
     State(state): State<Arc<ServerState>>,
-    mut request: Request,
+    request: Request,
     next: Next,
 ) -> Response {
     let requester = request
@@ -411,14 +413,43 @@ async fn authorize(
         .get::<UserInfo>()
         .cloned()
         .unwrap_or_else(UserInfo::loopback);
+    // One span per request, around its authorization and everything the handler does
+    // (upstream's request log names the same: the verb of the request's attributes, the
+    // path and the user, and the impersonated user if any).
+    let verb = Attributes::from_request(UserInfo::default(), request.method(), request.uri()).verb;
+    let span = tracing::info_span!(
+        "request",
+        verb = %verb,
+        path = %request.uri().path(),
+        user = %requester.name,
+        impersonated = tracing::field::Empty,
+    );
+    authorized(state, requester, request, next)
+        .instrument(span)
+        .await
+}
+
+/// [`authorize`] in the request's span.
+async fn authorized(
+    state: Arc<ServerState>,
+    requester: UserInfo,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let user = if requester.in_group(GROUP_MASTERS) && !impersonation::requested(request.headers())
     {
         // The fast path: the superuser group is allowed everything.
         requester
     } else {
         let (method, uri, headers) = (request.method(), request.uri(), request.headers());
+        let requester_name = requester.name.clone();
         match authorize_as(&state, requester, method, uri, headers).await {
-            Ok(user) => user,
+            Ok(user) => {
+                if user.name != requester_name {
+                    tracing::Span::current().record("impersonated", user.name.as_str());
+                }
+                user
+            }
             Err(e) => return e.into_response(),
         }
     };
@@ -1068,6 +1099,72 @@ mod tests {
         }
         tokio::time::advance(Duration::from_secs(60)).await;
         assert!(body.frame().await.unwrap().is_err());
+    }
+
+    /// A span's name and its fields, as text.
+    type RecordedSpan = (String, Vec<(String, String)>);
+
+    /// Records the name and fields of every span created.
+    #[derive(Default)]
+    struct SpanRecorder(parking_lot::Mutex<Vec<RecordedSpan>>);
+
+    struct Fields<'a>(&'a mut Vec<(String, String)>);
+
+    impl tracing::field::Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0.push((field.name().to_owned(), format!("{value:?}")));
+        }
+    }
+
+    impl tracing::Subscriber for SpanRecorder {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            let mut fields = Vec::new();
+            span.record(&mut Fields(&mut fields));
+            let mut spans = self.0.lock();
+            spans.push((span.metadata().name().to_owned(), fields));
+            tracing::span::Id::from_u64(spans.len() as u64)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// Upstream's request log (`endpoints/filters` `WithHTTPLogging`) names each request's
+    /// verb, path and user: here one `request` span per request carries them.
+    #[tokio::test]
+    async fn each_request_runs_in_one_span_with_its_verb_path_and_user() {
+        use tower::ServiceExt;
+        let recorder = Arc::new(SpanRecorder::default());
+        let _default = tracing::subscriber::set_default(recorder.clone());
+        let store: Arc<dyn Store> = Arc::new(crate::store::MemoryStore::new());
+        let server = ApiServer::new(store, ApiServerConfig::default())
+            .await
+            .unwrap();
+        let alice = server.router_as(UserInfo::new("alice", ["dev"]));
+        let request = Request::builder()
+            .uri("/api/v1/namespaces/default/configmaps")
+            .body(Body::empty())
+            .unwrap();
+        let response = alice.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        let spans = recorder.0.lock().clone();
+        let requests: Vec<_> = spans.iter().filter(|(name, _)| name == "request").collect();
+        assert_eq!(requests.len(), 1, "{spans:?}");
+        let field = |key: &str| {
+            requests[0]
+                .1
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(field("verb"), Some("list"));
+        assert_eq!(field("path"), Some("/api/v1/namespaces/default/configmaps"));
+        assert_eq!(field("user"), Some("alice"));
     }
 
     #[test]
