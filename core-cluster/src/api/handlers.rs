@@ -86,12 +86,12 @@ impl RequestScope {
     }
 
     /// The named object of the path.
-    pub(crate) fn key(&self) -> ObjectKey<'_> {
+    fn key(&self) -> ObjectKey<'_> {
         ObjectKey::new(self.def(), self.namespace(), self.name())
     }
 
     /// The write's user and options.
-    pub(crate) fn write_context(&self) -> WriteContext {
+    fn write_context(&self) -> WriteContext {
         WriteContext::new(self.user.clone(), self.query.clone())
     }
 
@@ -99,7 +99,7 @@ impl RequestScope {
         &self.state.storage
     }
 
-    pub(crate) fn content_type(&self) -> &str {
+    fn content_type(&self) -> &str {
         self.headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -389,10 +389,11 @@ async fn evict(scope: &RequestScope) -> Result<Response, ApiError> {
 
 /// GET, PUT and PATCH of the `scale` subresource.
 async fn scale(scope: &RequestScope, verb: Verb) -> Result<Response, ApiError> {
+    let (state, key, ctx) = (&scope.state, scope.key(), scope.write_context());
     let scale = match verb {
-        Verb::Get => super::scale::get(&scope.state, scope.key()).await?,
-        Verb::Update => super::scale::put(scope, scope.json_body()?).await?,
-        _ => super::scale::patch(scope).await?,
+        Verb::Get => super::scale::get(state, key).await?,
+        Verb::Update => super::scale::put(state, &ctx, key, scope.json_body()?).await?,
+        _ => super::scale::patch(state, &ctx, key, scope.content_type(), &scope.body).await?,
     };
     Ok(json_response(StatusCode::OK, &scale, "application/json"))
 }

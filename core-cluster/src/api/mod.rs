@@ -35,7 +35,8 @@ pub use crate::storage::SYSTEM_NAMESPACES;
 use crate::{
     auth::{
         GROUP_MASTERS, UserInfo,
-        authz::{Attributes, Authorizer, Decision},
+        authz::{Attributes, Decision},
+        chain::Authorizer,
         escalation::RbacEscalation,
         impersonation,
         node::NodeRestriction,

@@ -5,13 +5,12 @@ use serde_json::{Value, json};
 
 use super::{
     ServerState,
-    handlers::{RequestScope, update_object},
     status::{ApiError, FieldError},
 };
 use crate::{
     patch::{self, PatchType},
     registry::{meta::meta_mut, workloads::selector_string},
-    storage::{ObjectKey, get_list::get_object},
+    storage::{ObjectKey, WriteContext, get_list::get_object, update::update_object},
 };
 
 /// The `Scale` of an object (upstream `scaleFromDeployment`): name, namespace, uid,
@@ -42,8 +41,12 @@ pub(crate) async fn get(state: &ServerState, key: ObjectKey<'_>) -> Result<Value
 
 /// PUT of the scale subresource: `spec.replicas` of the `Scale` becomes the object's (with
 /// the `Scale`'s resourceVersion as precondition when given).
-pub(crate) async fn put(scope: &RequestScope, scale: Value) -> Result<Value, ApiError> {
-    let (state, key) = (&scope.state, scope.key());
+pub(crate) async fn put(
+    state: &ServerState,
+    ctx: &WriteContext,
+    key: ObjectKey<'_>,
+    scale: Value,
+) -> Result<Value, ApiError> {
     let (def, ns, name) = (key.def, key.namespace, key.name);
     let replicas = &scale["spec"]["replicas"];
     let n = match replicas.as_i64() {
@@ -77,20 +80,26 @@ pub(crate) async fn put(scope: &RequestScope, scale: Value) -> Result<Value, Api
             meta_mut(&mut obj).remove("resourceVersion");
         }
     }
-    let updated = update_object(state, &scope.write_context(), key, None, obj).await?;
+    // The object is the stored one with a new `spec.replicas`: no body to decode.
+    let updated = update_object(&state.storage, ctx, key, None, obj).await?;
     Ok(to_scale(&updated))
 }
 
 /// PATCH of the scale subresource: the patch (JSON, merge or strategic merge) is applied
 /// to the `Scale`, then written as a PUT.
-pub(crate) async fn patch(scope: &RequestScope) -> Result<Value, ApiError> {
-    let (content_type, body) = (scope.content_type(), &scope.body);
+pub(crate) async fn patch(
+    state: &ServerState,
+    ctx: &WriteContext,
+    key: ObjectKey<'_>,
+    content_type: &str,
+    body: &[u8],
+) -> Result<Value, ApiError> {
     let patch_type = PatchType::from_content_type(content_type)
         .filter(|t| *t != PatchType::ApplyPatch)
         .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
     let patch =
         patch::decode_body(patch_type, body).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let mut scale = get(&scope.state, scope.key()).await?;
+    let mut scale = get(state, key).await?;
     match patch_type {
         PatchType::JsonPatch => {
             scale = patch::json_patch::json_patch(&scale, &patch)
@@ -98,7 +107,7 @@ pub(crate) async fn patch(scope: &RequestScope) -> Result<Value, ApiError> {
         }
         _ => patch::merge_patch::merge_patch(&mut scale, &patch),
     }
-    put(scope, scale).await
+    put(state, ctx, key, scale).await
 }
 
 #[cfg(test)]

@@ -1,23 +1,13 @@
-//! The authorization step every request goes through, as kube-apiserver's
-//! `--authorization-mode=Node,RBAC`: the request's attributes (upstream's `RequestInfo`),
-//! the authorizer chain (`system:masters`, then the [Node authorizer](super::node), then
-//! [RBAC](super::rbac)) and the 403 Forbidden `Status` with upstream's wording.
+//! What the authorizers decide on (upstream's `k8s.io/apiserver/pkg/authorization/
+//! authorizer`): the request's attributes (upstream's `RequestInfo`), the decision, and the
+//! 403 Forbidden `Status` with upstream's wording. The chain of authorizers is
+//! [`super::chain`].
 
 use axum::http::{Method, Uri};
 use serde_json::json;
 
-use futures::future::BoxFuture;
-
-use super::{GROUP_MASTERS, UserInfo, node, rbac::RbacAuthorizer};
-use crate::{
-    registry::ResourceDef,
-    storage::{
-        ObjectReader,
-        observe::{ObjectChange, WriteObserver},
-        query_bool,
-        status::ApiError,
-    },
-};
+use super::UserInfo;
+use crate::storage::{query_bool, status::ApiError};
 
 /// Whether a request is a watch: its last `watch` query parameter read by [`query_bool`]
 /// (upstream's `ListOptions.Watch`, so `watch=True` and `watch=yes` are watches). The one
@@ -234,88 +224,6 @@ pub fn forbidden(attrs: &Attributes, reason: &str) -> ApiError {
         reason: "Forbidden",
         message,
         details: Some(details),
-    }
-}
-
-/// The authorizer chain: `system:masters` is allowed everything, then the Node authorizer,
-/// then RBAC; upstream's union authorizer joins the reasons of the ones with no opinion.
-/// It observes the committed writes of the generic store, which keep the RBAC index and
-/// the Node authorizer's graph current.
-#[derive(Debug)]
-pub struct Authorizer {
-    /// The RBAC authorizer and its index.
-    pub(crate) rbac: RbacAuthorizer,
-    /// The Node authorizer and its graph.
-    pub(crate) node: node::NodeAuthorizer,
-    /// Reads what the index and graph are built from.
-    reader: ObjectReader,
-}
-
-impl Authorizer {
-    /// An authorizer whose index and graph are read through `reader` (empty until loaded).
-    pub(crate) fn new(reader: ObjectReader) -> Self {
-        Authorizer {
-            rbac: RbacAuthorizer::default(),
-            node: node::NodeAuthorizer::default(),
-            reader,
-        }
-    }
-
-    /// Builds the RBAC index and the Node authorizer's graph from the store.
-    pub(crate) async fn load(&self) -> Result<(), ApiError> {
-        self.rbac
-            .load(&self.reader)
-            .await
-            .map_err(|e| ApiError::internal(format!("loading RBAC: {e}")))?;
-        self.node.refresh(&self.reader).await
-    }
-
-    /// Decides `attrs`; the reason of a denial (possibly empty) goes after the 403 message.
-    pub(crate) async fn authorize(&self, attrs: &Attributes) -> Decision {
-        if attrs.user.in_group(GROUP_MASTERS) {
-            return Decision::Allow;
-        }
-        let mut reasons = Vec::new();
-        match self.node.authorize(&self.reader, attrs).await {
-            Decision::NoOpinion(reason) => {
-                if !reason.is_empty() {
-                    reasons.push(reason);
-                }
-            }
-            decided => return decided,
-        }
-        if self.rbac.allows(attrs) {
-            return Decision::Allow;
-        }
-        Decision::NoOpinion(reasons.join(", "))
-    }
-}
-
-impl WriteObserver for Authorizer {
-    fn observes(&self, def: &ResourceDef) -> bool {
-        RbacAuthorizer::observes(def) || node::NodeAuthorizer::observes(def)
-    }
-
-    fn changed<'a>(&'a self, change: &'a ObjectChange<'a>) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            if RbacAuthorizer::observes(change.def) {
-                self.rbac.changed(&self.reader, change).await;
-            }
-            if node::NodeAuthorizer::observes(change.def) {
-                self.node.changed(&self.reader, change).await;
-            }
-        })
-    }
-
-    fn lost<'a>(&'a self, def: &'a ResourceDef) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            if RbacAuthorizer::observes(def) {
-                self.rbac.lost(&self.reader).await;
-            }
-            if node::NodeAuthorizer::observes(def) {
-                self.node.mark_stale();
-            }
-        })
     }
 }
 

@@ -29,7 +29,8 @@ use tracing::Instrument;
 
 use super::{
     GROUP_MASTERS, UserInfo,
-    authz::{Attributes, Authorizer, Decision},
+    authz::{Attributes, Decision},
+    chain::Authorizer,
     rbac::{Rule, rules_of},
 };
 use crate::{

@@ -8,7 +8,8 @@ use axum::http::HeaderMap;
 
 use super::{
     GROUP_AUTHENTICATED, USER_ANONYMOUS, UserInfo,
-    authz::{Attributes, Authorizer, Decision, forbidden},
+    authz::{Attributes, Decision, forbidden},
+    chain::Authorizer,
     rbac::SERVICE_ACCOUNT_PREFIX,
 };
 use crate::storage::status::ApiError;

@@ -9,6 +9,7 @@
 
 pub mod authz;
 pub mod bootstrap;
+pub mod chain;
 pub(crate) mod escalation;
 pub mod impersonation;
 pub mod node;

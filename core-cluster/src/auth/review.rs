@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 
 use super::{
     UserInfo,
-    authz::{Attributes, Authorizer, Decision},
+    authz::{Attributes, Decision},
+    chain::Authorizer,
     node,
 };
 use crate::{api::status::FieldError, registry::ResourceDef, storage::status::ApiError};

@@ -258,10 +258,9 @@ pub(crate) async fn delete_object(
             .await
         {
             Ok(revision) => {
+                // A namespace now terminating is cleaned up by the namespace finalizer,
+                // which observes this write.
                 meta_mut(&mut marked).insert("resourceVersion".into(), json!(revision.to_string()));
-                if def.plural == "namespaces" && !already_deleting {
-                    super::namespace::spawn_namespace_cleanup(state, name.to_owned());
-                }
                 return Ok(marked);
             }
             Err(StoreError::Conflict { .. }) => continue,

@@ -139,7 +139,8 @@ impl std::fmt::Debug for Storage {
 impl Storage {
     /// The generic store over `store`: objects larger than `max_object_bytes` are refused
     /// (413), every write passes the `admission` chain in order, and every committed write
-    /// is told to the `observers`.
+    /// is told to the `observers` (and to the namespace finalizer, which cleans up a
+    /// namespace once its deletion is committed).
     pub(crate) fn new(
         store: Arc<dyn Store>,
         allocator: ServiceAllocator,
@@ -147,14 +148,20 @@ impl Storage {
         admission: Vec<Arc<dyn Admission>>,
         observers: Vec<Arc<dyn WriteObserver>>,
     ) -> Arc<Self> {
-        Arc::new_cyclic(|self_ref| Storage {
-            self_ref: self_ref.clone(),
-            store,
-            registry: Registry::standard(),
-            allocator: Mutex::new(allocator),
-            max_object_bytes,
-            admission,
-            observers,
+        Arc::new_cyclic(|self_ref: &Weak<Storage>| {
+            let mut observers = observers;
+            observers.push(Arc::new(namespace::NamespaceFinalizer {
+                storage: self_ref.clone(),
+            }));
+            Storage {
+                self_ref: self_ref.clone(),
+                store,
+                registry: Registry::standard(),
+                allocator: Mutex::new(allocator),
+                max_object_bytes,
+                admission,
+                observers,
+            }
         })
     }
 
