@@ -30,6 +30,9 @@ pub mod registry;
 pub mod serve;
 pub mod sim;
 pub(crate) mod storage;
+
+#[cfg(test)]
+mod layering;
 pub mod store;
 
 pub use api::{ApiServer, ApiServerConfig, WatchLimits};
