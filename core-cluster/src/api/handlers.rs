@@ -362,8 +362,7 @@ async fn delete_collection(scope: &RequestScope) -> Result<Response, ApiError> {
 
 /// POST of a pod's `binding`.
 async fn bind(scope: &RequestScope) -> Result<Response, ApiError> {
-    let ctx = scope.write_context();
-    bind_pod(scope.storage(), &ctx, scope.key(), scope.json_body()?).await?;
+    bind_pod(scope.storage(), scope.key(), scope.json_body()?).await?;
     let status = success_status(&qualified(scope.def(), scope.name()), None);
     Ok(json_response(
         StatusCode::CREATED,

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::{
-    MAX_WRITE_ATTEMPTS, ObjectKey, Storage, WriteContext, encode, get_list::get_object, qualified,
+    MAX_WRITE_ATTEMPTS, ObjectKey, Storage, encode, get_list::get_object, qualified,
     status::ApiError,
 };
 use crate::{
@@ -13,10 +13,10 @@ use crate::{
 };
 
 /// Binds the pod `key` to the node `binding.target.name`, as the scheduler does: a 409 if
-/// it is bound already or being deleted.
+/// it is bound already or being deleted. The admission chain is not run on bindings (the
+/// node rules do not grant `pods/binding`).
 pub(crate) async fn bind_pod(
     state: &Storage,
-    _ctx: &WriteContext,
     key: ObjectKey<'_>,
     binding: Value,
 ) -> Result<(), ApiError> {
