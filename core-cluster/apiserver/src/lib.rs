@@ -17,5 +17,9 @@ pub(crate) use core_cluster_store as store;
 pub mod api;
 pub mod auth;
 pub mod serve;
+pub(crate) mod storage;
+
+#[cfg(test)]
+mod layering;
 
 pub use api::{ApiServer, ApiServerConfig, WatchLimits};

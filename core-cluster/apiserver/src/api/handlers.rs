@@ -1,13 +1,12 @@
-//! The verbs, run generically over a [`ResourceDef`]: get, list, create, update, patch,
-//! delete and deletecollection, plus the pod `binding` and `eviction` subresources.
+//! The HTTP side of the verbs (upstream's `endpoints/handlers`): each verb's handler takes
+//! the request's [`RequestScope`], parses what it needs (query, body, content type), calls
+//! the generic store ([`crate::storage`]) and renders the answer. Get, list, watch, create,
+//! update, patch, delete and deletecollection, plus the pod `binding` and `eviction` and
+//! the `scale` subresources.
 
-use std::{
-    collections::HashMap,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
 };
 
 use axum::{
@@ -16,41 +15,34 @@ use axum::{
     http::{HeaderMap, Method, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use serde_json::{Value, json};
 
 use super::{
     ServerState, Target, json_response,
     negotiate::{self, Representation},
-    status::{ApiError, FieldError, Qualified, success_status},
+    status::{ApiError, FieldError, success_status},
 };
 use crate::{
+    auth::UserInfo,
     patch,
     registry::{
         ResourceDef,
-        allocator::Allocation,
         meta::{self, meta_mut, str_at},
-        selectors::{FieldSelector, LabelSelector},
         table, unknown_fields,
     },
-    store::{KeyValue, StoreError},
+    storage::{
+        self, MAX_WRITE_ATTEMPTS, ObjectKey, Query, Storage, WriteContext,
+        delete::{DeleteOptions, delete_object},
+        flag,
+        get_list::{ListOptions, get_object, list_objects},
+        pods::bind_pod,
+        qualified,
+        update::commit_update,
+    },
 };
-
-/// Query parameters, last value wins.
-pub(crate) type Query = HashMap<String, String>;
-
-/// How many times an unconditional write retries after losing a race (GuaranteedUpdate).
-const MAX_WRITE_ATTEMPTS: usize = 16;
 
 /// The most `Warning` headers one response carries.
 const MAX_WARNINGS: usize = 32;
-
-/// How many names `generateName` tries before giving up (KEP-4420).
-const GENERATE_NAME_ATTEMPTS: usize = 8;
-
-fn qualified(def: &ResourceDef, name: &str) -> Qualified {
-    Qualified::new(def.group, def.plural, name)
-}
 
 fn parse_query(request: &Request<Body>) -> Result<Query, ApiError> {
     let raw = request.uri().query().unwrap_or("");
@@ -59,9 +51,183 @@ fn parse_query(request: &Request<Body>) -> Result<Query, ApiError> {
     Ok(pairs.into_iter().collect())
 }
 
-/// A boolean query parameter (see [`super::query_bool`]).
-pub(crate) fn flag(query: &Query, key: &str) -> bool {
-    super::query_bool(query.get(key).map(String::as_str))
+/// One request to a resource, parsed: what every verb's handler takes (upstream's
+/// `handlers.RequestScope` with the request's own parts).
+pub(crate) struct RequestScope {
+    /// The server.
+    pub(crate) state: Arc<ServerState>,
+    /// The resource, namespace, name and subresource of the path.
+    pub(crate) target: Target,
+    /// The effective user (after impersonation).
+    pub(crate) user: UserInfo,
+    /// The query parameters.
+    pub(crate) query: Query,
+    /// The request's headers.
+    pub(crate) headers: HeaderMap,
+    /// The body, read whole (bounded by `max_request_bytes`).
+    pub(crate) body: Bytes,
+}
+
+impl RequestScope {
+    fn def(&self) -> &'static ResourceDef {
+        self.target.def
+    }
+
+    fn namespace(&self) -> Option<&str> {
+        self.target.namespace.as_deref()
+    }
+
+    fn name(&self) -> &str {
+        self.target.name.as_deref().unwrap_or("")
+    }
+
+    fn subresource(&self) -> Option<&str> {
+        self.target.subresource.as_deref()
+    }
+
+    /// The named object of the path.
+    fn key(&self) -> ObjectKey<'_> {
+        ObjectKey::new(self.def(), self.namespace(), self.name())
+    }
+
+    /// The write's user and options.
+    fn write_context(&self) -> WriteContext {
+        WriteContext::new(self.user.clone(), self.query.clone())
+    }
+
+    fn storage(&self) -> &Storage {
+        &self.state.storage
+    }
+
+    fn content_type(&self) -> &str {
+        self.headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+
+    /// The body as a JSON object.
+    fn json_body(&self) -> Result<Value, ApiError> {
+        parse_body(&self.body)
+    }
+
+    /// `DeleteOptions` from the body (which may be empty) and the query.
+    fn delete_options(&self) -> Result<DeleteOptions, ApiError> {
+        let body = if self.body.iter().all(u8::is_ascii_whitespace) {
+            Value::Null
+        } else {
+            parse_body(&self.body)?
+        };
+        DeleteOptions::from_value(&body, &self.query)
+    }
+
+    fn render(&self, obj: &Value, code: StatusCode) -> Result<Response, ApiError> {
+        render_one(self.def(), obj, &self.headers, code)
+    }
+}
+
+/// The verbs of a resource request (upstream's `RequestInfo.Verb`, uppercase for metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+    /// Any other method.
+    Other,
+}
+
+impl Verb {
+    fn of(method: &Method, named: bool, watch: bool) -> Self {
+        match (method.as_str(), named) {
+            ("GET", false) if watch => Verb::Watch,
+            ("GET", false) => Verb::List,
+            ("GET", true) => Verb::Get,
+            ("POST", _) => Verb::Create,
+            ("PUT", _) => Verb::Update,
+            ("PATCH", _) => Verb::Patch,
+            ("DELETE", true) => Verb::Delete,
+            ("DELETE", false) => Verb::DeleteCollection,
+            _ => Verb::Other,
+        }
+    }
+
+    /// The metrics label of a refused request, and the verb of a 405's message: the HTTP
+    /// method, or `LIST` for a GET of a collection.
+    fn error_label(self, method: &Method) -> String {
+        match self {
+            Verb::List | Verb::Watch => "LIST".into(),
+            _ => method.to_string(),
+        }
+    }
+
+    /// The metrics label: the HTTP method, `LIST`, `WATCH` or `DELETECOLLECTION`.
+    fn label(self, method: &Method) -> String {
+        match self {
+            Verb::List => "LIST".into(),
+            Verb::Watch => "WATCH".into(),
+            Verb::DeleteCollection => "DELETECOLLECTION".into(),
+            _ => method.to_string(),
+        }
+    }
+}
+
+/// Reads what every verb needs from the request: the query, the headers, the body (after
+/// the checks that come before it is looked at), and the user.
+async fn scope_of(
+    state: &Arc<ServerState>,
+    target: Target,
+    request: Request<Body>,
+) -> Result<RequestScope, ApiError> {
+    // Routed before the body is looked at: an unknown subresource is 404 whatever its body.
+    let def = target.def;
+    let valid_sub = match target.subresource.as_deref() {
+        None => true,
+        Some("status") => def.status,
+        Some(s) => def.extra_subresources.contains(&s),
+    };
+    if !valid_sub {
+        let sub = target.subresource.as_deref().unwrap_or("");
+        return Err(ApiError::no_route(&format!("{}/{sub}", def.plural)));
+    }
+    let user = request
+        .extensions()
+        .get::<UserInfo>()
+        .cloned()
+        .unwrap_or_else(UserInfo::loopback);
+    let is_patch = request.method() == Method::PATCH;
+    let headers = request.headers().clone();
+    let query = parse_query(&request)?;
+    let limit = state.config.max_request_bytes;
+    let body = axum::body::to_bytes(request.into_body(), limit)
+        .await
+        .map_err(|_| ApiError::too_large(limit))?;
+    // Bodies are JSON (apply patches may be YAML). Protobuf and CBOR get 415, which makes
+    // client-go retry the request as JSON.
+    if !body.is_empty() && !is_patch {
+        let content_type = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json");
+        if !matches!(
+            negotiate::media_type(content_type).as_str(),
+            "application/json" | "" | "*/*"
+        ) {
+            return Err(ApiError::unsupported_media_type(content_type));
+        }
+    }
+    Ok(RequestScope {
+        state: state.clone(),
+        target,
+        user,
+        query,
+        headers,
+        body,
+    })
 }
 
 /// Runs one request (without its warnings).
@@ -75,131 +241,184 @@ async fn handle_inner(
         Err(request) => request,
     };
     let method = request.method().clone();
-    // Routed before the body is looked at: an unknown subresource is 404 whatever its body.
-    let def = target.def;
-    let ns = target.namespace.as_deref();
-    let name = target.name.as_deref();
-    let sub = target.subresource.as_deref();
-    let valid_sub = match sub {
-        None => true,
-        Some("status") => def.status,
-        Some(s) => def.extra_subresources.contains(&s),
-    };
-    if !valid_sub {
-        return (
-            method.to_string(),
-            ApiError::no_route(&format!("{}/{}", def.plural, sub.unwrap_or(""))).into_response(),
-        );
-    }
-    let headers = request.headers().clone();
     let watch = super::watch_requested(request.uri());
-    let query = match parse_query(&request) {
-        Ok(q) => q,
+    let verb = Verb::of(&method, target.name.is_some(), watch);
+    let scope = match scope_of(state, target, request).await {
+        Ok(scope) => scope,
         Err(e) => return (method.to_string(), e.into_response()),
     };
-    let limit = state.config.max_request_bytes;
-    let body = match axum::body::to_bytes(request.into_body(), limit).await {
-        Ok(b) => b,
-        Err(_) => {
-            return (
-                method.to_string(),
-                ApiError::too_large(limit).into_response(),
-            );
-        }
-    };
-    // Bodies are JSON (apply patches may be YAML). Protobuf and CBOR get 415, which makes
-    // client-go retry the request as JSON.
-    if !body.is_empty() && method != Method::PATCH {
-        let content_type = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("application/json");
-        if !matches!(
-            negotiate::media_type(content_type).as_str(),
-            "application/json" | "" | "*/*"
-        ) {
-            return (
-                method.to_string(),
-                ApiError::unsupported_media_type(content_type).into_response(),
-            );
-        }
-    }
     // Negotiate before acting: a write must not be committed and then answered 406.
-    if let Err(e) = representation(&headers) {
-        return (verb_name(&method, target.name.is_some()), e.into_response());
+    let label = verb.error_label(&method);
+    if let Err(e) = representation(&scope.headers) {
+        return (label, e.into_response());
     }
-    let result: Result<(String, Response), ApiError> = async {
-        Ok(match (&method, name, sub) {
-            (&Method::GET, None, None) if watch => {
-                let repr = representation(&headers)?;
-                ("WATCH".into(), super::watch::watch(state.clone(), def, ns.map(str::to_owned), &query, repr).await?)
-            }
-            (&Method::GET, None, None) => ("LIST".into(), list(state, def, ns, &query, &headers).await?),
-            (&Method::GET, Some(name), None | Some("status")) => {
-                let obj = get_object(state, def, ns, name).await?.1;
-                ("GET".into(), render_one(def, &obj, &headers, StatusCode::OK)?)
-            }
-            (&Method::POST, None, None) => {
-                let obj = create_object(state, def, ns, parse_body(&body)?, &query).await?;
-                ("POST".into(), render_one(def, &obj, &headers, StatusCode::CREATED)?)
-            }
-            (&Method::POST, Some(name), Some("binding")) => {
-                bind_pod(state, def, ns, name, parse_body(&body)?).await?;
-                ("POST".into(), json_response(StatusCode::CREATED, &success_status(&qualified(def, name), None), "application/json"))
-            }
-            (&Method::POST, Some(name), Some("eviction")) => {
-                let eviction = check_eviction(ns, name, parse_body(&body)?)?;
-                let options = DeleteOptions::from_value(eviction.get("deleteOptions").unwrap_or(&Value::Null), &Query::new())?;
-                delete_object(state, def, ns, name, options).await?;
-                ("POST".into(), json_response(StatusCode::CREATED, &success_status(&qualified(def, name), None), "application/json"))
-            }
-            (&Method::PUT, Some(name), None | Some("status") | Some("finalize")) => {
-                let obj = update_object(state, def, ns, name, sub, parse_body(&body)?, &query).await?;
-                ("PUT".into(), render_one(def, &obj, &headers, StatusCode::OK)?)
-            }
-            (&Method::PATCH, Some(name), None | Some("status")) => {
-                let content_type = headers
-                    .get(header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_owned();
-                let (code, obj) = patch_object(state, def, ns, name, sub, &content_type, &body, &query).await?;
-                ("PATCH".into(), render_one(def, &obj, &headers, code)?)
-            }
-            (&Method::DELETE, Some(name), None) => {
-                let body_value = if body.iter().all(u8::is_ascii_whitespace) { Value::Null } else { parse_body(&body)? };
-                let options = DeleteOptions::from_value(&body_value, &query)?;
-                let (code, obj) = delete_object(state, def, ns, name, options).await?;
-                ("DELETE".into(), json_response(code, &obj, "application/json"))
-            }
-            (&Method::DELETE, None, None) if !def.deletecollection() => {
-                return Err(ApiError::method_not_allowed("deletecollection", def.plural));
-            }
-            (&Method::DELETE, None, None) => {
-                let body_value = if body.iter().all(u8::is_ascii_whitespace) { Value::Null } else { parse_body(&body)? };
-                let options = DeleteOptions::from_value(&body_value, &query)?;
-                delete_collection(state, def, ns, &query, options).await?;
-                ("DELETECOLLECTION".into(), json_response(StatusCode::OK, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}), "application/json"))
-            }
-            (&Method::GET | &Method::PUT | &Method::PATCH, Some(name), Some("scale")) => {
-                let scale = match method {
-                    Method::GET => super::scale::get(state, def, ns, name).await?,
-                    Method::PUT => super::scale::put(state, def, ns, name, parse_body(&body)?, &query).await?,
-                    _ => {
-                        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-                        super::scale::patch(state, def, ns, name, ct, &body, &query).await?
-                    }
-                };
-                (method.to_string(), json_response(StatusCode::OK, &scale, "application/json"))
-            }
-            (m, _, _) => return Err(ApiError::method_not_allowed(&verb_name(m, name.is_some()), def.plural)),
-        })
+    let answered = dispatch(&scope, &method, verb).await;
+    match answered {
+        Ok(response) => (verb.label(&method), response),
+        Err(e) => (label, e.into_response()),
     }
-    .await;
-    match result {
-        Ok(ok) => ok,
-        Err(e) => (verb_name(&method, name.is_some()), e.into_response()),
+}
+
+/// The handler of a request's verb and subresource.
+async fn dispatch(scope: &RequestScope, method: &Method, verb: Verb) -> Result<Response, ApiError> {
+    let def = scope.def();
+    let named = scope.target.name.is_some();
+    match (verb, scope.subresource()) {
+        (Verb::Watch, None) => watch(scope).await,
+        (Verb::List, None) => list(scope).await,
+        (Verb::Get, None | Some("status")) => get(scope).await,
+        (Verb::Create, None) if !named => create(scope).await,
+        (Verb::Create, Some("binding")) => bind(scope).await,
+        (Verb::Create, Some("eviction")) => evict(scope).await,
+        (Verb::Update, None | Some("status") | Some("finalize")) if named => update(scope).await,
+        (Verb::Patch, None | Some("status")) if named => patch(scope).await,
+        (Verb::Delete, None) => delete(scope).await,
+        (Verb::DeleteCollection, None) if !def.deletecollection() => {
+            Err(ApiError::method_not_allowed("deletecollection", def.plural))
+        }
+        (Verb::DeleteCollection, None) => delete_collection(scope).await,
+        (Verb::Get | Verb::Update | Verb::Patch, Some("scale")) => scale(scope, verb).await,
+        _ => Err(ApiError::method_not_allowed(
+            &verb.error_label(method),
+            def.plural,
+        )),
     }
+}
+
+/// GET of an object or its status.
+async fn get(scope: &RequestScope) -> Result<Response, ApiError> {
+    let key = scope.key();
+    let obj = get_object(&*scope.state.store, key.def, key.namespace, key.name)
+        .await?
+        .1;
+    scope.render(&obj, StatusCode::OK)
+}
+
+/// A watch of a resource (`?watch=true`).
+async fn watch(scope: &RequestScope) -> Result<Response, ApiError> {
+    let repr = representation(&scope.headers)?;
+    let ns = scope.target.namespace.clone();
+    super::watch::watch(scope.state.clone(), scope.def(), ns, &scope.query, repr).await
+}
+
+/// POST of a new object.
+async fn create(scope: &RequestScope) -> Result<Response, ApiError> {
+    let ctx = scope.write_context();
+    let obj = create_object(
+        &scope.state,
+        &ctx,
+        scope.def(),
+        scope.namespace(),
+        scope.json_body()?,
+    )
+    .await?;
+    scope.render(&obj, StatusCode::CREATED)
+}
+
+/// PUT of an object, its status or a namespace's finalizers.
+async fn update(scope: &RequestScope) -> Result<Response, ApiError> {
+    let ctx = scope.write_context();
+    let obj = update_object(
+        &scope.state,
+        &ctx,
+        scope.key(),
+        scope.subresource(),
+        scope.json_body()?,
+    )
+    .await?;
+    scope.render(&obj, StatusCode::OK)
+}
+
+/// PATCH of an object or its status.
+async fn patch(scope: &RequestScope) -> Result<Response, ApiError> {
+    let (code, obj) = patch_object(scope).await?;
+    scope.render(&obj, code)
+}
+
+/// DELETE of an object.
+async fn delete(scope: &RequestScope) -> Result<Response, ApiError> {
+    let options = scope.delete_options()?;
+    let ctx = scope.write_context();
+    let obj = delete_object(scope.storage(), &ctx, scope.key(), options).await?;
+    Ok(json_response(StatusCode::OK, &obj, "application/json"))
+}
+
+/// DELETE of a collection.
+async fn delete_collection(scope: &RequestScope) -> Result<Response, ApiError> {
+    let options = scope.delete_options()?;
+    let ctx = scope.write_context();
+    storage::delete::delete_collection(
+        scope.storage(),
+        &ctx,
+        scope.def(),
+        scope.namespace(),
+        &scope.query,
+        options,
+    )
+    .await?;
+    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
+    Ok(json_response(StatusCode::OK, &status, "application/json"))
+}
+
+/// POST of a pod's `binding`.
+async fn bind(scope: &RequestScope) -> Result<Response, ApiError> {
+    bind_pod(scope.storage(), scope.key(), scope.json_body()?).await?;
+    let status = success_status(&qualified(scope.def(), scope.name()), None);
+    Ok(json_response(
+        StatusCode::CREATED,
+        &status,
+        "application/json",
+    ))
+}
+
+/// POST of a pod's `eviction`: a delete with the eviction's options.
+async fn evict(scope: &RequestScope) -> Result<Response, ApiError> {
+    let eviction = check_eviction(scope.namespace(), scope.name(), scope.json_body()?)?;
+    let options = eviction.get("deleteOptions").unwrap_or(&Value::Null);
+    let options = DeleteOptions::from_value(options, &Query::new())?;
+    let ctx = scope.write_context();
+    delete_object(scope.storage(), &ctx, scope.key(), options).await?;
+    let status = success_status(&qualified(scope.def(), scope.name()), None);
+    Ok(json_response(
+        StatusCode::CREATED,
+        &status,
+        "application/json",
+    ))
+}
+
+/// GET, PUT and PATCH of the `scale` subresource.
+async fn scale(scope: &RequestScope, verb: Verb) -> Result<Response, ApiError> {
+    let (state, key, ctx) = (&scope.state, scope.key(), scope.write_context());
+    let scale = match verb {
+        Verb::Get => super::scale::get(state, key).await?,
+        Verb::Update => super::scale::put(state, &ctx, key, scope.json_body()?).await?,
+        _ => super::scale::patch(state, &ctx, key, scope.content_type(), &scope.body).await?,
+    };
+    Ok(json_response(StatusCode::OK, &scale, "application/json"))
+}
+
+/// Decodes a create's body against its type (see [`check_body`]) and creates it.
+pub(crate) async fn create_object(
+    state: &ServerState,
+    ctx: &WriteContext,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    mut obj: Value,
+) -> Result<Value, ApiError> {
+    check_body(def, &mut obj, &ctx.query)?;
+    storage::create::create_object(&state.storage, ctx, def, ns, obj).await
+}
+
+/// Decodes an update's body against its type (see [`check_body`]) and writes it.
+pub(crate) async fn update_object(
+    state: &ServerState,
+    ctx: &WriteContext,
+    key: ObjectKey<'_>,
+    sub: Option<&str>,
+    mut obj: Value,
+) -> Result<Value, ApiError> {
+    check_body(key.def, &mut obj, &ctx.query)?;
+    storage::update::update_object(&state.storage, ctx, key, sub, obj).await
 }
 
 tokio::task_local! {
@@ -245,13 +464,6 @@ pub(crate) fn metric_resource(target: &Target) -> String {
             format!("{}/{sub}", def.plural)
         }
         Some(_) => format!("{}/other", def.plural),
-    }
-}
-
-fn verb_name(method: &Method, named: bool) -> String {
-    match (method.as_str(), named) {
-        ("GET", false) => "LIST".into(),
-        (m, _) => m.to_owned(),
     }
 }
 
@@ -301,317 +513,13 @@ fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
     Ok(value)
 }
 
-// ------------------------------------------------------------------ storage encoding
-
-/// A stored object as served: converted to the resource's version, with its resourceVersion.
-pub(crate) fn decode(def: &ResourceDef, value: &[u8], revision: u64) -> Result<Value, ApiError> {
-    let stored: Value = serde_json::from_slice(value)
-        .map_err(|e| ApiError::internal(format!("stored object is not JSON: {e}")))?;
-    let mut obj = (def.from_storage)(stored);
-    meta_mut(&mut obj).insert("resourceVersion".into(), json!(revision.to_string()));
-    Ok(obj)
-}
-
-fn decode_kv(def: &ResourceDef, kv: &KeyValue) -> Result<Value, ApiError> {
-    decode(def, &kv.value, kv.mod_revision)
-}
-
-/// The stored form of an object, checked to be readable back: not nested deeper than the
-/// read path's decoder accepts (422) and not larger than `max_object_bytes` (413, as etcd's
-/// request size limit upstream). Nothing is stored that a later read would fail on.
-fn encode(state: &ServerState, def: &ResourceDef, obj: &Value) -> Result<Bytes, ApiError> {
-    let name = str_at(obj, &["metadata", "name"]).unwrap_or("");
-    if let Err(why) = patch::limits::check_depth(obj) {
-        return Err(invalid(
-            def,
-            name,
-            vec![FieldError::invalid("", &Value::Null, why)],
-        ));
-    }
-    let mut stored = (def.to_storage)(obj.clone());
-    meta_mut(&mut stored).remove("resourceVersion");
-    let bytes = serde_json::to_vec(&stored)
-        .map_err(|e| ApiError::internal(format!("encoding the object: {e}")))?;
-    // The read path's own decoder has the last word on what is readable.
-    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
-        return Err(invalid(
-            def,
-            name,
-            vec![FieldError::invalid(
-                "",
-                &Value::Null,
-                format!("the object could not be read back: {e}"),
-            )],
-        ));
-    }
-    let limit = state.config.max_object_bytes;
-    if bytes.len() > limit {
-        return Err(ApiError::entity_too_large(format!(
-            "the object {name:?} would be {} bytes, more than the limit of {limit} bytes per stored object",
-            bytes.len()
-        )));
-    }
-    Ok(Bytes::from(bytes))
-}
-
-pub(crate) async fn get_object(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-) -> Result<(KeyValue, Value), ApiError> {
-    let q = qualified(def, name);
-    let kv = state
-        .store
-        .get(&def.key(ns, name))
-        .await
-        .map_err(|e| ApiError::from_store(&q, e))?
-        .ok_or_else(|| ApiError::not_found(&q))?;
-    let obj = decode_kv(def, &kv)?;
-    Ok((kv, obj))
-}
-
-/// Where [`quarantine_unreadable`] moves a stored object the server cannot read.
-pub(crate) const QUARANTINE_PREFIX: &str = "/quarantine";
-
-/// Moves every stored object that the read path cannot decode (written by an older,
-/// unchecked server: nested past the decoder's limit, say) out of the registry, to
-/// `/quarantine/<its key>`, with an error log line naming both keys. One bad object then
-/// no longer fails startup, nor every LIST of its resource. Returns how many were moved.
-pub(crate) async fn quarantine_unreadable(state: &ServerState) -> Result<usize, ApiError> {
-    let mut seen = Vec::new();
-    let mut moved = 0;
-    for def in state.registry.all() {
-        if seen.contains(&def.storage) {
-            continue;
-        }
-        seen.push(def.storage);
-        let q = qualified(def, "");
-        let prefix = def.key_prefix(None);
-        let mut start: Option<String> = None;
-        loop {
-            let page = state
-                .store
-                .list(&prefix, start.as_deref(), Some(500), None)
-                .await
-                .map_err(|e| ApiError::from_store(&q, e))?;
-            for kv in &page.items {
-                let Err(e) = decode_kv(def, kv) else {
-                    continue;
-                };
-                let destination = format!("{QUARANTINE_PREFIX}{}", kv.key);
-                tracing::error!(
-                    key = %kv.key,
-                    quarantined_as = %destination,
-                    error = %e.message,
-                    "a stored object cannot be read back: moved out of the registry so the API server can serve its resource; inspect or delete it in the store"
-                );
-                match state.store.create(&destination, kv.value.clone()).await {
-                    Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
-                    Err(e) => return Err(ApiError::from_store(&q, e)),
-                }
-                match state.store.delete(&kv.key, Some(kv.mod_revision)).await {
-                    Ok(_) | Err(StoreError::NotFound { .. }) => moved += 1,
-                    Err(e) => return Err(ApiError::from_store(&q, e)),
-                }
-            }
-            start = page.items.last().map(|kv| kv.key.clone());
-            if !page.more {
-                break;
-            }
-        }
-    }
-    Ok(moved)
-}
-
-// ------------------------------------------------------------------ list
-
-/// A continue token: the revision of the first page and the last key returned.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct ContinueToken {
-    rv: u64,
-    start: String,
-}
-
-fn encode_continue(rv: u64, start: &str) -> String {
-    URL_SAFE_NO_PAD.encode(
-        serde_json::to_vec(&ContinueToken {
-            rv,
-            start: start.to_owned(),
-        })
-        .unwrap_or_default(),
-    )
-}
-
-fn decode_continue(token: &str) -> Result<ContinueToken, ApiError> {
-    URL_SAFE_NO_PAD
-        .decode(token)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .ok_or_else(|| {
-            ApiError::bad_request(
-                "continue key is not valid: illegal base64 data or unknown format",
-            )
-        })
-}
-
-/// Parsed list options.
-pub(crate) struct ListOptions {
-    pub(crate) labels: LabelSelector,
-    pub(crate) fields: FieldSelector,
-    pub(crate) limit: Option<usize>,
-    pub(crate) continue_token: Option<String>,
-    pub(crate) resource_version: Option<String>,
-    pub(crate) resource_version_match: Option<String>,
-}
-
-impl ListOptions {
-    pub(crate) fn parse(def: &ResourceDef, query: &Query) -> Result<Self, ApiError> {
-        let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))
-            .map_err(|e| ApiError::bad_request(format!("unable to parse labelSelector: {e}")))?;
-        let fields = FieldSelector::parse(query.get("fieldSelector").map_or("", String::as_str))
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        if let Some(bad) = fields.paths().find(|p| !def.supports_field(p)) {
-            return Err(ApiError::bad_request(format!(
-                "field label not supported: {bad}"
-            )));
-        }
-        let limit = match query.get("limit") {
-            None => None,
-            Some(l) => Some(
-                l.parse::<usize>()
-                    .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
-            )
-            .filter(|l| *l > 0),
-        };
-        Ok(ListOptions {
-            labels,
-            fields,
-            limit,
-            continue_token: query.get("continue").filter(|c| !c.is_empty()).cloned(),
-            resource_version: query
-                .get("resourceVersion")
-                .filter(|v| !v.is_empty())
-                .cloned(),
-            resource_version_match: query
-                .get("resourceVersionMatch")
-                .filter(|v| !v.is_empty())
-                .cloned(),
-        })
-    }
-
-    pub(crate) fn matches(&self, def: &ResourceDef, obj: &Value) -> bool {
-        self.labels.matches(obj) && self.fields.matches(|p| def.field_value(obj, p))
-    }
-}
-
-fn parse_rv(rv: &str) -> Result<u64, ApiError> {
-    rv.parse()
-        .map_err(|_| ApiError::bad_request(format!("invalid resource version {rv:?}")))
-}
-
-/// Lists the matching objects: items, the list's revision, and a continue token.
-pub(crate) async fn list_objects(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    opts: &ListOptions,
-) -> Result<(Vec<Value>, u64, Option<String>), ApiError> {
-    let q = qualified(def, "");
-    let current = state
-        .store
-        .current_revision()
-        .await
-        .map_err(|e| ApiError::from_store(&q, e))?;
-    let (mut at, mut cursor) = match &opts.continue_token {
-        Some(token) => {
-            let t = decode_continue(token)?;
-            (Some(t.rv), Some(t.start))
-        }
-        None => (None, None),
-    };
-    if at.is_none()
-        && let Some(rv) = &opts.resource_version
-        && rv != "0"
-    {
-        let rv = parse_rv(rv)?;
-        if rv > current {
-            return Err(ApiError::too_large_resource_version(rv, current));
-        }
-        if opts.resource_version_match.as_deref() == Some("Exact") {
-            at = Some(rv);
-        }
-    }
-    let prefix = def.key_prefix(ns);
-    let mut items = Vec::new();
-    let mut revision = at;
-    let mut continue_from = None;
-    'pages: loop {
-        let want = opts.limit.map(|l| (l - items.len()).max(64));
-        let page = state
-            .store
-            .list(&prefix, cursor.as_deref(), want, revision)
-            .await
-            .map_err(|e| match e {
-                StoreError::Expired { .. } if opts.continue_token.is_some() => ApiError::expired(
-                    "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
-                ),
-                other => ApiError::from_store(&q, other),
-            })?;
-        revision = Some(page.revision);
-        let count = page.items.len();
-        for (i, kv) in page.items.iter().enumerate() {
-            cursor = Some(kv.key.clone());
-            let obj = decode_kv(def, kv)?;
-            if opts.matches(def, &obj) {
-                items.push(obj);
-                if opts.limit.is_some_and(|l| items.len() >= l) {
-                    if i + 1 < count || page.more {
-                        continue_from = cursor.clone();
-                    }
-                    break 'pages;
-                }
-            }
-        }
-        if !page.more {
-            break;
-        }
-    }
-    let revision = revision.unwrap_or(current);
-    Ok((
-        items,
-        revision,
-        continue_from.map(|c| encode_continue(revision, &c)),
-    ))
-}
-
-/// Every object of a resource (in one namespace or all), unfiltered.
-pub(crate) async fn list_all(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-) -> Result<Vec<Value>, ApiError> {
-    let opts = ListOptions {
-        labels: LabelSelector::default(),
-        fields: FieldSelector::default(),
-        limit: None,
-        continue_token: None,
-        resource_version: None,
-        resource_version_match: None,
-    };
-    Ok(list_objects(state, def, ns, &opts).await?.0)
-}
-
-async fn list(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    query: &Query,
-    headers: &HeaderMap,
-) -> Result<Response, ApiError> {
-    let repr = representation(headers)?;
-    let opts = ListOptions::parse(def, query)?;
-    let (items, revision, cont) = list_objects(state, def, ns, &opts).await?;
+/// GET of a collection.
+async fn list(scope: &RequestScope) -> Result<Response, ApiError> {
+    let def = scope.def();
+    let repr = representation(&scope.headers)?;
+    let opts = ListOptions::parse(def, &scope.query)?;
+    let (items, revision, cont) =
+        list_objects(&*scope.state.store, def, scope.namespace(), &opts).await?;
     let rv = revision.to_string();
     Ok(match repr {
         Representation::Table => json_response(
@@ -647,8 +555,6 @@ async fn list(
         }
     })
 }
-
-// ------------------------------------------------------------------ create
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum FieldValidation {
@@ -721,520 +627,17 @@ fn prune_unknown(given: &mut Value, known: &Value) {
     }
 }
 
-fn invalid(def: &ResourceDef, name: &str, errors: Vec<FieldError>) -> ApiError {
-    ApiError::invalid(def.kind, def.group, name, errors)
-}
-
-async fn check_namespace(
-    state: &ServerState,
-    def: &ResourceDef,
-    ns: &str,
-    name: &str,
-) -> Result<(), ApiError> {
-    let namespaces = state
-        .registry
-        .find("", "v1", "namespaces")
-        .expect("namespaces are served");
-    match get_object(state, namespaces, None, ns).await {
-        Ok((_, namespace)) => {
-            if !namespace["metadata"]["deletionTimestamp"].is_null() {
-                return Err(ApiError::forbidden(
-                    &qualified(def, name),
-                    &format!(
-                        "unable to create new content in namespace {ns} because it is being terminated"
-                    ),
-                ));
-            }
-            Ok(())
-        }
-        Err(e) if e.code == 404 => Err(ApiError::not_found(&Qualified::new("", "namespaces", ns))),
-        Err(e) => Err(e),
-    }
-}
-
-/// Creates an object (POST), as kube-apiserver's generic registry does.
-pub(crate) async fn create_object(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    mut obj: Value,
-    query: &Query,
-) -> Result<Value, ApiError> {
-    check_body(def, &mut obj, query)?;
-    let meta = meta_mut(&mut obj);
-    if def.namespaced {
-        let ns = ns.ok_or_else(|| {
-            ApiError::bad_request("the namespace of the object must be set on the request")
-        })?;
-        match meta.get("namespace").and_then(Value::as_str) {
-            Some(given) if !given.is_empty() && given != ns => {
-                return Err(ApiError::bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request",
-                ));
-            }
-            _ => {
-                meta.insert("namespace".into(), json!(ns));
-            }
-        }
-    } else {
-        meta.remove("namespace");
-    }
-    let given_name = meta
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
-    let generate = meta
-        .get("generateName")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
-    if given_name.is_empty() && generate.is_empty() {
-        return Err(invalid(
-            def,
-            "",
-            vec![FieldError::required(
-                "metadata.name",
-                "name or generateName is required",
-            )],
-        ));
-    }
-    let probe_name = if given_name.is_empty() {
-        meta::generate_name(&generate)
-    } else {
-        given_name.clone()
-    };
-    let mut errors: Vec<FieldError> = meta::validate_name(&probe_name, def.name_rule)
-        .into_iter()
-        .map(|e| {
-            FieldError::invalid(
-                if given_name.is_empty() {
-                    "metadata.generateName"
-                } else {
-                    "metadata.name"
-                },
-                &json!(if given_name.is_empty() {
-                    &generate
-                } else {
-                    &given_name
-                }),
-                e,
-            )
-        })
-        .collect();
-    if !errors.is_empty() {
-        return Err(invalid(def, &given_name, errors));
-    }
-    if def.namespaced {
-        check_namespace(state, def, ns.unwrap_or(""), &probe_name).await?;
-    }
-    // System fields: never taken from the client.
-    let meta = meta_mut(&mut obj);
-    for field in [
-        "uid",
-        "creationTimestamp",
-        "deletionTimestamp",
-        "deletionGracePeriodSeconds",
-        "resourceVersion",
-        "selfLink",
-        "generation",
-    ] {
-        meta.remove(field);
-    }
-    meta.insert("uid".into(), json!(meta::new_uid()));
-    meta.insert("creationTimestamp".into(), json!(meta::now_rfc3339()));
-    if def.generation {
-        meta_mut(&mut obj).insert("generation".into(), json!(1));
-    }
-    (def.prepare_create)(&mut obj);
-    errors.extend(meta::validate_object_meta(&obj));
-    errors.extend((def.validate)(&obj, None));
-    if !errors.is_empty() {
-        return Err(invalid(def, &probe_name, errors));
-    }
-    crate::auth::node::admit(state, def, crate::auth::node::Write::Create { new: &obj }).await?;
-    crate::auth::escalation::admit(state, def, ns, &obj, None).await?;
-    let allocation = allocate(state, def, &mut obj, None, &probe_name)?;
-    let dry_run = query.get("dryRun").is_some_and(|d| d == "All");
-    record_manager(def, &mut obj, None, query);
-    for attempt in 0..GENERATE_NAME_ATTEMPTS {
-        let name = if given_name.is_empty() {
-            if attempt == 0 {
-                probe_name.clone()
-            } else {
-                meta::generate_name(&generate)
-            }
-        } else {
-            given_name.clone()
-        };
-        meta_mut(&mut obj).insert("name".into(), json!(name));
-        let bytes = match encode(state, def, &obj) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                rollback(state, &allocation);
-                return Err(e);
-            }
-        };
-        if dry_run {
-            rollback(state, &allocation);
-            return Ok(obj);
-        }
-        match state.store.create(&def.key(ns, &name), bytes).await {
-            Ok(revision) => {
-                meta_mut(&mut obj).insert("resourceVersion".into(), json!(revision.to_string()));
-                observe(state, def, ns, &name, None, Some(&obj), revision).await;
-                return Ok(obj);
-            }
-            Err(StoreError::AlreadyExists { .. })
-                if given_name.is_empty() && attempt + 1 < GENERATE_NAME_ATTEMPTS =>
-            {
-                continue;
-            }
-            Err(StoreError::AlreadyExists { .. }) => {
-                rollback(state, &allocation);
-                let mut e = ApiError::already_exists(&qualified(def, &name));
-                if given_name.is_empty() {
-                    e.message.push_str(
-                        ", the server was not able to generate a unique name for the object",
-                    );
-                    if let Some(d) = e.details.as_mut() {
-                        d["retryAfterSeconds"] = json!(1);
-                    }
-                }
-                return Err(e);
-            }
-            Err(other) => {
-                rollback(state, &allocation);
-                return Err(ApiError::from_store(&qualified(def, &name), other));
-            }
-        }
-    }
-    unreachable!("the loop returns on its last attempt")
-}
-
-/// Service admission: ClusterIP and NodePort allocation.
-fn allocate(
-    state: &ServerState,
-    def: &ResourceDef,
-    obj: &mut Value,
-    old: Option<&Value>,
-    name: &str,
-) -> Result<Option<Allocation>, ApiError> {
-    if !def.group.is_empty() || def.plural != "services" {
-        return Ok(None);
-    }
-    state
-        .allocator
-        .lock()
-        .allocate(obj, old)
-        .map(Some)
-        .map_err(|errors| invalid(def, name, errors))
-}
-
-fn rollback(state: &ServerState, allocation: &Option<Allocation>) {
-    if let Some(a) = allocation {
-        state.allocator.lock().rollback(a);
-    }
-}
-
-fn commit(state: &ServerState, allocation: &Option<Allocation>) {
-    if let Some(a) = allocation {
-        state.allocator.lock().commit(a);
-    }
-}
-
-/// Records the writer in `metadata.managedFields` (field manager from the query).
-fn record_manager(def: &ResourceDef, obj: &mut Value, old: Option<&Value>, query: &Query) {
-    let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()) else {
-        return;
-    };
-    let schema = patch::schema_for(def.group, def.kind);
-    *obj = patch::record_update(old, obj, manager, schema, &meta::now_rfc3339());
-}
-
-// ------------------------------------------------------------------ update
-
-/// Replaces an object (PUT), or its status (`/status`), or a namespace's finalizers.
-pub(crate) async fn update_object(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-    sub: Option<&str>,
-    mut new: Value,
-    query: &Query,
-) -> Result<Value, ApiError> {
-    check_body(def, &mut new, query)?;
-    let body_name = str_at(&new, &["metadata", "name"]).unwrap_or("");
-    if body_name != name {
-        return Err(ApiError::bad_request(format!(
-            "the name of the object ({body_name}) does not match the name on the URL ({name})"
-        )));
-    }
-    if def.namespaced
-        && let Some(body_ns) = str_at(&new, &["metadata", "namespace"])
-        && Some(body_ns) != ns
-    {
-        return Err(ApiError::bad_request(
-            "the namespace of the provided object does not match the namespace sent on the request",
-        ));
-    }
-    let precondition = match str_at(&new, &["metadata", "resourceVersion"]) {
-        Some(rv) if !rv.is_empty() => Some(parse_rv(rv)?),
-        _ => None,
-    };
-    for _ in 0..MAX_WRITE_ATTEMPTS {
-        let (kv, current) = get_object(state, def, ns, name).await?;
-        if precondition.is_some_and(|rv| rv != kv.mod_revision) {
-            return Err(ApiError::modified(&qualified(def, name)));
-        }
-        match commit_update(state, def, ns, name, sub, &kv, &current, new.clone(), query).await {
-            Err(e) if e.reason == "Conflict" && precondition.is_none() => continue,
-            other => return other,
-        }
-    }
-    Err(ApiError::modified(&qualified(def, name)))
-}
-
-fn differs(a: &Value, b: &Value, key: &str) -> bool {
-    a.get(key).unwrap_or(&Value::Null) != b.get(key).unwrap_or(&Value::Null)
-}
-
-/// The shared tail of update and patch: subresource rules, system fields, validation,
-/// admission, finalizer-driven deletion, and the conditional write.
-#[allow(clippy::too_many_arguments)]
-async fn commit_update(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-    sub: Option<&str>,
-    kv: &KeyValue,
-    current: &Value,
-    mut new: Value,
-    query: &Query,
-) -> Result<Value, ApiError> {
-    let q = qualified(def, name);
-    match sub {
-        Some("status") => {
-            // Upstream's status strategies (nodes, services, pods, namespaces) keep the old
-            // spec and take the written status and metadata: the service controller adds its
-            // finalizer through `services/<name>/status` (checklist row 67). Pods also keep
-            // their ownerReferences, which old kubelets corrupted through this path. System
-            // fields are restored below, as for any write.
-            let status = new.get("status").cloned();
-            let metadata = new.get("metadata").cloned();
-            let mut merged = current.clone();
-            match status {
-                Some(s) => merged["status"] = s,
-                None => {
-                    if let Some(m) = merged.as_object_mut() {
-                        m.remove("status");
-                    }
-                }
-            }
-            if let Some(mut metadata) = metadata.filter(Value::is_object) {
-                if def.kind == "Pod" {
-                    match current["metadata"].get("ownerReferences") {
-                        Some(refs) => metadata["ownerReferences"] = refs.clone(),
-                        None => {
-                            if let Some(m) = metadata.as_object_mut() {
-                                m.remove("ownerReferences");
-                            }
-                        }
-                    }
-                }
-                merged["metadata"] = metadata;
-            }
-            new = merged;
-        }
-        Some("finalize") => {
-            let finalizers = new["spec"]["finalizers"].clone();
-            let mut merged = current.clone();
-            merged["spec"]["finalizers"] = finalizers;
-            new = merged;
-        }
-        _ => {
-            if def.status {
-                match current.get("status") {
-                    Some(s) => new["status"] = s.clone(),
-                    None => {
-                        if let Some(m) = new.as_object_mut() {
-                            m.remove("status");
-                        }
-                    }
-                }
-            }
-        }
-    }
-    // System metadata is immutable.
-    let old_meta = current["metadata"].clone();
-    let meta = meta_mut(&mut new);
-    for field in [
-        "uid",
-        "creationTimestamp",
-        "deletionTimestamp",
-        "deletionGracePeriodSeconds",
-        "name",
-        "namespace",
-        "generation",
-    ] {
-        match old_meta.get(field) {
-            Some(v) => {
-                meta.insert(field.into(), v.clone());
-            }
-            None => {
-                meta.remove(field);
-            }
-        }
-    }
-    meta.remove("resourceVersion");
-    if def.generation && sub.is_none() && differs(&new, current, "spec") {
-        let generation = old_meta["generation"].as_i64().unwrap_or(0) + 1;
-        meta_mut(&mut new).insert("generation".into(), json!(generation));
-    }
-    if sub.is_none() {
-        (def.prepare_update)(&mut new);
-    }
-    let deleting = !old_meta["deletionTimestamp"].is_null();
-    let mut errors = meta::validate_object_meta(&new);
-    if deleting {
-        let old_f: Vec<&Value> = old_meta["finalizers"]
-            .as_array()
-            .map(|a| a.iter().collect())
-            .unwrap_or_default();
-        let added: Vec<&Value> = new["metadata"]["finalizers"]
-            .as_array()
-            .map(|a| a.iter().filter(|f| !old_f.contains(f)).collect())
-            .unwrap_or_default();
-        if !added.is_empty() {
-            errors.push(FieldError::forbidden(
-                "metadata.finalizers",
-                &format!("no new finalizers can be added if the object is being deleted, found new finalizers {}", json!(added)),
-            ));
-        }
-    }
-    errors.extend((def.validate)(&new, Some(current)));
-    if !errors.is_empty() {
-        return Err(invalid(def, name, errors));
-    }
-    crate::auth::node::admit(
-        state,
-        def,
-        crate::auth::node::Write::Update {
-            sub,
-            old: current,
-            new: &new,
-        },
-    )
-    .await?;
-    crate::auth::escalation::admit(state, def, ns, &new, Some(current)).await?;
-    let allocation = if sub.is_none() {
-        allocate(state, def, &mut new, Some(current), name)?
-    } else {
-        None
-    };
-    record_manager(def, &mut new, Some(current), query);
-    let mut unchanged = current.clone();
-    meta_mut(&mut unchanged).remove("resourceVersion");
-    if new == unchanged {
-        rollback(state, &allocation);
-        return Ok(current.clone());
-    }
-    if query.get("dryRun").is_some_and(|d| d == "All") {
-        rollback(state, &allocation);
-        return Ok(new);
-    }
-    let finalizers_empty = new["metadata"]["finalizers"]
-        .as_array()
-        .is_none_or(Vec::is_empty);
-    let grace_done = new["metadata"]["deletionGracePeriodSeconds"]
-        .as_i64()
-        .unwrap_or(0)
-        == 0;
-    let spec_finalizers_empty = def.plural != "namespaces"
-        || new["spec"]["finalizers"]
-            .as_array()
-            .is_none_or(Vec::is_empty);
-    if deleting && finalizers_empty && grace_done && spec_finalizers_empty {
-        // The last finalizer is gone: the object goes now (ShouldDeleteDuringUpdate). The
-        // new object is never stored, so what this update allocated (a NodePort for a type
-        // change, say) goes back at once; the stored object's allocations are released
-        // below once the delete is done.
-        rollback(state, &allocation);
-        let (revision, _) = state
-            .store
-            .delete(&def.key(ns, name), Some(kv.mod_revision))
-            .await
-            .map_err(|e| ApiError::from_store(&q, e))?;
-        released(state, def, current);
-        observe(state, def, ns, name, Some(current), None, revision).await;
-        meta_mut(&mut new).insert("resourceVersion".into(), json!(revision.to_string()));
-        return Ok(new);
-    }
-    let bytes = match encode(state, def, &new) {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            rollback(state, &allocation);
-            return Err(e);
-        }
-    };
-    match state
-        .store
-        .update(&def.key(ns, name), bytes, Some(kv.mod_revision))
-        .await
-    {
-        Ok(revision) => {
-            commit(state, &allocation);
-            observe(state, def, ns, name, Some(current), Some(&new), revision).await;
-            meta_mut(&mut new).insert("resourceVersion".into(), json!(revision.to_string()));
-            Ok(new)
-        }
-        Err(e) => {
-            rollback(state, &allocation);
-            Err(ApiError::from_store(&q, e))
-        }
-    }
-}
-
-/// Tells what follows the server's own writes (the Node authorizer's graph) that `def`
-/// `ns/name` went from `old` (none: created) to `new` (none: deleted) at `revision`.
-async fn observe(
-    state: &ServerState,
-    def: &ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-    old: Option<&Value>,
-    new: Option<&Value>,
-    revision: u64,
-) {
-    state
-        .authorizer
-        .node
-        .observe(state, def, ns, name, old, new, revision)
-        .await;
-}
-
-/// Frees what a deleted object held (Service IPs and ports).
-fn released(state: &ServerState, def: &ResourceDef, obj: &Value) {
-    if def.group.is_empty() && def.plural == "services" {
-        state.allocator.lock().release(obj);
-    }
-}
-
-// ------------------------------------------------------------------ patch
-
-#[allow(clippy::too_many_arguments)]
-async fn patch_object(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-    sub: Option<&str>,
-    content_type: &str,
-    body: &Bytes,
-    query: &Query,
-) -> Result<(StatusCode, Value), ApiError> {
+/// A patch (JSON, merge, strategic merge, apply), applied to the stored object in the
+/// store's retry loop; an apply of a missing object creates it.
+async fn patch_object(scope: &RequestScope) -> Result<(StatusCode, Value), ApiError> {
+    let (def, ns, name, sub) = (
+        scope.def(),
+        scope.namespace(),
+        scope.name(),
+        scope.subresource(),
+    );
+    let (content_type, body, query) = (scope.content_type(), &scope.body, &scope.query);
+    let state = &scope.state;
     let patch_type = patch::PatchType::from_content_type(content_type)
         .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
     let is_apply = patch_type == patch::PatchType::ApplyPatch;
@@ -1289,7 +692,7 @@ async fn patch_object(
     let patch_doc = Arc::new(patch_doc);
     let schema = patch::schema_for(def.group, def.kind);
     for _ in 0..MAX_WRITE_ATTEMPTS {
-        let current = match get_object(state, def, ns, name).await {
+        let current = match get_object(&*state.store, def, ns, name).await {
             Ok(found) => Some(found),
             Err(e) if e.code == 404 && is_apply && sub.is_none() => None,
             Err(e) => return Err(e),
@@ -1303,12 +706,12 @@ async fn patch_object(
             .map_err(|e| apply_error(def, name, e))?;
             check_request_namespace(def, ns, &mut obj)?;
             check_url_name(&obj, name)?;
-            authorize_create(state, def, ns, name).await?;
+            authorize_create(scope).await?;
             // The apply recorded its manager's ownership; an `Update` entry of the same
             // manager on top would make its next apply conflict with itself.
-            let mut query = query.clone();
-            query.remove("fieldManager");
-            let created = create_object(state, def, ns, obj, &query).await?;
+            let mut ctx = scope.write_context();
+            ctx.query.remove("fieldManager");
+            let created = create_object(state, &ctx, def, ns, obj).await?;
             return Ok((StatusCode::CREATED, created));
         };
         let (doc, manager, live) = (patch_doc.clone(), manager.clone(), current.clone());
@@ -1341,15 +744,13 @@ async fn patch_object(
             o.insert("kind".into(), json!(def.kind));
         }
         check_body(def, &mut patched, query)?;
-        let query = if is_apply {
+        let mut ctx = scope.write_context();
+        if is_apply {
             // Apply ownership was recorded by the apply itself.
-            let mut q = query.clone();
-            q.remove("fieldManager");
-            q
-        } else {
-            query.clone()
-        };
-        match commit_update(state, def, ns, name, sub, &kv, &current, patched, &query).await {
+            ctx.query.remove("fieldManager");
+        }
+        let key = scope.key();
+        match commit_update(&state.storage, &ctx, key, sub, &kv, &current, patched).await {
             Err(e) if e.reason == "Conflict" && e.message.contains("has been modified") => continue,
             Err(e) => return Err(e),
             Ok(obj) => return Ok((StatusCode::OK, obj)),
@@ -1428,18 +829,11 @@ fn check_url_name(obj: &Value, name: &str) -> Result<(), ApiError> {
 
 /// An apply that creates its object needs `create` on it as well as `patch`, as upstream's
 /// `PatchResource` wraps its create validation in `withAuthorization` (verb `create`, the
-/// URL's name). The server's own writes (no request user) are not checked.
-async fn authorize_create(
-    state: &ServerState,
-    def: &ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-) -> Result<(), ApiError> {
-    let Some(user) = crate::auth::with_request_user(Clone::clone) else {
-        return Ok(());
-    };
+/// URL's name).
+async fn authorize_create(scope: &RequestScope) -> Result<(), ApiError> {
+    let (def, ns, name) = (scope.def(), scope.namespace(), scope.name());
     let mut attrs = crate::auth::authz::Attributes::resource(
-        user,
+        scope.user.clone(),
         "create",
         def.group,
         def.plural,
@@ -1447,7 +841,7 @@ async fn authorize_create(
         name,
     );
     attrs.api_version = def.version.to_owned();
-    match state.authorizer.authorize(state, &attrs).await {
+    match scope.state.authorizer.authorize(&attrs).await {
         crate::auth::authz::Decision::Allow => Ok(()),
         crate::auth::authz::Decision::Deny(reason)
         | crate::auth::authz::Decision::NoOpinion(reason) => {
@@ -1522,360 +916,6 @@ fn apply_error(def: &ResourceDef, name: &str, e: patch::ApplyError) -> ApiError 
     }
 }
 
-// ------------------------------------------------------------------ delete
-
-/// `DeleteOptions`, from the body and the query.
-#[derive(Debug, Default)]
-pub(crate) struct DeleteOptions {
-    grace_period_seconds: Option<i64>,
-    propagation_policy: Option<String>,
-    precondition_uid: Option<String>,
-    precondition_rv: Option<String>,
-    dry_run: bool,
-}
-
-impl DeleteOptions {
-    pub(crate) fn from_value(body: &Value, query: &Query) -> Result<Self, ApiError> {
-        let mut o = DeleteOptions {
-            grace_period_seconds: body["gracePeriodSeconds"].as_i64(),
-            propagation_policy: body["propagationPolicy"].as_str().map(str::to_owned),
-            precondition_uid: body["preconditions"]["uid"].as_str().map(str::to_owned),
-            precondition_rv: body["preconditions"]["resourceVersion"]
-                .as_str()
-                .map(str::to_owned),
-            dry_run: body["dryRun"]
-                .as_array()
-                .is_some_and(|d| d.iter().any(|v| v == "All")),
-        };
-        if body["orphanDependents"].as_bool() == Some(true) {
-            o.propagation_policy.get_or_insert_with(|| "Orphan".into());
-        }
-        if let Some(g) = query.get("gracePeriodSeconds") {
-            o.grace_period_seconds =
-                Some(g.parse().map_err(|_| {
-                    ApiError::bad_request(format!("invalid gracePeriodSeconds {g:?}"))
-                })?);
-        }
-        if let Some(p) = query.get("propagationPolicy") {
-            o.propagation_policy = Some(p.clone());
-        }
-        if flag(query, "orphanDependents") {
-            o.propagation_policy.get_or_insert_with(|| "Orphan".into());
-        }
-        if query.get("dryRun").is_some_and(|d| d == "All") {
-            o.dry_run = true;
-        }
-        if let Some(p) = &o.propagation_policy
-            && !matches!(p.as_str(), "Orphan" | "Background" | "Foreground")
-        {
-            return Err(ApiError::invalid(
-                "DeleteOptions",
-                "meta.k8s.io",
-                "",
-                vec![FieldError::not_supported(
-                    "propagationPolicy",
-                    &json!(p),
-                    &["Background", "Foreground", "Orphan"],
-                )],
-            ));
-        }
-        if o.grace_period_seconds.is_some_and(|g| g < 0) {
-            o.grace_period_seconds = Some(0);
-        }
-        Ok(o)
-    }
-}
-
-/// Deletes an object with upstream's semantics: preconditions, graceful deletion for pods on
-/// a node, finalizers (including `orphan` and `foregroundDeletion` from the propagation
-/// policy), and immediate removal otherwise.
-pub(crate) async fn delete_object(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-    options: DeleteOptions,
-) -> Result<(StatusCode, Value), ApiError> {
-    let q = qualified(def, name);
-    if def.plural == "namespaces" && super::SYSTEM_NAMESPACES.contains(&name) {
-        return Err(ApiError::forbidden(&q, "this namespace may not be deleted"));
-    }
-    for _ in 0..MAX_WRITE_ATTEMPTS {
-        let (kv, current) = get_object(state, def, ns, name).await?;
-        crate::auth::node::admit(
-            state,
-            def,
-            crate::auth::node::Write::Delete { old: &current },
-        )
-        .await?;
-        let meta = &current["metadata"];
-        if let Some(uid) = &options.precondition_uid
-            && meta["uid"].as_str() != Some(uid)
-        {
-            return Err(ApiError::conflict(
-                &q,
-                &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    meta["uid"].as_str().unwrap_or("")
-                ),
-            ));
-        }
-        if let Some(rv) = &options.precondition_rv
-            && *rv != kv.mod_revision.to_string()
-        {
-            return Err(ApiError::conflict(
-                &q,
-                &format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                    kv.mod_revision
-                ),
-            ));
-        }
-        let already_deleting = !meta["deletionTimestamp"].is_null();
-        let mut finalizers: Vec<String> = meta["finalizers"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if !already_deleting {
-            match options.propagation_policy.as_deref() {
-                Some("Orphan") => {
-                    finalizers.retain(|f| f != "foregroundDeletion");
-                    if !finalizers.iter().any(|f| f == "orphan") {
-                        finalizers.push("orphan".into());
-                    }
-                }
-                Some("Foreground") => {
-                    finalizers.retain(|f| f != "orphan");
-                    if !finalizers.iter().any(|f| f == "foregroundDeletion") {
-                        finalizers.push("foregroundDeletion".into());
-                    }
-                }
-                Some("Background") => {
-                    finalizers.retain(|f| f != "orphan" && f != "foregroundDeletion")
-                }
-                _ => {}
-            }
-        }
-        // Graceful deletion: a pod on a node waits for its kubelet.
-        let grace = if def.group.is_empty() && def.plural == "pods" {
-            let terminal = matches!(
-                current["status"]["phase"].as_str(),
-                Some("Succeeded" | "Failed")
-            );
-            let scheduled = current["spec"]["nodeName"]
-                .as_str()
-                .is_some_and(|n| !n.is_empty());
-            if terminal || !scheduled {
-                0
-            } else {
-                options
-                    .grace_period_seconds
-                    .or_else(|| current["spec"]["terminationGracePeriodSeconds"].as_i64())
-                    .unwrap_or(30)
-            }
-        } else {
-            0
-        };
-        let namespace_pending = def.plural == "namespaces"
-            && current["spec"]["finalizers"]
-                .as_array()
-                .is_some_and(|f| !f.is_empty());
-        if options.dry_run {
-            return Ok((StatusCode::OK, current));
-        }
-        if finalizers.is_empty() && grace == 0 && !namespace_pending {
-            match state
-                .store
-                .delete(&def.key(ns, name), Some(kv.mod_revision))
-                .await
-            {
-                Ok((revision, _)) => {
-                    released(state, def, &current);
-                    observe(state, def, ns, name, Some(&current), None, revision).await;
-                    let mut deleted = current.clone();
-                    meta_mut(&mut deleted)
-                        .insert("resourceVersion".into(), json!(revision.to_string()));
-                    // Pods return the deleted object; everything else a Status.
-                    return Ok(if def.plural == "pods" {
-                        (StatusCode::OK, deleted)
-                    } else {
-                        (StatusCode::OK, success_status(&q, meta["uid"].as_str()))
-                    });
-                }
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(e) => return Err(ApiError::from_store(&q, e)),
-            }
-        }
-        // Mark as deleting and keep the object.
-        let mut marked = current.clone();
-        let now = jiff::Timestamp::now().as_second();
-        // A grace period near i64::MAX must not overflow: past jiff's range the deletion
-        // time is the latest representable one.
-        let deletion_at = jiff::Timestamp::from_second(now.saturating_add(grace))
-            .unwrap_or(jiff::Timestamp::MAX)
-            .strftime("%Y-%m-%dT%H:%M:%SZ")
-            .to_string();
-        let m = meta_mut(&mut marked);
-        let keep_earlier = already_deleting
-            && m.get("deletionGracePeriodSeconds")
-                .and_then(Value::as_i64)
-                .is_some_and(|g| g <= grace);
-        if !keep_earlier {
-            m.insert("deletionTimestamp".into(), json!(deletion_at));
-            m.insert("deletionGracePeriodSeconds".into(), json!(grace));
-        }
-        if finalizers.is_empty() {
-            m.remove("finalizers");
-        } else {
-            m.insert("finalizers".into(), json!(finalizers));
-        }
-        m.remove("resourceVersion");
-        if def.plural == "namespaces" {
-            marked["status"]["phase"] = json!("Terminating");
-        }
-        if marked == {
-            let mut c = current.clone();
-            meta_mut(&mut c).remove("resourceVersion");
-            c
-        } {
-            return Ok((StatusCode::OK, current));
-        }
-        match state
-            .store
-            .update(
-                &def.key(ns, name),
-                encode(state, def, &marked)?,
-                Some(kv.mod_revision),
-            )
-            .await
-        {
-            Ok(revision) => {
-                observe(
-                    state,
-                    def,
-                    ns,
-                    name,
-                    Some(&current),
-                    Some(&marked),
-                    revision,
-                )
-                .await;
-                meta_mut(&mut marked).insert("resourceVersion".into(), json!(revision.to_string()));
-                if def.plural == "namespaces" && !already_deleting {
-                    spawn_namespace_cleanup(state, name.to_owned());
-                }
-                return Ok((StatusCode::OK, marked));
-            }
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(ApiError::from_store(&q, e)),
-        }
-    }
-    Err(ApiError::modified(&q))
-}
-
-async fn delete_collection(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    query: &Query,
-    options: DeleteOptions,
-) -> Result<(), ApiError> {
-    let opts = ListOptions::parse(def, query)?;
-    let (items, _, _) = list_objects(state, def, ns, &opts).await?;
-    for item in items {
-        let name = str_at(&item, &["metadata", "name"])
-            .unwrap_or("")
-            .to_owned();
-        let item_ns = str_at(&item, &["metadata", "namespace"]).map(str::to_owned);
-        let opts = DeleteOptions {
-            grace_period_seconds: options.grace_period_seconds,
-            propagation_policy: options.propagation_policy.clone(),
-            dry_run: options.dry_run,
-            ..DeleteOptions::default()
-        };
-        match delete_object(state, def, item_ns.as_deref(), &name, opts).await {
-            Ok(_) => {}
-            Err(e) if e.code == 404 => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// The namespace controller's work, in-process: delete everything in a terminating
-/// namespace, then the namespace itself.
-pub(super) fn spawn_namespace_cleanup(state: &ServerState, namespace: String) {
-    let Some(server) = state.self_ref.upgrade() else {
-        return;
-    };
-    tokio::spawn(async move {
-        let state = server;
-        loop {
-            let mut remaining = 0usize;
-            let mut seen = Vec::new();
-            for def in state.registry.all() {
-                if !def.namespaced || seen.contains(&def.storage) {
-                    continue;
-                }
-                seen.push(def.storage);
-                let Ok(items) = list_all(&state, def, Some(&namespace)).await else {
-                    continue;
-                };
-                for item in items {
-                    remaining += 1;
-                    if item["metadata"]["deletionTimestamp"].is_null() {
-                        let name = str_at(&item, &["metadata", "name"])
-                            .unwrap_or("")
-                            .to_owned();
-                        let options = DeleteOptions {
-                            grace_period_seconds: Some(0),
-                            ..DeleteOptions::default()
-                        };
-                        let _ = delete_object(&state, def, Some(&namespace), &name, options).await;
-                    }
-                }
-            }
-            if remaining == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        let namespaces = state
-            .registry
-            .find("", "v1", "namespaces")
-            .expect("namespaces are served");
-        for _ in 0..MAX_WRITE_ATTEMPTS {
-            let Ok((kv, current)) = get_object(&state, namespaces, None, &namespace).await else {
-                return;
-            };
-            let mut finalized = current.clone();
-            finalized["spec"]["finalizers"] = json!([]);
-            match commit_update(
-                &state,
-                namespaces,
-                None,
-                &namespace,
-                Some("finalize"),
-                &kv,
-                &current,
-                finalized,
-                &Query::new(),
-            )
-            .await
-            {
-                Err(e) if e.reason == "Conflict" => continue,
-                _ => return,
-            }
-        }
-    });
-}
-
-// ------------------------------------------------------------------ pods/eviction
-
 /// The group-versions whose `Eviction` the eviction subresource takes (upstream accepts
 /// `policy/v1beta1` bodies too).
 const EVICTION_VERSIONS: [&str; 2] = ["policy/v1", "policy/v1beta1"];
@@ -1914,74 +954,4 @@ fn check_eviction(ns: Option<&str>, name: &str, mut body: Value) -> Result<Value
         ));
     }
     Ok(body)
-}
-
-// ------------------------------------------------------------------ pods/binding
-
-async fn bind_pod(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-    binding: Value,
-) -> Result<(), ApiError> {
-    let node = binding["target"]["name"].as_str().unwrap_or("").to_owned();
-    if node.is_empty() {
-        return Err(ApiError::invalid(
-            "Binding",
-            "",
-            name,
-            vec![FieldError::required("target.name", "")],
-        ));
-    }
-    for _ in 0..MAX_WRITE_ATTEMPTS {
-        let (kv, current) = get_object(state, def, ns, name).await?;
-        if !current["metadata"]["deletionTimestamp"].is_null() {
-            return Err(ApiError::conflict(
-                &qualified(def, name),
-                "pod is being deleted, cannot be assigned to a host",
-            ));
-        }
-        if let Some(existing) = current["spec"]["nodeName"]
-            .as_str()
-            .filter(|n| !n.is_empty())
-        {
-            return Err(ApiError::conflict(
-                &qualified(def, name),
-                &format!("pod {name} is already assigned to node \"{existing}\""),
-            ));
-        }
-        let mut bound = current.clone();
-        bound["spec"]["nodeName"] = json!(node);
-        let mut scheduled = json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": meta::now_rfc3339()});
-        scheduled["lastProbeTime"] = Value::Null;
-        let conditions = bound["status"]["conditions"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let mut conditions: Vec<Value> = conditions
-            .into_iter()
-            .filter(|c| c["type"] != "PodScheduled")
-            .collect();
-        conditions.push(scheduled);
-        bound["status"]["conditions"] = json!(conditions);
-        meta_mut(&mut bound).remove("resourceVersion");
-        match state
-            .store
-            .update(
-                &def.key(ns, name),
-                encode(state, def, &bound)?,
-                Some(kv.mod_revision),
-            )
-            .await
-        {
-            Ok(revision) => {
-                observe(state, def, ns, name, Some(&current), Some(&bound), revision).await;
-                return Ok(());
-            }
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(ApiError::from_store(&qualified(def, name), e)),
-        }
-    }
-    Err(ApiError::modified(&qualified(def, name)))
 }

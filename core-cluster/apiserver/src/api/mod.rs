@@ -15,7 +15,7 @@ mod tokens;
 mod type_meta;
 mod watch;
 
-use std::{collections::HashMap, net::IpAddr, ops::RangeInclusive, sync::Arc, time::Duration};
+use std::{net::IpAddr, ops::RangeInclusive, sync::Arc, time::Duration};
 
 use axum::{
     Router,
@@ -28,17 +28,27 @@ use axum::{
 };
 use ccm_serving::healthz;
 use ipnet::IpNet;
-use parking_lot::Mutex;
 use serde_json::{Value, json};
+use tracing::Instrument;
 
+pub(crate) use crate::auth::authz::watch_requested;
+pub use crate::storage::SYSTEM_NAMESPACES;
 use crate::{
     auth::{
         GROUP_MASTERS, UserInfo,
-        authz::{Attributes, Authorizer, Decision},
+        authz::{Attributes, Decision},
+        chain::Authorizer,
+        escalation::RbacEscalation,
         impersonation,
+        node::NodeRestriction,
     },
     registry::{
         Registry, ResourceDef, allocator::ServiceAllocator, authorization, meta, resources,
+    },
+    storage::{
+        ObjectKey, ObjectReader, Storage, WriteContext, admission::Admission,
+        get_list::quarantine_unreadable, namespace::spawn_namespace_cleanup,
+        observe::WriteObserver,
     },
     store::Store,
 };
@@ -94,11 +104,11 @@ pub enum StartError {
 }
 
 pub(crate) struct ServerState {
-    /// Lets background work (namespace cleanup) hold the state.
-    pub(crate) self_ref: std::sync::Weak<ServerState>,
+    /// The key-value store (reads, watches, health, compaction).
     pub(crate) store: Arc<dyn Store>,
+    /// The generic object store over it: every write goes through it.
+    pub(crate) storage: Arc<Storage>,
     pub(crate) registry: Registry,
-    pub(crate) allocator: Mutex<ServiceAllocator>,
     pub(crate) config: ApiServerConfig,
     pub(crate) metrics: metrics::Metrics,
     pub(crate) openapi: crate::openapi::OpenApiDocuments,
@@ -106,7 +116,7 @@ pub(crate) struct ServerState {
     /// Every open watch's backlog, and what they hold together.
     pub(crate) watchers: Arc<watch::Watchers>,
     /// Node, RBAC: decides every request.
-    pub(crate) authorizer: Authorizer,
+    pub(crate) authorizer: Arc<Authorizer>,
     /// Checks of `/livez` added with [`ApiServer::add_livez_checks`].
     pub(crate) livez_checks: parking_lot::RwLock<Vec<Arc<dyn HealthChecker>>>,
 }
@@ -125,10 +135,6 @@ impl std::fmt::Debug for ApiServer {
     }
 }
 
-/// The namespaces every cluster has.
-pub const SYSTEM_NAMESPACES: [&str; 4] =
-    ["default", "kube-system", "kube-public", "kube-node-lease"];
-
 impl ApiServer {
     /// A server over `store`: creates the system namespaces and the `kubernetes` Service if
     /// missing, and recovers the Service IP and port allocations from the stored Services.
@@ -137,21 +143,29 @@ impl ApiServer {
             config.service_cluster_ip_ranges.clone(),
             config.service_node_port_range.clone(),
         );
-        // Every write to an RBAC object, from any path, updates the RBAC index in place.
-        let authorizer = Authorizer::default();
-        let store = authorizer.rbac.observe(store);
-        authorizer
-            .rbac
-            .load(&*store)
-            .await
-            .map_err(|e| ApiError::internal(format!("loading RBAC: {e}")))?;
+        // The layers, bottom up: the store, reads of it, the authorizers built from them,
+        // the admission chain, and the generic store that runs admission on every write and
+        // tells the authorizers (RBAC index, Node graph) of every committed one.
+        let reader = ObjectReader::new(store.clone());
+        let authorizer = Arc::new(Authorizer::new(reader.clone()));
+        let admission: Vec<Arc<dyn Admission>> = vec![
+            Arc::new(NodeRestriction::new(reader.clone())),
+            Arc::new(RbacEscalation::new(authorizer.clone(), reader)),
+        ];
+        let observers: Vec<Arc<dyn WriteObserver>> = vec![authorizer.clone()];
+        let storage = Storage::new(
+            store.clone(),
+            allocator,
+            config.max_object_bytes,
+            admission,
+            observers,
+        );
         let metrics = metrics::Metrics::default();
         let watchers = Arc::new(watch::Watchers::new(config.watch_limits, &metrics));
-        let state = Arc::new_cyclic(|self_ref| ServerState {
-            self_ref: self_ref.clone(),
+        let state = Arc::new(ServerState {
             store,
+            storage,
             registry: Registry::standard(),
-            allocator: Mutex::new(allocator),
             config,
             metrics,
             openapi: crate::openapi::OpenApiDocuments::new(&crate::openapi::served_resources()),
@@ -166,21 +180,24 @@ impl ApiServer {
     }
 
     async fn bootstrap(&self) -> Result<(), ApiError> {
-        handlers::quarantine_unreadable(&self.state).await?;
+        let storage = &self.state.storage;
+        quarantine_unreadable(storage).await?;
+        // Built after the quarantine, from what the server can read.
+        self.state.authorizer.load().await?;
+        let reader = storage.reader();
         let services = self.def("", "services");
-        let listed = handlers::list_all(&self.state, services, None).await?;
+        let listed = reader.list(services, None).await?;
         {
-            let mut allocator = self.state.allocator.lock();
+            let mut allocator = storage.allocator.lock();
             for svc in &listed {
                 allocator.recover(svc);
             }
         }
+        let ctx = WriteContext::server();
         let namespaces = self.def("", "namespaces");
         for ns in SYSTEM_NAMESPACES {
             let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-            match handlers::create_object(&self.state, namespaces, None, body, &HashMap::new())
-                .await
-            {
+            match handlers::create_object(&self.state, &ctx, namespaces, None, body).await {
                 Ok(_) => {}
                 Err(e) if e.reason == "AlreadyExists" => {}
                 Err(e) => return Err(e),
@@ -188,7 +205,7 @@ impl ApiServer {
         }
         // Namespaces that were Terminating when the server stopped: their cleanup died with
         // the process. Upstream's namespace controller picks them up from its initial list.
-        for ns in handlers::list_all(&self.state, namespaces, None).await? {
+        for ns in reader.list(namespaces, None).await? {
             if let Some(name) = ns["metadata"]["name"].as_str()
                 && !ns["metadata"]["deletionTimestamp"].is_null()
             {
@@ -196,10 +213,10 @@ impl ApiServer {
                     namespace = name,
                     "resuming the finalization of a terminating namespace"
                 );
-                handlers::spawn_namespace_cleanup(&self.state, name.to_owned());
+                spawn_namespace_cleanup(storage, name.to_owned());
             }
         }
-        let first_ip: Option<IpAddr> = self.state.allocator.lock().first_ip();
+        let first_ip: Option<IpAddr> = storage.allocator.lock().first_ip();
         if let Some(ip) = first_ip {
             let body = json!({
                 "apiVersion": "v1", "kind": "Service",
@@ -208,22 +225,14 @@ impl ApiServer {
                 "spec": {"clusterIP": ip.to_string(), "type": "ClusterIP",
                          "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]},
             });
-            match handlers::create_object(
-                &self.state,
-                services,
-                Some("default"),
-                body,
-                &HashMap::new(),
-            )
-            .await
+            match handlers::create_object(&self.state, &ctx, services, Some("default"), body).await
             {
                 Ok(_) => {}
                 Err(e) if e.reason == "AlreadyExists" || e.reason == "Invalid" => {}
                 Err(e) => return Err(e),
             }
         }
-        crate::auth::bootstrap::reconcile(&self.state).await?;
-        self.state.authorizer.node.refresh(&self.state).await?;
+        crate::auth::bootstrap::reconcile(storage).await?;
         Ok(())
     }
 
@@ -296,10 +305,13 @@ impl ApiServer {
                 })?;
             let ns = obj["metadata"]["namespace"].as_str().map(str::to_owned);
             let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
-            match create_stored(&self.state, def, ns.as_deref(), obj.clone()).await {
+            let ctx = WriteContext::server();
+            match handlers::create_object(&self.state, &ctx, def, ns.as_deref(), obj.clone()).await
+            {
                 Ok(_) => {}
                 Err(e) if e.reason == "AlreadyExists" => {
-                    update_stored(&self.state, def, ns.as_deref(), &name, obj).await?;
+                    let key = ObjectKey::new(def, ns.as_deref(), &name);
+                    handlers::update_object(&self.state, &ctx, key, None, obj).await?;
                 }
                 Err(e) => return Err(e),
             }
@@ -382,11 +394,12 @@ impl ApiServer {
 
 /// The authorization step of every request, resource and non-resource URLs alike:
 /// impersonation, then the authorizer chain (`system:masters`, Node, RBAC), a 403 with
-/// upstream's message when nothing allows. The handler then runs as the effective user
-/// (in the request's extensions and in the admission checks' scope).
+/// upstream's message when nothing allows. The handler then runs as the effective user,
+/// which it finds in the request's extensions and hands on to admission explicitly, in a
+/// `request` span with the verb, path and user.
 async fn authorize(
     State(state): State<Arc<ServerState>>,
-    mut request: Request,
+    request: Request,
     next: Next,
 ) -> Response {
     let requester = request
@@ -394,19 +407,48 @@ async fn authorize(
         .get::<UserInfo>()
         .cloned()
         .unwrap_or_else(UserInfo::loopback);
+    // One span per request, around its authorization and everything the handler does
+    // (upstream's request log names the same: the verb of the request's attributes, the
+    // path and the user, and the impersonated user if any).
+    let verb = Attributes::from_request(UserInfo::default(), request.method(), request.uri()).verb;
+    let span = tracing::info_span!(
+        "request",
+        verb = %verb,
+        path = %request.uri().path(),
+        user = %requester.name,
+        impersonated = tracing::field::Empty,
+    );
+    authorized(state, requester, request, next)
+        .instrument(span)
+        .await
+}
+
+/// [`authorize`] in the request's span.
+async fn authorized(
+    state: Arc<ServerState>,
+    requester: UserInfo,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let user = if requester.in_group(GROUP_MASTERS) && !impersonation::requested(request.headers())
     {
         // The fast path: the superuser group is allowed everything.
         requester
     } else {
         let (method, uri, headers) = (request.method(), request.uri(), request.headers());
+        let requester_name = requester.name.clone();
         match authorize_as(&state, requester, method, uri, headers).await {
-            Ok(user) => user,
+            Ok(user) => {
+                if user.name != requester_name {
+                    tracing::Span::current().record("impersonated", user.name.as_str());
+                }
+                user
+            }
             Err(e) => return e.into_response(),
         }
     };
-    request.extensions_mut().insert(user.clone());
-    crate::auth::scope_request_user(user, next.run(request)).await
+    request.extensions_mut().insert(user);
+    next.run(request).await
 }
 
 /// The bounds of every request, before anything reads its body:
@@ -560,9 +602,9 @@ async fn authorize_as(
     uri: &axum::http::Uri,
     headers: &axum::http::HeaderMap,
 ) -> Result<UserInfo, ApiError> {
-    let user = impersonation::impersonate(state, requester, headers).await?;
+    let user = impersonation::impersonate(&state.authorizer, requester, headers).await?;
     let attrs = Attributes::from_request(user, method, uri);
-    match state.authorizer.authorize(state, &attrs).await {
+    match state.authorizer.authorize(&attrs).await {
         Decision::Allow => Ok(attrs.user),
         Decision::Deny(reason) | Decision::NoOpinion(reason) => {
             tracing::debug!(user = %attrs.user.name, verb = %attrs.verb, path = %attrs.path, "forbidden");
@@ -901,8 +943,8 @@ async fn review(state: &ServerState, target: Target, request: Request<Body>) -> 
         });
     let result = match parsed {
         Ok(body) => {
-            crate::auth::review::create(state, target.def, target.namespace.as_deref(), &user, body)
-                .await
+            let ns = target.namespace.as_deref();
+            crate::auth::review::create(&state.authorizer, target.def, ns, &user, body).await
         }
         Err(e) => Err(e),
     };
@@ -913,62 +955,6 @@ async fn review(state: &ServerState, target: Target, request: Request<Body>) -> 
         ),
         Err(e) => (verb, e.into_response()),
     }
-}
-
-/// Every object of `def` (all namespaces).
-pub(crate) async fn list_all_objects(
-    state: &ServerState,
-    def: &'static ResourceDef,
-) -> Result<Vec<Value>, ApiError> {
-    handlers::list_all(state, def, None).await
-}
-
-/// One stored object.
-pub(crate) async fn get_stored(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-) -> Result<Value, ApiError> {
-    Ok(handlers::get_object(state, def, ns, name).await?.1)
-}
-
-/// Creates an object as the server itself.
-pub(crate) async fn create_stored(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    obj: Value,
-) -> Result<Value, ApiError> {
-    handlers::create_object(state, def, ns, obj, &HashMap::new()).await
-}
-
-/// Replaces an object as the server itself.
-pub(crate) async fn update_stored(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-    obj: Value,
-) -> Result<Value, ApiError> {
-    handlers::update_object(state, def, ns, name, None, obj, &HashMap::new()).await
-}
-
-/// A boolean query parameter as upstream's `Convert_Slice_string_To_bool` reads it (for list
-/// options and the request attributes alike): present and neither "0" nor "false" in any case
-/// is true, so the Python client's `watch=True` is a watch.
-pub(crate) fn query_bool(value: Option<&str>) -> bool {
-    value.is_some_and(|v| v != "0" && !v.eq_ignore_ascii_case("false"))
-}
-
-/// Whether a request is a watch: its last `watch` query parameter read by [`query_bool`]
-/// (upstream's `ListOptions.Watch`, so `watch=True` and `watch=yes` are watches). The one
-/// reading of the flag: the handlers, the authorizer and the codec all ask this.
-pub(crate) fn watch_requested(uri: &axum::http::Uri) -> bool {
-    let pairs: Vec<(String, String)> =
-        serde_urlencoded::from_str(uri.query().unwrap_or("")).unwrap_or_default();
-    let last = pairs.iter().rev().find(|(k, _)| k == "watch");
-    query_bool(last.map(|(_, v)| v.as_str()))
 }
 
 /// The current time as the API server stamps it (re-exported for callers building objects).
@@ -1058,6 +1044,72 @@ mod tests {
         }
         tokio::time::advance(Duration::from_secs(60)).await;
         assert!(body.frame().await.unwrap().is_err());
+    }
+
+    /// A span's name and its fields, as text.
+    type RecordedSpan = (String, Vec<(String, String)>);
+
+    /// Records the name and fields of every span created.
+    #[derive(Default)]
+    struct SpanRecorder(parking_lot::Mutex<Vec<RecordedSpan>>);
+
+    struct Fields<'a>(&'a mut Vec<(String, String)>);
+
+    impl tracing::field::Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0.push((field.name().to_owned(), format!("{value:?}")));
+        }
+    }
+
+    impl tracing::Subscriber for SpanRecorder {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            let mut fields = Vec::new();
+            span.record(&mut Fields(&mut fields));
+            let mut spans = self.0.lock();
+            spans.push((span.metadata().name().to_owned(), fields));
+            tracing::span::Id::from_u64(spans.len() as u64)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// Upstream's request log (`endpoints/filters` `WithHTTPLogging`) names each request's
+    /// verb, path and user: here one `request` span per request carries them.
+    #[tokio::test]
+    async fn each_request_runs_in_one_span_with_its_verb_path_and_user() {
+        use tower::ServiceExt;
+        let recorder = Arc::new(SpanRecorder::default());
+        let _default = tracing::subscriber::set_default(recorder.clone());
+        let store: Arc<dyn Store> = Arc::new(crate::store::MemoryStore::new());
+        let server = ApiServer::new(store, ApiServerConfig::default())
+            .await
+            .unwrap();
+        let alice = server.router_as(UserInfo::new("alice", ["dev"]));
+        let request = Request::builder()
+            .uri("/api/v1/namespaces/default/configmaps")
+            .body(Body::empty())
+            .unwrap();
+        let response = alice.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        let spans = recorder.0.lock().clone();
+        let requests: Vec<_> = spans.iter().filter(|(name, _)| name == "request").collect();
+        assert_eq!(requests.len(), 1, "{spans:?}");
+        let field = |key: &str| {
+            requests[0]
+                .1
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(field("verb"), Some("list"));
+        assert_eq!(field("path"), Some("/api/v1/namespaces/default/configmaps"));
+        assert_eq!(field("user"), Some("alice"));
     }
 
     #[test]

@@ -4,13 +4,13 @@
 use serde_json::{Value, json};
 
 use super::{
-    handlers::{Query, get_object, update_object},
+    ServerState,
     status::{ApiError, FieldError},
 };
 use crate::{
-    api::ServerState,
     patch::{self, PatchType},
-    registry::{ResourceDef, meta::meta_mut, workloads::selector_string},
+    registry::{meta::meta_mut, workloads::selector_string},
+    storage::{ObjectKey, WriteContext, get_list::get_object, update::update_object},
 };
 
 /// The `Scale` of an object (upstream `scaleFromDeployment`): name, namespace, uid,
@@ -34,25 +34,20 @@ pub(crate) fn to_scale(obj: &Value) -> Value {
 }
 
 /// GET of the scale subresource.
-pub(crate) async fn get(
-    state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-) -> Result<Value, ApiError> {
-    Ok(to_scale(&get_object(state, def, ns, name).await?.1))
+pub(crate) async fn get(state: &ServerState, key: ObjectKey<'_>) -> Result<Value, ApiError> {
+    let (def, ns, name) = (key.def, key.namespace, key.name);
+    Ok(to_scale(&get_object(&*state.store, def, ns, name).await?.1))
 }
 
 /// PUT of the scale subresource: `spec.replicas` of the `Scale` becomes the object's (with
 /// the `Scale`'s resourceVersion as precondition when given).
 pub(crate) async fn put(
     state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
+    ctx: &WriteContext,
+    key: ObjectKey<'_>,
     scale: Value,
-    query: &Query,
 ) -> Result<Value, ApiError> {
+    let (def, ns, name) = (key.def, key.namespace, key.name);
     let replicas = &scale["spec"]["replicas"];
     let n = match replicas.as_i64() {
         Some(n) if n >= 0 && n <= i64::from(i32::MAX) => n,
@@ -75,7 +70,7 @@ pub(crate) async fn put(
             )));
         }
     };
-    let mut obj = get_object(state, def, ns, name).await?.1;
+    let mut obj = get_object(&*state.store, def, ns, name).await?.1;
     obj["spec"]["replicas"] = json!(n);
     match scale["metadata"]["resourceVersion"].as_str() {
         Some(rv) if !rv.is_empty() => {
@@ -85,7 +80,8 @@ pub(crate) async fn put(
             meta_mut(&mut obj).remove("resourceVersion");
         }
     }
-    let updated = update_object(state, def, ns, name, None, obj, query).await?;
+    // The object is the stored one with a new `spec.replicas`: no body to decode.
+    let updated = update_object(&state.storage, ctx, key, None, obj).await?;
     Ok(to_scale(&updated))
 }
 
@@ -93,19 +89,17 @@ pub(crate) async fn put(
 /// to the `Scale`, then written as a PUT.
 pub(crate) async fn patch(
     state: &ServerState,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: &str,
+    ctx: &WriteContext,
+    key: ObjectKey<'_>,
     content_type: &str,
     body: &[u8],
-    query: &Query,
 ) -> Result<Value, ApiError> {
     let patch_type = PatchType::from_content_type(content_type)
         .filter(|t| *t != PatchType::ApplyPatch)
         .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
     let patch =
         patch::decode_body(patch_type, body).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let mut scale = get(state, def, ns, name).await?;
+    let mut scale = get(state, key).await?;
     match patch_type {
         PatchType::JsonPatch => {
             scale = patch::json_patch::json_patch(&scale, &patch)
@@ -113,7 +107,7 @@ pub(crate) async fn patch(
         }
         _ => patch::merge_patch::merge_patch(&mut scale, &patch),
     }
-    put(state, def, ns, name, scale, query).await
+    put(state, ctx, key, scale).await
 }
 
 #[cfg(test)]

@@ -18,8 +18,15 @@ use super::{
     status::{ApiError, FieldError},
 };
 use crate::{
-    auth::token::{ObjectRef, TokenAuthenticator},
+    auth::{
+        UserInfo,
+        token::{ObjectRef, TokenAuthenticator},
+    },
     registry::{meta, resources},
+    storage::{
+        admission::{AdmissionAttributes, Operation},
+        get_list::get_object,
+    },
 };
 
 /// kube-apiserver's default `expirationSeconds` of a TokenRequest (1 hour).
@@ -59,6 +66,11 @@ pub(crate) async fn route(
         .extensions()
         .get::<Arc<TokenAuthenticator>>()
         .cloned();
+    let user = request
+        .extensions()
+        .get::<UserInfo>()
+        .cloned()
+        .unwrap_or_else(UserInfo::loopback);
     // Bodies are JSON, as everywhere on this server: protobuf gets 415.
     let content_type = request
         .headers()
@@ -92,7 +104,7 @@ pub(crate) async fn route(
             super::type_meta::default_from_path(&mut body, TOKEN_REQUEST_VERSION, "TokenRequest")?;
             let ns = target.namespace.as_deref().unwrap_or_default();
             let name = target.name.as_deref().unwrap_or_default();
-            token_request(state, &tokens, ns, name, body).await
+            token_request(state, &tokens, &user, ns, name, body).await
         }
     }
     .await;
@@ -109,6 +121,7 @@ pub(crate) async fn route(
 async fn token_request(
     state: &Arc<ServerState>,
     tokens: &TokenAuthenticator,
+    user: &UserInfo,
     ns: &str,
     name: &str,
     mut body: Value,
@@ -147,7 +160,7 @@ async fn token_request(
         _ => tokens.audiences().to_vec(),
     };
     let (_, account) =
-        super::handlers::get_object(state, &resources::SERVICE_ACCOUNTS, Some(ns), name).await?;
+        get_object(&*state.store, &resources::SERVICE_ACCOUNTS, Some(ns), name).await?;
     let account = ObjectRef {
         name: name.to_owned(),
         uid: meta::str_at(&account, &["metadata", "uid"])
@@ -155,7 +168,19 @@ async fn token_request(
             .to_owned(),
     };
     // NodeRestriction (`admitServiceAccount`): a node's token is bound to a pod on it.
-    crate::auth::node::admit_token_request(state, ns, name, &spec["boundObjectRef"]).await?;
+    state
+        .storage
+        .admit(&AdmissionAttributes {
+            user,
+            operation: Operation::Create,
+            resource: &resources::SERVICE_ACCOUNTS,
+            subresource: Some("token"),
+            namespace: Some(ns),
+            name,
+            object: Some(&body),
+            old_object: None,
+        })
+        .await?;
     let pod = match &spec["boundObjectRef"] {
         Value::Null => None,
         bound => Some(bound_pod(state, ns, bound).await?),
@@ -187,7 +212,7 @@ async fn bound_pod(
         )));
     }
     let name = bound["name"].as_str().unwrap_or("");
-    let (_, pod) = super::handlers::get_object(state, &resources::PODS, Some(ns), name).await?;
+    let (_, pod) = get_object(&*state.store, &resources::PODS, Some(ns), name).await?;
     let uid = meta::str_at(&pod, &["metadata", "uid"])
         .unwrap_or("")
         .to_owned();

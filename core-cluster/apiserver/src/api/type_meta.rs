@@ -10,7 +10,7 @@
 use serde_json::{Value, json};
 
 use super::status::ApiError;
-use crate::registry::resources;
+use crate::registry::ALL;
 
 /// Where upstream's scheme lives, as its "not registered" errors name it.
 const SCHEME: &str = "pkg/api/legacyscheme/scheme.go:30";
@@ -66,7 +66,7 @@ pub(crate) fn default_from_path(
 /// - a pair it does not know: the scheme has no such type ("… cannot be handled as a Node:
 ///   no kind \"Node\" is registered for version \"apps/v1\" …").
 fn mismatch(data_version: &str, data_kind: &str, api_version: &str, kind: &str) -> String {
-    let known = resources::ALL
+    let known = ALL
         .iter()
         .any(|d| d.kind == data_kind && d.api_version() == data_version);
     let version = data_version.rsplit('/').next().unwrap_or(data_version);

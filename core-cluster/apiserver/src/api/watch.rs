@@ -43,7 +43,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     ServerState,
-    handlers::{ListOptions, Query, decode, list_objects},
     metrics::{FormatLabels, Metrics, ResourceLabels, WatchMetrics},
     negotiate::{self, Representation},
     protobuf,
@@ -51,6 +50,10 @@ use super::{
 };
 use crate::{
     registry::{ResourceDef, table},
+    storage::{
+        Query, decode, flag,
+        get_list::{ListOptions, list_objects},
+    },
     store::{EventKind, StoreError, WatchEvent},
 };
 
@@ -394,8 +397,8 @@ pub(crate) async fn watch(
     repr: Representation,
 ) -> Result<Response, ApiError> {
     let opts = ListOptions::parse(def, query)?;
-    let bookmarks = super::handlers::flag(query, "allowWatchBookmarks");
-    let send_initial = super::handlers::flag(query, "sendInitialEvents");
+    let bookmarks = flag(query, "allowWatchBookmarks");
+    let send_initial = flag(query, "sendInitialEvents");
     if send_initial && opts.resource_version_match.as_deref() != Some("NotOlderThan") {
         return Err(ApiError::invalid(
             "ListOptions",
@@ -462,7 +465,7 @@ pub(crate) async fn watch(
                 ..opts_clone(&opts)
             };
             let (items, revision, _) =
-                list_objects(&state, def, namespace.as_deref(), &list_opts).await?;
+                list_objects(&*state.store, def, namespace.as_deref(), &list_opts).await?;
             (items, revision)
         }
     };

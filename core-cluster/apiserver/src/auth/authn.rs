@@ -17,7 +17,7 @@ use ccm_serving::Peer;
 pub use ccm_serving::bearer_token;
 
 use super::{UserInfo, token::TokenAuthenticator};
-use crate::api::status::ApiError;
+use crate::storage::status::ApiError;
 
 /// The paths anonymous requests may reach (KEP-4633's `anonymous.conditions`, as
 /// kube-apiserver's structured authentication configuration defaults them for health).

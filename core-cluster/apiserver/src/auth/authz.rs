@@ -1,13 +1,23 @@
-//! The authorization step every request goes through, as kube-apiserver's
-//! `--authorization-mode=Node,RBAC`: the request's attributes (upstream's `RequestInfo`),
-//! the authorizer chain (`system:masters`, then the [Node authorizer](super::node), then
-//! [RBAC](super::rbac)) and the 403 Forbidden `Status` with upstream's wording.
+//! What the authorizers decide on (upstream's `k8s.io/apiserver/pkg/authorization/
+//! authorizer`): the request's attributes (upstream's `RequestInfo`), the decision, and the
+//! 403 Forbidden `Status` with upstream's wording. The chain of authorizers is
+//! [`super::chain`].
 
 use axum::http::{Method, Uri};
 use serde_json::json;
 
-use super::{GROUP_MASTERS, UserInfo, node, rbac::RbacAuthorizer};
-use crate::api::status::ApiError;
+use super::UserInfo;
+use crate::storage::{query_bool, status::ApiError};
+
+/// Whether a request is a watch: its last `watch` query parameter read by [`query_bool`]
+/// (upstream's `ListOptions.Watch`, so `watch=True` and `watch=yes` are watches). The one
+/// reading of the flag: the handlers, the authorizer and the codec all ask this.
+pub(crate) fn watch_requested(uri: &Uri) -> bool {
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(uri.query().unwrap_or("")).unwrap_or_default();
+    let last = pairs.iter().rev().find(|(k, _)| k == "watch");
+    query_bool(last.map(|(_, v)| v.as_str()))
+}
 
 /// What a request asks to do: upstream's `authorizer.Attributes`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -99,7 +109,7 @@ impl Attributes {
                 .map(|(_, v)| v.as_str())
         };
         let mut rest = rest;
-        let mut watch = crate::api::watch_requested(uri);
+        let mut watch = watch_requested(uri);
         if rest.first() == Some(&"watch") {
             watch = true;
             rest = &rest[1..];
@@ -214,42 +224,6 @@ pub fn forbidden(attrs: &Attributes, reason: &str) -> ApiError {
         reason: "Forbidden",
         message,
         details: Some(details),
-    }
-}
-
-/// The authorizer chain: `system:masters` is allowed everything, then the Node authorizer,
-/// then RBAC; upstream's union authorizer joins the reasons of the ones with no opinion.
-#[derive(Debug, Default)]
-pub struct Authorizer {
-    /// The RBAC authorizer and its index.
-    pub(crate) rbac: RbacAuthorizer,
-    /// The Node authorizer and its graph.
-    pub(crate) node: node::NodeAuthorizer,
-}
-
-impl Authorizer {
-    /// Decides `attrs`; the reason of a denial (possibly empty) goes after the 403 message.
-    pub(crate) async fn authorize(
-        &self,
-        state: &crate::api::ServerState,
-        attrs: &Attributes,
-    ) -> Decision {
-        if attrs.user.in_group(GROUP_MASTERS) {
-            return Decision::Allow;
-        }
-        let mut reasons = Vec::new();
-        match self.node.authorize(state, attrs).await {
-            Decision::NoOpinion(reason) => {
-                if !reason.is_empty() {
-                    reasons.push(reason);
-                }
-            }
-            decided => return decided,
-        }
-        if self.rbac.allows(attrs) {
-            return Decision::Allow;
-        }
-        Decision::NoOpinion(reasons.join(", "))
     }
 }
 

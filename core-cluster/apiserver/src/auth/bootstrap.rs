@@ -13,10 +13,13 @@ use super::{
     GROUP_AUTHENTICATED, GROUP_MASTERS, GROUP_UNAUTHENTICATED, node::node_rules, rbac::Rule,
 };
 use crate::{
-    api::{ServerState, status::ApiError},
     registry::{
         ResourceDef,
         authorization::{CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, RBAC_GROUP},
+    },
+    storage::{
+        ObjectKey, Storage, WriteContext, create::create_object, status::ApiError,
+        update::update_object,
     },
 };
 
@@ -214,13 +217,16 @@ fn add_missing(current: &mut Value, wanted: &Value, key: &str) -> bool {
     true
 }
 
-/// Creates the default policy's missing objects and completes the auto-updated ones.
-pub(crate) async fn reconcile(state: &ServerState) -> Result<(), ApiError> {
+/// Creates the default policy's missing objects and completes the auto-updated ones, as
+/// the server itself, through the generic store's write path.
+pub(crate) async fn reconcile(storage: &Storage) -> Result<(), ApiError> {
+    let ctx = WriteContext::server();
+    let reader = storage.reader();
     for (def, wanted) in default_policy() {
         let name = wanted["metadata"]["name"].as_str().unwrap_or("").to_owned();
-        match crate::api::get_stored(state, def, None, &name).await {
+        match reader.get(def, None, &name).await {
             Err(e) if e.code == 404 => {
-                match crate::api::create_stored(state, def, None, wanted).await {
+                match create_object(storage, &ctx, def, None, wanted).await {
                     Ok(_) => tracing::debug!(%name, kind = def.kind, "created default RBAC"),
                     Err(e) if e.reason == "AlreadyExists" => {}
                     Err(e) => return Err(e),
@@ -235,7 +241,8 @@ pub(crate) async fn reconcile(state: &ServerState) -> Result<(), ApiError> {
                 let subjects = add_missing(&mut current, &wanted, "subjects");
                 if rules || subjects {
                     tracing::info!(%name, kind = def.kind, "reconciling default RBAC");
-                    crate::api::update_stored(state, def, None, &name, current).await?;
+                    let key = ObjectKey::new(def, None, &name);
+                    update_object(storage, &ctx, key, None, current).await?;
                 }
             }
         }

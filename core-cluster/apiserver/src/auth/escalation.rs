@@ -20,56 +20,104 @@
 use std::{
     collections::{HashMap, HashSet},
     rc::Rc,
+    sync::Arc,
 };
 
+use futures::future::BoxFuture;
 use serde_json::Value;
 use tracing::Instrument;
 
 use super::{
     GROUP_MASTERS, UserInfo,
     authz::{Attributes, Decision},
+    chain::Authorizer,
     rbac::{Rule, rules_of},
 };
 use crate::{
-    api::{
-        ServerState,
-        status::{ApiError, Qualified},
-    },
     registry::{
         ResourceDef,
         authorization::{CLUSTER_ROLES, RBAC_GROUP, ROLES},
     },
+    storage::{
+        ObjectReader,
+        admission::{Admission, AdmissionAttributes, Operation},
+        status::{ApiError, Qualified},
+    },
 };
 
-/// Checks a create (`old` is `None`) or update of an RBAC object by the request's user.
-pub(crate) async fn admit(
-    state: &ServerState,
-    def: &ResourceDef,
-    namespace: Option<&str>,
-    new: &Value,
-    old: Option<&Value>,
-) -> Result<(), ApiError> {
-    if def.group != RBAC_GROUP {
-        return Ok(());
+/// The escalation check of RBAC's storage as an admission plugin: creates and updates of
+/// RBAC objects by users who do not hold what they grant are refused.
+#[derive(Debug, Clone)]
+pub(crate) struct RbacEscalation {
+    /// Decides `escalate` and `bind`, and holds the RBAC rules of each user.
+    authorizer: Arc<Authorizer>,
+    /// Reads the role a binding references.
+    reader: ObjectReader,
+}
+
+impl RbacEscalation {
+    /// The check, deciding with `authorizer` and reading roles through `reader`.
+    pub(crate) fn new(authorizer: Arc<Authorizer>, reader: ObjectReader) -> Self {
+        RbacEscalation { authorizer, reader }
     }
-    // The server's own writes (no request) and the superuser group (`EscalationAllowed`).
-    let Some(user) = super::with_request_user(UserInfo::clone) else {
-        return Ok(());
-    };
-    if user.in_group(GROUP_MASTERS) || old.is_some_and(|old| only_gc_fields_change(new, old)) {
-        return Ok(());
+}
+
+impl Admission for RbacEscalation {
+    fn name(&self) -> &'static str {
+        "RBACEscalation"
     }
-    let namespace = namespace.unwrap_or("");
-    let name = new["metadata"]["name"].as_str().unwrap_or("");
-    let span = tracing::debug_span!("rbac_escalation", kind = def.kind, namespace, name);
-    confirm(state, def, &user, namespace, name, new, old.is_some())
-        .instrument(span)
-        .await
+
+    fn admit<'a>(
+        &'a self,
+        attrs: &'a AdmissionAttributes<'a>,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(async move {
+            let (Operation::Create | Operation::Update, Some(new)) =
+                (attrs.operation, attrs.object)
+            else {
+                return Ok(());
+            };
+            self.admit_write(
+                attrs.user,
+                attrs.resource,
+                attrs.namespace,
+                new,
+                attrs.old_object,
+            )
+            .await
+        })
+    }
+}
+
+impl RbacEscalation {
+    /// Checks a create (`old` is `None`) or update of an RBAC object by `user`.
+    async fn admit_write(
+        &self,
+        user: &UserInfo,
+        def: &ResourceDef,
+        namespace: Option<&str>,
+        new: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        if def.group != RBAC_GROUP {
+            return Ok(());
+        }
+        // The superuser group (`EscalationAllowed`), the server's own writes included.
+        if user.in_group(GROUP_MASTERS) || old.is_some_and(|old| only_gc_fields_change(new, old)) {
+            return Ok(());
+        }
+        let namespace = namespace.unwrap_or("");
+        let name = new["metadata"]["name"].as_str().unwrap_or("");
+        let span = tracing::debug_span!("rbac_escalation", kind = def.kind, namespace, name);
+        confirm(self, def, user, namespace, name, new, old.is_some())
+            .instrument(span)
+            .await
+    }
 }
 
 /// `RoleEscalationAuthorized`/`BindingAuthorized`, then `ConfirmNoEscalation`.
 async fn confirm(
-    state: &ServerState,
+    state: &RbacEscalation,
     def: &ResourceDef,
     user: &UserInfo,
     namespace: &str,
@@ -118,7 +166,7 @@ async fn confirm(
                 return Ok(());
             }
             let role_ns = role_def.namespaced.then_some(namespace);
-            let role = crate::api::get_stored(state, role_def, role_ns, role_name).await?;
+            let role = state.reader.get(role_def, role_ns, role_name).await?;
             rules_of(&role).to_vec()
         }
         _ => return Ok(()),
@@ -135,11 +183,8 @@ async fn confirm(
     ))
 }
 
-async fn allowed(state: &ServerState, attrs: &Attributes) -> bool {
-    matches!(
-        state.authorizer.authorize(state, attrs).await,
-        Decision::Allow
-    )
+async fn allowed(state: &RbacEscalation, attrs: &Attributes) -> bool {
+    matches!(state.authorizer.authorize(attrs).await, Decision::Allow)
 }
 
 /// Upstream's `IsOnlyMutatingGCFields`: the update differs from the stored object only in

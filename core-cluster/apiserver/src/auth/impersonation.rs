@@ -9,9 +9,10 @@ use axum::http::HeaderMap;
 use super::{
     GROUP_AUTHENTICATED, USER_ANONYMOUS, UserInfo,
     authz::{Attributes, Decision, forbidden},
+    chain::Authorizer,
     rbac::SERVICE_ACCOUNT_PREFIX,
 };
-use crate::api::{ServerState, status::ApiError};
+use crate::storage::status::ApiError;
 
 /// `Impersonate-User`.
 pub const USER_HEADER: &str = "impersonate-user";
@@ -41,7 +42,7 @@ fn values(headers: &HeaderMap, name: &str) -> Vec<String> {
 /// The identity the request acts as: `requester`, or the impersonated user when the headers
 /// ask for one and every part of it is allowed (403 with upstream's message otherwise).
 pub(crate) async fn impersonate(
-    state: &ServerState,
+    authorizer: &Authorizer,
     requester: UserInfo,
     headers: &HeaderMap,
 ) -> Result<UserInfo, ApiError> {
@@ -101,7 +102,7 @@ pub(crate) async fn impersonate(
         }
     }
     for attrs in &checks {
-        match state.authorizer.authorize(state, attrs).await {
+        match authorizer.authorize(attrs).await {
             Decision::Allow => {}
             Decision::Deny(reason) | Decision::NoOpinion(reason) => {
                 tracing::debug!(requester = %requester.name, target = %name, "impersonation refused");

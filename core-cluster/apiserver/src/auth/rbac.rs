@@ -3,11 +3,12 @@
 //!
 //! Requests are decided against an [`RbacIndex`]: roles by namespace, bindings by subject
 //! (user name, group) and namespace. It is loaded once from the store when the server starts
-//! and then kept current one object at a time: the API server's store is wrapped
-//! (`RbacAuthorizer::observe`) so that every write to the RBAC group, whoever makes it
-//! (a request, `ApiServer::apply_manifest`, namespace cleanup, the bootstrap policy),
-//! updates the index before the write returns. A client reads its own grants at once, and
-//! a decision never waits for a rebuild (upstream keeps informer-fed indexes the same way).
+//! and then kept current one object at a time: the generic store tells its observers
+//! ([`crate::storage::observe`]) of every committed write to the RBAC group, whoever makes
+//! it (a request, `ApiServer::apply_manifest`, namespace cleanup, the bootstrap policy),
+//! and the index takes it before the write returns. A client reads its own grants at once,
+//! and a decision never waits for a rebuild (upstream keeps informer-fed indexes the same
+//! way).
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
@@ -17,16 +18,18 @@ use std::{
     },
 };
 
-use async_trait::async_trait;
-use bytes::Bytes;
 use k8s_openapi::api::rbac::v1::{PolicyRule, RoleRef, Subject};
 use parking_lot::RwLock;
 use serde_json::Value;
 
 use super::{UserInfo, authz::Attributes};
 use crate::{
-    registry::authorization::{CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, ROLE_BINDINGS, ROLES},
-    store::{KeyValue, ListResult, Store, StoreError, WatchStream},
+    registry::{
+        ResourceDef,
+        authorization::{CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, RBAC_GROUP, ROLE_BINDINGS, ROLES},
+    },
+    storage::{ObjectReader, observe::ObjectChange},
+    store::StoreError,
 };
 
 /// The service-account user name prefix: `system:serviceaccount:<ns>:<name>`.
@@ -480,32 +483,41 @@ impl RbacIndex {
     }
 }
 
-/// The RBAC authorizer: an [`RbacIndex`] kept current by the writes of the store it
-/// observes (`RbacAuthorizer::observe`).
+/// The RBAC authorizer: an [`RbacIndex`] kept current by the committed writes the generic
+/// store tells it of ([`RbacAuthorizer::changed`]).
 #[derive(Debug, Default)]
 pub struct RbacAuthorizer {
-    shared: Arc<Shared>,
-}
-
-/// What the authorizer shares with the store it observes.
-#[derive(Debug, Default)]
-struct Shared {
     /// Updated in place, one object per write; decisions read it under the read lock.
     index: RwLock<RbacIndex>,
-    /// Held across each write of an RBAC object and its index update, so the index applies
-    /// the writes in the store's order.
+    /// Held across each index update, so that updates of one key apply in turn.
     writes: tokio::sync::Mutex<()>,
-    /// Set when a write's outcome is unknown (the store failed mid-write) and reloading the
-    /// index failed too: the next RBAC write reloads it first.
+    /// Set when the index may miss a write (one failed mid-way, or the store could not be
+    /// read back) and reloading it failed too: the next RBAC write reloads it first.
     reload: AtomicBool,
 }
 
-impl Shared {
+impl RbacAuthorizer {
+    /// Whether RBAC allows `attrs`.
+    pub(crate) fn allows(&self, attrs: &Attributes) -> bool {
+        self.index.read().allows(attrs)
+    }
+
+    /// Every rule that applies to `user` in `namespace` (see [`RbacIndex::rules_for`]).
+    pub(crate) fn rules_for(&self, user: &UserInfo, namespace: &str) -> Vec<Rule> {
+        self.index.read().rules_for(user, namespace)
+    }
+
+    /// Loads the index from the store: once, before the server serves (and writes).
+    pub(crate) async fn load(&self, reader: &ObjectReader) -> Result<(), StoreError> {
+        let _serial = self.writes.lock().await;
+        self.reload(reader).await
+    }
+
     /// Reads every RBAC object into a new index, then swaps it in. Call with `writes` held.
-    async fn reload(&self, store: &dyn Store) -> Result<(), StoreError> {
-        let listed = store.list(&rbac_key_prefix(), None, None, None).await?;
+    async fn reload(&self, reader: &ObjectReader) -> Result<(), StoreError> {
+        let listed = reader.list_raw(&rbac_key_prefix()).await?;
         let mut index = RbacIndex::default();
-        for kv in &listed.items {
+        for kv in &listed {
             index.apply(&kv.key, Some(&kv.value));
         }
         *self.index.write() = index;
@@ -513,190 +525,47 @@ impl Shared {
         Ok(())
     }
 
-    /// After a write of an RBAC object: the index takes the new value, or, when the store
-    /// cannot say whether the write happened, is read again.
-    async fn written(&self, store: &dyn Store, key: &str, value: Option<&[u8]>, outcome: Outcome) {
-        match outcome {
-            Outcome::Written => self.index.write().apply(key, value),
-            Outcome::Refused => {}
-            Outcome::Unknown => {
-                if let Err(e) = self.reload(store).await {
-                    self.reload.store(true, Ordering::Release);
-                    tracing::warn!(error = %e, "reloading RBAC after a failed write failed; retrying at the next RBAC write");
-                }
-            }
-        }
-    }
-}
-
-/// What a write did to the store.
-#[derive(Debug, Clone, Copy)]
-enum Outcome {
-    Written,
-    /// Refused: nothing changed.
-    Refused,
-    /// The store failed mid-write.
-    Unknown,
-}
-
-impl Outcome {
-    fn of<T>(result: &Result<T, StoreError>) -> Self {
-        match result {
-            Ok(_) => Outcome::Written,
-            Err(
-                StoreError::NotFound { .. }
-                | StoreError::AlreadyExists { .. }
-                | StoreError::Conflict { .. }
-                | StoreError::Closed,
-            ) => Outcome::Refused,
-            Err(_) => Outcome::Unknown,
-        }
-    }
-}
-
-impl RbacAuthorizer {
-    /// Whether RBAC allows `attrs`.
-    pub(crate) fn allows(&self, attrs: &Attributes) -> bool {
-        self.shared.index.read().allows(attrs)
+    /// Whether writes of `def` change the index: the four kinds of the RBAC group.
+    pub(crate) fn observes(def: &ResourceDef) -> bool {
+        def.group == RBAC_GROUP
     }
 
-    /// Every rule that applies to `user` in `namespace` (see [`RbacIndex::rules_for`]).
-    pub(crate) fn rules_for(&self, user: &UserInfo, namespace: &str) -> Vec<Rule> {
-        self.shared.index.read().rules_for(user, namespace)
-    }
-
-    /// Loads the index from `store`: once, before the server serves (and writes).
-    pub(crate) async fn load(&self, store: &dyn Store) -> Result<(), StoreError> {
-        let _serial = self.shared.writes.lock().await;
-        self.shared.reload(store).await
-    }
-
-    /// `store`, with every write to an RBAC object applied to this authorizer's index
-    /// before the write returns. Other keys pass straight through.
-    pub(crate) fn observe(&self, store: Arc<dyn Store>) -> Arc<dyn Store> {
-        Arc::new(ObservedStore {
-            inner: store,
-            shared: self.shared.clone(),
-            prefix: rbac_key_prefix(),
-        })
-    }
-}
-
-/// The store as the API server uses it (see [`RbacAuthorizer::observe`]).
-struct ObservedStore {
-    inner: Arc<dyn Store>,
-    shared: Arc<Shared>,
-    prefix: String,
-}
-
-impl ObservedStore {
-    /// Runs the write `op` of an RBAC object (`value` is what it stores, `None` for a
-    /// delete) and the index update as one task: the update happens even if the caller goes
-    /// away mid-write, and in the store's order.
-    async fn observed<T, F>(&self, key: &str, value: Option<Bytes>, op: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
-    {
-        let shared = self.shared.clone();
-        let store = self.inner.clone();
-        let key = key.to_owned();
-        let task = tokio::spawn(async move {
-            let _serial = shared.writes.lock().await;
-            if shared.reload.load(Ordering::Acquire)
-                && let Err(e) = shared.reload(&*store).await
-            {
+    /// After a committed write of an RBAC object: the index takes what the store holds at
+    /// its key now. Reading it back, rather than taking the change's object, keeps the
+    /// index right when two writes of one object are told in the other order.
+    pub(crate) async fn changed(&self, reader: &ObjectReader, change: &ObjectChange<'_>) {
+        let _serial = self.writes.lock().await;
+        if self.reload.load(Ordering::Acquire) {
+            if let Err(e) = self.reload(reader).await {
                 tracing::warn!(error = %e, "reloading RBAC failed");
             }
-            let result = op.await;
-            let outcome = Outcome::of(&result);
-            shared
-                .written(&*store, &key, value.as_deref(), outcome)
-                .await;
-            result
-        });
-        match task.await {
-            Ok(result) => result,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => Err(StoreError::Closed),
+            return;
+        }
+        let def = change.def;
+        match reader.raw(def, change.namespace, change.name).await {
+            Ok(value) => {
+                let key = def.key(change.namespace, change.name);
+                self.index.write().apply(&key, value.as_deref());
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading a written RBAC object back failed; reloading RBAC");
+                self.reload_or_mark(reader).await;
+            }
         }
     }
-}
 
-#[async_trait]
-impl Store for ObservedStore {
-    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        self.inner.get(key).await
+    /// The index may miss a write: it is read again now, or at the next RBAC write if that
+    /// fails.
+    pub(crate) async fn lost(&self, reader: &ObjectReader) {
+        let _serial = self.writes.lock().await;
+        self.reload_or_mark(reader).await;
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        start_after: Option<&str>,
-        limit: Option<usize>,
-        at_revision: Option<u64>,
-    ) -> Result<ListResult, StoreError> {
-        self.inner
-            .list(prefix, start_after, limit, at_revision)
-            .await
-    }
-
-    async fn create(&self, key: &str, value: Bytes) -> Result<u64, StoreError> {
-        if !key.starts_with(&self.prefix) {
-            return self.inner.create(key, value).await;
+    async fn reload_or_mark(&self, reader: &ObjectReader) {
+        if let Err(e) = self.reload(reader).await {
+            self.reload.store(true, Ordering::Release);
+            tracing::warn!(error = %e, "reloading RBAC failed; retrying at the next RBAC write");
         }
-        let (store, owned, stored) = (self.inner.clone(), key.to_owned(), value.clone());
-        self.observed(key, Some(value), async move {
-            store.create(&owned, stored).await
-        })
-        .await
-    }
-
-    async fn update(
-        &self,
-        key: &str,
-        value: Bytes,
-        expected_mod_revision: Option<u64>,
-    ) -> Result<u64, StoreError> {
-        if !key.starts_with(&self.prefix) {
-            return self.inner.update(key, value, expected_mod_revision).await;
-        }
-        let (store, owned, stored) = (self.inner.clone(), key.to_owned(), value.clone());
-        self.observed(key, Some(value), async move {
-            store.update(&owned, stored, expected_mod_revision).await
-        })
-        .await
-    }
-
-    async fn delete(
-        &self,
-        key: &str,
-        expected_mod_revision: Option<u64>,
-    ) -> Result<(u64, KeyValue), StoreError> {
-        if !key.starts_with(&self.prefix) {
-            return self.inner.delete(key, expected_mod_revision).await;
-        }
-        let (store, owned) = (self.inner.clone(), key.to_owned());
-        self.observed(key, None, async move {
-            store.delete(&owned, expected_mod_revision).await
-        })
-        .await
-    }
-
-    async fn current_revision(&self) -> Result<u64, StoreError> {
-        self.inner.current_revision().await
-    }
-
-    async fn health(&self) -> Result<(), StoreError> {
-        self.inner.health().await
-    }
-
-    async fn watch(&self, prefix: &str, from_revision: u64) -> Result<WatchStream, StoreError> {
-        self.inner.watch(prefix, from_revision).await
-    }
-
-    async fn compact(&self, revision: u64) -> Result<(), StoreError> {
-        self.inner.compact(revision).await
     }
 }
 

@@ -10,15 +10,10 @@ use serde_json::{Value, json};
 use super::{
     UserInfo,
     authz::{Attributes, Decision},
+    chain::Authorizer,
     node,
 };
-use crate::{
-    api::{
-        ServerState,
-        status::{ApiError, FieldError},
-    },
-    registry::ResourceDef,
-};
+use crate::{registry::FieldError, registry::ResourceDef, storage::status::ApiError};
 
 fn invalid(def: &ResourceDef, errors: Vec<FieldError>) -> ApiError {
     ApiError::invalid(def.kind, def.group, "", errors)
@@ -104,7 +99,7 @@ fn spec_user(def: &ResourceDef, spec: &Value) -> Result<UserInfo, ApiError> {
 /// Answers a review created by `requester` (in `namespace` for the local kind): the object
 /// as sent, with its `status` filled in.
 pub(crate) async fn create(
-    state: &ServerState,
+    authorizer: &Authorizer,
     def: &'static ResourceDef,
     namespace: Option<&str>,
     requester: &UserInfo,
@@ -115,7 +110,7 @@ pub(crate) async fn create(
     }
     let spec = body["spec"].clone();
     if def.kind == "SelfSubjectRulesReview" {
-        body["status"] = rules_review(state, requester, &text(&spec["namespace"])).await;
+        body["status"] = rules_review(authorizer, requester, &text(&spec["namespace"])).await;
         return Ok(body);
     }
     let user = match def.kind {
@@ -145,7 +140,7 @@ pub(crate) async fn create(
             ));
         }
     }
-    let decision = state.authorizer.authorize(state, &attrs).await;
+    let decision = authorizer.authorize(&attrs).await;
     tracing::debug!(user = %attrs.user.name, verb = %attrs.verb, resource = %attrs.full_resource(), ?decision, "access review");
     body["status"] = match decision {
         Decision::Allow => json!({"allowed": true}),
@@ -179,8 +174,8 @@ fn self_subject_review(requester: &UserInfo) -> Value {
 
 /// The rules `user` has in `namespace`: RBAC's (cluster-wide and the namespace's) and, for a
 /// node, the node rules. `incomplete` when the Node authorizer narrows some of them further.
-async fn rules_review(state: &ServerState, user: &UserInfo, namespace: &str) -> Value {
-    let mut rules = state.authorizer.rbac.rules_for(user, namespace);
+async fn rules_review(authorizer: &Authorizer, user: &UserInfo, namespace: &str) -> Value {
+    let mut rules = authorizer.rbac.rules_for(user, namespace);
     let is_node = user.in_group(super::GROUP_NODES);
     if is_node {
         rules.extend(node::node_rules());

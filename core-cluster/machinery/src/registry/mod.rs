@@ -7,6 +7,7 @@ pub mod authorization;
 pub mod events;
 mod field;
 pub mod meta;
+pub(crate) mod pod_spec;
 pub mod quantity;
 pub mod resources;
 pub mod selectors;
@@ -17,6 +18,37 @@ use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
 
 pub use field::FieldError;
+
+/// Every served resource, in discovery order.
+pub static ALL: &[&ResourceDef] = &[
+    &resources::NAMESPACES,
+    &resources::NODES,
+    &resources::PODS,
+    &resources::SERVICES,
+    &resources::ENDPOINTS,
+    &resources::EVENTS,
+    &resources::SERVICE_ACCOUNTS,
+    &resources::CONFIG_MAPS,
+    &resources::SECRETS,
+    &resources::LEASES,
+    &resources::ENDPOINT_SLICES,
+    &resources::EVENTS_V1,
+    &resources::TOKEN_REVIEWS,
+    &resources::SELF_SUBJECT_REVIEWS,
+    &authorization::ROLES,
+    &authorization::CLUSTER_ROLES,
+    &authorization::ROLE_BINDINGS,
+    &authorization::CLUSTER_ROLE_BINDINGS,
+    &authorization::SUBJECT_ACCESS_REVIEWS,
+    &authorization::LOCAL_SUBJECT_ACCESS_REVIEWS,
+    &authorization::SELF_SUBJECT_ACCESS_REVIEWS,
+    &authorization::SELF_SUBJECT_RULES_REVIEWS,
+    &workloads::DEPLOYMENTS,
+    &workloads::REPLICA_SETS,
+    &workloads::DAEMON_SETS,
+    &workloads::JOBS,
+];
+
 pub use meta::NameRule;
 pub use table::Column;
 
@@ -188,11 +220,9 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// The standard set (see [`resources::ALL`]).
+    /// The standard set (see [`ALL`]).
     pub fn standard() -> Self {
-        Registry {
-            defs: resources::ALL.to_vec(),
-        }
+        Registry { defs: ALL.to_vec() }
     }
 
     /// Every resource.

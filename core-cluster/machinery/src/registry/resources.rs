@@ -1,5 +1,6 @@
 //! The served resources. Adding one is a `ResourceDef` literal: identity, the k8s-openapi
-//! type, columns and (where the resource has rules) defaulting and validation.
+//! type, columns and (where the resource has rules) defaulting and validation, listed in
+//! [`super::ALL`]. The pod spec's rules are in `pod_spec.rs`.
 
 use k8s_openapi::api::{
     authentication::v1::{SelfSubjectReview, TokenReview},
@@ -17,41 +18,12 @@ use super::{
     events::{identity, to_core, to_events_v1},
     meta::{is_qualified_name, str_at},
     no_defaults,
-    quantity::{check_pod_spec_quantities, quantity_of},
-    table::{AGE, NAME, age},
+    pod_spec::{add_default_tolerations, default_pod_spec, validate_pod_spec},
+    quantity::check_pod_spec_quantities,
+    table::{AGE, NAME, age, key_values_cell, none_if_empty, s},
     typed,
 };
 use crate::registry::FieldError;
-
-/// Every served resource, in discovery order.
-pub static ALL: &[&ResourceDef] = &[
-    &NAMESPACES,
-    &NODES,
-    &PODS,
-    &SERVICES,
-    &ENDPOINTS,
-    &EVENTS,
-    &SERVICE_ACCOUNTS,
-    &CONFIG_MAPS,
-    &SECRETS,
-    &LEASES,
-    &ENDPOINT_SLICES,
-    &EVENTS_V1,
-    &TOKEN_REVIEWS,
-    &SELF_SUBJECT_REVIEWS,
-    &super::authorization::ROLES,
-    &super::authorization::CLUSTER_ROLES,
-    &super::authorization::ROLE_BINDINGS,
-    &super::authorization::CLUSTER_ROLE_BINDINGS,
-    &super::authorization::SUBJECT_ACCESS_REVIEWS,
-    &super::authorization::LOCAL_SUBJECT_ACCESS_REVIEWS,
-    &super::authorization::SELF_SUBJECT_ACCESS_REVIEWS,
-    &super::authorization::SELF_SUBJECT_RULES_REVIEWS,
-    &super::workloads::DEPLOYMENTS,
-    &super::workloads::REPLICA_SETS,
-    &super::workloads::DAEMON_SETS,
-    &super::workloads::JOBS,
-];
 
 /// Resources that are never stored: a create is answered at once and nothing else is
 /// served (the `authentication.k8s.io` and `authorization.k8s.io` reviews), as `storage`
@@ -71,14 +43,6 @@ fn no_fields(_: &Value, _: &str) -> Option<String> {
 
 fn no_rules(_: &Value, _: Option<&Value>) -> Vec<FieldError> {
     Vec::new()
-}
-
-pub(super) fn s(v: &Value, path: &[&str]) -> String {
-    str_at(v, path).unwrap_or("").to_owned()
-}
-
-pub(super) fn none_if_empty(s: String) -> Value {
-    json!(if s.is_empty() { "<none>".to_owned() } else { s })
 }
 
 // ---------------------------------------------------------------- namespaces
@@ -364,66 +328,6 @@ pub static NODES: ResourceDef = ResourceDef {
 
 // ---------------------------------------------------------------- pods
 
-/// The tolerations upstream's DefaultTolerationSeconds admission adds to every pod.
-fn add_default_tolerations(spec: &mut Value) {
-    if !spec["tolerations"].is_array() {
-        spec["tolerations"] = json!([]);
-    }
-    let tolerations = spec["tolerations"].as_array_mut().expect("array");
-    for key in [
-        "node.kubernetes.io/not-ready",
-        "node.kubernetes.io/unreachable",
-    ] {
-        // Upstream: a toleration of this key, or of every key (an empty key), with the
-        // NoExecute or every effect (an empty effect) already covers it.
-        let tolerated = tolerations.iter().any(|t| {
-            let effect = t["effect"].as_str().unwrap_or("");
-            let k = t["key"].as_str().unwrap_or("");
-            (k == key || k.is_empty()) && (effect.is_empty() || effect == "NoExecute")
-        });
-        if !tolerated {
-            tolerations.push(json!({
-                "key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300
-            }));
-        }
-    }
-}
-
-/// The defaults upstream gives a pod spec (`SetDefaults_PodSpec`, `SetDefaults_Container`),
-/// also applied to the pod templates of workloads.
-pub(super) fn default_pod_spec(spec: &mut Value) {
-    if !spec.is_object() {
-        return;
-    }
-    for (field, value) in [
-        ("restartPolicy", json!("Always")),
-        ("dnsPolicy", json!("ClusterFirst")),
-        ("schedulerName", json!("default-scheduler")),
-        ("terminationGracePeriodSeconds", json!(30)),
-        ("securityContext", json!({})),
-    ] {
-        if spec[field].is_null() {
-            spec[field] = value;
-        }
-    }
-    if let Some(containers) = spec["containers"].as_array_mut() {
-        for c in containers {
-            let image = c["image"].as_str().unwrap_or("").to_owned();
-            if c["imagePullPolicy"].is_null() {
-                let latest = image.ends_with(":latest")
-                    || !image.rsplit('/').next().unwrap_or("").contains(':');
-                c["imagePullPolicy"] = json!(if latest { "Always" } else { "IfNotPresent" });
-            }
-            if c["terminationMessagePath"].is_null() {
-                c["terminationMessagePath"] = json!("/dev/termination-log");
-            }
-            if c["terminationMessagePolicy"].is_null() {
-                c["terminationMessagePolicy"] = json!("File");
-            }
-        }
-    }
-}
-
 fn prepare_pod(o: &mut Value) {
     let spec = &mut o["spec"];
     if spec.is_object() {
@@ -450,91 +354,11 @@ fn prepare_pod(o: &mut Value) {
     });
 }
 
-/// Upstream `ValidateResourceRequirements` (with `ValidateResourceQuantityValue` →
-/// `ValidateNonnegativeQuantity`) for the `resources` of the container at `path`: no
-/// negative request or limit, and no request above its limit.
-fn validate_resource_requirements(c: &Value, path: &str, errors: &mut Vec<FieldError>) {
-    let requirements = &c["resources"];
-    let limits = requirements["limits"].as_object();
-    for (kind, map) in [
-        ("limits", limits),
-        ("requests", requirements["requests"].as_object()),
-    ] {
-        for (name, value) in map.into_iter().flatten() {
-            let Some(q) = quantity_of(value) else {
-                continue;
-            };
-            if q.is_negative() {
-                errors.push(FieldError::invalid(
-                    format!("{path}.{kind}[{name}]"),
-                    value,
-                    "must be greater than or equal to 0",
-                ));
-            }
-            let limit = limits.and_then(|l| l.get(name));
-            if kind == "requests"
-                && let Some(limit) = limit
-                && quantity_of(limit).is_some_and(|l| q > l)
-            {
-                errors.push(FieldError::invalid(
-                    format!("{path}.requests"),
-                    value,
-                    format!(
-                        "must be less than or equal to {name} limit of {}",
-                        limit.as_str().unwrap_or("")
-                    ),
-                ));
-            }
-        }
-    }
-}
-
 /// Upstream decodes quantities with the object (`resource.Quantity.UnmarshalJSON`): a pod
 /// whose requests, limits or overhead hold something else is a 400 before validation.
 fn typed_pod(o: &Value) -> Result<Value, String> {
     check_pod_spec_quantities(&o["spec"]).map_err(|e| e.to_string())?;
     typed::<Pod>(o)
-}
-
-/// The container rules of a pod spec at `prefix` (`spec`, `spec.template.spec`).
-pub(super) fn validate_pod_spec(spec: &Value, prefix: &str) -> Vec<FieldError> {
-    let mut errors = Vec::new();
-    for list in ["containers", "initContainers"] {
-        for (i, c) in spec[list].as_array().into_iter().flatten().enumerate() {
-            let path = format!("{prefix}.{list}[{i}].resources");
-            validate_resource_requirements(c, &path, &mut errors);
-        }
-    }
-    // Upstream `validateOverhead`.
-    for (name, value) in spec["overhead"].as_object().into_iter().flatten() {
-        if quantity_of(value).is_some_and(|q| q.is_negative()) {
-            errors.push(FieldError::invalid(
-                format!("{prefix}.overhead[{name}]"),
-                value,
-                "must be greater than or equal to 0",
-            ));
-        }
-    }
-    match spec["containers"].as_array() {
-        Some(cs) if !cs.is_empty() => {
-            for (i, c) in cs.iter().enumerate() {
-                if c["name"].as_str().unwrap_or("").is_empty() {
-                    errors.push(FieldError::required(
-                        format!("{prefix}.containers[{i}].name"),
-                        "",
-                    ));
-                }
-                if c["image"].as_str().unwrap_or("").is_empty() {
-                    errors.push(FieldError::required(
-                        format!("{prefix}.containers[{i}].image"),
-                        "",
-                    ));
-                }
-            }
-        }
-        _ => errors.push(FieldError::required(format!("{prefix}.containers"), "")),
-    }
-    errors
 }
 
 fn validate_pod(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
@@ -822,19 +646,6 @@ fn service_ports(o: &Value, _: i64) -> Value {
         })
         .unwrap_or_default();
     none_if_empty(ports.join(","))
-}
-
-/// A string map as a table cell, `k1=v1,k2=v2` (kubectl's selector columns), or `<none>`.
-pub(super) fn key_values_cell(map: &Value) -> Value {
-    let pairs: Vec<String> = map
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                .collect()
-        })
-        .unwrap_or_default();
-    none_if_empty(pairs.join(","))
 }
 
 fn service_selector(o: &Value, _: i64) -> Value {

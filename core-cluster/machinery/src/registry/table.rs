@@ -148,6 +148,29 @@ pub fn table(
     t
 }
 
+/// A string at `path` of `v`, or empty.
+pub(super) fn s(v: &Value, path: &[&str]) -> String {
+    meta::str_at(v, path).unwrap_or("").to_owned()
+}
+
+/// `s`, or `<none>` when empty (kubectl's empty cell).
+pub(super) fn none_if_empty(s: String) -> Value {
+    json!(if s.is_empty() { "<none>".to_owned() } else { s })
+}
+
+/// A string map as a table cell, `k1=v1,k2=v2` (kubectl's selector columns), or `<none>`.
+pub(super) fn key_values_cell(map: &Value) -> Value {
+    let pairs: Vec<String> = map
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect()
+        })
+        .unwrap_or_default();
+    none_if_empty(pairs.join(","))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

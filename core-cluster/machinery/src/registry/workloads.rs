@@ -12,9 +12,9 @@ use super::{
     Column, NameRule, ResourceDef,
     events::identity,
     no_defaults,
+    pod_spec::{default_pod_spec, validate_pod_spec},
     quantity::check_pod_spec_quantities,
-    resources::{default_pod_spec, key_values_cell, none_if_empty, s, validate_pod_spec},
-    table::{AGE, NAME, age},
+    table::{AGE, NAME, age, key_values_cell, none_if_empty, s},
     typed,
 };
 use crate::registry::FieldError;

@@ -4,6 +4,7 @@
 //! Lease, the status of pods bound to it (not their labels), mirror pods bound to it that
 //! reference no other objects, and tokens only for pods bound to it.
 
+use futures::future::BoxFuture;
 use serde_json::Value;
 
 use super::{
@@ -12,13 +13,14 @@ use super::{
     node_identity,
 };
 use crate::{
-    api::{
-        ServerState,
-        status::{ApiError, Qualified},
-    },
     registry::{
         ResourceDef,
-        resources::{NODES, PODS},
+        resources::{NODES, PODS, SERVICE_ACCOUNTS},
+    },
+    storage::{
+        ObjectReader,
+        admission::{Admission, AdmissionAttributes, Operation},
+        status::{ApiError, Qualified},
     },
 };
 
@@ -103,25 +105,61 @@ fn forbidden_labels(new: &Value, old: Option<&Value>) -> Vec<String> {
     keys
 }
 
-/// NodeRestriction: checks a write by the request's user (scoped by the API server)
-/// to Nodes, Leases and Pods. Everyone but a node passes.
-pub(crate) async fn admit(
-    state: &ServerState,
-    def: &ResourceDef,
-    write: Write<'_>,
-) -> Result<(), ApiError> {
-    let node =
-        super::super::with_request_user(|user| node_identity(user).map(str::to_owned)).flatten();
-    match node {
-        Some(node) => admit_node_write(Some(state), &node, def, write).await,
-        None => Ok(()),
+/// The NodeRestriction admission plugin: checks the writes of node identities to Nodes,
+/// Leases, Pods and service-account tokens. Everyone but a node passes.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeRestriction {
+    /// Looks up the Node a mirror pod's owner reference names, and a token's pod.
+    reader: ObjectReader,
+}
+
+impl NodeRestriction {
+    /// The plugin, reading objects through `reader`.
+    pub(crate) fn new(reader: ObjectReader) -> Self {
+        NodeRestriction { reader }
     }
 }
 
-/// The checks of [`admit`] for a write by `node`. `state` looks up the Node a mirror pod's
+impl Admission for NodeRestriction {
+    fn name(&self) -> &'static str {
+        "NodeRestriction"
+    }
+
+    fn admit<'a>(
+        &'a self,
+        attrs: &'a AdmissionAttributes<'a>,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(async move {
+            let Some(node) = node_identity(attrs.user) else {
+                return Ok(());
+            };
+            let def = attrs.resource;
+            if std::ptr::eq(def, &SERVICE_ACCOUNTS) && attrs.subresource == Some("token") {
+                let bound = attrs
+                    .object
+                    .map_or(&Value::Null, |request| &request["spec"]["boundObjectRef"]);
+                let ns = attrs.namespace.unwrap_or("");
+                return admit_token_request(&self.reader, node, ns, attrs.name, bound).await;
+            }
+            let write = match (attrs.operation, attrs.object, attrs.old_object) {
+                (Operation::Create, Some(new), _) => Write::Create { new },
+                (Operation::Update, Some(new), Some(old)) => Write::Update {
+                    sub: attrs.subresource,
+                    old,
+                    new,
+                },
+                (Operation::Delete, _, Some(old)) => Write::Delete { old },
+                _ => return Ok(()),
+            };
+            admit_node_write(Some(&self.reader), node, def, write).await
+        })
+    }
+}
+
+/// The checks of [`NodeRestriction`] for a write by `node`. `reader` looks up the Node a mirror pod's
 /// owner reference names (tests of the other rules pass none).
 async fn admit_node_write(
-    state: Option<&ServerState>,
+    reader: Option<&ObjectReader>,
     node: &str,
     def: &ResourceDef,
     write: Write<'_>,
@@ -180,7 +218,7 @@ async fn admit_node_write(
             Ok(())
         }
         ("", "pods") => match write {
-            Write::Create { new } => match admit_pod_create(state, node, new).await? {
+            Write::Create { new } => match admit_pod_create(reader, node, new).await? {
                 Some(why) => forbid(why),
                 None => Ok(()),
             },
@@ -246,7 +284,7 @@ fn admit_pod_update(node: &str, sub: Option<&str>, old: &Value, new: &Value) -> 
 /// ignores such references of mirror pods too). The reason of a refusal; a missing Node
 /// is 404, as upstream.
 async fn admit_pod_create(
-    state: Option<&ServerState>,
+    reader: Option<&ObjectReader>,
     node: &str,
     pod: &Value,
 ) -> Result<Option<String>, ApiError> {
@@ -285,8 +323,8 @@ async fn admit_pod_create(
                 "node {node:?} must not set blockOwnerDeletion on an owner reference"
             )));
         }
-        if let Some(state) = state {
-            let found = match crate::api::get_stored(state, &NODES, None, node).await {
+        if let Some(reader) = reader {
+            let found = match reader.get(&NODES, None, node).await {
                 Ok(found) => found,
                 Err(e) if e.code == 404 => return Err(e),
                 Err(e) => {
@@ -347,18 +385,14 @@ async fn admit_pod_create(
 
 /// Upstream's `admitServiceAccount`: a node's TokenRequest for the service account
 /// `ns/name` must be bound (`spec.boundObjectRef`, here `bound`) to a Pod, by name and
-/// UID, that exists and is bound to the node. Everyone but a node passes.
-pub(crate) async fn admit_token_request(
-    state: &ServerState,
+/// UID, that exists and is bound to the node.
+async fn admit_token_request(
+    reader: &ObjectReader,
+    node: &str,
     ns: &str,
     name: &str,
     bound: &Value,
 ) -> Result<(), ApiError> {
-    let node =
-        super::super::with_request_user(|user| node_identity(user).map(str::to_owned)).flatten();
-    let Some(node) = node else {
-        return Ok(());
-    };
     let forbid = |why: &str| {
         Err(ApiError::forbidden(
             &Qualified::new("", "serviceaccounts", name),
@@ -372,7 +406,7 @@ pub(crate) async fn admit_token_request(
     let Some(uid) = bound["uid"].as_str().filter(|u| !u.is_empty()) else {
         return forbid("node requested token with a pod binding without a uid");
     };
-    let pod = match crate::api::get_stored(state, &PODS, Some(ns), pod_name).await {
+    let pod = match reader.get(&PODS, Some(ns), pod_name).await {
         Ok(pod) => pod,
         Err(e) if e.code == 404 => return Err(e),
         Err(e) => return forbid(&e.message),
@@ -382,7 +416,7 @@ pub(crate) async fn admit_token_request(
             "the UID in the bound object reference ({uid}) does not match the UID in record. The object might have been deleted and then recreated"
         ));
     }
-    if pod["spec"]["nodeName"].as_str() != Some(node.as_str()) {
+    if pod["spec"]["nodeName"].as_str() != Some(node) {
         return forbid("node requested token bound to a pod scheduled on a different node");
     }
     Ok(())

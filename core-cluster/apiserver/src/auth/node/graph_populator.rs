@@ -1,10 +1,11 @@
 //! Keeping the Node authorizer's [graph](super::graph) current, as upstream's
-//! `graph_populator.go` does from its pod informer; here from the API server's own writes,
-//! so a client that wrote a pod is decided on that write at once.
+//! `graph_populator.go` does from its pod informer; here from the committed writes the
+//! generic store tells its observers of ([`crate::storage::observe`]), so a client that
+//! wrote a pod is decided on that write at once.
 //!
 //! - Startup (and recovery): the graph is built from every pod in the store.
 //! - Each successful pod write (create, update of any subresource, binding, delete, the
-//!   delete that removes the last finalizer) calls [`NodeAuthorizer::observe`] with the
+//!   delete that removes the last finalizer) calls [`NodeAuthorizer::changed`] with the
 //!   object before and after and the write's revision. When the graph's view of the pod
 //!   (node, mirror or not, references) did not change, as for every status update, nothing
 //!   happens. Otherwise, under a lock striped by pod name, the pod's key is read back from
@@ -22,16 +23,15 @@ use std::{
 };
 
 use parking_lot::RwLock;
-use serde_json::Value;
 
 use super::{
     graph::{NodeGraph, PodEdges},
     node_identity,
 };
 use crate::{
-    api::{ServerState, status::ApiError},
     auth::authz::{Attributes, Decision},
-    registry::{ResourceDef, resources::PODS},
+    registry::resources::PODS,
+    storage::{ObjectReader, observe::ObjectChange, status::ApiError},
 };
 
 /// How many locks the pod names are spread over.
@@ -62,12 +62,12 @@ impl Default for NodeAuthorizer {
 
 impl NodeAuthorizer {
     /// Decides `attrs` (see [`super::authorize`]), rebuilding a stale graph first.
-    pub(crate) async fn authorize(&self, state: &ServerState, attrs: &Attributes) -> Decision {
+    pub(crate) async fn authorize(&self, reader: &ObjectReader, attrs: &Attributes) -> Decision {
         if node_identity(&attrs.user).is_none() {
             return Decision::NoOpinion(String::new());
         }
         if self.stale.load(Ordering::Acquire)
-            && let Err(e) = self.refresh(state).await
+            && let Err(e) = self.refresh(reader).await
         {
             tracing::warn!(error = %e, "rebuilding the node authorizer graph failed");
             return super::authorize(&NodeGraph::new(), attrs);
@@ -75,19 +75,21 @@ impl NodeAuthorizer {
         super::authorize(&self.graph.read(), attrs)
     }
 
-    /// Follows a successful write of `def` `ns/name` from `old` (none for a create) to
-    /// `new` (none for a delete), made at `revision`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn observe(
-        &self,
-        state: &ServerState,
-        def: &ResourceDef,
-        ns: Option<&str>,
-        name: &str,
-        old: Option<&Value>,
-        new: Option<&Value>,
-        revision: u64,
-    ) {
+    /// Whether writes of `def` change the graph: pods only.
+    pub(crate) fn observes(def: &crate::registry::ResourceDef) -> bool {
+        def.group == PODS.group && def.plural == PODS.plural
+    }
+
+    /// Follows a committed write of a pod (see the [module docs](self)).
+    pub(crate) async fn changed(&self, reader: &ObjectReader, change: &ObjectChange<'_>) {
+        let ObjectChange {
+            def,
+            namespace: ns,
+            name,
+            old,
+            new,
+            revision,
+        } = *change;
         if def.group != PODS.group || def.plural != PODS.plural {
             return;
         }
@@ -101,11 +103,11 @@ impl NodeAuthorizer {
             // The rebuild to come reads this write.
             return;
         }
-        let current = match state.store.get(&PODS.key(ns, name)).await {
+        let current = match reader.revision(&PODS, ns, name).await {
             Ok(None) => None,
-            Ok(Some(kv)) if new.is_some() && kv.mod_revision == revision => edges,
+            Ok(Some(stored)) if new.is_some() && stored == revision => edges,
             // Written again since: what the store holds now.
-            Ok(Some(_)) => match crate::api::get_stored(state, &PODS, ns, name).await {
+            Ok(Some(_)) => match reader.get(&PODS, ns, name).await {
                 Ok(pod) => PodEdges::of(&pod),
                 Err(e) if e.code == 404 => None,
                 Err(e) => return self.lost(ns, name, &e.message),
@@ -115,6 +117,11 @@ impl NodeAuthorizer {
         self.graph
             .write()
             .set_pod(ns.unwrap_or(""), name, current.as_ref());
+    }
+
+    /// The graph may miss writes (one failed mid-way): rebuild it before the next decision.
+    pub(crate) fn mark_stale(&self) {
+        self.stale.store(true, Ordering::Release);
     }
 
     /// A pod write the graph could not follow: rebuild it before the next decision.
@@ -129,7 +136,7 @@ impl NodeAuthorizer {
     }
 
     /// Builds the graph from the store if it is stale (at startup, after a failed read).
-    pub(crate) async fn refresh(&self, state: &ServerState) -> Result<(), ApiError> {
+    pub(crate) async fn refresh(&self, reader: &ObjectReader) -> Result<(), ApiError> {
         let _single = self.rebuild.lock().await;
         if !self.stale.load(Ordering::Acquire) {
             return Ok(());
@@ -141,7 +148,7 @@ impl NodeAuthorizer {
         // Writes acknowledged from here on are read by the list below, or update the
         // graph after it is swapped in (their stripe waits for `held`).
         self.stale.store(false, Ordering::Release);
-        match crate::api::list_all_objects(state, &PODS).await {
+        match reader.list(&PODS, None).await {
             Ok(pods) => {
                 let mut graph = NodeGraph::new();
                 for pod in &pods {

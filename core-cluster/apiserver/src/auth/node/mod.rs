@@ -15,8 +15,8 @@ pub(crate) mod graph_populator;
 
 use std::sync::LazyLock;
 
+pub(crate) use admission::NodeRestriction;
 pub use admission::{Write, node_may_set_label};
-pub(crate) use admission::{admit, admit_token_request};
 use graph::{NodeGraph, Vertex};
 pub(crate) use graph_populator::NodeAuthorizer;
 

@@ -1,0 +1,274 @@
+//! Create (upstream's `Store.Create` with the strategies' `PrepareForCreate` and
+//! `Validate`), and what creates and updates share: Service allocation, `managedFields`.
+
+use serde_json::{Value, json};
+
+use super::{
+    GENERATE_NAME_ATTEMPTS, ObjectKey, Query, Storage, WriteContext,
+    admission::{AdmissionAttributes, Operation},
+    encode,
+    get_list::get_object,
+    invalid, qualified,
+    status::{ApiError, Qualified},
+};
+use crate::{
+    patch,
+    registry::FieldError,
+    registry::{
+        ResourceDef,
+        allocator::Allocation,
+        meta::{self, meta_mut},
+    },
+    store::StoreError,
+};
+
+pub(crate) async fn check_namespace(
+    state: &Storage,
+    def: &ResourceDef,
+    ns: &str,
+    name: &str,
+) -> Result<(), ApiError> {
+    let namespaces = state
+        .registry
+        .find("", "v1", "namespaces")
+        .expect("namespaces are served");
+    match get_object(&*state.store, namespaces, None, ns).await {
+        Ok((_, namespace)) => {
+            if !namespace["metadata"]["deletionTimestamp"].is_null() {
+                return Err(ApiError::forbidden(
+                    &qualified(def, name),
+                    &format!(
+                        "unable to create new content in namespace {ns} because it is being terminated"
+                    ),
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.code == 404 => Err(ApiError::not_found(&Qualified::new("", "namespaces", ns))),
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates an object (POST), as kube-apiserver's generic registry does. The body was
+/// decoded and checked against its type by the caller.
+pub(crate) async fn create_object(
+    state: &Storage,
+    ctx: &WriteContext,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    mut obj: Value,
+) -> Result<Value, ApiError> {
+    let meta = meta_mut(&mut obj);
+    if def.namespaced {
+        let ns = ns.ok_or_else(|| {
+            ApiError::bad_request("the namespace of the object must be set on the request")
+        })?;
+        match meta.get("namespace").and_then(Value::as_str) {
+            Some(given) if !given.is_empty() && given != ns => {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
+            _ => {
+                meta.insert("namespace".into(), json!(ns));
+            }
+        }
+    } else {
+        meta.remove("namespace");
+    }
+    let given_name = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let generate = meta
+        .get("generateName")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    if given_name.is_empty() && generate.is_empty() {
+        return Err(invalid(
+            def,
+            "",
+            vec![FieldError::required(
+                "metadata.name",
+                "name or generateName is required",
+            )],
+        ));
+    }
+    let probe_name = if given_name.is_empty() {
+        meta::generate_name(&generate)
+    } else {
+        given_name.clone()
+    };
+    let mut errors: Vec<FieldError> = meta::validate_name(&probe_name, def.name_rule)
+        .into_iter()
+        .map(|e| {
+            FieldError::invalid(
+                if given_name.is_empty() {
+                    "metadata.generateName"
+                } else {
+                    "metadata.name"
+                },
+                &json!(if given_name.is_empty() {
+                    &generate
+                } else {
+                    &given_name
+                }),
+                e,
+            )
+        })
+        .collect();
+    if !errors.is_empty() {
+        return Err(invalid(def, &given_name, errors));
+    }
+    if def.namespaced {
+        check_namespace(state, def, ns.unwrap_or(""), &probe_name).await?;
+    }
+    // System fields: never taken from the client.
+    let meta = meta_mut(&mut obj);
+    for field in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "resourceVersion",
+        "selfLink",
+        "generation",
+    ] {
+        meta.remove(field);
+    }
+    meta.insert("uid".into(), json!(meta::new_uid()));
+    meta.insert("creationTimestamp".into(), json!(meta::now_rfc3339()));
+    if def.generation {
+        meta_mut(&mut obj).insert("generation".into(), json!(1));
+    }
+    (def.prepare_create)(&mut obj);
+    errors.extend(meta::validate_object_meta(&obj));
+    errors.extend((def.validate)(&obj, None));
+    if !errors.is_empty() {
+        return Err(invalid(def, &probe_name, errors));
+    }
+    state
+        .admit(&AdmissionAttributes {
+            user: &ctx.user,
+            operation: Operation::Create,
+            resource: def,
+            subresource: None,
+            namespace: ns,
+            name: &probe_name,
+            object: Some(&obj),
+            old_object: None,
+        })
+        .await?;
+    let allocation = allocate(state, def, &mut obj, None, &probe_name)?;
+    let dry_run = ctx.dry_run();
+    record_manager(def, &mut obj, None, &ctx.query);
+    for attempt in 0..GENERATE_NAME_ATTEMPTS {
+        let name = if given_name.is_empty() {
+            if attempt == 0 {
+                probe_name.clone()
+            } else {
+                meta::generate_name(&generate)
+            }
+        } else {
+            given_name.clone()
+        };
+        meta_mut(&mut obj).insert("name".into(), json!(name));
+        let bytes = match encode(state, def, &obj) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                rollback(state, &allocation);
+                return Err(e);
+            }
+        };
+        if dry_run {
+            rollback(state, &allocation);
+            return Ok(obj);
+        }
+        match state
+            .create_key(ObjectKey::new(def, ns, &name), &obj, bytes)
+            .await
+        {
+            Ok(revision) => {
+                meta_mut(&mut obj).insert("resourceVersion".into(), json!(revision.to_string()));
+                return Ok(obj);
+            }
+            Err(StoreError::AlreadyExists { .. })
+                if given_name.is_empty() && attempt + 1 < GENERATE_NAME_ATTEMPTS =>
+            {
+                continue;
+            }
+            Err(StoreError::AlreadyExists { .. }) => {
+                rollback(state, &allocation);
+                let mut e = ApiError::already_exists(&qualified(def, &name));
+                if given_name.is_empty() {
+                    e.message.push_str(
+                        ", the server was not able to generate a unique name for the object",
+                    );
+                    if let Some(d) = e.details.as_mut() {
+                        d["retryAfterSeconds"] = json!(1);
+                    }
+                }
+                return Err(e);
+            }
+            Err(other) => {
+                rollback(state, &allocation);
+                return Err(ApiError::from_store(&qualified(def, &name), other));
+            }
+        }
+    }
+    unreachable!("the loop returns on its last attempt")
+}
+
+/// Service admission: ClusterIP and NodePort allocation.
+pub(crate) fn allocate(
+    state: &Storage,
+    def: &ResourceDef,
+    obj: &mut Value,
+    old: Option<&Value>,
+    name: &str,
+) -> Result<Option<Allocation>, ApiError> {
+    if !def.group.is_empty() || def.plural != "services" {
+        return Ok(None);
+    }
+    state
+        .allocator
+        .lock()
+        .allocate(obj, old)
+        .map(Some)
+        .map_err(|errors| invalid(def, name, errors))
+}
+
+pub(crate) fn rollback(state: &Storage, allocation: &Option<Allocation>) {
+    if let Some(a) = allocation {
+        state.allocator.lock().rollback(a);
+    }
+}
+
+pub(crate) fn commit(state: &Storage, allocation: &Option<Allocation>) {
+    if let Some(a) = allocation {
+        state.allocator.lock().commit(a);
+    }
+}
+
+/// Records the writer in `metadata.managedFields` (field manager from the query).
+pub(crate) fn record_manager(
+    def: &ResourceDef,
+    obj: &mut Value,
+    old: Option<&Value>,
+    query: &Query,
+) {
+    let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()) else {
+        return;
+    };
+    let schema = patch::schema_for(def.group, def.kind);
+    *obj = patch::record_update(old, obj, manager, schema, &meta::now_rfc3339());
+}
+
+/// Frees what a deleted object held (Service IPs and ports).
+pub(crate) fn released(state: &Storage, def: &ResourceDef, obj: &Value) {
+    if def.group.is_empty() && def.plural == "services" {
+        state.allocator.lock().release(obj);
+    }
+}

@@ -1,0 +1,309 @@
+//! Delete (upstream's `Store.Delete` and `Store.DeleteCollection`): preconditions,
+//! graceful deletion, finalizers and the propagation policy.
+
+use serde_json::{Value, json};
+
+use super::{
+    MAX_WRITE_ATTEMPTS, ObjectKey, Query, SYSTEM_NAMESPACES, Storage, WriteContext,
+    admission::{AdmissionAttributes, Operation},
+    create::released,
+    encode, flag,
+    get_list::{ListOptions, get_object, list_objects},
+    qualified,
+    status::{ApiError, success_status},
+};
+use crate::{
+    registry::FieldError,
+    registry::{
+        ResourceDef,
+        meta::{meta_mut, str_at},
+    },
+    store::StoreError,
+};
+
+/// `DeleteOptions`, from the body and the query.
+#[derive(Debug, Default)]
+pub(crate) struct DeleteOptions {
+    /// `gracePeriodSeconds`.
+    pub(crate) grace_period_seconds: Option<i64>,
+    /// `propagationPolicy` (`orphanDependents` read as `Orphan`).
+    pub(crate) propagation_policy: Option<String>,
+    /// `preconditions.uid`.
+    pub(crate) precondition_uid: Option<String>,
+    /// `preconditions.resourceVersion`.
+    pub(crate) precondition_rv: Option<String>,
+    /// `dryRun: [All]`.
+    pub(crate) dry_run: bool,
+}
+
+impl DeleteOptions {
+    pub(crate) fn from_value(body: &Value, query: &Query) -> Result<Self, ApiError> {
+        let mut o = DeleteOptions {
+            grace_period_seconds: body["gracePeriodSeconds"].as_i64(),
+            propagation_policy: body["propagationPolicy"].as_str().map(str::to_owned),
+            precondition_uid: body["preconditions"]["uid"].as_str().map(str::to_owned),
+            precondition_rv: body["preconditions"]["resourceVersion"]
+                .as_str()
+                .map(str::to_owned),
+            dry_run: body["dryRun"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|v| v == "All")),
+        };
+        if body["orphanDependents"].as_bool() == Some(true) {
+            o.propagation_policy.get_or_insert_with(|| "Orphan".into());
+        }
+        if let Some(g) = query.get("gracePeriodSeconds") {
+            o.grace_period_seconds =
+                Some(g.parse().map_err(|_| {
+                    ApiError::bad_request(format!("invalid gracePeriodSeconds {g:?}"))
+                })?);
+        }
+        if let Some(p) = query.get("propagationPolicy") {
+            o.propagation_policy = Some(p.clone());
+        }
+        if flag(query, "orphanDependents") {
+            o.propagation_policy.get_or_insert_with(|| "Orphan".into());
+        }
+        if query.get("dryRun").is_some_and(|d| d == "All") {
+            o.dry_run = true;
+        }
+        if let Some(p) = &o.propagation_policy
+            && !matches!(p.as_str(), "Orphan" | "Background" | "Foreground")
+        {
+            return Err(ApiError::invalid(
+                "DeleteOptions",
+                "meta.k8s.io",
+                "",
+                vec![FieldError::not_supported(
+                    "propagationPolicy",
+                    &json!(p),
+                    &["Background", "Foreground", "Orphan"],
+                )],
+            ));
+        }
+        if o.grace_period_seconds.is_some_and(|g| g < 0) {
+            o.grace_period_seconds = Some(0);
+        }
+        Ok(o)
+    }
+}
+
+/// Deletes an object with upstream's semantics: preconditions, graceful deletion for pods on
+/// a node, finalizers (including `orphan` and `foregroundDeletion` from the propagation
+/// policy), and immediate removal otherwise. Answers the deleted object (pods, and an
+/// object kept for its finalizers or grace period) or a success `Status`.
+pub(crate) async fn delete_object(
+    state: &Storage,
+    ctx: &WriteContext,
+    key: ObjectKey<'_>,
+    options: DeleteOptions,
+) -> Result<Value, ApiError> {
+    let ObjectKey {
+        def,
+        namespace: ns,
+        name,
+    } = key;
+    let q = qualified(def, name);
+    if def.plural == "namespaces" && SYSTEM_NAMESPACES.contains(&name) {
+        return Err(ApiError::forbidden(&q, "this namespace may not be deleted"));
+    }
+    for _ in 0..MAX_WRITE_ATTEMPTS {
+        let (kv, current) = get_object(&*state.store, def, ns, name).await?;
+        state
+            .admit(&AdmissionAttributes {
+                user: &ctx.user,
+                operation: Operation::Delete,
+                resource: def,
+                subresource: None,
+                namespace: ns,
+                name,
+                object: None,
+                old_object: Some(&current),
+            })
+            .await?;
+        let meta = &current["metadata"];
+        if let Some(uid) = &options.precondition_uid
+            && meta["uid"].as_str() != Some(uid)
+        {
+            return Err(ApiError::conflict(
+                &q,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta["uid"].as_str().unwrap_or("")
+                ),
+            ));
+        }
+        if let Some(rv) = &options.precondition_rv
+            && *rv != kv.mod_revision.to_string()
+        {
+            return Err(ApiError::conflict(
+                &q,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    kv.mod_revision
+                ),
+            ));
+        }
+        let already_deleting = !meta["deletionTimestamp"].is_null();
+        let mut finalizers: Vec<String> = meta["finalizers"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !already_deleting {
+            match options.propagation_policy.as_deref() {
+                Some("Orphan") => {
+                    finalizers.retain(|f| f != "foregroundDeletion");
+                    if !finalizers.iter().any(|f| f == "orphan") {
+                        finalizers.push("orphan".into());
+                    }
+                }
+                Some("Foreground") => {
+                    finalizers.retain(|f| f != "orphan");
+                    if !finalizers.iter().any(|f| f == "foregroundDeletion") {
+                        finalizers.push("foregroundDeletion".into());
+                    }
+                }
+                Some("Background") => {
+                    finalizers.retain(|f| f != "orphan" && f != "foregroundDeletion")
+                }
+                _ => {}
+            }
+        }
+        // Graceful deletion: a pod on a node waits for its kubelet.
+        let grace = if def.group.is_empty() && def.plural == "pods" {
+            let terminal = matches!(
+                current["status"]["phase"].as_str(),
+                Some("Succeeded" | "Failed")
+            );
+            let scheduled = current["spec"]["nodeName"]
+                .as_str()
+                .is_some_and(|n| !n.is_empty());
+            if terminal || !scheduled {
+                0
+            } else {
+                options
+                    .grace_period_seconds
+                    .or_else(|| current["spec"]["terminationGracePeriodSeconds"].as_i64())
+                    .unwrap_or(30)
+            }
+        } else {
+            0
+        };
+        let namespace_pending = def.plural == "namespaces"
+            && current["spec"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty());
+        if options.dry_run {
+            return Ok(current);
+        }
+        if finalizers.is_empty() && grace == 0 && !namespace_pending {
+            match state.delete_key(key, &current, kv.mod_revision).await {
+                Ok((revision, _)) => {
+                    released(state, def, &current);
+                    let mut deleted = current.clone();
+                    meta_mut(&mut deleted)
+                        .insert("resourceVersion".into(), json!(revision.to_string()));
+                    // Pods return the deleted object; everything else a Status.
+                    return Ok(if def.plural == "pods" {
+                        deleted
+                    } else {
+                        success_status(&q, meta["uid"].as_str())
+                    });
+                }
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(ApiError::from_store(&q, e)),
+            }
+        }
+        // Mark as deleting and keep the object.
+        let mut marked = current.clone();
+        let now = jiff::Timestamp::now().as_second();
+        // A grace period near i64::MAX must not overflow: past jiff's range the deletion
+        // time is the latest representable one.
+        let deletion_at = jiff::Timestamp::from_second(now.saturating_add(grace))
+            .unwrap_or(jiff::Timestamp::MAX)
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        let m = meta_mut(&mut marked);
+        let keep_earlier = already_deleting
+            && m.get("deletionGracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .is_some_and(|g| g <= grace);
+        if !keep_earlier {
+            m.insert("deletionTimestamp".into(), json!(deletion_at));
+            m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+        }
+        if finalizers.is_empty() {
+            m.remove("finalizers");
+        } else {
+            m.insert("finalizers".into(), json!(finalizers));
+        }
+        m.remove("resourceVersion");
+        if def.plural == "namespaces" {
+            marked["status"]["phase"] = json!("Terminating");
+        }
+        if marked == {
+            let mut c = current.clone();
+            meta_mut(&mut c).remove("resourceVersion");
+            c
+        } {
+            return Ok(current);
+        }
+        let bytes = encode(state, def, &marked)?;
+        match state
+            .update_key(key, &current, &marked, bytes, kv.mod_revision)
+            .await
+        {
+            Ok(revision) => {
+                // A namespace now terminating is cleaned up by the namespace finalizer,
+                // which observes this write.
+                meta_mut(&mut marked).insert("resourceVersion".into(), json!(revision.to_string()));
+                return Ok(marked);
+            }
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(ApiError::from_store(&q, e)),
+        }
+    }
+    Err(ApiError::modified(&q))
+}
+
+/// Deletes every object of `def` that `query`'s list options select.
+pub(crate) async fn delete_collection(
+    state: &Storage,
+    ctx: &WriteContext,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    query: &Query,
+    options: DeleteOptions,
+) -> Result<(), ApiError> {
+    let opts = ListOptions::parse(def, query)?;
+    let (items, _, _) = list_objects(&*state.store, def, ns, &opts).await?;
+    for item in items {
+        let name = str_at(&item, &["metadata", "name"])
+            .unwrap_or("")
+            .to_owned();
+        let item_ns = str_at(&item, &["metadata", "namespace"]).map(str::to_owned);
+        let opts = DeleteOptions {
+            grace_period_seconds: options.grace_period_seconds,
+            propagation_policy: options.propagation_policy.clone(),
+            dry_run: options.dry_run,
+            ..DeleteOptions::default()
+        };
+        match delete_object(
+            state,
+            ctx,
+            ObjectKey::new(def, item_ns.as_deref(), &name),
+            opts,
+        )
+        .await
+        {
+            Ok(_) => {}
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

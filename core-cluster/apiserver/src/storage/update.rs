@@ -1,0 +1,265 @@
+//! Update (upstream's `Store.Update` through `GuaranteedUpdate`, with the strategies'
+//! `PrepareForUpdate` and `ValidateUpdate`): of an object, its `status`, or a namespace's
+//! finalizers; the write that removes the last finalizer deletes.
+
+use serde_json::{Value, json};
+
+use super::{
+    MAX_WRITE_ATTEMPTS, ObjectKey, Storage, WriteContext,
+    admission::{AdmissionAttributes, Operation},
+    create::{allocate, commit, record_manager, released, rollback},
+    encode,
+    get_list::get_object,
+    invalid, parse_rv, qualified,
+    status::ApiError,
+};
+use crate::{
+    registry::FieldError,
+    registry::meta::{self, meta_mut, str_at},
+    store::KeyValue,
+};
+
+/// Replaces an object (PUT), or its status (`/status`), or a namespace's finalizers.
+/// The body was decoded and checked against its type by the caller.
+pub(crate) async fn update_object(
+    state: &Storage,
+    ctx: &WriteContext,
+    key: ObjectKey<'_>,
+    sub: Option<&str>,
+    new: Value,
+) -> Result<Value, ApiError> {
+    let ObjectKey {
+        def,
+        namespace: ns,
+        name,
+    } = key;
+    let body_name = str_at(&new, &["metadata", "name"]).unwrap_or("");
+    if body_name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    if def.namespaced
+        && let Some(body_ns) = str_at(&new, &["metadata", "namespace"])
+        && Some(body_ns) != ns
+    {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    let precondition = match str_at(&new, &["metadata", "resourceVersion"]) {
+        Some(rv) if !rv.is_empty() => Some(parse_rv(rv)?),
+        _ => None,
+    };
+    for _ in 0..MAX_WRITE_ATTEMPTS {
+        let (kv, current) = get_object(&*state.store, def, ns, name).await?;
+        if precondition.is_some_and(|rv| rv != kv.mod_revision) {
+            return Err(ApiError::modified(&qualified(def, name)));
+        }
+        match commit_update(state, ctx, key, sub, &kv, &current, new.clone()).await {
+            Err(e) if e.reason == "Conflict" && precondition.is_none() => continue,
+            other => return other,
+        }
+    }
+    Err(ApiError::modified(&qualified(def, name)))
+}
+
+fn differs(a: &Value, b: &Value, key: &str) -> bool {
+    a.get(key).unwrap_or(&Value::Null) != b.get(key).unwrap_or(&Value::Null)
+}
+
+/// The shared tail of update and patch: subresource rules, system fields, validation,
+/// admission, finalizer-driven deletion, and the conditional write.
+pub(crate) async fn commit_update(
+    state: &Storage,
+    ctx: &WriteContext,
+    key: ObjectKey<'_>,
+    sub: Option<&str>,
+    kv: &KeyValue,
+    current: &Value,
+    mut new: Value,
+) -> Result<Value, ApiError> {
+    let ObjectKey {
+        def,
+        namespace: ns,
+        name,
+    } = key;
+    let q = qualified(def, name);
+    match sub {
+        Some("status") => {
+            // Upstream's status strategies (nodes, services, pods, namespaces) keep the old
+            // spec and take the written status and metadata: the service controller adds its
+            // finalizer through `services/<name>/status` (checklist row 67). Pods also keep
+            // their ownerReferences, which old kubelets corrupted through this path. System
+            // fields are restored below, as for any write.
+            let status = new.get("status").cloned();
+            let metadata = new.get("metadata").cloned();
+            let mut merged = current.clone();
+            match status {
+                Some(s) => merged["status"] = s,
+                None => {
+                    if let Some(m) = merged.as_object_mut() {
+                        m.remove("status");
+                    }
+                }
+            }
+            if let Some(mut metadata) = metadata.filter(Value::is_object) {
+                if def.kind == "Pod" {
+                    match current["metadata"].get("ownerReferences") {
+                        Some(refs) => metadata["ownerReferences"] = refs.clone(),
+                        None => {
+                            if let Some(m) = metadata.as_object_mut() {
+                                m.remove("ownerReferences");
+                            }
+                        }
+                    }
+                }
+                merged["metadata"] = metadata;
+            }
+            new = merged;
+        }
+        Some("finalize") => {
+            let finalizers = new["spec"]["finalizers"].clone();
+            let mut merged = current.clone();
+            merged["spec"]["finalizers"] = finalizers;
+            new = merged;
+        }
+        _ => {
+            if def.status {
+                match current.get("status") {
+                    Some(s) => new["status"] = s.clone(),
+                    None => {
+                        if let Some(m) = new.as_object_mut() {
+                            m.remove("status");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // System metadata is immutable.
+    let old_meta = current["metadata"].clone();
+    let meta = meta_mut(&mut new);
+    for field in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "name",
+        "namespace",
+        "generation",
+    ] {
+        match old_meta.get(field) {
+            Some(v) => {
+                meta.insert(field.into(), v.clone());
+            }
+            None => {
+                meta.remove(field);
+            }
+        }
+    }
+    meta.remove("resourceVersion");
+    if def.generation && sub.is_none() && differs(&new, current, "spec") {
+        let generation = old_meta["generation"].as_i64().unwrap_or(0) + 1;
+        meta_mut(&mut new).insert("generation".into(), json!(generation));
+    }
+    if sub.is_none() {
+        (def.prepare_update)(&mut new);
+    }
+    let deleting = !old_meta["deletionTimestamp"].is_null();
+    let mut errors = meta::validate_object_meta(&new);
+    if deleting {
+        let old_f: Vec<&Value> = old_meta["finalizers"]
+            .as_array()
+            .map(|a| a.iter().collect())
+            .unwrap_or_default();
+        let added: Vec<&Value> = new["metadata"]["finalizers"]
+            .as_array()
+            .map(|a| a.iter().filter(|f| !old_f.contains(f)).collect())
+            .unwrap_or_default();
+        if !added.is_empty() {
+            errors.push(FieldError::forbidden(
+                "metadata.finalizers",
+                &format!("no new finalizers can be added if the object is being deleted, found new finalizers {}", json!(added)),
+            ));
+        }
+    }
+    errors.extend((def.validate)(&new, Some(current)));
+    if !errors.is_empty() {
+        return Err(invalid(def, name, errors));
+    }
+    state
+        .admit(&AdmissionAttributes {
+            user: &ctx.user,
+            operation: Operation::Update,
+            resource: def,
+            subresource: sub,
+            namespace: ns,
+            name,
+            object: Some(&new),
+            old_object: Some(current),
+        })
+        .await?;
+    let allocation = if sub.is_none() {
+        allocate(state, def, &mut new, Some(current), name)?
+    } else {
+        None
+    };
+    record_manager(def, &mut new, Some(current), &ctx.query);
+    let mut unchanged = current.clone();
+    meta_mut(&mut unchanged).remove("resourceVersion");
+    if new == unchanged {
+        rollback(state, &allocation);
+        return Ok(current.clone());
+    }
+    if ctx.dry_run() {
+        rollback(state, &allocation);
+        return Ok(new);
+    }
+    let finalizers_empty = new["metadata"]["finalizers"]
+        .as_array()
+        .is_none_or(Vec::is_empty);
+    let grace_done = new["metadata"]["deletionGracePeriodSeconds"]
+        .as_i64()
+        .unwrap_or(0)
+        == 0;
+    let spec_finalizers_empty = def.plural != "namespaces"
+        || new["spec"]["finalizers"]
+            .as_array()
+            .is_none_or(Vec::is_empty);
+    if deleting && finalizers_empty && grace_done && spec_finalizers_empty {
+        // The last finalizer is gone: the object goes now (ShouldDeleteDuringUpdate). The
+        // new object is never stored, so what this update allocated (a NodePort for a type
+        // change, say) goes back at once; the stored object's allocations are released
+        // below once the delete is done.
+        rollback(state, &allocation);
+        let (revision, _) = state
+            .delete_key(key, current, kv.mod_revision)
+            .await
+            .map_err(|e| ApiError::from_store(&q, e))?;
+        released(state, def, current);
+        meta_mut(&mut new).insert("resourceVersion".into(), json!(revision.to_string()));
+        return Ok(new);
+    }
+    let bytes = match encode(state, def, &new) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            rollback(state, &allocation);
+            return Err(e);
+        }
+    };
+    match state
+        .update_key(key, current, &new, bytes, kv.mod_revision)
+        .await
+    {
+        Ok(revision) => {
+            commit(state, &allocation);
+            meta_mut(&mut new).insert("resourceVersion".into(), json!(revision.to_string()));
+            Ok(new)
+        }
+        Err(e) => {
+            rollback(state, &allocation);
+            Err(ApiError::from_store(&q, e))
+        }
+    }
+}
