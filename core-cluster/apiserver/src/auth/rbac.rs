@@ -4,7 +4,7 @@
 //! Requests are decided against an [`RbacIndex`]: roles by namespace, bindings by subject
 //! (user name, group) and namespace. It is loaded once from the store when the server starts
 //! and then kept current one object at a time: the generic store tells its observers
-//! ([`crate::storage::observe`]) of every committed write to the RBAC group, whoever makes
+//! (`storage::observe`) of every committed write to the RBAC group, whoever makes
 //! it (a request, `ApiServer::apply_manifest`, namespace cleanup, the bootstrap policy),
 //! and the index takes it before the write returns. A client reads its own grants at once,
 //! and a decision never waits for a rebuild (upstream keeps informer-fed indexes the same
@@ -484,7 +484,7 @@ impl RbacIndex {
 }
 
 /// The RBAC authorizer: an [`RbacIndex`] kept current by the committed writes the generic
-/// store tells it of ([`RbacAuthorizer::changed`]).
+/// store tells it of (`RbacAuthorizer::changed`).
 #[derive(Debug, Default)]
 pub struct RbacAuthorizer {
     /// Updated in place, one object per write; decisions read it under the read lock.
