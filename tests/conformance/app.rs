@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use ccm_testkit::client;
 use cloud_provider_app::{LeaderElectionConfig, LeaderElector, LeaderError};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
@@ -14,11 +15,6 @@ use tokio_util::sync::CancellationToken;
 
 const NS: &str = "kube-system";
 const NAME: &str = "cloud-controller-manager";
-
-async fn client() -> kube::Client {
-    let server = crate::memory_server().await;
-    kube::Client::new(server.router(), "default")
-}
 
 fn config(identity: &str) -> LeaderElectionConfig {
     LeaderElectionConfig::new(NS, NAME).with_identity(identity)
@@ -473,7 +469,7 @@ impl cloud_provider::CloudProvider for InformingCloud {
 #[tokio::test(start_paused = true)]
 async fn initialize_gets_the_managers_client_builder() {
     use cloud_provider_app::{ControllerRegistry, HealthChecks, run_with};
-    let server = crate::memory_server().await;
+    let server = ccm_testkit::memory_server().await;
     let agents = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
     let seen = agents.clone();
     let router = server.router().layer(axum::middleware::from_fn(

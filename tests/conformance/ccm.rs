@@ -5,11 +5,11 @@
 //! nothing duplicated, across a leader crash and across a cloud that fails often.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ccm_testkit::eventually;
 use cloud_provider::well_known::{FINALIZER_LOAD_BALANCER_CLEANUP, TAINT_UNINITIALIZED};
 use cloud_provider_app::{AppError, CloudControllerManagerOptions, HealthChecks};
 use cloud_provider_fake::{Call, FakeCloud, FakeInstance, Fault, FaultRule, Method};
@@ -59,7 +59,7 @@ fn instances(count: usize) -> Vec<FakeInstance> {
 
 impl Cluster {
     async fn start(cloud: FakeCloud) -> Cluster {
-        let server = crate::memory_server().await;
+        let server = ccm_testkit::memory_server().await;
         let client = kube::Client::new(server.router(), "default");
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -338,21 +338,6 @@ fn watch_lease(cluster: &Cluster) -> (LeaseChanges, JoinHandle<()>) {
         }
     });
     (changes, task)
-}
-
-/// Polls `check` every 100 ms (paused time) for up to `secs` seconds.
-async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    for _ in 0..secs * 10 {
-        if let Some(v) = check().await {
-            return v;
-        }
-        sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out after {secs} s waiting for: {what}");
 }
 
 /// Counts, per Service, the `EnsureLoadBalancer` calls made when the Service had no load

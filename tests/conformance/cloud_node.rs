@@ -2,9 +2,10 @@
 //! core-cluster API server and paused time. Each test names its checklist row of
 //! `/work/shared/reference/upstream-cloud-provider.md` §6.
 
-use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
+use ccm_testkit::{client, eventually};
 use cloud_provider::well_known::{
     ANNOTATION_PROVIDED_NODE_IP, LABEL_FAILURE_DOMAIN_BETA_REGION, LABEL_FAILURE_DOMAIN_BETA_ZONE,
     LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_STABLE, LABEL_TOPOLOGY_REGION, LABEL_TOPOLOGY_ZONE,
@@ -24,11 +25,6 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use tokio_util::sync::CancellationToken;
-
-async fn client() -> kube::Client {
-    let server = crate::memory_server().await;
-    kube::Client::new(server.router(), "default")
-}
 
 fn ctx(
     client: &kube::Client,
@@ -78,21 +74,6 @@ impl Drop for Stop {
     fn drop(&mut self) {
         self.0.cancel();
     }
-}
-
-/// Polls `check` every 100 ms (paused time) for up to `secs` seconds until it gives a value.
-async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    for _ in 0..secs * 10 {
-        if let Some(v) = check().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for: {what}");
 }
 
 fn taint(key: &str, effect: &str) -> Taint {
@@ -678,17 +659,17 @@ async fn fifty_waiting_nodes_take_one_batched_call() {
 
 /// A client whose requests are recorded (and can be failed) by a [`crate::tap::Tap`].
 async fn tapped_client() -> (kube::Client, Arc<crate::tap::Tap>) {
-    let server = crate::memory_server().await;
+    let server = ccm_testkit::memory_server().await;
     crate::tap::Tap::client(&server)
 }
 
-/// Checklist row 20 (upstream-cloud-provider.md §6): the initializing write is a full `Update`
-/// (PUT of the whole Node: providerID set, taint gone) retried on conflict after 50 ms with a
-/// fresh read, then a separate strategic/merge patch of `nodes/<name>/status` for the
+/// Upstream `controllers/node/node_controller.go` `syncNode`: the initializing write is a full
+/// `Update` (PUT of the whole Node: providerID set, taint gone) retried on conflict after 50 ms
+/// with a fresh read, then a separate strategic/merge patch of `nodes/<name>/status` for the
 /// addresses. Same method as upstream. (Requests recorded at the API server; the first PUT is
 /// answered 409 Conflict.)
 #[tokio::test(start_paused = true)]
-async fn row20_initialization_is_a_put_retried_on_conflict_then_a_status_patch() {
+async fn initialization_is_a_put_retried_on_conflict_then_a_status_patch() {
     let (client, tap) = tapped_client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1"))]);
     create(&client, tainted_node("node-1")).await;
@@ -1073,11 +1054,12 @@ async fn a_bad_provided_node_ip_annotation_keeps_the_taint() {
     assert!(addresses(&node).is_empty());
 }
 
-/// Checklist row 35 (upstream-cloud-provider.md §6): when deleting a Node gone from the cloud
-/// fails, `Warning DeletingNodeFailed` is recorded and the Node is deleted on a later period.
+/// Upstream `k8s.io/cloud-provider/controllers/nodelifecycle/node_lifecycle_controller.go`
+/// `MonitorNodes`: when deleting a Node gone from the cloud fails, `Warning
+/// DeletingNodeFailed` is recorded and the Node is deleted on a later period.
 /// (The API server's answer to the first DELETE is a 500, injected.)
 #[tokio::test(start_paused = true)]
-async fn row35_a_failed_delete_warns_and_is_retried() {
+async fn a_failed_delete_of_a_node_gone_from_the_cloud_warns_and_is_retried() {
     let (client, tap) = tapped_client().await;
     let cloud = fake([]);
     node_with_ready(
@@ -1130,10 +1112,8 @@ async fn row35_a_failed_delete_warns_and_is_retried() {
 /// Real time on loopback over TLS (paused time would jump on a real socket).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_arriving_during_a_sync_over_tls_share_the_next_batch() {
-    let server = crate::memory_server().await;
-    let served = core_cluster::serve::TestServer::start(server)
-        .await
-        .unwrap();
+    let server = ccm_testkit::memory_server().await;
+    let served = ccm_testkit::TestServer::start(server).await.unwrap();
     let client = served.admin_client().await.unwrap();
     let cloud = Arc::new(
         FakeCloud::builder()
@@ -1199,7 +1179,7 @@ impl Drop for AbortOnDrop {
 #[tokio::test(start_paused = true)]
 async fn a_failing_label_mirror_backs_off_exponentially() {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-    let server = crate::memory_server().await;
+    let server = ccm_testkit::memory_server().await;
     let attempts = Arc::new(AtomicUsize::new(0));
     let router = server.router().layer(axum::middleware::from_fn({
         let attempts = attempts.clone();

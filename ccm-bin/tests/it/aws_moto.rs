@@ -7,8 +7,6 @@
 //! deleting the Service leaves no load balancer or target group behind. The provider's AWS call,
 //! error and throttle counters are on the ccm's `/metrics` under upstream's names.
 
-mod support;
-
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader},
@@ -17,8 +15,8 @@ use std::{
     time::Duration,
 };
 
-use cloud_provider_aws::moto::{MotoServer, SeedSpec};
-use support::{https_get, require_kubectl, wait_until};
+use crate::support::{https_get, require_kubectl, wait_until};
+use cloud_provider_aws::test_util::{MotoServer, SeedSpec};
 
 struct Ccm {
     child: Child,
@@ -48,7 +46,7 @@ impl Ccm {
 
 #[test]
 fn ccm_with_aws_initializes_nodes_named_after_moto_instances_and_ensures_nlbs() {
-    require_kubectl();
+    require_kubectl("it reads the cluster of `ccm --cloud-provider aws` with kubectl");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let moto = runtime
         .block_on(MotoServer::start())

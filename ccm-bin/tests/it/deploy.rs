@@ -9,7 +9,7 @@ use cloud_provider_app::CloudControllerManagerOptions;
 use k8s_openapi::api::{apps::v1::DaemonSet, rbac::v1::ClusterRole};
 use serde::Deserialize;
 
-const MANIFEST: &str = include_str!("../../deploy/ccm-daemonset.yaml");
+const MANIFEST: &str = include_str!("../../../deploy/ccm-daemonset.yaml");
 
 fn documents() -> Vec<serde_json::Value> {
     serde_norway::Deserializer::from_str(MANIFEST)

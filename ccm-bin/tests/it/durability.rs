@@ -2,14 +2,12 @@
 //! same data directory, and every acknowledged write is there with resourceVersions still
 //! increasing; a full store (`--quota-backend-bytes`) is reported and loses nothing.
 
-mod support;
-
 use std::{sync::Arc, time::Duration};
 
+use crate::support::ApiServerProcess;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client, Config, api::PostParams};
 use parking_lot::Mutex;
-use support::ApiServerProcess;
 
 async fn client(server: &ApiServerProcess) -> Client {
     let kubeconfig = kube::config::Kubeconfig::read_from(server.kubeconfig()).unwrap();

@@ -5,15 +5,13 @@
 //! - the cloud side: the fake cloud and the cloud controllers initialize the nodes, program
 //!   their routes and give a `kubectl expose`d LoadBalancer Service an external IP.
 
-mod support;
-
 use std::{
     io::{BufRead, BufReader},
     process::{Child, Command, Stdio},
     time::Duration,
 };
 
-use support::{https_get, https_get_with_token, require_kubectl, wait_until};
+use crate::support::{https_get, https_get_with_token, require_kubectl, wait_until};
 
 struct Embedded {
     child: Child,
@@ -168,7 +166,7 @@ impl Embedded {
 /// `/healthz` is served.
 #[test]
 fn the_secure_port_delegates_auth_to_the_embedded_cluster() {
-    require_kubectl();
+    require_kubectl("it drives the embedded cluster with kubectl");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -217,7 +215,7 @@ fn the_secure_port_delegates_auth_to_the_embedded_cluster() {
 
 #[test]
 fn a_node_whose_heartbeats_stop_turns_unknown_and_is_tainted() {
-    require_kubectl();
+    require_kubectl("it drives the embedded cluster with kubectl");
     let cluster = Embedded::start();
     let ready = wait_until(Duration::from_secs(30), || {
         let out = cluster.kubectl(&["get", "nodes", "--no-headers"]);
@@ -299,7 +297,7 @@ fn a_node_whose_heartbeats_stop_turns_unknown_and_is_tainted() {
 /// `kubectl expose` gets the fake's ingress IP; deleted, the Service's finalizer is released.
 #[test]
 fn the_fake_cloud_initializes_nodes_routes_them_and_ensures_load_balancers() {
-    require_kubectl();
+    require_kubectl("it drives the embedded cluster with kubectl");
     let cluster = Embedded::start();
     let initialized = wait_until(Duration::from_secs(30), || {
         let ids = cluster.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].spec.providerID}"]);
@@ -393,7 +391,7 @@ fn the_fake_cloud_initializes_nodes_routes_them_and_ensures_load_balancers() {
 /// Job controllers; GC background deletion).
 #[test]
 fn workloads_roll_out_and_run_with_kubectl() {
-    require_kubectl();
+    require_kubectl("it drives the embedded cluster with kubectl");
     let cluster = Embedded::start();
     let ready = wait_until(Duration::from_secs(30), || {
         let out = cluster.kubectl(&["get", "nodes", "--no-headers"]);
@@ -494,7 +492,7 @@ fn workloads_roll_out_and_run_with_kubectl() {
 /// each supervised controller, as kube-controller-manager's health checks do.
 #[test]
 fn hostile_numbers_leave_the_embedded_controllers_running() {
-    require_kubectl();
+    require_kubectl("it drives the embedded cluster with kubectl");
     let cluster = Embedded::start();
     let ready = wait_until(Duration::from_secs(30), || {
         let out = cluster.kubectl(&["get", "nodes", "--no-headers"]);

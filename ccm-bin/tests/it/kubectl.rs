@@ -1,11 +1,9 @@
 //! kubectl v1.32 against `ccm apiserver`, unchanged: the commands an operator uses
 //! (rust-ecosystem.md §2.1 lists the requests each one sends).
 
-mod support;
-
 use std::time::Duration;
 
-use support::{ApiServerProcess, require_kubectl, wait_until};
+use crate::support::{ApiServerProcess, require_kubectl, wait_until};
 
 const NODE: &str = r#"
 apiVersion: v1
@@ -92,7 +90,7 @@ source:
 "#;
 
 fn started() -> (tempfile::TempDir, ApiServerProcess) {
-    require_kubectl();
+    require_kubectl("it drives `ccm apiserver` with kubectl");
     let dir = tempfile::tempdir().unwrap();
     let server = ApiServerProcess::start(dir.path());
     let out = server.kubectl_stdin(&["apply", "-f", "-"], NODE);

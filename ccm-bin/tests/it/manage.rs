@@ -1,19 +1,18 @@
 //! `ccm` managing a cluster it did not start: `ccm apiserver` runs as its own process, the
 //! test plays kube-controller-manager and kubelet with kubectl, and `ccm --kubeconfig`
 //! initializes the Nodes and ensures load balancers with the fake provider, serves its
-//! health and metrics endpoints, and stops cleanly on SIGTERM. Bad input (reference §3.1
-//! and issue 5's list) gets a clear message and exit code 1.
-
-mod support;
+//! health and metrics endpoints, and stops cleanly on SIGTERM. Bad input (flags upstream's
+//! `k8s.io/cloud-provider/options` `Validate` refuses) gets a clear message and exit code 1.
 
 use std::{
-    net::TcpListener,
     path::Path,
     process::{Child, Command, Output, Stdio},
     time::Duration,
 };
 
-use support::{ApiServerProcess, https_get, require_kubectl, wait_until};
+use ccm_testkit::free_port;
+
+use crate::support::{ApiServerProcess, https_get, require_kubectl, wait_until};
 
 const CLOUD: &str = r#"
 region = "test-region"
@@ -62,14 +61,6 @@ spec:
     targetPort: 8080
 "#;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn ccm(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ccm"));
     cmd.args(args);
@@ -103,7 +94,7 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 /// the process with exit code 0.
 #[test]
 fn ccm_with_a_kubeconfig_manages_that_cluster() {
-    require_kubectl();
+    require_kubectl("it drives `ccm apiserver` with kubectl");
     let dir = tempfile::tempdir().unwrap();
     let server = ApiServerProcess::start(dir.path());
     for name in ["node-a", "node-b"] {

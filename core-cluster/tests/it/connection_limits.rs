@@ -18,11 +18,9 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
+use ccm_testkit::TestServer;
 use core_cluster::{
-    ApiServer, ApiServerConfig,
-    auth::pki::CertAndKey,
-    serve::{ServeOptions, TestServer},
-    store::MemoryStore,
+    ApiServer, ApiServerConfig, auth::pki::CertAndKey, serve::ServeOptions, store::MemoryStore,
 };
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::{Request, body::Incoming, client::conn::http2::SendRequest};

@@ -1,11 +1,9 @@
 //! Node IPAM, garbage collector and pod GC controllers against the in-process API server
 //! (kube-rs over the axum router, paused tokio time). Rules: node-lifecycle.md §2 and §4.
 
-mod support;
-
 use std::{sync::Arc, time::Duration};
 
-use support::{client, eventually};
+use ccm_testkit::{client, eventually};
 
 use core_cluster::controllers::{
     garbage_collector::GarbageCollector,

@@ -133,7 +133,7 @@ fn crash_one_child(
 ) -> anyhow::Result<(u64, BTreeMap<String, Ack>)> {
     let mut child = Command::new(std::env::current_exe()?)
         .args([
-            "durability_child_writer",
+            "durability::durability_child_writer",
             "--exact",
             "--ignored",
             "--nocapture",

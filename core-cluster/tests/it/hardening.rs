@@ -6,8 +6,6 @@
 
 use std::{sync::Arc, time::Duration};
 
-mod support;
-
 use axum::{Router, body::Body};
 use bytes::Bytes;
 use core_cluster::{
@@ -44,7 +42,7 @@ async fn send(
     headers: &[(&str, &str)],
     body: impl Into<Body>,
 ) -> Answer {
-    let (code, headers, bytes) = support::send(router, method, uri, headers, body).await;
+    let (code, headers, bytes) = ccm_testkit::send(router, method, uri, headers, body).await;
     Answer {
         code,
         headers,
@@ -366,9 +364,7 @@ async fn depth_and_size_limits_hold_over_tcp() {
     let server = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
         .await
         .unwrap();
-    let serving = core_cluster::serve::TestServer::start(server)
-        .await
-        .unwrap();
+    let serving = ccm_testkit::TestServer::start(server).await.unwrap();
     let client = serving.admin_client().await.unwrap();
     let call = |method: &str, uri: &str, content_type: &str, body: Value| {
         let request = axum::http::Request::builder()

@@ -3,11 +3,9 @@
 //! refuses, and what it accepts never stops a controller. Each test names the upstream rule
 //! it checks.
 
-mod support;
-
 use std::time::Duration;
 
-use support::{client, eventually};
+use ccm_testkit::{client, eventually};
 
 use core_cluster::controllers::{
     scheduler::{Scheduler, SchedulerConfig},
@@ -333,9 +331,9 @@ async fn quantities_that_do_not_parse_are_refused_with_400() {
 /// concerned.
 #[tokio::test(start_paused = true)]
 async fn a_controller_that_keeps_panicking_fails_livez_and_is_counted() {
+    use ccm_testkit::send;
     use core_cluster::controllers::supervisor::{PANICS_HELP, PANICS_METRIC, Supervisor};
     use std::sync::Arc;
-    use support::send;
 
     let server = core_cluster::ApiServer::new(
         Arc::new(core_cluster::store::MemoryStore::new()),

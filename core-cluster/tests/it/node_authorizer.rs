@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use ccm_testkit::TestServer;
 use core_cluster::{
     ApiServer, ApiServerConfig,
     auth::node::node_user,
-    serve::TestServer,
     store::{KeyValue, ListResult, MemoryStore, Store, StoreError, WatchStream},
 };
 use k8s_openapi::api::{
@@ -26,9 +26,7 @@ use kube::{
 };
 use serde_json::{Value, json};
 
-mod support;
-
-use support::kubectl::{kubectl, require_kubectl};
+use ccm_testkit::kubectl::{kubectl, require_kubectl};
 
 async fn start() -> TestServer {
     let api = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())

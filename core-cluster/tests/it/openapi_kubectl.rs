@@ -8,9 +8,7 @@
 
 use std::sync::Arc;
 
-mod support;
-
-use support::kubectl::{Output, require_kubectl};
+use ccm_testkit::kubectl::{Output, require_kubectl};
 
 use core_cluster::{ApiServer, ApiServerConfig, store::MemoryStore};
 use parking_lot::Mutex;
@@ -99,7 +97,7 @@ async fn greeting(server: &Server) -> String {
 async fn kubectl(server: &Shared, dir: &std::path::Path, args: &[&str]) -> Output {
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(&kubeconfig, &server.kubeconfig).expect("write the kubeconfig");
-    support::kubectl::kubectl(dir, &kubeconfig, args).await
+    ccm_testkit::kubectl::kubectl(dir, &kubeconfig, args).await
 }
 
 /// Runs `kubectl explain <what>` and returns its output, failing with the server's log.

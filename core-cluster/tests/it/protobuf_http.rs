@@ -5,8 +5,6 @@
 
 use std::sync::Arc;
 
-mod support;
-
 use axum::{Router, body::Body};
 use core_cluster::{ApiServer, ApiServerConfig, store::MemoryStore};
 use http_body_util::BodyExt;
@@ -45,7 +43,7 @@ async fn send(
     headers: &[(&str, &str)],
     body: Vec<u8>,
 ) -> Answer {
-    let (code, headers, body) = support::send(router, method, uri, headers, body).await;
+    let (code, headers, body) = ccm_testkit::send(router, method, uri, headers, body).await;
     let content_type = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())

@@ -4,13 +4,12 @@
 //! kube-apiserver expects: each test checks kubectl's message and then reads the object back
 //! through kube-rs (JSON, unchanged) to check what was stored, defaulted and allocated.
 
-mod support;
-
 use std::sync::Arc;
 
-use support::kubectl::{Output, require_kubectl};
+use ccm_testkit::kubectl::{Output, require_kubectl};
 
-use core_cluster::{ApiServer, ApiServerConfig, serve::TestServer, store::MemoryStore};
+use ccm_testkit::TestServer;
+use core_cluster::{ApiServer, ApiServerConfig, store::MemoryStore};
 use k8s_openapi::api::{
     apps::v1::Deployment,
     batch::v1::Job,
@@ -48,7 +47,7 @@ impl Cluster {
     /// Runs kubectl with the kubeconfig file `config` in the test's directory.
     async fn kubectl_with(&self, config: &str, args: &[&str]) -> Output {
         let dir = self.dir.path();
-        support::kubectl::kubectl(dir, &dir.join(config), args).await
+        ccm_testkit::kubectl::kubectl(dir, &dir.join(config), args).await
     }
 
     /// Runs kubectl and insists it succeeded with `expected` on stdout.

@@ -14,11 +14,8 @@ use std::{
     time::Duration,
 };
 
-use core_cluster::{
-    ApiServer, ApiServerConfig,
-    serve::{TestServer, write_kubeconfig},
-    store::MemoryStore,
-};
+use ccm_testkit::TestServer;
+use core_cluster::{ApiServer, ApiServerConfig, serve::write_kubeconfig, store::MemoryStore};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ServiceAccount};
 use kube::Api;
 

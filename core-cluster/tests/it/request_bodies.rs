@@ -5,14 +5,11 @@
 //! alone, `managedFields` keeps at most ten updaters, and `kubectl auth whoami` works.
 //! Each test goes through HTTP (the in-process router; kubectl over TLS for `whoami`).
 
-mod support;
-
 use std::{sync::Arc, time::Duration};
 
 use axum::Router;
-use core_cluster::{
-    ApiServer, ApiServerConfig, auth::UserInfo, serve::TestServer, store::MemoryStore,
-};
+use ccm_testkit::TestServer;
+use core_cluster::{ApiServer, ApiServerConfig, auth::UserInfo, store::MemoryStore};
 use serde_json::{Value, json};
 
 async fn api() -> ApiServer {
@@ -34,7 +31,7 @@ async fn call(
     } else {
         vec![("content-type", content_type)]
     };
-    let (code, _, bytes) = support::send(router, method, uri, &headers, body.to_owned()).await;
+    let (code, _, bytes) = ccm_testkit::send(router, method, uri, &headers, body.to_owned()).await;
     (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
@@ -579,7 +576,7 @@ async fn the_reviews_serve_and_advertise_create_alone() {
         ("authorization.k8s.io", "selfsubjectaccessreviews"),
         ("authorization.k8s.io", "selfsubjectrulesreviews"),
     ];
-    let (code, _, bytes) = support::send(
+    let (code, _, bytes) = ccm_testkit::send(
         &router,
         "GET",
         "/apis",
@@ -731,13 +728,13 @@ async fn a_self_subject_review_answers_the_requesters_identity() {
 /// as upstream's bootstrap policy does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_auth_whoami_shows_the_user() {
-    support::kubectl::require_kubectl("it runs `kubectl auth whoami`");
+    ccm_testkit::kubectl::require_kubectl("it runs `kubectl auth whoami`");
     let server = TestServer::start(api().await).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("alice");
     std::fs::write(&config, server.kubeconfig_for("alice", &["dev"]).unwrap()).unwrap();
     let out =
-        support::kubectl::kubectl(dir.path(), &config, &["auth", "whoami", "-o", "json"]).await;
+        ccm_testkit::kubectl::kubectl(dir.path(), &config, &["auth", "whoami", "-o", "json"]).await;
     assert!(
         out.success,
         "stdout: {}\nstderr: {}",
@@ -750,7 +747,7 @@ async fn kubectl_auth_whoami_shows_the_user() {
         review["status"]["userInfo"]["groups"],
         json!(["dev", "system:authenticated"])
     );
-    let table = support::kubectl::kubectl(dir.path(), &config, &["auth", "whoami"]).await;
+    let table = ccm_testkit::kubectl::kubectl(dir.path(), &config, &["auth", "whoami"]).await;
     assert!(table.success, "{}", table.stderr);
     assert!(
         table

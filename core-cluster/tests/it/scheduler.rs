@@ -1,9 +1,7 @@
 //! The scheduler against the in-process API server (kube-rs over the axum router, paused
 //! tokio time). Each test names the kube-scheduler rule it checks.
 
-mod support;
-
-use support::{client, eventually};
+use ccm_testkit::{client, eventually};
 
 use core_cluster::controllers::scheduler::{Scheduler, SchedulerConfig};
 use k8s_openapi::api::{

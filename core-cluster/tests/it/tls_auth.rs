@@ -8,10 +8,11 @@ use std::{sync::Arc, time::Duration};
 use anyhow::{Context, Result, bail};
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use ccm_testkit::TestServer;
 use core_cluster::{
     ApiServer, ApiServerConfig,
     auth::pki::{CertAndKey, Pki},
-    serve::{Security, ServeOptions, TestServer},
+    serve::{Security, ServeOptions},
     store::MemoryStore,
 };
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};

@@ -7,7 +7,8 @@
 
 use std::sync::Arc;
 
-use core_cluster::{ApiServer, ApiServerConfig, serve::TestServer, store::MemoryStore};
+use ccm_testkit::TestServer;
+use core_cluster::{ApiServer, ApiServerConfig, store::MemoryStore};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::{Api, Client};
 use serde_json::{Value, json};

@@ -5,8 +5,6 @@
 
 use std::{sync::Arc, time::Duration};
 
-mod support;
-
 use axum::{Router, body::Body, http::Request};
 use core_cluster::{ApiServer, ApiServerConfig, WatchLimits, store::MemoryStore};
 use http_body_util::BodyExt;
@@ -48,7 +46,7 @@ async fn open_watch(router: &Router, query: &str, accept: &str) -> axum::respons
 async fn create(router: &Router, name: &str, size: usize) -> u64 {
     let body = json!({"apiVersion": "v1", "kind": "ConfigMap",
                       "metadata": {"name": name}, "data": {"k": "x".repeat(size)}});
-    let (code, _, bytes) = support::send(
+    let (code, _, bytes) = ccm_testkit::send(
         router,
         "POST",
         CONFIGMAPS,
@@ -67,7 +65,7 @@ async fn create(router: &Router, name: &str, size: usize) -> u64 {
 
 /// The value of one series of `/metrics` (0 when absent).
 async fn metric(router: &Router, series: &str) -> f64 {
-    let (code, _, body) = support::send(router, "GET", "/metrics", &[], Vec::new()).await;
+    let (code, _, body) = ccm_testkit::send(router, "GET", "/metrics", &[], Vec::new()).await;
     assert_eq!(code, 200);
     let text = String::from_utf8(body.to_vec()).unwrap();
     text.lines()
@@ -160,7 +158,7 @@ async fn any_true_spelling_of_watch_streams_protobuf_frames_at_once() {
     }
     // "false" and "0" are lists, answered whole.
     for flag in ["false", "0", "False"] {
-        let (code, headers, _) = support::send(
+        let (code, headers, _) = ccm_testkit::send(
             &router,
             "GET",
             &format!("{CONFIGMAPS}?watch={flag}"),
@@ -182,9 +180,7 @@ async fn watch_true_with_protobuf_streams_over_tcp() {
     let server = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
         .await
         .unwrap();
-    let serving = core_cluster::serve::TestServer::start(server)
-        .await
-        .unwrap();
+    let serving = ccm_testkit::TestServer::start(server).await.unwrap();
     let client = serving.admin_client().await.unwrap();
     let router = serving.api().router();
     create(&router, "over-tcp", 10).await;

@@ -3,10 +3,8 @@
 //! created by controllers, bound by the scheduler and run by the simulated kubelets. Each
 //! test names the upstream rule it checks.
 
-mod support;
-
+use ccm_testkit::eventually;
 use std::{sync::Arc, time::Duration};
-use support::eventually;
 
 use core_cluster::{
     ApiServer, ApiServerConfig,

@@ -1,5 +1,7 @@
-//! Test support: a local moto server (PyPI `moto[server]`) and a seeded cluster VPC, for this
-//! crate's tests and other crates' (e.g. a CCM run against simulated Nodes).
+//! Test support (feature `test-util`): a local moto server (PyPI `moto[server]`) and a seeded
+//! cluster VPC, for this crate's tests and other crates' (e.g. a CCM run against simulated
+//! Nodes). Enable it in dev-dependencies only:
+//! `cloud-provider-aws = { ..., features = ["test-util"] }`.
 //!
 //! `scripts/test` installs moto with `scripts/moto.sh` and exports `CCM_MOTO_PYTHON`, the
 //! virtualenv's python. [`MotoServer::start`] runs `$CCM_MOTO_PYTHON -m moto.server` on a free
@@ -8,7 +10,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use cloud_provider_aws::{AwsCloud, moto::{MotoServer, SeedSpec}};
+//! use cloud_provider_aws::{AwsCloud, test_util::{MotoServer, SeedSpec}};
 //!
 //! let moto = MotoServer::start().await?;
 //! let seed = moto.seed(&SeedSpec::new("demo", 3)).await?;

@@ -9,6 +9,8 @@ use std::{
     time::Duration,
 };
 
+pub use ccm_testkit::kubectl::require_kubectl;
+
 /// A running `ccm apiserver`, killed on drop.
 pub struct ApiServerProcess {
     pub child: Child,
@@ -111,36 +113,9 @@ impl Drop for ApiServerProcess {
 }
 
 fn kubectl_cmd(kubeconfig: &Path, dir: &Path) -> Command {
-    let mut cmd = Command::new("kubectl");
-    cmd.env("KUBECONFIG", kubeconfig)
-        .arg("--cache-dir")
-        .arg(dir.join("kubectl-cache"))
-        .arg("--request-timeout=20s");
+    let mut cmd = ccm_testkit::kubectl::command(dir, kubeconfig);
+    cmd.arg("--request-timeout=20s");
     cmd
-}
-
-/// Fails with a plain message unless kubectl v1.32 or newer is on PATH.
-pub fn require_kubectl() {
-    let out = Command::new("kubectl")
-        .args(["version", "--client", "-o", "json"])
-        .output();
-    let Ok(out) = out else {
-        panic!(
-            "kubectl v1.32 is required on PATH for these tests (Debian's kubernetes-client 1.20 is too old); it is part of the machine image"
-        );
-    };
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    let minor: u32 = v["clientVersion"]["minor"]
-        .as_str()
-        .unwrap_or("0")
-        .trim_end_matches('+')
-        .parse()
-        .unwrap_or(0);
-    assert!(
-        minor >= 32,
-        "kubectl v1.32 or newer is required, found {}",
-        v["clientVersion"]["gitVersion"]
-    );
 }
 
 /// Polls `f` until it is true or `timeout` passes. Real processes run on the real clock, so

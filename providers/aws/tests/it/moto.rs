@@ -12,7 +12,7 @@ use cloud_provider::{
 use cloud_provider_aws::{
     AwsCloud,
     lb::plan::{self, ANNOTATION_TYPE, security_group_name},
-    moto::{self, MotoServer, Seed, SeedSpec},
+    test_util::{self as moto, MotoServer, Seed, SeedSpec},
 };
 use k8s_openapi::{
     api::core::v1::{Node, Service, ServicePort},

@@ -2,8 +2,6 @@
 //! server answers every EC2 call with `RequestLimitExceeded`, and the real SDK client retries
 //! through its adaptive retry strategy until the provider gives up with a clear error.
 
-mod common;
-
 use std::sync::{
     Arc,
     atomic::{AtomicUsize, Ordering},
@@ -11,6 +9,8 @@ use std::sync::{
 
 use cloud_provider::{CloudProvider, ErrorKind, conformance::Fixture};
 use cloud_provider_aws::{AwsCloud, AwsOptions};
+
+use crate::common;
 
 const THROTTLED: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error>\
 <Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors>\

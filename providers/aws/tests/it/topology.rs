@@ -2,8 +2,6 @@
 //! not implement DescribeInstanceTopology: the fake answers DescribeInstances,
 //! DescribeAvailabilityZones and DescribeInstanceTopology and records the topology calls.
 
-mod common;
-
 use std::{
     collections::{BTreeMap, HashMap},
     sync::Arc,
@@ -15,6 +13,8 @@ use cloud_provider::{CloudProvider, InstanceMetadata, conformance::Fixture};
 use cloud_provider_aws::{AwsCloud, AwsOptions, NETWORK_NODE_LABEL_PREFIX, ZONE_ID_LABEL};
 use k8s_openapi::api::core::v1::Node;
 use parking_lot::Mutex;
+
+use crate::common;
 
 const NS: &str = "xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"";
 

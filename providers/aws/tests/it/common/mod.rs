@@ -2,9 +2,6 @@
 //! condition. It uses a real socket rather than the SDK's `test-util` replay client, so the SDK
 //! crates are compiled once with one feature set for the whole workspace.
 
-// Each test binary uses part of it.
-#![allow(dead_code)]
-
 use std::sync::Arc;
 
 use tokio::{
