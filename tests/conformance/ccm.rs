@@ -682,7 +682,7 @@ async fn a_faulty_cloud_converges_with_nothing_leaked() {
     cluster.shutdown().await;
 }
 
-/// Issue 13 item 3 end to end: a running manager's `/metrics` shows upstream's controller
+/// A running manager's `/metrics` shows upstream's controller
 /// metrics (controllers/{node,service,route}/metrics.go and client-go's workqueue metrics,
 /// labelled with upstream's queue names) with values that follow what the controllers did:
 /// every Node initialized once, a load balancer ensured and its hosts updated once a Node was

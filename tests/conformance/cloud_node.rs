@@ -1,6 +1,7 @@
 //! The cloud-node and cloud-node-lifecycle controllers end to end: FakeCloud, the in-process
-//! core-cluster API server and paused time. Each test names its checklist row of
-//! `/work/shared/reference/upstream-cloud-provider.md` §6.
+//! core-cluster API server and paused time, checked against upstream's
+//! `k8s.io/cloud-provider/controllers/node/node_controller.go` and
+//! `controllers/nodelifecycle/node_lifecycle_controller.go`.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 

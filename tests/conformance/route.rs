@@ -208,7 +208,7 @@ async fn a_failed_create_sets_no_route_created_and_warns() {
     );
 }
 
-/// Issue 13 item 4, client-go's EventCorrelator: a route failing every reconcile (every 10 s
+/// client-go's EventCorrelator: a route failing every reconcile (every 10 s
 /// for 5 minutes) bumps `count` and `lastTimestamp` of one Event instead of writing 30.
 #[tokio::test(start_paused = true)]
 async fn a_failing_route_writes_one_event_with_a_count() {

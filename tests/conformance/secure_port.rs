@@ -423,7 +423,7 @@ async fn service_account_credentials_give_each_controller_its_own_identity() {
         .expect("the admin lists nodes");
 }
 
-/// Issue 13: the flags of upstream's example DaemonSet (kubernetes.io, "Cloud Controller
+/// The flags of upstream's example DaemonSet (kubernetes.io, "Cloud Controller
 /// Manager Administration") start the manager through `app::run` against a cluster given by
 /// `--kubeconfig`: it serves HTTPS, leads, starts the controllers with their own service
 /// accounts.

@@ -927,7 +927,7 @@ async fn a_recreated_service_deletes_the_old_load_balancer_first() {
     env.stop().await;
 }
 
-/// Issue 10 item 14, upstream's informer `Replace` semantics: a relist after a watch gap
+/// Upstream's informer `Replace` semantics: a relist after a watch gap
 /// reports what disappeared. The controller's connections are cut; meanwhile the Service's
 /// finalizer is removed out of band and the Service deleted, so no event will ever say so.
 /// After the relist the controller deletes the load balancer instead of leaking it.

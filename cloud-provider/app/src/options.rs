@@ -747,7 +747,7 @@ mod tests {
         assert!(!o.watch_based_routes);
         assert!(o.lb_drift_reensure_period.value.is_zero());
         assert_eq!(o.log_format, LogFormat::Text);
-        // Upstream's TestDefaultFlags values of the flags added for issue 13.
+        // Upstream's `TestDefaultFlags` values of the client flags (`--kube-api-qps`, ...).
         assert_eq!((o.kube_api_qps, o.kube_api_burst), (20.0, 30));
         assert_eq!(
             o.kube_api_content_type,
@@ -777,7 +777,7 @@ mod tests {
         assert_eq!(errors(&[]), Vec::<String>::new());
     }
 
-    /// Issue 13: upstream's example DaemonSet (kubernetes.io "cloud-controller-manager
+    /// Upstream's example DaemonSet (kubernetes.io "cloud-controller-manager
     /// DaemonSet example") and the AWS and GCP manifests start unchanged: every upstream flag is
     /// accepted, and those with no effect here are warned about, never refused.
     #[test]

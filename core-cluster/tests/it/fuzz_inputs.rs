@@ -1,4 +1,4 @@
-//! Issue 10 item 6: no request input can panic the API server. Property tests over every
+//! No request input can panic the API server. Property tests over every
 //! decoder and the name, selector and patch paths, then whole requests through the router.
 //!
 //! CI runs a bounded number of cases (`PROPTEST_CASES`, default 64 per property, a few

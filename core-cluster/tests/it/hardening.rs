@@ -1,4 +1,4 @@
-//! Issue 10 (part A): requests an attacker would send to `ccm apiserver` (loopback, no
+//! Requests an attacker would send to `ccm apiserver` (loopback, no
 //! auth). Each test reproduces one report over HTTP (the in-process router, and for the
 //! depth and size reports also real TCP through `core_cluster::serve`) and checks that the
 //! server refuses it with the status upstream answers, stores nothing bad, and keeps
@@ -128,7 +128,7 @@ async fn services_still_served(router: &Router, name: &str) {
     assert_eq!(a.code, 200, "{}", a.body);
 }
 
-/// Issue 10 item 1: a JSON-patch `add` at a deep path may not push the object past the read
+/// A JSON-patch `add` at a deep path may not push the object past the read
 /// path's decoder limit (upstream stores nothing it cannot decode); the object, its LISTs
 /// and a restart all keep working.
 #[tokio::test]
@@ -185,7 +185,7 @@ async fn deep_patches_are_refused_and_the_object_stays_readable() {
     services_still_served(&again, "deep").await;
 }
 
-/// Issue 10 item 1: unknown fields of a built-in type are pruned, as kube-apiserver does:
+/// Unknown fields of a built-in type are pruned, as kube-apiserver does:
 /// `fieldValidation=Warn` (the default) answers with a `Warning: 299` header, `Strict` is a
 /// 400 "unknown field", `Ignore` drops them silently; nothing unknown is ever stored.
 #[tokio::test]
@@ -258,7 +258,7 @@ async fn unknown_fields_are_pruned_warned_about_or_rejected() {
     assert!(got.get("spec").is_none(), "{got}");
 }
 
-/// Issue 10 item 1: an object already stored that the decoder cannot read (written by an
+/// An object already stored that the decoder cannot read (written by an
 /// older server) does not stop startup: it is quarantined and its resource is served.
 #[tokio::test]
 async fn an_unreadable_stored_object_is_quarantined_at_startup() {
@@ -289,7 +289,7 @@ async fn an_unreadable_stored_object_is_quarantined_at_startup() {
     assert_eq!(kept.value, bytes);
 }
 
-/// Issue 10 item 2: JSON-patch `copy` cannot grow an object without bound (kube-apiserver's
+/// JSON-patch `copy` cannot grow an object without bound (kube-apiserver's
 /// accumulated copy size limit: 422), and no write stores an object over the 1.5 MiB
 /// per-object limit (etcd's request limit upstream: 413).
 #[tokio::test]
@@ -330,7 +330,7 @@ async fn objects_are_bounded_in_size_after_patching() {
     assert_eq!(got["data"]["one"].as_str().map(str::len), Some(1024 * 1024));
 }
 
-/// Issue 10 item 3: a YAML apply body of nested aliases ("billion laughs") is refused
+/// A YAML apply body of nested aliases ("billion laughs") is refused
 /// quickly instead of expanding; the server keeps serving.
 #[tokio::test]
 async fn yaml_alias_bombs_are_refused() {
@@ -357,8 +357,8 @@ async fn yaml_alias_bombs_are_refused() {
     assert_eq!(get(&router, CONFIGMAPS).await.code, 200);
 }
 
-/// Issue 10 items 1 and 2 over real TCP: `core_cluster::serve` on loopback, over TLS as the
-/// admin.
+/// Deep patches and growing copies over real TCP: `core_cluster::serve` on loopback, over TLS
+/// as the admin.
 #[tokio::test]
 async fn depth_and_size_limits_hold_over_tcp() {
     let server = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
@@ -407,7 +407,7 @@ async fn depth_and_size_limits_hold_over_tcp() {
         .unwrap();
 }
 
-/// Issue 10 item 6: a multibyte character across byte 63 of a name is a 422, not a panic.
+/// A multibyte character across byte 63 of a name is a 422, not a panic.
 #[tokio::test]
 async fn multibyte_names_are_invalid_not_a_panic() {
     let (router, _) = server().await;
@@ -424,7 +424,7 @@ async fn multibyte_names_are_invalid_not_a_panic() {
     }
 }
 
-/// Issue 10 item 6: `gracePeriodSeconds` near `i64::MAX` does not overflow.
+/// `gracePeriodSeconds` near `i64::MAX` does not overflow.
 #[tokio::test]
 async fn huge_grace_periods_do_not_overflow() {
     let (router, _) = server().await;
@@ -463,7 +463,7 @@ async fn huge_grace_periods_do_not_overflow() {
     );
 }
 
-/// Issue 10 item 7: namespaces have no `deletecollection` (upstream's discovery does not
+/// Namespaces have no `deletecollection` (upstream's discovery does not
 /// list it and kube-apiserver answers 405 MethodNotAllowed); nothing is deleted.
 #[tokio::test]
 async fn namespaces_cannot_be_deleted_as_a_collection() {
@@ -496,7 +496,7 @@ async fn namespaces_cannot_be_deleted_as_a_collection() {
     );
 }
 
-/// Issue 10 item 9: an update that removes a Service's last finalizer while changing it to
+/// An update that removes a Service's last finalizer while changing it to
 /// NodePort deletes it (upstream's ShouldDeleteDuringUpdate) and frees the ports that
 /// update allocated: the same port is free for the next Service at once.
 #[tokio::test]
@@ -526,10 +526,10 @@ async fn the_last_finalizer_removed_with_a_type_change_leaks_no_port() {
     assert_eq!(a.code, 201, "port {port} leaked: {}", a.body);
 }
 
-/// Issue 10 item 12: content negotiation happens before the write: an Accept naming nothing
+/// Content negotiation happens before the write: an Accept naming nothing
 /// the server encodes (CBOR, off by default upstream) is a 406 and nothing is created,
 /// replaced or deleted. (Protobuf, which this test used before the server spoke it, is
-/// served now: see tests/protobuf_http.rs.)
+/// served now: see the `protobuf_http` tests.)
 #[tokio::test]
 async fn not_acceptable_is_answered_before_writing() {
     let (router, _) = server().await;
@@ -575,7 +575,7 @@ async fn not_acceptable_is_answered_before_writing() {
     assert_eq!(get(&router, &uri).await.body["data"]["k"], "v");
 }
 
-/// Issue 10 item 8: any HTTP method name and any subresource name in a path used to become
+/// Any HTTP method name and any subresource name in a path used to become
 /// a metrics label (20,000 made-up methods grew /metrics to 81 MB); they now share `other`.
 #[tokio::test]
 async fn made_up_methods_and_paths_do_not_grow_metrics() {
@@ -627,7 +627,7 @@ async fn made_up_methods_and_paths_do_not_grow_metrics() {
     assert!(text.len() < 64 * 1024, "/metrics is {} bytes", text.len());
 }
 
-// ------------------------------------------------------------------ item 3: cost
+// ------------------------------------------------------------------ cost of large patches
 
 fn conditions(n: usize, status: &str) -> Vec<Value> {
     (0..n)
@@ -658,7 +658,7 @@ async fn kubelet_owns_conditions(router: &Router, n: usize) {
     assert_eq!(a.code, 200, "{}", a.body);
 }
 
-/// Issue 10 item 3, the three reported cases, timed over HTTP (in-process router). Not a
+/// The three reported cases, timed over HTTP (in-process router). Not a
 /// timed test: run with `--ignored --nocapture` and record the figures in BENCHMARKS.md.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement; run by hand"]
@@ -723,7 +723,7 @@ async fn cost_of_large_patches() {
     );
 }
 
-/// Issue 10 item 3: `/healthz` stays fast while two large patches run on a server with two
+/// `/healthz` stays fast while two large patches run on a server with two
 /// async workers (the probe itself runs on them too). Run by hand, as the one above.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement; run by hand"]

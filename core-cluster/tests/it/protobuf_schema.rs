@@ -10,7 +10,7 @@
 //! `schema_table_matches_k8s_pb` regenerates the table in memory and compares it with the
 //! committed file, so the table cannot drift from k8s-pb (or from the served resources).
 //! After upgrading k8s-pb or serving a new kind, rewrite it with
-//! `cargo test -p core-cluster --test protobuf_schema -- --ignored regenerate`.
+//! `cargo test -p core-cluster --test it protobuf_schema -- --ignored regenerate`.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -424,7 +424,7 @@ fn schema_table_matches_k8s_pb() {
     assert!(
         committed == generated,
         "{TABLE} is not what k8s-pb and the served resources give; regenerate it with \
-         `cargo test -p core-cluster --test protobuf_schema -- --ignored regenerate`"
+         `cargo test -p core-cluster --test it protobuf_schema -- --ignored regenerate`"
     );
 }
 

@@ -1,7 +1,7 @@
 //! The official Kubernetes Python client (PyPI `kubernetes`) against the API server over TLS,
-//! through the kubeconfig the server generates (the admin's client certificate): issue 11's
-//! bodies without `kind`/`apiVersion` (kube-apiserver defaults them from the URL) and issue
-//! 12's "the Python client keeps working through the generated kubeconfig".
+//! through the kubeconfig the server generates (the admin's client certificate): bodies
+//! without `kind`/`apiVersion` (kube-apiserver defaults them from the URL), and the Python
+//! client keeps working through the generated kubeconfig.
 //!
 //! `scripts/test` installs the client (`scripts/python-client.sh`) and exports
 //! `CCM_KUBE_PYTHON`; without it the test looks in that script's default venv and fails,

@@ -305,7 +305,7 @@ async fn read_closed(tls: &mut TlsStream<TcpStream>, within: Duration) -> Result
     }
 }
 
-/// Issue 10, item 13: slow clients that never finish their headers are closed by the
+/// Slow clients that never finish their headers are closed by the
 /// header read timeout, clients that never finish the TLS handshake by the handshake
 /// timeout, and connections beyond the cap are closed at once (bounded: 16 connections,
 /// a few seconds).
@@ -553,7 +553,7 @@ async fn token_request_validation() {
     let (code, _) = token_request(&server, "nobody", json!({})).await;
     assert_eq!(code, 404);
     // A body labelled protobuf must be one (kubectl create token's real protobuf
-    // TokenRequest is in tests/protobuf_kubectl.rs): JSON sent as protobuf is a 400.
+    // TokenRequest is in the `protobuf_kubectl` tests): JSON sent as protobuf is a 400.
     let ca = server.security().pki.ca_pem().to_owned();
     let admin = server.security().pki.admin().clone();
     let (code, _) = send(

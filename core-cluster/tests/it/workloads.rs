@@ -864,7 +864,7 @@ async fn scale_subresource_reads_and_writes_replicas() {
     assert_eq!(api.get("sc").await.unwrap().spec.unwrap().replicas, Some(4));
 }
 
-// ------------------------------------------------- pods on NotReady nodes (issue 14 item 3)
+// ---------------------------------------------------------------- pods on NotReady nodes
 
 const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 

@@ -374,7 +374,7 @@ impl ServiceController {
                     }
                 }
                 Ok(watcher::Event::Delete(svc)) => self.service_gone(&mut seen, &key_of(&svc)),
-                // A relist after a watch gap (issue 10 item 14): a Service deleted during the
+                // A relist after a watch gap (client-go's informer `Replace`): a Service deleted during the
                 // gap never gets a Delete event, so whatever the relist lacks is gone, as an
                 // informer's `Replace` reports it. Its load balancer must not leak even when
                 // its finalizer was removed out of band.
