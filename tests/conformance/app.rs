@@ -1,5 +1,5 @@
 //! The cloud-controller-manager application against the in-process API server: leader
-//! election on a Lease (reference §3.3 step 4, client-go semantics), with paused time.
+//! election on a Lease (client-go's `tools/leaderelection` semantics), with paused time.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -290,7 +290,7 @@ fn options(args: &[&str]) -> cloud_provider_app::CloudControllerManagerOptions {
     cloud_provider_app::CloudControllerManagerOptions::try_parse_from(all).unwrap()
 }
 
-/// Checklist rows 5 and 80, §3.2 and §3.3: `--controllers` decides which registered controllers start; healthz gets
+/// `--controllers` decides which registered controllers start; healthz gets
 /// `leaderElection` and one check per started controller; shutdown ends `run_with` with Ok.
 /// (One test, since the dummy controllers count starts in statics.)
 #[tokio::test(start_paused = true)]
@@ -386,7 +386,7 @@ async fn run_starts_the_enabled_controllers() {
     app.await.unwrap().unwrap();
 }
 
-/// Checklist row 80 (leadership lost → exit 1), §3.3 step 4: when the manager loses its Lease, `run_with` returns the loss (exit 1) and
+/// When the manager loses its Lease, `run_with` returns the loss (exit 1) and
 /// the controllers are stopped.
 #[tokio::test(start_paused = true)]
 async fn run_returns_an_error_when_leadership_is_lost() {

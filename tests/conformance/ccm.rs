@@ -366,9 +366,9 @@ fn count_ensures(cloud: &FakeCloud) -> Ensures {
     ensures
 }
 
-/// Issue "the standby takes over within the lease duration, with no duplicate cloud
-/// resources"; reference §3.3 step 4 (client-go leader election) with checklist rows 8, 42
-/// and 56 across a failover. Two ccm instances share one cluster and one cloud; the leader
+/// The standby takes over within the lease duration, with no duplicate cloud resources
+/// (client-go leader election; node initialization, routes and load balancers across a
+/// failover). Two ccm instances share one cluster and one cloud; the leader
 /// crashes without releasing the Lease. The standby leads once the Lease has expired (not
 /// before) and soon after; it re-ensures the existing load balancers in place (same name
 /// and IP, no create, no delete), leaves the routes alone, and serves a new Service.
@@ -511,12 +511,12 @@ async fn the_standby_takes_over_a_crashed_leader_without_duplicates() {
     cluster.shutdown().await;
 }
 
-/// Reference §2 (all four controllers) against a cloud that fails 30% of all calls, seeded,
-/// with 50 ms latency on each: checklist rows 8, 15 (retried), 42, 50, 56, 58, 59, 64 and 65,
+/// All four controllers against a cloud that fails 30% of all calls, seeded, with 50 ms
+/// latency on each: initialization (retried), routes, load balancers and their errors,
 /// together. 21 simulated nodes over 3 zones and 10 LoadBalancer Services, of which 3 are
 /// deleted and 2 changed to ClusterIP while the controllers are still fighting the faults;
 /// then 3 more deleted, deleted without the finalizer, or changed to ClusterIP while their
-/// load balancer is being created (checklist rows 58, 59 and 71 under races).
+/// load balancer is being created.
 /// Everything converges: every Node initialized, one route per pod CIDR, one load balancer
 /// per remaining LoadBalancer Service with its ingress in the status, none left for the
 /// others, and the failures reported as Warning events.
@@ -668,7 +668,7 @@ async fn a_faulty_cloud_converges_with_nothing_leaked() {
             "{name}: no load balancer left"
         );
     }
-    // race-gone went through the deleted-without-finalizer path (row 71): the cached copy.
+    // race-gone went through the deleted-without-finalizer path: the cached copy.
     assert!(cluster.cloud.calls().iter().any(|c| matches!(c,
         Call::EnsureLoadBalancerDeleted { service, .. } if service == "default/race-gone")));
     let race_type = cluster.services().get("race-type").await.unwrap();

@@ -63,8 +63,8 @@ fn start_lifecycle(
     Stop(token)
 }
 
-/// Upstream's deletion on the first "gone" answer (`--node-deletion-grace-period 0`): the
-/// checklist rows about deletion describe that mode, while our default waits a minute.
+/// Upstream's deletion on the first "gone" answer (`--node-deletion-grace-period 0`), the
+/// mode upstream's deletion tests describe, while our default waits a minute.
 fn upstream_deletion() -> CloudNodeLifecycleConfig {
     CloudNodeLifecycleConfig::default().with_delete_grace_period(Duration::ZERO)
 }
@@ -181,7 +181,7 @@ fn v1_parts() -> Parts {
 
 #[tokio::test(start_paused = true)]
 async fn a_tainted_node_is_initialized_from_instance_metadata() {
-    // upstream-cloud-provider.md §6 rows 8, 9 and 21 (V2 path)
+    // V2 path
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")
         .in_zone("zone-a", "region-1")
@@ -226,7 +226,7 @@ async fn a_tainted_node_is_initialized_from_instance_metadata() {
         synced[0].message.as_deref(),
         Some("Node synced successfully")
     );
-    // upstream-cloud-provider.md §6 row 22: with InstancesV2, Zones is never consulted.
+    // With InstancesV2, Zones is never consulted.
     assert_eq!(cloud.call_count(Method::GetZone), 0);
     assert_eq!(cloud.call_count(Method::GetZoneByProviderId), 0);
     assert_eq!(cloud.call_count(Method::GetZoneByNodeName), 0);
@@ -234,7 +234,6 @@ async fn a_tainted_node_is_initialized_from_instance_metadata() {
 
 #[tokio::test(start_paused = true)]
 async fn empty_metadata_values_set_no_labels() {
-    // upstream-cloud-provider.md §6 row 10
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")
         .in_zone("", "")
@@ -258,7 +257,6 @@ async fn empty_metadata_values_set_no_labels() {
 
 #[tokio::test(start_paused = true)]
 async fn additional_labels_are_filtered_and_never_overwrite() {
-    // upstream-cloud-provider.md §6 row 11
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")
         .with_internal_ip(ip("10.0.0.1"))
@@ -311,7 +309,7 @@ impl CloudProvider for Scripted {
 
 #[tokio::test(start_paused = true)]
 async fn an_empty_provider_id_keeps_the_taint_and_warns() {
-    // upstream-cloud-provider.md §6 row 12 (and "a cloud answer that makes no sense")
+    // Also "a cloud answer that makes no sense".
     let client = client().await;
     let cloud = Arc::new(Scripted {
         meta: Some(
@@ -367,7 +365,6 @@ async fn an_invalid_ip_from_the_cloud_keeps_the_taint_and_warns() {
 
 #[tokio::test(start_paused = true)]
 async fn nil_metadata_leaves_the_node_tainted_without_retry() {
-    // upstream-cloud-provider.md §6 row 13
     let client = client().await;
     // A provider that answers "nothing to say yet" (the fake never does).
     let scripted = Arc::new(Scripted { meta: None });
@@ -386,7 +383,6 @@ async fn nil_metadata_leaves_the_node_tainted_without_retry() {
 
 #[tokio::test(start_paused = true)]
 async fn v1_not_implemented_instance_id_initializes_by_name() {
-    // upstream-cloud-provider.md §6 row 14
     let client = client().await;
     let cloud = Arc::new(
         FakeCloud::builder()
@@ -404,7 +400,7 @@ async fn v1_not_implemented_instance_id_initializes_by_name() {
 
 #[tokio::test(start_paused = true)]
 async fn v1_path_sets_provider_id_and_uses_zones() {
-    // upstream-cloud-provider.md §6 rows 8 and 23 (V1 path, zone fallback by name)
+    // V1 path, zone fallback by name
     let client = client().await;
     let cloud = Arc::new(
         FakeCloud::builder()
@@ -427,7 +423,6 @@ async fn v1_path_sets_provider_id_and_uses_zones() {
 
 #[tokio::test(start_paused = true)]
 async fn v1_instance_id_error_keeps_the_taint_and_retries() {
-    // upstream-cloud-provider.md §6 row 15
     let client = client().await;
     let cloud = Arc::new(
         FakeCloud::builder()
@@ -458,7 +453,7 @@ async fn v1_instance_id_error_keeps_the_taint_and_retries() {
 
 #[tokio::test(start_paused = true)]
 async fn provided_node_ip_orders_addresses() {
-    // upstream-cloud-provider.md §6 rows 16 and 19 (the cloud's Hostname wins)
+    // The cloud's Hostname wins
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")
         .with_internal_ip(ip("10.0.0.1"))
@@ -504,7 +499,6 @@ async fn provided_node_ip_orders_addresses() {
 
 #[tokio::test(start_paused = true)]
 async fn provided_node_ip_not_in_the_cloud_keeps_the_taint() {
-    // upstream-cloud-provider.md §6 row 17
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1"))]);
     let mut node = tainted_node("node-1");
@@ -525,7 +519,6 @@ async fn provided_node_ip_not_in_the_cloud_keeps_the_taint() {
 
 #[tokio::test(start_paused = true)]
 async fn initialized_nodes_get_label_mirroring_and_no_cloud_calls() {
-    // upstream-cloud-provider.md §6 rows 24 and 25
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1"))]);
     let mut node = Node::default();
@@ -554,7 +547,6 @@ async fn initialized_nodes_get_label_mirroring_and_no_cloud_calls() {
 
 #[tokio::test(start_paused = true)]
 async fn addresses_are_refreshed_periodically_with_change_detection() {
-    // upstream-cloud-provider.md §6 rows 26, 27 and 28
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1"))]);
     create(&client, tainted_node("node-1")).await;
@@ -566,7 +558,7 @@ async fn addresses_are_refreshed_periodically_with_change_detection() {
             .filter(|n| !addresses(n).is_empty())
     })
     .await;
-    // Row 28: nothing changed in the cloud → no patch at the refresh.
+    // Nothing changed in the cloud → no patch at the refresh.
     let calls_before = cloud.call_count(Method::InstanceMetadataBatch);
     tokio::time::sleep(Duration::from_secs(301)).await;
     assert!(
@@ -588,7 +580,7 @@ async fn addresses_are_refreshed_periodically_with_change_detection() {
     })
     .await;
     assert!(!has_taint(&node, TAINT_UNINITIALIZED));
-    // Row 27: an empty cloud address list → no patch.
+    // An empty cloud address list → no patch.
     cloud.remove_instance("i-1");
     let mut bare = FakeInstance::new("i-1", "node-1");
     bare.addresses.clear();
@@ -603,7 +595,7 @@ async fn addresses_are_refreshed_periodically_with_change_detection() {
 
 #[tokio::test(start_paused = true)]
 async fn no_instances_skips_and_zero_syncs_is_an_error() {
-    // upstream-cloud-provider.md §6 row 29, and "concurrent-node-syncs > 0"
+    // Also "concurrent-node-syncs > 0".
     let client = client().await;
     let mut parts = Parts::default();
     parts.instances = false;
@@ -652,9 +644,9 @@ async fn batching_calls(batch: bool) -> (usize, usize) {
 
 #[tokio::test(start_paused = true)]
 async fn fifty_waiting_nodes_take_one_batched_call() {
-    // Beyond upstream (§5 row 5): one cloud call per sync, not one per Node.
+    // Beyond upstream: one cloud call per sync, not one per Node.
     assert_eq!(batching_calls(true).await, (1, 0));
-    // upstream-cloud-provider.md §6 row 8 behaviour with `batch: false`: one call per Node.
+    // Upstream's behaviour, with `batch: false`: one call per Node.
     assert_eq!(batching_calls(false).await, (0, 50));
 }
 
@@ -774,7 +766,6 @@ async fn node_with_ready(
 
 #[tokio::test(start_paused = true)]
 async fn a_ready_node_loses_the_shutdown_taint_without_cloud_calls() {
-    // upstream-cloud-provider.md §6 row 30
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")]);
     node_with_ready(
@@ -797,7 +788,6 @@ async fn a_ready_node_loses_the_shutdown_taint_without_cloud_calls() {
 
 #[tokio::test(start_paused = true)]
 async fn a_not_ready_node_gone_from_the_cloud_is_deleted() {
-    // upstream-cloud-provider.md §6 rows 31 and 39
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")]);
     node_with_ready(&client, "node-1", Some("False"), vec![], Some("fake://i-1")).await;
@@ -826,7 +816,6 @@ async fn a_not_ready_node_gone_from_the_cloud_is_deleted() {
 
 #[tokio::test(start_paused = true)]
 async fn a_node_without_ready_condition_is_checked() {
-    // upstream-cloud-provider.md §6 row 32
     let client = client().await;
     let cloud = fake([]);
     node_with_ready(&client, "node-1", None, vec![], Some("fake://i-gone")).await;
@@ -839,7 +828,6 @@ async fn a_node_without_ready_condition_is_checked() {
 
 #[tokio::test(start_paused = true)]
 async fn v1_instance_not_found_for_a_node_without_provider_id_deletes_it() {
-    // upstream-cloud-provider.md §6 row 33
     let client = client().await;
     let cloud = Arc::new(FakeCloud::builder().parts(v1_parts()).build());
     node_with_ready(&client, "node-1", Some("Unknown"), vec![], None).await;
@@ -853,7 +841,6 @@ async fn v1_instance_not_found_for_a_node_without_provider_id_deletes_it() {
 
 #[tokio::test(start_paused = true)]
 async fn an_existence_error_leaves_the_node_alone() {
-    // upstream-cloud-provider.md §6 row 34
     let client = client().await;
     let cloud = fake([]);
     cloud.inject(FaultRule::always(Fault::Error("api down".into())).on(Method::InstanceExists));
@@ -873,7 +860,7 @@ async fn an_existence_error_leaves_the_node_alone() {
 
 #[tokio::test(start_paused = true)]
 async fn instance_not_found_from_the_existence_check_counts_as_gone() {
-    // Beyond upstream (§5 row 8): upstream's row 34 would leave this Node forever.
+    // Beyond upstream: upstream would leave this Node forever.
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")]);
     cloud.inject(FaultRule::always(Fault::InstanceNotFound).on(Method::InstanceExists));
@@ -887,7 +874,7 @@ async fn instance_not_found_from_the_existence_check_counts_as_gone() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stopped_instance_gets_the_shutdown_taint() {
-    // upstream-cloud-provider.md §6 rows 36 and 30 (removed again once Ready)
+    // Removed again once Ready
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")]);
     cloud.stop_instance("i-1");
@@ -916,7 +903,6 @@ async fn a_stopped_instance_gets_the_shutdown_taint() {
 
 #[tokio::test(start_paused = true)]
 async fn v1_shutdown_not_implemented_or_error_adds_no_taint() {
-    // upstream-cloud-provider.md §6 rows 37 and 38
     let client = client().await;
     let cloud = Arc::new(
         FakeCloud::builder()
@@ -935,7 +921,7 @@ async fn v1_shutdown_not_implemented_or_error_adds_no_taint() {
     assert!(cloud.call_count(Method::InstanceShutdownByProviderId) >= 2);
     let node = get(&client, "node-1").await.unwrap();
     assert!(!has_taint(&node, TAINT_SHUTDOWN));
-    // Row 38: a plain error from the shutdown check adds no taint either.
+    // A plain error from the shutdown check adds no taint either.
     let client2 = self::client().await;
     let cloud2 = fake([FakeInstance::new("i-2", "node-2")]);
     cloud2.stop_instance("i-2");
@@ -961,7 +947,7 @@ async fn v1_shutdown_not_implemented_or_error_adds_no_taint() {
 
 #[tokio::test(start_paused = true)]
 async fn the_delete_grace_period_delays_deletion() {
-    // Beyond upstream (§5 row 9): wait `delete_grace_period` after the first "gone".
+    // Beyond upstream: wait `delete_grace_period` after the first "gone".
     let client = client().await;
     let cloud = fake([]);
     node_with_ready(
@@ -1027,7 +1013,7 @@ async fn by_default_a_transient_gone_answer_deletes_no_node() {
 
 #[tokio::test(start_paused = true)]
 async fn a_bad_provided_node_ip_annotation_keeps_the_taint() {
-    // upstream-cloud-provider.md §6 row 18: two IPs of the same family is a parse error.
+    // Two IPs of the same family is a parse error.
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")
         .with_internal_ip(ip("10.0.0.1"))
@@ -1104,7 +1090,7 @@ async fn a_failed_delete_of_a_node_gone_from_the_cloud_warns_and_is_retried() {
     assert_eq!(times(&events(&client, "node-1", "DeletingNode").await), 2);
 }
 
-/// Beyond upstream (§5 row 5), over a real socket: Nodes that register while a batched call
+/// Beyond upstream, over a real socket: Nodes that register while a batched call
 /// is in flight are taken together by the next sync. The watch must be read while the
 /// controller syncs: an HTTP body read only between syncs hands over about one event per
 /// sync, so with Nodes registering every 20 ms, another writer keeping the watch busy and

@@ -581,7 +581,8 @@ async fn drift_reensure_period() {
     env.stop().await;
 }
 
-/// Rows 74 and 77, and beyond upstream (only Services whose node set changed are updated):
+/// Upstream's `nodeSyncService`, and beyond upstream (only Services whose node set changed
+/// are updated):
 /// an excluded node joining changes no set → no UpdateLoadBalancer; excluding the only node
 /// updates with 0 hosts → Warning UnAvailableLoadBalancer; `=false` re-includes it.
 #[tokio::test(start_paused = true)]

@@ -10,7 +10,6 @@
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader},
-    net::TcpListener,
     process::{Child, Command, Stdio},
     time::Duration,
 };
@@ -84,11 +83,7 @@ fn ccm_with_aws_initializes_nodes_named_after_moto_instances_and_ensures_nlbs() 
     std::fs::write(&config, seed.cloud_config(&moto)).unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     let names = seed.instance_ids.join(",");
-    let metrics_port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let metrics_port = ccm_testkit::free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_ccm"))
         .args(["--cloud-provider", "aws", "--cloud-config"])
         .arg(&config)

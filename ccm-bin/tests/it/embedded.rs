@@ -1,7 +1,7 @@
 //! The embedded default, driven with kubectl as a newcomer would:
 //! - the node side: simulated nodes register, get pod CIDRs and go Ready; a node whose
 //!   heartbeats are stopped through kubectl turns Unknown and gets the unreachable taints;
-//!   resumed, its taints go (node-lifecycle.md §7);
+//!   resumed, its taints go;
 //! - the cloud side: the fake cloud and the cloud controllers initialize the nodes, program
 //!   their routes and give a `kubectl expose`d LoadBalancer Service an external IP.
 
@@ -167,11 +167,7 @@ impl Embedded {
 #[test]
 fn the_secure_port_delegates_auth_to_the_embedded_cluster() {
     require_kubectl("it drives the embedded cluster with kubectl");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = ccm_testkit::free_port();
     let cluster = Embedded::start_serving(port);
     let kubeconfig = cluster.dir.path().join("kubeconfig");
     assert!(

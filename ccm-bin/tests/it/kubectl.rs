@@ -1,5 +1,4 @@
-//! kubectl v1.32 against `ccm apiserver`, unchanged: the commands an operator uses
-//! (rust-ecosystem.md §2.1 lists the requests each one sends).
+//! kubectl v1.32 against `ccm apiserver`, unchanged: the commands an operator uses.
 
 use std::time::Duration;
 

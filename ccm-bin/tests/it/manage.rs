@@ -86,7 +86,7 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
     path.to_str().unwrap().to_owned()
 }
 
-/// Checklist rows 8–13 and 55–60 through the binary: providerID, labels and addresses from
+/// The cloud-node and service controllers through the binary: providerID, labels and addresses from
 /// the cloud, the taint removed, an LB for the Service; `/healthz` names the controllers,
 /// `/metrics` is Prometheus text, read with the admin's client certificate, which the ccm
 /// verifies against the CA `ccm apiserver` publishes in

@@ -1,6 +1,5 @@
 //! The API server through kube-rs, in-process (kube's `Client` takes the axum router directly,
-//! no TCP), plus raw requests for what a typed client cannot send. Rules come from
-//! node-lifecycle.md §4–§5 and rust-ecosystem.md §2.
+//! no TCP), plus raw requests for what a typed client cannot send.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -378,7 +377,7 @@ async fn status_subresource_and_main_resource_ignore_each_other() {
         .unwrap()
         .truncate(1);
     // Upstream's node and service status strategies keep the spec but take the metadata
-    // (the service controller's finalizer travels this way, checklist row 67).
+    // (the service controller's finalizer travels this way).
     s.metadata
         .labels
         .get_or_insert_default()

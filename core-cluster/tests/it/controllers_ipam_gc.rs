@@ -1,5 +1,6 @@
 //! Node IPAM, garbage collector and pod GC controllers against the in-process API server
-//! (kube-rs over the axum router, paused tokio time). Rules: node-lifecycle.md §2 and §4.
+//! (kube-rs over the axum router, paused tokio time). Rules: upstream's
+//! `pkg/controller/nodeipam`, `garbagecollector` and `podgc`.
 
 use std::{sync::Arc, time::Duration};
 
@@ -67,7 +68,6 @@ async fn wait_cidrs(nodes: &Api<Node>, name: &str) -> Vec<String> {
     .await
 }
 
-// node-lifecycle.md §7 rows 45, 47, 53
 #[tokio::test(start_paused = true)]
 async fn ipam_dual_stack_assignment() {
     let client = client().await;
@@ -100,7 +100,6 @@ async fn ipam_dual_stack_assignment() {
     stop.cancel();
 }
 
-// node-lifecycle.md §7 row 51
 #[tokio::test(start_paused = true)]
 async fn ipam_recovery_on_restart() {
     let client = client().await;
@@ -154,7 +153,6 @@ async fn events_for(client: &Client, name: &str, reason: &str) -> Vec<Event> {
         .collect()
 }
 
-// node-lifecycle.md §7 rows 50, 55, 49
 #[tokio::test(start_paused = true)]
 async fn ipam_exhaustion_event_then_release_and_reuse() {
     let client = client().await;
@@ -270,7 +268,6 @@ where
     .await
 }
 
-// node-lifecycle.md §7 rows 63, 69, 70
 #[tokio::test(start_paused = true)]
 async fn gc_background_deletes_dependents_of_a_deleted_owner() {
     let client = client().await;
@@ -329,7 +326,6 @@ async fn gc_background_deletes_dependents_of_a_deleted_owner() {
     stop.cancel();
 }
 
-// node-lifecycle.md §7 row 64
 #[tokio::test(start_paused = true)]
 async fn gc_foreground_waits_for_blocking_dependent() {
     let client = client().await;
@@ -389,7 +385,6 @@ async fn gc_foreground_waits_for_blocking_dependent() {
     stop.cancel();
 }
 
-// node-lifecycle.md §7 row 65
 #[tokio::test(start_paused = true)]
 async fn gc_orphan_removes_owner_references() {
     let client = client().await;
@@ -431,7 +426,6 @@ async fn gc_orphan_removes_owner_references() {
     stop.cancel();
 }
 
-// node-lifecycle.md §7 rows 56, 60
 #[tokio::test(start_paused = true)]
 async fn gc_node_lease_goes_with_its_node() {
     let client = client().await;
@@ -565,7 +559,7 @@ async fn gc_keeps_dependents_of_unserved_owner_kinds() {
     stop.cancel();
 }
 
-// node-lifecycle.md §7 row 64 (a chain: the middle dependent is itself deleted Foreground)
+// A chain: the middle dependent is itself deleted Foreground
 #[tokio::test(start_paused = true)]
 async fn gc_foreground_chain_deletes_dependents_first() {
     let client = client().await;

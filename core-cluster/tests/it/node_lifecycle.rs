@@ -1,7 +1,7 @@
 //! Node lifecycle and taint eviction scenarios against the in-process API server, with
 //! paused time. Kubelets are simulated here: a Node, a Lease in `kube-node-lease`, and a
-//! loop that renews the leases of the live nodes every 10 s. Each test names the rows of
-//! node-lifecycle.md §7 it checks.
+//! loop that renews the leases of the live nodes every 10 s. The rules are upstream's
+//! `pkg/controller/nodelifecycle` and `pkg/controller/tainteviction`.
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
@@ -269,9 +269,8 @@ const UR: &str = "node.kubernetes.io/unreachable";
 #[tokio::test(start_paused = true)]
 async fn defaults_match_upstream_1_33() {
     let c = NodeLifecycleConfig::default();
-    // node-lifecycle.md §7 row 1
     assert_eq!(c.node_monitor_period, Duration::from_secs(5));
-    // node-lifecycle.md §7 row 2 (50 s since v1.32; we present 1.33)
+    // 50 s since v1.32; we present 1.33
     assert_eq!(c.node_monitor_grace_period, Duration::from_secs(50));
     assert_eq!(c.node_startup_grace_period, Duration::from_secs(60));
     assert_eq!(c.large_cluster_size_threshold, 50);
@@ -350,17 +349,17 @@ async fn one_node_dies() {
     sim.start_lifecycle(NodeLifecycleConfig::default());
     sim.start_eviction();
     sleep(Duration::from_secs(30)).await;
-    // node-lifecycle.md §7 row 16: registration event on first sight
+    // Registration event on first sight
     assert_eq!(sim.events("RegisteredNode").await.len(), 3);
     assert_eq!(sim.condition("n1", "Ready").await.0, "True");
     assert!(sim.taints("n1").await.is_empty());
 
     sim.stop("n1");
-    // node-lifecycle.md §7 rows 2, 4, 5: the last renewal was at most 10 s ago; a 40 s lease
+    // The last renewal was at most 10 s ago; a 40 s lease
     // duration is not used, the 50 s grace on our clock is.
     sleep(Duration::from_secs(39)).await;
     assert_eq!(sim.condition("n1", "Ready").await.0, "True");
-    // node-lifecycle.md §7 row 8: Unknown by renewal + 50 s + one period
+    // Unknown by renewal + 50 s + one period
     let took = wait_for(Duration::from_secs(25), async || {
         sim.condition("n1", "Ready").await.0 == "Unknown"
     })
@@ -376,12 +375,12 @@ async fn one_node_dies() {
     for c in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
         assert_eq!(sim.condition("n1", c).await.0, "Unknown", "{c}");
     }
-    // node-lifecycle.md §7 row 10: NetworkUnavailable untouched
+    // NetworkUnavailable untouched
     assert_eq!(sim.condition("n1", "NetworkUnavailable").await.0, "False");
     // the other nodes stay Ready
     assert_eq!(sim.condition("n2", "Ready").await.0, "True");
 
-    // node-lifecycle.md §7 row 34: unreachable NoSchedule follows the condition at once
+    // Unreachable NoSchedule follows the condition at once
     assert!(
         wait_for(Duration::from_secs(2), async || sim
             .has_taint("n1", UR, "NoSchedule")
@@ -389,7 +388,7 @@ async fn one_node_dies() {
         .await
         .is_some()
     );
-    // node-lifecycle.md §7 rows 13, 14: pods Ready=False, NodeNotReady events
+    // Pods Ready=False, NodeNotReady events
     let pod = sim.pods().get("p1").await.unwrap();
     let ready = pod.status.unwrap().conditions.unwrap();
     assert_eq!(
@@ -408,7 +407,7 @@ async fn one_node_dies() {
             .any(|e| e.message.as_deref() == Some("Node is not ready"))
     );
 
-    // node-lifecycle.md §7 rows 15, 24, 31, 36: NoExecute unreachable in the next pass
+    // NoExecute unreachable in the next pass
     // (first node of the zone: a token is there), with timeAdded, exclusive of not-ready
     let took = wait_for(Duration::from_secs(12), async || {
         sim.has_taint("n1", UR, "NoExecute").await
@@ -423,7 +422,7 @@ async fn one_node_dies() {
     assert!(t.time_added.is_some());
     assert!(!taints.iter().any(|t| t.key == NR));
 
-    // node-lifecycle.md §7 rows 39, 42: default 300 s toleration, counted from the taint
+    // Default 300 s toleration, counted from the taint
     sleep(Duration::from_secs(290)).await;
     assert!(!sim.pod_deleted("p1").await, "evicted before 300 s");
     assert!(
@@ -434,7 +433,7 @@ async fn one_node_dies() {
         .is_some(),
         "not evicted after 300 s"
     );
-    // node-lifecycle.md §7 row 44: DisruptionTarget condition before the DELETE
+    // DisruptionTarget condition before the DELETE
     let pod = sim.pods().get("p1").await.unwrap();
     let conds = pod.status.unwrap().conditions.unwrap();
     let dt = conds
@@ -470,7 +469,7 @@ async fn node_comes_back() {
         .await
         .is_some()
     );
-    // node-lifecycle.md §7 rows 32, 31: Ready=False now: immediate swap to not-ready
+    // Ready=False now: immediate swap to not-ready
     sim.post_status("n1", "False").await;
     assert!(
         wait_for(Duration::from_secs(12), async || sim
@@ -482,7 +481,7 @@ async fn node_comes_back() {
         "no swap to not-ready"
     );
     assert!(sim.has_taint("n1", NR, "NoSchedule").await);
-    // node-lifecycle.md §7 rows 33, 34: Ready again → lifecycle taints removed
+    // Ready again → lifecycle taints removed
     sim.revive("n1").await;
     assert!(
         wait_for(Duration::from_secs(12), async || sim
@@ -517,14 +516,14 @@ async fn partial_disruption_large_zone_secondary_rate() {
     for i in 0..40 {
         sim.stop(&format!("a{i}"));
     }
-    // node-lifecycle.md §7 row 21: 40 of 52 not ready → partial disruption
+    // 40 of 52 not ready → partial disruption
     let first = wait_for(Duration::from_secs(90), async || {
         sim.count_taint(UR, "NoExecute").await >= 1
     })
     .await;
     assert!(first.is_some(), "no NoExecute taint at all");
     assert_eq!(sim.count_taint(UR, "NoSchedule").await, 40);
-    // node-lifecycle.md §7 row 25: zone of 52 > 50 → 0.01/s: one more taint per 100 s
+    // Zone of 52 > 50 → 0.01/s: one more taint per 100 s
     // (at the normal 0.1/s there would be 7 after 60 s)
     sleep(Duration::from_secs(60)).await;
     assert_eq!(sim.count_taint(UR, "NoExecute").await, 1);
@@ -549,7 +548,7 @@ async fn partial_disruption_small_zone_halts() {
     for i in 0..3 {
         sim.stop(&format!("a{i}"));
     }
-    // node-lifecycle.md §7 rows 21, 26: 3 of 4 not ready, zone ≤ 50 nodes → rate 0
+    // 3 of 4 not ready, zone ≤ 50 nodes → rate 0
     assert!(
         wait_for(Duration::from_secs(90), async || sim
             .count_taint(UR, "NoSchedule")
@@ -591,7 +590,7 @@ async fn all_zones_fail_no_evictions() {
         .await
         .is_some()
     );
-    // node-lifecycle.md §7 rows 20, 28: all zones fully disrupted → limiters 0
+    // All zones fully disrupted → limiters 0
     sleep(Duration::from_secs(400)).await;
     for n in &names {
         assert_eq!(sim.condition(n, "Ready").await.0, "Unknown");
@@ -614,7 +613,6 @@ async fn cordon_and_memory_pressure_taints() {
         .patch("n1", &PatchParams::default(), &Patch::Strategic(other))
         .await
         .unwrap();
-    // node-lifecycle.md §7 row 35
     sim.nodes()
         .patch(
             "n1",
@@ -631,7 +629,6 @@ async fn cordon_and_memory_pressure_taints() {
         .await
         .is_some()
     );
-    // node-lifecycle.md §7 row 34
     let patch = json!({"status": {"conditions": [{"type": "MemoryPressure", "status": "True"}]}});
     sim.nodes()
         .patch_status("n1", &PatchParams::default(), &Patch::Strategic(patch))
@@ -693,7 +690,7 @@ async fn taint_eviction_toleration_seconds_and_cancel() {
             .await
             .unwrap();
     }
-    // node-lifecycle.md §7 row 41: not tolerated → deleted at once
+    // Not tolerated → deleted at once
     assert!(
         wait_for(Duration::from_secs(1), async || sim
             .pod_deleted("none")
@@ -702,7 +699,7 @@ async fn taint_eviction_toleration_seconds_and_cancel() {
         .is_some()
     );
     sleep(Duration::from_secs(30)).await;
-    // node-lifecycle.md §7 row 43: taint removed before 60 s → cancelled, with an event
+    // Taint removed before 60 s → cancelled, with an event
     sim.nodes()
         .patch(
             "n2",
@@ -712,7 +709,7 @@ async fn taint_eviction_toleration_seconds_and_cancel() {
         .await
         .unwrap();
     sleep(Duration::from_secs(25)).await;
-    // node-lifecycle.md §7 row 42: 60 s
+    // 60 s
     assert!(!sim.pod_deleted("sixty").await, "deleted before 60 s");
     assert!(
         wait_for(Duration::from_secs(10), async || sim
@@ -752,7 +749,7 @@ async fn never_posted_startup_grace_and_removal() {
         .await
         .unwrap();
     sim.start_lifecycle(NodeLifecycleConfig::default());
-    // node-lifecycle.md §7 row 3: not before the 60 s startup grace (counted on our clock)
+    // Not before the 60 s startup grace (counted on our clock)
     sleep(Duration::from_secs(58)).await;
     let conds = sim
         .node("silent")
@@ -761,7 +758,7 @@ async fn never_posted_startup_grace_and_removal() {
         .and_then(|s| s.conditions)
         .unwrap_or_default();
     assert!(conds.is_empty(), "{conds:?}");
-    // node-lifecycle.md §7 row 9: conditions appended as never posted
+    // Conditions appended as never posted
     assert!(
         wait_for(Duration::from_secs(10), async || {
             sim.node("silent")
@@ -782,7 +779,7 @@ async fn never_posted_startup_grace_and_removal() {
             Some("Kubelet never posted node status.")
         );
     }
-    // node-lifecycle.md §7 row 10: NetworkUnavailable is not added
+    // NetworkUnavailable is not added
     let n = sim.node("silent").await;
     assert!(
         !n.status
@@ -800,7 +797,6 @@ async fn never_posted_startup_grace_and_removal() {
         .await
         .is_some()
     );
-    // node-lifecycle.md §7 row 17
     sim.nodes()
         .delete("silent", &Default::default())
         .await
@@ -845,7 +841,7 @@ async fn leaving_all_disrupted_resumes_tainting() {
     assert_eq!(sim.count_taint(UR, "NoExecute").await, 0);
     // b0 comes back: zone b is no longer fully disrupted
     sim.revive("b0").await;
-    // node-lifecycle.md §7 rows 27, 28: the Unknown nodes of zone a are then tainted under
+    // The Unknown nodes of zone a are then tainted under
     // the normal rate (zone a is fully disrupted, zone b is not)
     assert!(
         wait_for(Duration::from_secs(30), async || sim
@@ -879,7 +875,6 @@ async fn taint_patch_carries_resource_version_and_retries() {
         effect: "NoExecute".into(),
         ..Taint::default()
     }];
-    // node-lifecycle.md §7 rows 37, 36
     let added_at: k8s_openapi::jiff::Timestamp = "2026-11-25T10:00:00Z".parse().unwrap();
     let done = swap_node_taints(&sim.nodes(), Some(&stale), "n1", &add, &[], added_at)
         .await

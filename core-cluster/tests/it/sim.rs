@@ -1,5 +1,6 @@
 //! The node simulator (`core_cluster::sim`) against the in-process API server, with paused
-//! tokio time. Rows refer to node-lifecycle.md §7.
+//! tokio time, checked against what upstream's kubelet does (`pkg/kubelet/nodelease`,
+//! `kubelet_node_status.go`).
 
 use std::{
     collections::BTreeMap,
@@ -204,7 +205,7 @@ fn phase(p: &Pod) -> &str {
         .unwrap_or("")
 }
 
-/// Rows 56 (lease shape) and 38: the Node as kubelet registers it with
+/// The Node as kubelet registers it with
 /// `--cloud-provider=external --node-ip`, and its Lease with an ownerReference.
 #[tokio::test(start_paused = true)]
 async fn registration_shape() {
@@ -304,7 +305,7 @@ async fn registration_shape() {
     assert_eq!(Some(&owners[0].uid), n1.metadata.uid.as_ref());
 }
 
-/// Row 57: renewTime moves every 10 s (+ up to 4 % jitter) on the tokio clock, by PUT
+/// `renewTime` moves every 10 s (+ up to 4 % jitter) on the tokio clock, by PUT
 /// without GET.
 #[tokio::test(start_paused = true)]
 async fn lease_renewed_every_10s() {
@@ -371,7 +372,7 @@ async fn renewals_stay_spread_after_a_stall() {
     assert!(max <= 40, "renewals per second after a stall: {buckets:?}");
 }
 
-/// Rows 58 (and 60's counterpart): a deleted Lease is recreated by the next sync, with its
+/// A deleted Lease is recreated by the next sync, with its
 /// ownerReference.
 #[tokio::test(start_paused = true)]
 async fn deleted_lease_is_recreated() {
@@ -386,7 +387,7 @@ async fn deleted_lease_is_recreated() {
     assert_eq!(h.sim.stats().lease_creates, 2);
 }
 
-/// Rows 57–58: when the API fails, 5 PUTs, then GETs with waits of 200 ms doubling to 7 s;
+/// When the API fails, 5 PUTs, then GETs with waits of 200 ms doubling to 7 s;
 /// renewals resume when the API is back.
 #[tokio::test(start_paused = true)]
 async fn lease_backoff_on_api_errors() {
@@ -527,7 +528,7 @@ async fn stopped_zone_from_configmap() {
     assert!(renew_time(&h.client, "a2").await > before[1]);
 }
 
-/// Rows 6 and 8: node status is posted again within 10 s when it differs from what the API
+/// Node status is posted again within 10 s when it differs from what the API
 /// shows (a controller set Ready=Unknown), and every 5 minutes otherwise.
 #[tokio::test(start_paused = true)]
 async fn status_posted_on_change_and_every_5_minutes() {

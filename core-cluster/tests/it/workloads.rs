@@ -336,8 +336,8 @@ async fn deployment_rolls_replica_sets_within_surge_and_unavailable() {
     eventually(60, "scaled to 5", || rolled_out(&api, "web", 5)).await;
 }
 
-/// Garbage collection of a Deployment (node-lifecycle.md §4.2, upstream
-/// `garbagecollector`): background deletes the ReplicaSet and pods after the Deployment,
+/// Garbage collection of a Deployment (upstream `pkg/controller/garbagecollector`):
+/// background deletes the ReplicaSet and pods after the Deployment,
 /// foreground keeps the Deployment until its dependents are gone, orphan leaves the
 /// ReplicaSet and pods without the ownerReference.
 #[tokio::test(start_paused = true)]

@@ -825,7 +825,7 @@ impl ServiceController {
                 "$deleteFromPrimitiveList/finalizers": [FINALIZER_LOAD_BALANCER_CLEANUP]
             }})
         };
-        // Upstream sends the finalizer to the `status` subresource too (checklist row 67): a
+        // Upstream sends the finalizer to the `status` subresource too: a
         // status write cannot change the spec, so a stale copy never reverts a user's edit.
         self.api(svc)
             .patch_status(

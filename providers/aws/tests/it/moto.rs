@@ -154,7 +154,7 @@ async fn metadata_matches_ec2() -> anyhow::Result<()> {
         .context("metadata")?;
     ensure!(m == by_id);
 
-    // aws.md row 11: the zone-ID label, from DescribeAvailabilityZones (cached: one call for
+    // The zone-ID label, from DescribeAvailabilityZones (cached: one call for
     // every later lookup, batched or not).
     let ec2 = moto.ec2().await;
     let azs = ec2.describe_availability_zones().send().await?;
@@ -204,7 +204,7 @@ async fn metadata_matches_ec2() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// aws.md row 12 (upstream `topology.go`): moto answers DescribeInstanceTopology with a 500.
+/// Upstream `topology.go`: moto answers DescribeInstanceTopology with a 500.
 /// Topology labels are best effort, so node metadata still comes back with its other labels and
 /// zone ID; the failing call is sent once (no SDK retries) and remembered, so the next sync makes
 /// no new call within the remembered-failure period.
@@ -1180,7 +1180,7 @@ async fn lb_rules(
     Ok(rules)
 }
 
-/// Upstream's node security-group choice (aws.md rows 45, 47; `findSecurityGroupForInstance`):
+/// Upstream's node security-group choice (`findSecurityGroupForInstance`):
 /// the rules go onto each target instance's own group (the cluster-tagged one among its groups,
 /// else its single untagged one), never onto other cluster-tagged groups, with the ICMP
 /// type 3 code 4 path-MTU rule; several tagged or untagged groups on one instance are an error.
@@ -1341,7 +1341,7 @@ async fn listeners_by_port(
     Ok(map)
 }
 
-/// aws.md rows 38 and 39: TLS listeners from `ssl-cert`, `ssl-ports` and
+/// TLS listeners from `ssl-cert`, `ssl-ports` and
 /// `ssl-negotiation-policy` (upstream's NLB rule), and a health-check or NodePort change
 /// switches the listener to a new target group with ModifyListener (upstream's sequence) instead
 /// of deleting the listener: its ARN survives, and the old target group is gone.
@@ -1547,7 +1547,7 @@ async fn route_targets_come_from_the_clusters_nodes_after_a_restart() -> anyhow:
     Ok(())
 }
 
-/// aws.md row 28: a Service without `aws-load-balancer-type` gets a Classic ELB from
+/// A Service without `aws-load-balancer-type` gets a Classic ELB from
 /// cloud-provider-aws. After a migration the Service's Classic ELB (as upstream makes it: named
 /// `a` + UID, cluster-tagged, with its `k8s-elb-<name>` group and an all-traffic node rule from
 /// that group) blocks a second load balancer with a clear error, is reported by get, and is
