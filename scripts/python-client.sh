@@ -7,7 +7,7 @@
 #                        client of Kubernetes 1.33, the API version this project serves)
 #
 # Used by scripts/test, which exports CCM_KUBE_PYTHON=<venv>/bin/python for the Python client's
-# test (core-cluster/tests/python_client.rs). Safe to run again: it does nothing when the pinned
+# test (core-cluster/tests/it/python_client.rs). Safe to run again: it does nothing when the pinned
 # version is there.
 set -euo pipefail
 . "$(dirname "$0")/lib/venv.sh"

@@ -1,4 +1,4 @@
-//! Node-initialization benchmark (issue 5): N simulated nodes join at once while the fake
+//! Node-initialization benchmark: N simulated nodes join at once while the fake
 //! cloud adds 20 ms to every call. Not a test.
 //!
 //! The cluster (API server, node-side controllers, simulated kubelets registering with the
@@ -43,18 +43,10 @@ use std::{
 };
 
 use anyhow::Context;
+use ccm_testkit::bench::{arg, flag};
 use cloud_provider_app::{CloudControllerManagerOptions, HealthChecks, default_registry, run_with};
 use cloud_provider_fake::{FakeCloud, FakeInstance};
 use tokio_util::sync::CancellationToken;
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// A `/proc/<pid>/status` field (`VmHWM`: peak RSS, `VmRSS`: RSS now) of `self` or a pid.
 fn status_field(pid: &str, field: &str) -> String {
@@ -169,13 +161,13 @@ async fn create_services(client: &kube::Client, count: u64) -> anyhow::Result<()
 }
 
 fn main() -> anyhow::Result<()> {
-    let nodes = arg("--nodes", 10_000);
+    let nodes = arg::<u64>("--nodes", 10_000);
     let latency = Duration::from_millis(arg("--latency-ms", 20));
-    let upstream = std::env::args().any(|a| a == "--upstream");
+    let upstream = flag("--upstream");
     // `--trace`: every progress line of the cluster, with the time since the ccm's start, on
     // stderr (where the time goes).
-    let trace = std::env::args().any(|a| a == "--trace");
-    let services = arg("--services", 1_000);
+    let trace = flag("--trace");
+    let services = arg::<u64>("--services", 1_000);
     let zones = ["zone-a", "zone-b", "zone-c"];
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
@@ -264,7 +256,7 @@ fn main() -> anyhow::Result<()> {
         // the limiter, not the controllers); as before --kube-api-qps was honoured.
         "--kube-api-qps=-1",
     ];
-    let syncs = arg("--concurrent-node-syncs", 1).to_string();
+    let syncs = arg::<u64>("--concurrent-node-syncs", 1).to_string();
     if upstream {
         flags.extend([
             "--concurrent-node-syncs",

@@ -372,9 +372,10 @@ mod tests {
     static EXTERNAL: ProviderRegistration =
         ProviderRegistration::new("external", alpha, "x", "x.rs", 3);
 
-    // Checklist row 1: the same name twice is an error, and ours names both registrations.
+    // Upstream `k8s.io/cloud-provider/plugins.go` `RegisterCloudProvider` refuses a name
+    // registered twice; ours also names both registrations.
     #[test]
-    fn row1_duplicate_names_both_origins() {
+    fn a_name_registered_twice_is_an_error_naming_both_registrations() {
         let err = Registry::from_registrations([&ALPHA, &ECHO, &ALPHA_AGAIN]).unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -394,9 +395,10 @@ mod tests {
         ));
     }
 
-    // Checklist row 2: unknown names are errors; ours lists what is registered.
+    // Upstream `plugins.go` `InitCloudProvider`: an unknown name is an error; ours lists what is
+    // registered.
     #[test]
-    fn row2_unknown_provider_lists_registered_names() {
+    fn an_unknown_provider_is_an_error_listing_the_registered_names() {
         let registry = Registry::from_registrations([&ECHO, &ALPHA]).unwrap();
         let err = registry.init_cloud_provider("nope", None).err().unwrap();
         assert_eq!(
@@ -408,9 +410,9 @@ mod tests {
         assert!(err.to_string().contains("use my_provider as _;"), "{err}");
     }
 
-    // Checklist row 3: "" and "external" mean no provider.
+    // Upstream `plugins.go` `InitCloudProvider`: "" and "external" mean no provider.
     #[test]
-    fn row3_empty_and_external_mean_none() {
+    fn an_empty_or_external_provider_name_builds_no_provider() {
         let registry = Registry::from_registrations([&ALPHA]).unwrap();
         assert!(registry.init_cloud_provider("", None).unwrap().is_none());
         assert!(
@@ -421,9 +423,10 @@ mod tests {
         );
     }
 
-    // Checklist row 4: no --cloud-config gives the factory None; an unreadable path is an error.
+    // Upstream `plugins.go` `InitCloudProvider`: no --cloud-config gives the factory nil; an
+    // unreadable path is an error.
     #[test]
-    fn row4_config_passed_or_none() {
+    fn the_factory_gets_the_cloud_config_or_none_and_an_unreadable_one_is_an_error() {
         let registry = Registry::from_registrations([&ECHO]).unwrap();
         let cloud = registry.init_cloud_provider("echo", None).unwrap().unwrap();
         assert_eq!(cloud.provider_name(), "no-config");

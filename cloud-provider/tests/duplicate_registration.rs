@@ -1,6 +1,7 @@
-//! Two crates registering one name is caught at startup, naming both (checklist row 1;
-//! upstream `klog.Fatalf`s without saying who registered first). This test binary registers
-//! "twice" two times through the macro, as two provider crates would.
+//! Two crates registering one name is caught at startup, naming both (upstream
+//! `k8s.io/cloud-provider/plugins.go` `RegisterCloudProvider` `klog.Fatalf`s without saying
+//! who registered first). This test binary registers "twice" two times through the macro,
+//! as two provider crates would.
 
 use std::sync::Arc;
 
@@ -25,7 +26,7 @@ mod vendor_a {
 register_cloud_provider!("twice", new_twice);
 
 #[test]
-fn row1_duplicate_registration_is_an_error_naming_both() {
+fn a_name_registered_by_two_crates_is_an_error_naming_both() {
     let err = Registry::global().expect_err("duplicate names must be refused");
     let message = err.to_string();
     assert!(

@@ -22,9 +22,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use ccm_testkit::{TestServer, bench::arg};
 use core_cluster::{
     ApiServer, ApiServerConfig,
-    serve::TestServer,
     store::{SqliteOptions, SqliteStore, Store},
 };
 use futures::StreamExt;
@@ -34,10 +34,6 @@ use kube::{
     api::{PostParams, WatchEvent, WatchParams},
 };
 use serde_json::json;
-
-mod support;
-
-use support::arg;
 
 fn lease(name: &str) -> Lease {
     serde_json::from_value(json!({

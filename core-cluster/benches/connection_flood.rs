@@ -147,7 +147,7 @@ async fn main() -> Result<()> {
                 core_cluster::ApiServerConfig::default(),
             )
             .await?;
-            let server = core_cluster::serve::TestServer::start(api).await?;
+            let server = ccm_testkit::TestServer::start(api).await?;
             let kubeconfig = server.admin_kubeconfig();
             _in_process = server;
             kubeconfig

@@ -150,7 +150,7 @@ fn bench(n: usize, passes: usize) {
 }
 
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
+    let full = ccm_testkit::bench::full_run();
     if !full {
         bench(1_000, 1);
         return;

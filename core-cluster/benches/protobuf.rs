@@ -14,9 +14,7 @@ use std::time::{Duration, Instant};
 use core_cluster::api::protobuf::{decode_object, encode_object};
 use serde_json::{Value, json};
 
-mod support;
-
-use support::arg;
+use ccm_testkit::bench::arg;
 
 /// A Node as the simulated kubelets and the cloud controller leave it.
 fn node(i: usize) -> Value {

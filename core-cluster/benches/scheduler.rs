@@ -131,7 +131,7 @@ async fn bench_api(nodes: usize, pods: usize) {
 }
 
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
+    let full = ccm_testkit::bench::full_run();
     let (nodes, core_pods, api_pods) = if full {
         (10_000, 5_000, 2_000)
     } else {

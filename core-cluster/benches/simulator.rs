@@ -25,9 +25,7 @@ use core_cluster::{
 use kube::Client;
 use tokio_util::sync::CancellationToken;
 
-mod support;
-
-use support::arg;
+use ccm_testkit::bench::arg;
 
 fn clock_ticks() -> f64 {
     // USER_HZ; 100 on every Linux this runs on.
@@ -105,9 +103,7 @@ fn main() {
         let server = ApiServer::new(store, ApiServerConfig::default())
             .await
             .unwrap();
-        core_cluster::serve::TestServer::start(server)
-            .await
-            .unwrap()
+        ccm_testkit::TestServer::start(server).await.unwrap()
     });
 
     sim_rt.block_on(async {

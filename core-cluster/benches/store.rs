@@ -299,7 +299,7 @@ async fn run(scale: Scale, root: &std::path::Path) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let full = std::env::args().any(|arg| arg == "--bench");
+    let full = ccm_testkit::bench::full_run();
     let scale = if full {
         Scale {
             runs: 5,

@@ -82,7 +82,7 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let bench = std::env::args().any(|a| a == "--bench");
+    let bench = ccm_testkit::bench::full_run();
     let (objects, size) = if bench {
         (4_000, 64 * 1024)
     } else {

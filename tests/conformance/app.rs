@@ -1,10 +1,11 @@
 //! The cloud-controller-manager application against the in-process API server: leader
-//! election on a Lease (reference §3.3 step 4, client-go semantics), with paused time.
+//! election on a Lease (client-go's `tools/leaderelection` semantics), with paused time.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use ccm_testkit::client;
 use cloud_provider_app::{LeaderElectionConfig, LeaderElector, LeaderError};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
@@ -14,11 +15,6 @@ use tokio_util::sync::CancellationToken;
 
 const NS: &str = "kube-system";
 const NAME: &str = "cloud-controller-manager";
-
-async fn client() -> kube::Client {
-    let server = crate::memory_server().await;
-    kube::Client::new(server.router(), "default")
-}
 
 fn config(identity: &str) -> LeaderElectionConfig {
     LeaderElectionConfig::new(NS, NAME).with_identity(identity)
@@ -294,7 +290,7 @@ fn options(args: &[&str]) -> cloud_provider_app::CloudControllerManagerOptions {
     cloud_provider_app::CloudControllerManagerOptions::try_parse_from(all).unwrap()
 }
 
-/// Checklist rows 5 and 80, §3.2 and §3.3: `--controllers` decides which registered controllers start; healthz gets
+/// `--controllers` decides which registered controllers start; healthz gets
 /// `leaderElection` and one check per started controller; shutdown ends `run_with` with Ok.
 /// (One test, since the dummy controllers count starts in statics.)
 #[tokio::test(start_paused = true)]
@@ -390,7 +386,7 @@ async fn run_starts_the_enabled_controllers() {
     app.await.unwrap().unwrap();
 }
 
-/// Checklist row 80 (leadership lost → exit 1), §3.3 step 4: when the manager loses its Lease, `run_with` returns the loss (exit 1) and
+/// When the manager loses its Lease, `run_with` returns the loss (exit 1) and
 /// the controllers are stopped.
 #[tokio::test(start_paused = true)]
 async fn run_returns_an_error_when_leadership_is_lost() {
@@ -473,7 +469,7 @@ impl cloud_provider::CloudProvider for InformingCloud {
 #[tokio::test(start_paused = true)]
 async fn initialize_gets_the_managers_client_builder() {
     use cloud_provider_app::{ControllerRegistry, HealthChecks, run_with};
-    let server = crate::memory_server().await;
+    let server = ccm_testkit::memory_server().await;
     let agents = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
     let seen = agents.clone();
     let router = server.router().layer(axum::middleware::from_fn(

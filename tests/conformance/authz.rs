@@ -68,7 +68,7 @@ impl Drop for Secured {
 /// installed (then `edit_role` applied to the ClusterRole), and the ccm running as its
 /// service account.
 async fn start(edit_role: impl FnOnce(&mut serde_json::Value)) -> Secured {
-    let server = crate::memory_server().await;
+    let server = ccm_testkit::memory_server().await;
     let installed = server
         .apply_manifest(MANIFEST, &RBAC_KINDS)
         .await

@@ -5,11 +5,11 @@
 //! nothing duplicated, across a leader crash and across a cloud that fails often.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ccm_testkit::eventually;
 use cloud_provider::well_known::{FINALIZER_LOAD_BALANCER_CLEANUP, TAINT_UNINITIALIZED};
 use cloud_provider_app::{AppError, CloudControllerManagerOptions, HealthChecks};
 use cloud_provider_fake::{Call, FakeCloud, FakeInstance, Fault, FaultRule, Method};
@@ -59,7 +59,7 @@ fn instances(count: usize) -> Vec<FakeInstance> {
 
 impl Cluster {
     async fn start(cloud: FakeCloud) -> Cluster {
-        let server = crate::memory_server().await;
+        let server = ccm_testkit::memory_server().await;
         let client = kube::Client::new(server.router(), "default");
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -340,21 +340,6 @@ fn watch_lease(cluster: &Cluster) -> (LeaseChanges, JoinHandle<()>) {
     (changes, task)
 }
 
-/// Polls `check` every 100 ms (paused time) for up to `secs` seconds.
-async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    for _ in 0..secs * 10 {
-        if let Some(v) = check().await {
-            return v;
-        }
-        sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out after {secs} s waiting for: {what}");
-}
-
 /// Counts, per Service, the `EnsureLoadBalancer` calls made when the Service had no load
 /// balancer yet (creates) and when it had one (updates), decided at the moment of the call.
 type Ensures = Arc<Mutex<BTreeMap<String, (usize, usize)>>>;
@@ -381,9 +366,9 @@ fn count_ensures(cloud: &FakeCloud) -> Ensures {
     ensures
 }
 
-/// Issue "the standby takes over within the lease duration, with no duplicate cloud
-/// resources"; reference §3.3 step 4 (client-go leader election) with checklist rows 8, 42
-/// and 56 across a failover. Two ccm instances share one cluster and one cloud; the leader
+/// The standby takes over within the lease duration, with no duplicate cloud resources
+/// (client-go leader election; node initialization, routes and load balancers across a
+/// failover). Two ccm instances share one cluster and one cloud; the leader
 /// crashes without releasing the Lease. The standby leads once the Lease has expired (not
 /// before) and soon after; it re-ensures the existing load balancers in place (same name
 /// and IP, no create, no delete), leaves the routes alone, and serves a new Service.
@@ -526,12 +511,12 @@ async fn the_standby_takes_over_a_crashed_leader_without_duplicates() {
     cluster.shutdown().await;
 }
 
-/// Reference §2 (all four controllers) against a cloud that fails 30% of all calls, seeded,
-/// with 50 ms latency on each: checklist rows 8, 15 (retried), 42, 50, 56, 58, 59, 64 and 65,
+/// All four controllers against a cloud that fails 30% of all calls, seeded, with 50 ms
+/// latency on each: initialization (retried), routes, load balancers and their errors,
 /// together. 21 simulated nodes over 3 zones and 10 LoadBalancer Services, of which 3 are
 /// deleted and 2 changed to ClusterIP while the controllers are still fighting the faults;
 /// then 3 more deleted, deleted without the finalizer, or changed to ClusterIP while their
-/// load balancer is being created (checklist rows 58, 59 and 71 under races).
+/// load balancer is being created.
 /// Everything converges: every Node initialized, one route per pod CIDR, one load balancer
 /// per remaining LoadBalancer Service with its ingress in the status, none left for the
 /// others, and the failures reported as Warning events.
@@ -683,7 +668,7 @@ async fn a_faulty_cloud_converges_with_nothing_leaked() {
             "{name}: no load balancer left"
         );
     }
-    // race-gone went through the deleted-without-finalizer path (row 71): the cached copy.
+    // race-gone went through the deleted-without-finalizer path: the cached copy.
     assert!(cluster.cloud.calls().iter().any(|c| matches!(c,
         Call::EnsureLoadBalancerDeleted { service, .. } if service == "default/race-gone")));
     let race_type = cluster.services().get("race-type").await.unwrap();
@@ -697,7 +682,7 @@ async fn a_faulty_cloud_converges_with_nothing_leaked() {
     cluster.shutdown().await;
 }
 
-/// Issue 13 item 3 end to end: a running manager's `/metrics` shows upstream's controller
+/// A running manager's `/metrics` shows upstream's controller
 /// metrics (controllers/{node,service,route}/metrics.go and client-go's workqueue metrics,
 /// labelled with upstream's queue names) with values that follow what the controllers did:
 /// every Node initialized once, a load balancer ensured and its hosts updated once a Node was

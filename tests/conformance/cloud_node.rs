@@ -1,10 +1,12 @@
 //! The cloud-node and cloud-node-lifecycle controllers end to end: FakeCloud, the in-process
-//! core-cluster API server and paused time. Each test names its checklist row of
-//! `/work/shared/reference/upstream-cloud-provider.md` §6.
+//! core-cluster API server and paused time, checked against upstream's
+//! `k8s.io/cloud-provider/controllers/node/node_controller.go` and
+//! `controllers/nodelifecycle/node_lifecycle_controller.go`.
 
-use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
+use ccm_testkit::{client, eventually};
 use cloud_provider::well_known::{
     ANNOTATION_PROVIDED_NODE_IP, LABEL_FAILURE_DOMAIN_BETA_REGION, LABEL_FAILURE_DOMAIN_BETA_ZONE,
     LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_STABLE, LABEL_TOPOLOGY_REGION, LABEL_TOPOLOGY_ZONE,
@@ -24,11 +26,6 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use tokio_util::sync::CancellationToken;
-
-async fn client() -> kube::Client {
-    let server = crate::memory_server().await;
-    kube::Client::new(server.router(), "default")
-}
 
 fn ctx(
     client: &kube::Client,
@@ -66,8 +63,8 @@ fn start_lifecycle(
     Stop(token)
 }
 
-/// Upstream's deletion on the first "gone" answer (`--node-deletion-grace-period 0`): the
-/// checklist rows about deletion describe that mode, while our default waits a minute.
+/// Upstream's deletion on the first "gone" answer (`--node-deletion-grace-period 0`), the
+/// mode upstream's deletion tests describe, while our default waits a minute.
 fn upstream_deletion() -> CloudNodeLifecycleConfig {
     CloudNodeLifecycleConfig::default().with_delete_grace_period(Duration::ZERO)
 }
@@ -78,21 +75,6 @@ impl Drop for Stop {
     fn drop(&mut self) {
         self.0.cancel();
     }
-}
-
-/// Polls `check` every 100 ms (paused time) for up to `secs` seconds until it gives a value.
-async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    for _ in 0..secs * 10 {
-        if let Some(v) = check().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for: {what}");
 }
 
 fn taint(key: &str, effect: &str) -> Taint {
@@ -199,7 +181,7 @@ fn v1_parts() -> Parts {
 
 #[tokio::test(start_paused = true)]
 async fn a_tainted_node_is_initialized_from_instance_metadata() {
-    // upstream-cloud-provider.md §6 rows 8, 9 and 21 (V2 path)
+    // V2 path
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")
         .in_zone("zone-a", "region-1")
@@ -244,7 +226,7 @@ async fn a_tainted_node_is_initialized_from_instance_metadata() {
         synced[0].message.as_deref(),
         Some("Node synced successfully")
     );
-    // upstream-cloud-provider.md §6 row 22: with InstancesV2, Zones is never consulted.
+    // With InstancesV2, Zones is never consulted.
     assert_eq!(cloud.call_count(Method::GetZone), 0);
     assert_eq!(cloud.call_count(Method::GetZoneByProviderId), 0);
     assert_eq!(cloud.call_count(Method::GetZoneByNodeName), 0);
@@ -252,7 +234,6 @@ async fn a_tainted_node_is_initialized_from_instance_metadata() {
 
 #[tokio::test(start_paused = true)]
 async fn empty_metadata_values_set_no_labels() {
-    // upstream-cloud-provider.md §6 row 10
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")
         .in_zone("", "")
@@ -276,7 +257,6 @@ async fn empty_metadata_values_set_no_labels() {
 
 #[tokio::test(start_paused = true)]
 async fn additional_labels_are_filtered_and_never_overwrite() {
-    // upstream-cloud-provider.md §6 row 11
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")
         .with_internal_ip(ip("10.0.0.1"))
@@ -329,7 +309,7 @@ impl CloudProvider for Scripted {
 
 #[tokio::test(start_paused = true)]
 async fn an_empty_provider_id_keeps_the_taint_and_warns() {
-    // upstream-cloud-provider.md §6 row 12 (and "a cloud answer that makes no sense")
+    // Also "a cloud answer that makes no sense".
     let client = client().await;
     let cloud = Arc::new(Scripted {
         meta: Some(
@@ -385,7 +365,6 @@ async fn an_invalid_ip_from_the_cloud_keeps_the_taint_and_warns() {
 
 #[tokio::test(start_paused = true)]
 async fn nil_metadata_leaves_the_node_tainted_without_retry() {
-    // upstream-cloud-provider.md §6 row 13
     let client = client().await;
     // A provider that answers "nothing to say yet" (the fake never does).
     let scripted = Arc::new(Scripted { meta: None });
@@ -404,7 +383,6 @@ async fn nil_metadata_leaves_the_node_tainted_without_retry() {
 
 #[tokio::test(start_paused = true)]
 async fn v1_not_implemented_instance_id_initializes_by_name() {
-    // upstream-cloud-provider.md §6 row 14
     let client = client().await;
     let cloud = Arc::new(
         FakeCloud::builder()
@@ -422,7 +400,7 @@ async fn v1_not_implemented_instance_id_initializes_by_name() {
 
 #[tokio::test(start_paused = true)]
 async fn v1_path_sets_provider_id_and_uses_zones() {
-    // upstream-cloud-provider.md §6 rows 8 and 23 (V1 path, zone fallback by name)
+    // V1 path, zone fallback by name
     let client = client().await;
     let cloud = Arc::new(
         FakeCloud::builder()
@@ -445,7 +423,6 @@ async fn v1_path_sets_provider_id_and_uses_zones() {
 
 #[tokio::test(start_paused = true)]
 async fn v1_instance_id_error_keeps_the_taint_and_retries() {
-    // upstream-cloud-provider.md §6 row 15
     let client = client().await;
     let cloud = Arc::new(
         FakeCloud::builder()
@@ -476,7 +453,7 @@ async fn v1_instance_id_error_keeps_the_taint_and_retries() {
 
 #[tokio::test(start_paused = true)]
 async fn provided_node_ip_orders_addresses() {
-    // upstream-cloud-provider.md §6 rows 16 and 19 (the cloud's Hostname wins)
+    // The cloud's Hostname wins
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")
         .with_internal_ip(ip("10.0.0.1"))
@@ -522,7 +499,6 @@ async fn provided_node_ip_orders_addresses() {
 
 #[tokio::test(start_paused = true)]
 async fn provided_node_ip_not_in_the_cloud_keeps_the_taint() {
-    // upstream-cloud-provider.md §6 row 17
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1"))]);
     let mut node = tainted_node("node-1");
@@ -543,7 +519,6 @@ async fn provided_node_ip_not_in_the_cloud_keeps_the_taint() {
 
 #[tokio::test(start_paused = true)]
 async fn initialized_nodes_get_label_mirroring_and_no_cloud_calls() {
-    // upstream-cloud-provider.md §6 rows 24 and 25
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1"))]);
     let mut node = Node::default();
@@ -572,7 +547,6 @@ async fn initialized_nodes_get_label_mirroring_and_no_cloud_calls() {
 
 #[tokio::test(start_paused = true)]
 async fn addresses_are_refreshed_periodically_with_change_detection() {
-    // upstream-cloud-provider.md §6 rows 26, 27 and 28
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1"))]);
     create(&client, tainted_node("node-1")).await;
@@ -584,7 +558,7 @@ async fn addresses_are_refreshed_periodically_with_change_detection() {
             .filter(|n| !addresses(n).is_empty())
     })
     .await;
-    // Row 28: nothing changed in the cloud → no patch at the refresh.
+    // Nothing changed in the cloud → no patch at the refresh.
     let calls_before = cloud.call_count(Method::InstanceMetadataBatch);
     tokio::time::sleep(Duration::from_secs(301)).await;
     assert!(
@@ -606,7 +580,7 @@ async fn addresses_are_refreshed_periodically_with_change_detection() {
     })
     .await;
     assert!(!has_taint(&node, TAINT_UNINITIALIZED));
-    // Row 27: an empty cloud address list → no patch.
+    // An empty cloud address list → no patch.
     cloud.remove_instance("i-1");
     let mut bare = FakeInstance::new("i-1", "node-1");
     bare.addresses.clear();
@@ -621,7 +595,7 @@ async fn addresses_are_refreshed_periodically_with_change_detection() {
 
 #[tokio::test(start_paused = true)]
 async fn no_instances_skips_and_zero_syncs_is_an_error() {
-    // upstream-cloud-provider.md §6 row 29, and "concurrent-node-syncs > 0"
+    // Also "concurrent-node-syncs > 0".
     let client = client().await;
     let mut parts = Parts::default();
     parts.instances = false;
@@ -670,25 +644,25 @@ async fn batching_calls(batch: bool) -> (usize, usize) {
 
 #[tokio::test(start_paused = true)]
 async fn fifty_waiting_nodes_take_one_batched_call() {
-    // Beyond upstream (§5 row 5): one cloud call per sync, not one per Node.
+    // Beyond upstream: one cloud call per sync, not one per Node.
     assert_eq!(batching_calls(true).await, (1, 0));
-    // upstream-cloud-provider.md §6 row 8 behaviour with `batch: false`: one call per Node.
+    // Upstream's behaviour, with `batch: false`: one call per Node.
     assert_eq!(batching_calls(false).await, (0, 50));
 }
 
 /// A client whose requests are recorded (and can be failed) by a [`crate::tap::Tap`].
 async fn tapped_client() -> (kube::Client, Arc<crate::tap::Tap>) {
-    let server = crate::memory_server().await;
+    let server = ccm_testkit::memory_server().await;
     crate::tap::Tap::client(&server)
 }
 
-/// Checklist row 20 (upstream-cloud-provider.md §6): the initializing write is a full `Update`
-/// (PUT of the whole Node: providerID set, taint gone) retried on conflict after 50 ms with a
-/// fresh read, then a separate strategic/merge patch of `nodes/<name>/status` for the
+/// Upstream `controllers/node/node_controller.go` `syncNode`: the initializing write is a full
+/// `Update` (PUT of the whole Node: providerID set, taint gone) retried on conflict after 50 ms
+/// with a fresh read, then a separate strategic/merge patch of `nodes/<name>/status` for the
 /// addresses. Same method as upstream. (Requests recorded at the API server; the first PUT is
 /// answered 409 Conflict.)
 #[tokio::test(start_paused = true)]
-async fn row20_initialization_is_a_put_retried_on_conflict_then_a_status_patch() {
+async fn initialization_is_a_put_retried_on_conflict_then_a_status_patch() {
     let (client, tap) = tapped_client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1"))]);
     create(&client, tainted_node("node-1")).await;
@@ -792,7 +766,6 @@ async fn node_with_ready(
 
 #[tokio::test(start_paused = true)]
 async fn a_ready_node_loses_the_shutdown_taint_without_cloud_calls() {
-    // upstream-cloud-provider.md §6 row 30
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")]);
     node_with_ready(
@@ -815,7 +788,6 @@ async fn a_ready_node_loses_the_shutdown_taint_without_cloud_calls() {
 
 #[tokio::test(start_paused = true)]
 async fn a_not_ready_node_gone_from_the_cloud_is_deleted() {
-    // upstream-cloud-provider.md §6 rows 31 and 39
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")]);
     node_with_ready(&client, "node-1", Some("False"), vec![], Some("fake://i-1")).await;
@@ -844,7 +816,6 @@ async fn a_not_ready_node_gone_from_the_cloud_is_deleted() {
 
 #[tokio::test(start_paused = true)]
 async fn a_node_without_ready_condition_is_checked() {
-    // upstream-cloud-provider.md §6 row 32
     let client = client().await;
     let cloud = fake([]);
     node_with_ready(&client, "node-1", None, vec![], Some("fake://i-gone")).await;
@@ -857,7 +828,6 @@ async fn a_node_without_ready_condition_is_checked() {
 
 #[tokio::test(start_paused = true)]
 async fn v1_instance_not_found_for_a_node_without_provider_id_deletes_it() {
-    // upstream-cloud-provider.md §6 row 33
     let client = client().await;
     let cloud = Arc::new(FakeCloud::builder().parts(v1_parts()).build());
     node_with_ready(&client, "node-1", Some("Unknown"), vec![], None).await;
@@ -871,7 +841,6 @@ async fn v1_instance_not_found_for_a_node_without_provider_id_deletes_it() {
 
 #[tokio::test(start_paused = true)]
 async fn an_existence_error_leaves_the_node_alone() {
-    // upstream-cloud-provider.md §6 row 34
     let client = client().await;
     let cloud = fake([]);
     cloud.inject(FaultRule::always(Fault::Error("api down".into())).on(Method::InstanceExists));
@@ -891,7 +860,7 @@ async fn an_existence_error_leaves_the_node_alone() {
 
 #[tokio::test(start_paused = true)]
 async fn instance_not_found_from_the_existence_check_counts_as_gone() {
-    // Beyond upstream (§5 row 8): upstream's row 34 would leave this Node forever.
+    // Beyond upstream: upstream would leave this Node forever.
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")]);
     cloud.inject(FaultRule::always(Fault::InstanceNotFound).on(Method::InstanceExists));
@@ -905,7 +874,7 @@ async fn instance_not_found_from_the_existence_check_counts_as_gone() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stopped_instance_gets_the_shutdown_taint() {
-    // upstream-cloud-provider.md §6 rows 36 and 30 (removed again once Ready)
+    // Removed again once Ready
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")]);
     cloud.stop_instance("i-1");
@@ -934,7 +903,6 @@ async fn a_stopped_instance_gets_the_shutdown_taint() {
 
 #[tokio::test(start_paused = true)]
 async fn v1_shutdown_not_implemented_or_error_adds_no_taint() {
-    // upstream-cloud-provider.md §6 rows 37 and 38
     let client = client().await;
     let cloud = Arc::new(
         FakeCloud::builder()
@@ -953,7 +921,7 @@ async fn v1_shutdown_not_implemented_or_error_adds_no_taint() {
     assert!(cloud.call_count(Method::InstanceShutdownByProviderId) >= 2);
     let node = get(&client, "node-1").await.unwrap();
     assert!(!has_taint(&node, TAINT_SHUTDOWN));
-    // Row 38: a plain error from the shutdown check adds no taint either.
+    // A plain error from the shutdown check adds no taint either.
     let client2 = self::client().await;
     let cloud2 = fake([FakeInstance::new("i-2", "node-2")]);
     cloud2.stop_instance("i-2");
@@ -979,7 +947,7 @@ async fn v1_shutdown_not_implemented_or_error_adds_no_taint() {
 
 #[tokio::test(start_paused = true)]
 async fn the_delete_grace_period_delays_deletion() {
-    // Beyond upstream (§5 row 9): wait `delete_grace_period` after the first "gone".
+    // Beyond upstream: wait `delete_grace_period` after the first "gone".
     let client = client().await;
     let cloud = fake([]);
     node_with_ready(
@@ -1045,7 +1013,7 @@ async fn by_default_a_transient_gone_answer_deletes_no_node() {
 
 #[tokio::test(start_paused = true)]
 async fn a_bad_provided_node_ip_annotation_keeps_the_taint() {
-    // upstream-cloud-provider.md §6 row 18: two IPs of the same family is a parse error.
+    // Two IPs of the same family is a parse error.
     let client = client().await;
     let cloud = fake([FakeInstance::new("i-1", "node-1")
         .with_internal_ip(ip("10.0.0.1"))
@@ -1073,11 +1041,12 @@ async fn a_bad_provided_node_ip_annotation_keeps_the_taint() {
     assert!(addresses(&node).is_empty());
 }
 
-/// Checklist row 35 (upstream-cloud-provider.md §6): when deleting a Node gone from the cloud
-/// fails, `Warning DeletingNodeFailed` is recorded and the Node is deleted on a later period.
+/// Upstream `k8s.io/cloud-provider/controllers/nodelifecycle/node_lifecycle_controller.go`
+/// `MonitorNodes`: when deleting a Node gone from the cloud fails, `Warning
+/// DeletingNodeFailed` is recorded and the Node is deleted on a later period.
 /// (The API server's answer to the first DELETE is a 500, injected.)
 #[tokio::test(start_paused = true)]
-async fn row35_a_failed_delete_warns_and_is_retried() {
+async fn a_failed_delete_of_a_node_gone_from_the_cloud_warns_and_is_retried() {
     let (client, tap) = tapped_client().await;
     let cloud = fake([]);
     node_with_ready(
@@ -1121,7 +1090,7 @@ async fn row35_a_failed_delete_warns_and_is_retried() {
     assert_eq!(times(&events(&client, "node-1", "DeletingNode").await), 2);
 }
 
-/// Beyond upstream (§5 row 5), over a real socket: Nodes that register while a batched call
+/// Beyond upstream, over a real socket: Nodes that register while a batched call
 /// is in flight are taken together by the next sync. The watch must be read while the
 /// controller syncs: an HTTP body read only between syncs hands over about one event per
 /// sync, so with Nodes registering every 20 ms, another writer keeping the watch busy and
@@ -1130,10 +1099,8 @@ async fn row35_a_failed_delete_warns_and_is_retried() {
 /// Real time on loopback over TLS (paused time would jump on a real socket).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_arriving_during_a_sync_over_tls_share_the_next_batch() {
-    let server = crate::memory_server().await;
-    let served = core_cluster::serve::TestServer::start(server)
-        .await
-        .unwrap();
+    let server = ccm_testkit::memory_server().await;
+    let served = ccm_testkit::TestServer::start(server).await.unwrap();
     let client = served.admin_client().await.unwrap();
     let cloud = Arc::new(
         FakeCloud::builder()
@@ -1199,7 +1166,7 @@ impl Drop for AbortOnDrop {
 #[tokio::test(start_paused = true)]
 async fn a_failing_label_mirror_backs_off_exponentially() {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-    let server = crate::memory_server().await;
+    let server = ccm_testkit::memory_server().await;
     let attempts = Arc::new(AtomicUsize::new(0));
     let router = server.router().layer(axum::middleware::from_fn({
         let attempts = attempts.clone();

@@ -16,13 +16,3 @@ mod route;
 mod secure_port;
 mod service;
 mod tap;
-
-/// An API server over an in-memory store, for tests that talk to it in process.
-pub(crate) async fn memory_server() -> core_cluster::ApiServer {
-    core_cluster::ApiServer::new(
-        std::sync::Arc::new(core_cluster::store::MemoryStore::new()),
-        core_cluster::ApiServerConfig::default(),
-    )
-    .await
-    .expect("the in-memory API server starts")
-}

@@ -30,7 +30,7 @@ struct Env {
 
 impl Env {
     async fn new(nodes: &[&str]) -> Env {
-        let server = crate::memory_server().await;
+        let server = ccm_testkit::memory_server().await;
         let client = kube::Client::new(server.router(), "default");
         let cloud = FakeCloud::builder()
             .instances(

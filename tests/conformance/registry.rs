@@ -1,4 +1,5 @@
-//! Providers are found by name once linked (upstream-cloud-provider.md §1.4, checklist rows 1–4).
+//! Providers are found by name once linked (upstream `k8s.io/cloud-provider/plugins.go`
+//! `GetCloudProvider`, `InitCloudProvider`).
 
 use cloud_provider::{Registry, RegistryError, init_cloud_provider};
 
@@ -9,7 +10,7 @@ fn every_linked_provider_is_registered_by_name() {
 }
 
 #[test]
-fn row2_unknown_names_list_what_is_linked() {
+fn an_unknown_name_is_an_error_listing_the_linked_providers() {
     let err = init_cloud_provider("gce", None).err().unwrap();
     assert!(matches!(err, RegistryError::UnknownProvider { .. }));
     assert_eq!(
@@ -19,13 +20,13 @@ fn row2_unknown_names_list_what_is_linked() {
 }
 
 #[test]
-fn row3_external_and_empty_build_nothing() {
+fn external_and_empty_names_build_no_provider() {
     assert!(init_cloud_provider("external", None).unwrap().is_none());
     assert!(init_cloud_provider("", None).unwrap().is_none());
 }
 
 #[test]
-fn row4_no_config_flag_gives_the_factory_none() {
+fn without_a_cloud_config_flag_the_factory_gets_none() {
     // The fake without a config is an empty cloud; hello without a config has no instances.
     let fake = init_cloud_provider("fake", None).unwrap().unwrap();
     assert_eq!(fake.provider_name(), "fake");

@@ -1,10 +1,11 @@
-//! The route controller against FakeCloud and the in-process API server (checklist §6 rows
-//! 40–54 of the upstream reference).
+//! The route controller against FakeCloud and the in-process API server, checked against
+//! upstream's `k8s.io/cloud-provider/controllers/route/route_controller.go`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use ccm_testkit::client;
 use cloud_provider::{CloudProvider, CloudResult, Route, Routes};
 use cloud_provider_app::controllers::ControllerContext;
 use cloud_provider_app::controllers::route::{RouteConfig, RouteController};
@@ -16,11 +17,6 @@ use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
 const CLUSTER: &str = "kubernetes";
-
-async fn client() -> Client {
-    let server = crate::memory_server().await;
-    Client::new(server.router(), "default")
-}
 
 fn net(s: &str) -> IpNet {
     s.parse().unwrap()
@@ -76,9 +72,10 @@ async fn condition(client: &Client, name: &str) -> Option<(String, String)> {
         .map(|c| (c.status, c.reason.unwrap_or_default()))
 }
 
-/// Row 40: no Routes → not started; empty cluster CIDR → error.
+/// Upstream `k8s.io/cloud-provider/app/core.go` `startRouteController`: no Routes → not
+/// started; empty cluster CIDR → error.
 #[tokio::test(start_paused = true)]
-async fn row40_start_gating() {
+async fn the_route_controller_needs_routes_and_a_cluster_cidr_to_start() {
     let client = client().await;
     let ctx = ControllerContext::new(
         client,
@@ -89,9 +86,10 @@ async fn row40_start_gating() {
     assert!(RouteController::new(ctx, RouteConfig::new(vec![])).is_err());
 }
 
-/// Rows 42, 43, 49: one route per pod CIDR, same name hint (Node UID), condition RouteCreated.
+/// Upstream `k8s.io/cloud-provider/controllers/route/route_controller.go` `reconcile`: one route
+/// per pod CIDR, same name hint (Node UID), condition RouteCreated.
 #[tokio::test(start_paused = true)]
-async fn row42_43_49_create_dual_stack_and_condition() {
+async fn each_pod_cidr_gets_a_route_and_the_node_gets_route_created() {
     let client = client().await;
     let cloud = cloud(&["n1"]);
     let node = add_node(&client, "n1", &["10.244.1.0/24", "fd00:1::/64"]).await;
@@ -120,7 +118,7 @@ async fn row42_43_49_create_dual_stack_and_condition() {
         condition(&client, "n1").await,
         Some(("False".into(), "RouteCreated".into()))
     );
-    // Second reconcile: nothing to create, condition unchanged (row 51: no patch).
+    // Second reconcile: nothing to create, condition unchanged (`updateNetworkingCondition`: no patch).
     let report = rc.reconcile().await.unwrap();
     assert_eq!(
         (report.created, report.deleted, report.conditions_patched),
@@ -128,9 +126,10 @@ async fn row42_43_49_create_dual_stack_and_condition() {
     );
 }
 
-/// Rows 44, 45, 46: stale and blackhole routes inside the cluster CIDR are deleted; foreign ones kept.
+/// Upstream `route_controller.go` `reconcile`: stale and blackhole routes inside the cluster
+/// CIDR are deleted; foreign ones kept.
 #[tokio::test(start_paused = true)]
-async fn row44_45_46_stale_foreign_blackhole() {
+async fn stale_and_blackhole_routes_in_the_cluster_cidr_are_deleted_and_foreign_ones_kept() {
     let client = client().await;
     let cloud = cloud(&["n1", "gone"]);
     add_node(&client, "n1", &["10.244.1.0/24"]).await;
@@ -166,9 +165,10 @@ async fn row44_45_46_stale_foreign_blackhole() {
     );
 }
 
-/// Row 48: a Node without pod CIDR is skipped and gets no condition.
+/// Upstream `route_controller.go` `reconcile`: a Node without pod CIDR is skipped and gets no
+/// condition.
 #[tokio::test(start_paused = true)]
-async fn row48_no_pod_cidr_no_condition() {
+async fn a_node_without_pod_cidr_gets_no_route_and_no_condition() {
     let client = client().await;
     let cloud = cloud(&["n1"]);
     add_node(&client, "n1", &[]).await;
@@ -179,9 +179,10 @@ async fn row48_no_pod_cidr_no_condition() {
     assert_eq!(condition(&client, "n1").await, None);
 }
 
-/// Row 50: a failed create → NetworkUnavailable=True/NoRouteCreated and Warning FailedToCreateRoute.
+/// Upstream `route_controller.go` `reconcile`: a failed create → NetworkUnavailable=True/
+/// NoRouteCreated and Warning FailedToCreateRoute.
 #[tokio::test(start_paused = true)]
-async fn row50_create_failure_condition_and_event() {
+async fn a_failed_create_sets_no_route_created_and_warns() {
     let client = client().await;
     let cloud = cloud(&["n1"]);
     add_node(&client, "n1", &["10.244.1.0/24"]).await;
@@ -207,7 +208,7 @@ async fn row50_create_failure_condition_and_event() {
     );
 }
 
-/// Issue 13 item 4, client-go's EventCorrelator: a route failing every reconcile (every 10 s
+/// client-go's EventCorrelator: a route failing every reconcile (every 10 s
 /// for 5 minutes) bumps `count` and `lastTimestamp` of one Event instead of writing 30.
 #[tokio::test(start_paused = true)]
 async fn a_failing_route_writes_one_event_with_a_count() {
@@ -234,9 +235,10 @@ async fn a_failing_route_writes_one_event_with_a_count() {
     assert!((25..=27).contains(&count), "count {count}");
 }
 
-/// Row 51: same status with a foreign reason (CalicoIsUp) is overwritten.
+/// Upstream `route_controller.go` `updateNetworkingCondition`: the same status with a foreign
+/// reason (CalicoIsUp) is overwritten.
 #[tokio::test(start_paused = true)]
-async fn row51_foreign_reason_is_overwritten() {
+async fn a_network_unavailable_condition_with_a_foreign_reason_is_overwritten() {
     let client = client().await;
     let cloud = cloud(&["n1"]);
     add_node(&client, "n1", &["10.244.1.0/24"]).await;
@@ -254,9 +256,10 @@ async fn row51_foreign_reason_is_overwritten() {
     );
 }
 
-/// Row 53: periodic mode lists routes every 10 s.
+/// Upstream `route_controller.go` `Run`: periodic mode lists routes every 10 s
+/// (`--route-reconciliation-period`).
 #[tokio::test(start_paused = true)]
-async fn row53_periodic_every_10s() {
+async fn periodic_mode_lists_routes_every_ten_seconds() {
     let client = client().await;
     let cloud = cloud(&["n1"]);
     add_node(&client, "n1", &["10.244.1.0/24"]).await;
@@ -279,10 +282,10 @@ async fn row53_periodic_every_10s() {
     );
 }
 
-/// Row 54 (beyond upstream: failed creates are retried): watch mode reconciles on a new Node,
-/// at most once per period, and retries a failed create.
+/// Beyond upstream (failed creates are retried): watch mode reconciles on a new Node, at most
+/// once per period, and retries a failed create.
 #[tokio::test(start_paused = true)]
-async fn row54_watch_mode_and_retry() {
+async fn watch_mode_reconciles_on_a_new_node_and_retries_a_failed_create() {
     let client = client().await;
     let cloud = cloud(&["n1", "n2"]);
     add_node(&client, "n1", &["10.244.1.0/24"]).await;
@@ -328,9 +331,10 @@ async fn row54_watch_mode_and_retry() {
     task.await.unwrap();
 }
 
-/// Row 52: at most 200 create/delete calls in flight.
+/// Upstream `route_controller.go` `maxConcurrentRouteOperations`: at most 200 create/delete
+/// calls in flight.
 #[tokio::test(start_paused = true)]
-async fn row52_concurrency_cap() {
+async fn at_most_200_route_calls_are_in_flight() {
     let client = client().await;
     let names: Vec<String> = (0..250).map(|i| format!("n{i}")).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -388,10 +392,10 @@ impl CloudProvider for AddressRoutes {
     }
 }
 
-/// Row 47: enable_node_addresses with different addresses → delete, then create (sequenced);
-/// equal addresses → kept.
+/// Upstream `route_controller.go` `reconcile` with node addresses in routes: different
+/// addresses → delete, then create (sequenced); equal addresses → kept.
 #[tokio::test(start_paused = true)]
-async fn row47_address_change_recreates_in_order() {
+async fn a_node_address_change_deletes_then_recreates_its_route() {
     let client = client().await;
     let node = add_node(&client, "n1", &["10.244.1.0/24"]).await;
     let current = node.status.unwrap().addresses.unwrap();
@@ -429,7 +433,7 @@ async fn row47_address_change_recreates_in_order() {
 #[tokio::test(start_paused = true)]
 async fn condition_patches_are_bounded_in_flight() {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-    let server = crate::memory_server().await;
+    let server = ccm_testkit::memory_server().await;
     let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let router = server.router().layer(axum::middleware::from_fn({
         let (in_flight, most) = (in_flight.clone(), most.clone());

@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::Request;
+use ccm_testkit::{TestServer, free_port};
 use cloud_provider_app::{
     AppError, CloudControllerManagerOptions, ControllerRegistry, HealthChecks,
 };
 use cloud_provider_fake::FakeCloud;
 use core_cluster::auth::pki::{CertAndKey, Credentials, kubeconfig_yaml};
-use core_cluster::serve::{TestServer, client_config};
+use core_cluster::serve::client_config;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
@@ -25,15 +26,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 async fn cluster() -> TestServer {
-    let api = crate::memory_server().await;
+    let api = ccm_testkit::memory_server().await;
     TestServer::start(api).await.expect("TLS server")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// A ccm serving its secure port, with the admin's connection to `cluster`.
@@ -429,7 +423,7 @@ async fn service_account_credentials_give_each_controller_its_own_identity() {
         .expect("the admin lists nodes");
 }
 
-/// Issue 13: the flags of upstream's example DaemonSet (kubernetes.io, "Cloud Controller
+/// The flags of upstream's example DaemonSet (kubernetes.io, "Cloud Controller
 /// Manager Administration") start the manager through `app::run` against a cluster given by
 /// `--kubeconfig`: it serves HTTPS, leads, starts the controllers with their own service
 /// accounts.

@@ -1,5 +1,5 @@
-//! The service controller against FakeCloud and the in-process API server (checklist §6 rows
-//! 55–79 of the upstream reference).
+//! The service controller against FakeCloud and the in-process API server, checked against
+//! upstream's `k8s.io/cloud-provider/controllers/service/controller.go`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,7 +31,7 @@ struct Env {
 
 impl Env {
     async fn new(nodes: &[&str]) -> Env {
-        let server = crate::memory_server().await;
+        let server = ccm_testkit::memory_server().await;
         let (client, tap) = crate::tap::Tap::client(&server);
         let cloud = FakeCloud::builder()
             .instances(
@@ -155,9 +155,9 @@ async fn settle() {
     tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
-/// Rows 56 and 57: Ensuring → finalizer → Ensure → Ensured → status; a resync patches nothing.
+/// Ensuring → finalizer → Ensure → Ensured → status; a resync patches nothing.
 #[tokio::test(start_paused = true)]
-async fn row56_57_ensure_order_and_status() {
+async fn ensuring_adds_the_finalizer_before_ensure_and_a_resync_patches_nothing() {
     let mut env = Env::new(&["n1", "n2"]).await;
     env.start();
     let svc = env.create_service("web", serde_json::json!({})).await;
@@ -176,9 +176,9 @@ async fn row56_57_ensure_order_and_status() {
     env.stop().await;
 }
 
-/// Row 55: a Service with a loadBalancerClass is not ours.
+/// A Service with a loadBalancerClass is not ours.
 #[tokio::test(start_paused = true)]
-async fn row55_load_balancer_class_is_ignored() {
+async fn a_service_with_a_load_balancer_class_is_ignored() {
     let mut env = Env::new(&["n1"]).await;
     env.start();
     env.create_service(
@@ -192,9 +192,9 @@ async fn row55_load_balancer_class_is_ignored() {
     env.stop().await;
 }
 
-/// Rows 58 and 59: type change to ClusterIP cleans up; deletion then completes.
+/// Type change to ClusterIP cleans up; deletion then completes.
 #[tokio::test(start_paused = true)]
-async fn row58_59_cleanup_on_type_change_and_delete() {
+async fn a_type_change_to_cluster_ip_cleans_up_and_deletion_completes() {
     let mut env = Env::new(&["n1"]).await;
     env.start();
     let svc = env.create_service("web", serde_json::json!({})).await;
@@ -216,7 +216,7 @@ async fn row58_59_cleanup_on_type_change_and_delete() {
             .contains(&"DeletedLoadBalancer".to_owned())
     );
 
-    // Row 59: a LoadBalancer Service deleted while finalized is cleaned up and goes away.
+    // A LoadBalancer Service deleted while finalized is cleaned up and goes away.
     let svc2 = env.create_service("web2", serde_json::json!({})).await;
     settle().await;
     assert!(env.cloud.load_balancer_of(&svc2).is_some());
@@ -230,11 +230,11 @@ async fn row58_59_cleanup_on_type_change_and_delete() {
     env.stop().await;
 }
 
-/// Row 60: cleanup when no load balancer exists (a ClusterIP Service still carrying the
+/// Cleanup when no load balancer exists (a ClusterIP Service still carrying the
 /// finalizer, as a crashed ccm can leave it): no delete call and no DeletingLoadBalancer, but
 /// the finalizer is removed and DeletedLoadBalancer is still emitted.
 #[tokio::test(start_paused = true)]
-async fn row60_no_load_balancer_existed() {
+async fn cleanup_without_a_load_balancer_removes_the_finalizer_without_a_delete_call() {
     let mut env = Env::new(&["n1"]).await;
     env.start();
     env.create_service(
@@ -256,11 +256,11 @@ async fn row60_no_load_balancer_existed() {
     env.stop().await;
 }
 
-/// Row 79: `--concurrent-service-syncs` workers ensure that many Services at once. With a
+/// `--concurrent-service-syncs` workers ensure that many Services at once. With a
 /// 10 s EnsureLoadBalancer, one worker has ensured one of four Services after 12 s; two
 /// workers have ensured two, and all four after 22 s.
 #[tokio::test(start_paused = true)]
-async fn row79_service_workers_run_in_parallel() {
+async fn service_workers_ensure_that_many_services_at_once() {
     for (workers, after_12s, after_22s) in [(1, 1, 2), (2, 2, 4)] {
         let mut env = Env::new(&["n1"]).await;
         env.cloud
@@ -312,9 +312,9 @@ async fn deleting_service_without_finalizer_is_not_refinalized() {
     env.stop().await;
 }
 
-/// Row 64: RetryAfter requeues after exactly the delay, without backoff.
+/// RetryAfter requeues after exactly the delay, without backoff.
 #[tokio::test(start_paused = true)]
-async fn row64_retry_after_is_honoured() {
+async fn a_retry_after_error_requeues_after_exactly_its_delay() {
     let mut env = Env::new(&["n1"]).await;
     env.cloud.inject(
         FaultRule::always(Fault::RetryAfter {
@@ -346,9 +346,9 @@ async fn row64_retry_after_is_honoured() {
     env.stop().await;
 }
 
-/// Rows 64 and 65: other errors back off 5 s, 10 s, …; each failure records SyncLoadBalancerFailed.
+/// Other errors back off 5 s, 10 s, …; each failure records SyncLoadBalancerFailed.
 #[tokio::test(start_paused = true)]
-async fn row64_65_errors_back_off_and_warn() {
+async fn other_errors_back_off_exponentially_and_warn() {
     let mut env = Env::new(&["n1"]).await;
     env.cloud.inject(
         FaultRule::always(Fault::Error("quota".into()))
@@ -387,10 +387,10 @@ async fn row64_65_errors_back_off_and_warn() {
     env.stop().await;
 }
 
-/// Rows 73, 75, 76, 77: an excluded node joins nothing; an unrelated label change triggers no
+/// An excluded node joins nothing; an unrelated label change triggers no
 /// update; an added node updates the hosts with `UpdatedLoadBalancer`.
 #[tokio::test(start_paused = true)]
-async fn row73_75_76_77_node_changes() {
+async fn only_eligible_node_changes_update_load_balancer_hosts() {
     let mut env = Env::new(&["n1"]).await;
     env.add_node(
         "ex",
@@ -432,9 +432,9 @@ async fn row73_75_76_77_node_changes() {
     env.stop().await;
 }
 
-/// Row 72: zero eligible nodes → Warning UnAvailableLoadBalancer, Ensure still called.
+/// Zero eligible nodes → Warning UnAvailableLoadBalancer, Ensure still called.
 #[tokio::test(start_paused = true)]
-async fn row72_no_nodes() {
+async fn without_eligible_nodes_ensure_is_still_called_and_warns() {
     let mut env = Env::new(&[]).await;
     env.start();
     env.create_service("web", serde_json::json!({})).await;
@@ -448,10 +448,10 @@ async fn row72_no_nodes() {
     env.stop().await;
 }
 
-/// Row 71: a Service deleted without the finalizer → EnsureLoadBalancerDeleted from the cache,
+/// A Service deleted without the finalizer → EnsureLoadBalancerDeleted from the cache,
 /// events DeletingLoadBalancer and DeletedLoadBalancer.
 #[tokio::test(start_paused = true)]
-async fn row71_deleted_without_finalizer() {
+async fn a_service_deleted_without_the_finalizer_is_cleaned_up_from_the_cache() {
     let mut env = Env::new(&["n1"]).await;
     env.start();
     let svc = env.create_service("web", serde_json::json!({})).await;
@@ -531,10 +531,10 @@ impl CloudProvider for Elsewhere {
     }
 }
 
-/// Rows 61 and 62: ImplementedElsewhere (even wrapped) on ensure → success, finalizer kept, no
+/// ImplementedElsewhere (even wrapped) on ensure → success, finalizer kept, no
 /// status and no EnsuredLoadBalancer; on delete → ignored, finalizer removed.
 #[tokio::test(start_paused = true)]
-async fn row61_62_implemented_elsewhere() {
+async fn implemented_elsewhere_keeps_the_finalizer_on_ensure_and_drops_it_on_delete() {
     let mut env = Env::new(&["n1"]).await;
     let cloud = Arc::new(Elsewhere(env.cloud.clone()));
     env.start_with(cloud, ServiceConfig::default());
@@ -581,11 +581,12 @@ async fn drift_reensure_period() {
     env.stop().await;
 }
 
-/// Rows 74 and 77, and beyond upstream (only Services whose node set changed are updated):
+/// Upstream's `nodeSyncService`, and beyond upstream (only Services whose node set changed
+/// are updated):
 /// an excluded node joining changes no set → no UpdateLoadBalancer; excluding the only node
 /// updates with 0 hosts → Warning UnAvailableLoadBalancer; `=false` re-includes it.
 #[tokio::test(start_paused = true)]
-async fn row74_77_exclusion_flips_and_unchanged_sets() {
+async fn exclusion_flips_update_only_services_whose_node_set_changed() {
     let label = "node.kubernetes.io/exclude-from-external-load-balancers";
     let mut env = Env::new(&["n1"]).await;
     env.start();
@@ -635,10 +636,10 @@ async fn row74_77_exclusion_flips_and_unchanged_sets() {
     env.stop().await;
 }
 
-/// Row 78: a failed host update on an existing LB → Warning UpdateLoadBalancerFailed and a full
+/// A failed host update on an existing LB → Warning UpdateLoadBalancerFailed and a full
 /// re-ensure through the service queue.
 #[tokio::test(start_paused = true)]
-async fn row78_update_failure_requeues_ensure() {
+async fn a_failed_host_update_warns_and_requeues_a_full_ensure() {
     let mut env = Env::new(&["n1"]).await;
     env.start();
     let svc = env.create_service("web", serde_json::json!({})).await;
@@ -669,10 +670,10 @@ async fn row78_update_failure_requeues_ensure() {
     env.stop().await;
 }
 
-/// Row 57: a Service that already has the finalizer and an up-to-date status is not patched
+/// A Service that already has the finalizer and an up-to-date status is not patched
 /// again on a later re-ensure (same resourceVersion).
 #[tokio::test(start_paused = true)]
-async fn row57_no_patch_when_unchanged() {
+async fn an_up_to_date_service_is_not_patched_again() {
     let mut env = Env::new(&["n1"]).await;
     let cloud: Arc<dyn CloudProvider> = Arc::new(env.cloud.clone());
     env.start_with(
@@ -689,11 +690,11 @@ async fn row57_no_patch_when_unchanged() {
     env.stop().await;
 }
 
-/// Row 67: the finalizer (added and removed) and the status both go out as strategic-merge
+/// The finalizer (added and removed) and the status both go out as strategic-merge
 /// patches to `services/<name>/status`, never to the Service itself, and carry no spec. The
 /// finalizer is added before the status is written. (Requests recorded at the API server.)
 #[tokio::test(start_paused = true)]
-async fn row67_finalizer_and_status_patch_the_status_subresource() {
+async fn the_finalizer_and_the_status_patch_the_status_subresource() {
     let mut env = Env::new(&["n1"]).await;
     env.start();
     env.create_service("web", serde_json::json!({})).await;
@@ -820,14 +821,14 @@ impl CloudProvider for EmptyStatus {
     }
 }
 
-/// Row 63, a documented difference: upstream's `EnsureLoadBalancer` returns a pointer and a
+/// A documented difference: upstream's `EnsureLoadBalancer` returns a pointer and a
 /// nil status is the error "service status returned by EnsureLoadBalancer is nil". Our
 /// `ensure_load_balancer` returns `CloudResult<LoadBalancerStatus>`, so "nil" cannot be
 /// returned at all; what a provider can return is an *empty* status, which upstream (a non-nil
 /// `&LoadBalancerStatus{}`) accepts, and so do we: Ensured, finalizer kept, no ingress, no
 /// status write, no Warning and no retry.
 #[tokio::test(start_paused = true)]
-async fn row63_an_empty_status_is_not_an_error() {
+async fn an_empty_load_balancer_status_is_not_an_error() {
     let mut env = Env::new(&["n1"]).await;
     env.start_with(
         Arc::new(EmptyStatus(env.cloud.clone())),
@@ -859,12 +860,12 @@ async fn row63_an_empty_status_is_not_an_error() {
     env.stop().await;
 }
 
-/// Row 70: a Service deleted and recreated under the same name while the controller is busy
+/// A Service deleted and recreated under the same name while the controller is busy
 /// (so it sees only the new one, with a new UID): the old load balancer, known from the
 /// cache, is deleted before the new one is ensured (order from the fake's call record), and
 /// only the new one is left.
 #[tokio::test(start_paused = true)]
-async fn row70_recreated_service_deletes_the_old_lb_first() {
+async fn a_recreated_service_deletes_the_old_load_balancer_first() {
     let mut env = Env::new(&["n1"]).await;
     env.start();
     let old = env.create_service("web", serde_json::json!({})).await;
@@ -927,7 +928,7 @@ async fn row70_recreated_service_deletes_the_old_lb_first() {
     env.stop().await;
 }
 
-/// Issue 10 item 14, upstream's informer `Replace` semantics: a relist after a watch gap
+/// Upstream's informer `Replace` semantics: a relist after a watch gap
 /// reports what disappeared. The controller's connections are cut; meanwhile the Service's
 /// finalizer is removed out of band and the Service deleted, so no event will ever say so.
 /// After the relist the controller deletes the load balancer instead of leaking it.

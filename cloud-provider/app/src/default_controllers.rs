@@ -120,7 +120,8 @@ mod tests {
                 ROUTE_CONTROLLER
             ]
         );
-        // The aliases of upstream's checklist row 80 resolve to these names.
+        // Upstream's controller aliases (`cloud-node-controller` for `cloud-node`, ...) resolve
+        // to these names.
         for alias in ["cloud-node", "cloud-node-lifecycle", "service", "route"] {
             let canonical = crate::options::canonical_controller_name(alias);
             assert!(names.contains(&canonical), "{alias} -> {canonical}");

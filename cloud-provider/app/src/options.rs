@@ -709,7 +709,7 @@ mod tests {
             .unwrap_or_default()
     }
 
-    /// Checklist row 80, §3.1: upstream's defaults (`TestDefaultFlags`).
+    /// Upstream's defaults (`TestDefaultFlags`).
     #[test]
     fn defaults_match_upstream() {
         let o = CloudControllerManagerOptions::default();
@@ -747,7 +747,7 @@ mod tests {
         assert!(!o.watch_based_routes);
         assert!(o.lb_drift_reensure_period.value.is_zero());
         assert_eq!(o.log_format, LogFormat::Text);
-        // Upstream's TestDefaultFlags values of the flags added for issue 13.
+        // Upstream's `TestDefaultFlags` values of the client flags (`--kube-api-qps`, ...).
         assert_eq!((o.kube_api_qps, o.kube_api_burst), (20.0, 30));
         assert_eq!(
             o.kube_api_content_type,
@@ -777,7 +777,7 @@ mod tests {
         assert_eq!(errors(&[]), Vec::<String>::new());
     }
 
-    /// Issue 13: upstream's example DaemonSet (kubernetes.io "cloud-controller-manager
+    /// Upstream's example DaemonSet (kubernetes.io "cloud-controller-manager
     /// DaemonSet example") and the AWS and GCP manifests start unchanged: every upstream flag is
     /// accepted, and those with no effect here are warned about, never refused.
     #[test]
@@ -933,7 +933,7 @@ mod tests {
         assert!(o.allocate_node_cidrs);
     }
 
-    /// Checklist row 80, §3.2: `*`, `foo`, `-foo`, first match wins, aliases.
+    /// `*`, `foo`, `-foo`, first match wins, aliases.
     #[test]
     fn controllers_semantics() {
         let list = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -965,7 +965,7 @@ mod tests {
         assert!(o.is_controller_enabled("cloud-node"));
     }
 
-    /// Checklist row 80: an unknown controller is a validation error.
+    /// An unknown controller is a validation error.
     #[test]
     fn unknown_controllers_are_rejected() {
         assert_eq!(
@@ -1019,7 +1019,7 @@ mod tests {
         assert_eq!(errors(&["--lb-drift-reensure-period=10m"]).len(), 0);
     }
 
-    /// Beyond upstream, plus checklist row 80 (the lock must be `leases`).
+    /// Beyond upstream, plus upstream's rule that the lock must be `leases`.
     #[test]
     fn leader_election_timings_are_ordered() {
         let e = errors(&["--leader-elect-renew-deadline=15s"]);
@@ -1036,7 +1036,7 @@ mod tests {
         assert_eq!(errors(&["--leader-elect-resource-lock=endpoints"]).len(), 1);
     }
 
-    /// Checklist rows 40 and 41: invalid `--cluster-cidr` is fatal when routes are configured.
+    /// Invalid `--cluster-cidr` is fatal when routes are configured.
     #[test]
     fn cluster_cidr_is_checked_when_routes_are_configured() {
         assert!(errors(&["--cluster-cidr", "10.0.0.0/16,fd00::/48"]).is_empty());
@@ -1056,7 +1056,7 @@ mod tests {
         assert!(errors(&["--cluster-cidr", "banana", "--controllers", "*,-route"]).is_empty());
     }
 
-    /// Checklist row 80: `--webhook-secure-port == --secure-port` is an error.
+    /// `--webhook-secure-port == --secure-port` is an error.
     #[test]
     fn ports_must_differ() {
         let e = errors(&["--secure-port", "10260"]);

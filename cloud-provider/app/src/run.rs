@@ -1,4 +1,5 @@
-//! The library entry point a vendor's `main` calls (upstream's `app.Run` sequence, §3.3), the
+//! The library entry point a vendor's `main` calls (upstream's
+//! `k8s.io/cloud-provider/app/controllermanager.go` `Run` sequence), the
 //! registry of controller constructors, and logging setup.
 
 use std::future::Future;
@@ -597,7 +598,7 @@ mod tests {
         CloudControllerManagerOptions::try_parse_from(all).unwrap()
     }
 
-    /// Checklist row 3: `external` builds no cloud, and the manager refuses to run.
+    /// `external` builds no cloud, and the manager refuses to run.
     #[tokio::test]
     async fn external_provider_is_nil() {
         let err = run(

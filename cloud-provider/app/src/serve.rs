@@ -1,4 +1,4 @@
-//! The health, metrics and configuration endpoints (upstream §3.4), served with axum over
+//! The health, metrics and configuration endpoints, served with axum over
 //! HTTPS on `--bind-address:--secure-port` ([`crate::secure_serving`]) behind delegated
 //! authentication and authorization ([`crate::delegated`]): `/healthz`, `/readyz` and
 //! `/livez` are always allowed, `/metrics` and `/configz` need an identity the cluster
@@ -288,7 +288,7 @@ mod tests {
         (checks, metrics, router)
     }
 
-    /// §3.4: before any check is added, /healthz answers ping.
+    /// Before any check is added, /healthz answers ping.
     #[tokio::test]
     async fn healthz_without_checks_is_ok() {
         let (_, _, router) = setup();
@@ -297,7 +297,7 @@ mod tests {
         }
     }
 
-    /// Checklist row 80, §3.4: named checks (`leaderElection`, per controller), `?verbose`,
+    /// Named checks (`leaderElection`, per controller), `?verbose`,
     /// `?exclude=`, per-check paths.
     #[tokio::test]
     async fn healthz_aggregates_named_checks() {
@@ -343,7 +343,7 @@ mod tests {
         assert_eq!(get(&router, "/healthz/nope").await.0, StatusCode::NOT_FOUND);
     }
 
-    /// §3.4: `running_managed_controllers{name,manager}` and the limiter's counters.
+    /// `running_managed_controllers{name,manager}` and the limiter's counters.
     #[tokio::test]
     async fn metrics_in_prometheus_text_format() {
         let limiter = Arc::new(CloudRateLimiter::unlimited());

@@ -144,10 +144,10 @@ mod tests {
     use super::*;
     use crate::node_address;
 
-    // Checklist row 18 (upstream-cloud-provider.md §6): three IPs, two of one family, or an
-    // unspecified address in a pair are parse errors.
+    // Upstream `k8s.io/component-helpers/node/util/ips.go` `ParseNodeIPAnnotation`: three IPs,
+    // two of one family, or an unspecified address in a pair are parse errors.
     #[test]
-    fn row18_bad_annotations_are_rejected() {
+    fn malformed_node_ip_annotations_are_rejected() {
         for bad in [
             "10.0.0.1,fd00::1,10.0.0.2",
             "10.0.0.1,10.0.0.2",
@@ -185,9 +185,10 @@ mod tests {
         assert!(parse_node_ip_annotation("::ffff:10.0.0.1,10.0.0.2").is_err());
     }
 
-    // Checklist row 16: the matching address is placed first; others of the same type dropped.
+    // Upstream `k8s.io/cloud-provider/node/helpers/address.go` `GetNodeAddressesFromNodeIPs`:
+    // the matching address is placed first; others of the same type are dropped.
     #[test]
-    fn row16_provided_ip_first_and_same_type_dropped() {
+    fn the_provided_node_ip_comes_first_and_others_of_its_type_are_dropped() {
         let cloud = vec![
             node_address("InternalIP", "10.0.0.1"),
             node_address("ExternalIP", "203.0.113.1"),
@@ -224,9 +225,10 @@ mod tests {
         );
     }
 
-    // Checklist row 17: a provided IP that the cloud does not report is an error.
+    // Upstream `GetNodeAddressesFromNodeIPs`: a provided IP that the cloud does not report is
+    // an error.
     #[test]
-    fn row17_provided_ip_not_in_cloud_addresses() {
+    fn a_provided_node_ip_the_cloud_does_not_report_is_an_error() {
         let cloud = vec![node_address("InternalIP", "10.0.0.1")];
         let err = node_addresses_from_node_ip("10.0.0.9", &cloud).unwrap_err();
         assert_eq!(

@@ -248,9 +248,10 @@ mod tests {
         );
     }
 
-    // Checklist row 55: LoadBalancer with no class is ours; any class is not.
+    // Upstream `k8s.io/cloud-provider/controllers/service/controller.go` `wantsLoadBalancer`:
+    // a LoadBalancer with no class is ours; any class is not.
     #[test]
-    fn row55_wants_load_balancer() {
+    fn only_load_balancer_services_without_a_class_want_a_load_balancer() {
         assert!(wants_load_balancer(&svc("LoadBalancer", None, None)));
         assert!(!wants_load_balancer(&svc("NodePort", None, None)));
         let mut classed = svc("LoadBalancer", None, None);
@@ -258,9 +259,10 @@ mod tests {
         assert!(!wants_load_balancer(&classed));
     }
 
-    // Checklist row 66: ingress compared in order.
+    // Upstream `k8s.io/cloud-provider/service/helpers/helper.go` `LoadBalancerStatusEqual`:
+    // ingress compared in order.
     #[test]
-    fn row66_status_equality_is_ordered() {
+    fn load_balancer_status_equality_compares_ingress_in_order() {
         let ing = |ip: &str| LoadBalancerIngress {
             ip: Some(ip.into()),
             ..Default::default()
@@ -281,9 +283,10 @@ mod tests {
         ));
     }
 
-    // Checklist row 7: "a" + UID without dashes, at most 32 characters.
+    // Upstream `k8s.io/cloud-provider/cloud.go` `DefaultLoadBalancerName`: "a" + UID without
+    // dashes, at most 32 characters.
     #[test]
-    fn row7_default_load_balancer_name() {
+    fn the_default_load_balancer_name_is_a_and_the_uid_without_dashes_cut_to_32() {
         let mut s = Service::default();
         s.metadata.uid = Some("12345678-1234-1234-1234-123456789012".into());
         let name = default_load_balancer_name(&s);

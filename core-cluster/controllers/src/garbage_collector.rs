@@ -1,7 +1,7 @@
 //! The garbage collector: `metadata.ownerReferences` with background, foreground and orphan
 //! propagation.
 //!
-//! # What upstream does (`pkg/controller/garbagecollector`, node-lifecycle.md §4.2)
+//! # What upstream does (`pkg/controller/garbagecollector`)
 //!
 //! Metadata informers on every resource that supports list/watch/delete (core and
 //! `events.k8s.io` events excluded) feed an owner→dependent graph. For each item,

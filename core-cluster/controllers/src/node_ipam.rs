@@ -1,6 +1,6 @@
 //! Node IPAM: the range allocator that gives every Node its pod CIDRs.
 //!
-//! # What upstream does (`pkg/controller/nodeipam`, node-lifecycle.md §2)
+//! # What upstream does (`pkg/controller/nodeipam`)
 //!
 //! With `--allocate-node-cidrs`, kube-controller-manager's `RangeAllocator` keeps one
 //! `CidrSet` (a bitmap of node-sized blocks) per cluster CIDR (one, or two for dual-stack,
@@ -701,7 +701,6 @@ mod tests {
         }
     }
 
-    // node-lifecycle.md §7 rows 45, 46, 48
     #[test]
     fn validate_rules() {
         let d = NodeIpamConfig::default();
@@ -749,7 +748,7 @@ mod tests {
         assert!(e.contains("must be less than or equal"), "{e}");
     }
 
-    // node-lifecycle.md §7 row 51 (where we differ: bad CIDRs are skipped, not fatal)
+    // Where we differ: bad CIDRs are skipped, not fatal
     #[tokio::test]
     async fn bad_pod_cidrs_are_skipped_not_fatal() {
         let server = core_cluster_apiserver::ApiServer::new(
@@ -780,7 +779,6 @@ mod tests {
         assert_eq!(ctrl.sets[1].allocated(), 0);
     }
 
-    // node-lifecycle.md §7 rows 48, 49
     #[test]
     fn cidrset_round_robin_and_capacity() {
         let mut s = CidrSet::new(net("10.0.0.0/22"), 24).unwrap();

@@ -1467,18 +1467,17 @@ mod tests {
     #[test]
     fn zone_states() {
         use ReadyStatus::*;
-        // node-lifecycle.md §7 row 20
         assert_eq!(ready(&[Some(False), None]), ZoneState::FullDisruption);
-        // node-lifecycle.md §7 row 21: 4 of 6
+        // 4 of 6
         let mut z = vec![Some(Unknown); 4];
         z.extend([Some(True), Some(True)]);
         assert_eq!(ready(&z), ZoneState::PartialDisruption);
-        // node-lifecycle.md §7 row 22: 2 of 3 is Normal
+        // 2 of 3 is Normal
         assert_eq!(
             ready(&[Some(False), Some(False), Some(True)]),
             ZoneState::Normal
         );
-        // node-lifecycle.md §7 row 23: nil counts as not ready
+        // Nil counts as not ready
         assert_eq!(
             ready(&[None, None, None, Some(True)]),
             ZoneState::PartialDisruption
@@ -1487,7 +1486,7 @@ mod tests {
 
     #[test]
     fn token_bucket_rate() {
-        // node-lifecycle.md §7 row 24: 0.1/s, burst 1
+        // 0.1/s, burst 1
         let t0 = Instant::now();
         let mut b = TokenBucket::new(0.1, t0);
         assert!(b.try_accept(t0));
@@ -1533,19 +1532,19 @@ mod tests {
         let wall = Timestamp::now();
         let none = |_: &str| None;
         let t0 = Instant::now();
-        // node-lifecycle.md §7 row 7: a node first seen (e.g. after a restart) with an old
+        // A node first seen (e.g. after a restart) with an old
         // heartbeat gets probe = now: no write until now + grace.
         let mut core = MonitorCore::new(NodeLifecycleConfig::default());
         let nodes = vec![node("n", "a", "True", 1)];
         core.monitor_pass(&nodes, &none, t0, wall);
         let plan = core.monitor_pass(&nodes, &none, t0 + Duration::from_secs(50), wall);
         assert!(status_writes(&plan).is_empty());
-        // node-lifecycle.md §7 row 6: a new lastHeartbeatTime refreshes the probe
+        // A new lastHeartbeatTime refreshes the probe
         let nodes = vec![node("n", "a", "True", 2)];
         core.monitor_pass(&nodes, &none, t0 + Duration::from_secs(50), wall);
         let plan = core.monitor_pass(&nodes, &none, t0 + Duration::from_secs(100), wall);
         assert!(status_writes(&plan).is_empty());
-        // node-lifecycle.md §7 rows 8, 11: strictly after probe + grace: one status write
+        // Strictly after probe + grace: one status write
         let plan = core.monitor_pass(&nodes, &none, t0 + Duration::from_secs(101), wall);
         assert_eq!(status_writes(&plan), vec!["n".to_string()]);
     }
@@ -1567,7 +1566,7 @@ mod tests {
         let nodes = vec![node("n", "a", "True", 1)];
         let l100 = lease(100);
         core.monitor_pass(&nodes, &|_| Some(l100.clone()), t0, wall);
-        // node-lifecycle.md §7 row 4: a renewTime that moves back is not a heartbeat
+        // A renewTime that moves back is not a heartbeat
         let l50 = lease(50);
         core.monitor_pass(
             &nodes,
@@ -1603,7 +1602,7 @@ mod tests {
 
     #[test]
     fn excluded_nodes_stay_out_of_zone_state() {
-        // node-lifecycle.md §7 row 19: the Ready excluded node does not count, so the zone
+        // The Ready excluded node does not count, so the zone
         // is fully disrupted (it would be Normal if it counted)
         let wall = Timestamp::now();
         let t0 = Instant::now();
@@ -1622,7 +1621,7 @@ mod tests {
 
     #[test]
     fn leaving_master_disruption_resets_probes() {
-        // node-lifecycle.md §7 row 29: on leaving "all zones down", every probe is reset to
+        // On leaving "all zones down", every probe is reset to
         // now. The excluded node x stops heartbeating at t0: without the reset it would be
         // written Unknown at t0 + 51 s; with it, not before 50 s after the exit at t0 + 40 s.
         let wall = Timestamp::now();
@@ -1646,7 +1645,7 @@ mod tests {
             x.clone(),
         ];
         core.monitor_pass(&down, &none, t0 + s(10), wall);
-        // node-lifecycle.md §7 row 28: every zone fully disrupted
+        // Every zone fully disrupted
         assert_eq!(core.zone_state(":\x00:a"), Some(ZoneState::FullDisruption));
         assert_eq!(core.zone_state(":\x00:b"), Some(ZoneState::FullDisruption));
         let back = vec![
@@ -1669,7 +1668,6 @@ mod tests {
 
     #[test]
     fn zone_key_labels() {
-        // node-lifecycle.md §7 row 18
         let mut n = Node::default();
         assert_eq!(zone_key(&n), "");
         n.labels_mut().insert(ZONE_LABEL.into(), "a".into());

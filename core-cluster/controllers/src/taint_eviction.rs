@@ -548,13 +548,13 @@ mod tests {
 
     #[test]
     fn decisions() {
-        // node-lifecycle.md §7 row 41: untolerated → now
+        // Untolerated → now
         assert_eq!(eviction_decision(&[t("a")], &[]), EvictionDecision::Now);
         assert_eq!(
             eviction_decision(&[t("a")], &[tol("b", None)]),
             EvictionDecision::Now
         );
-        // node-lifecycle.md §7 row 42: min seconds; ≤ 0 → now; nil on all → never
+        // Min seconds; ≤ 0 → now; nil on all → never
         assert_eq!(
             eviction_decision(
                 &[t("a"), t("b")],

@@ -2,14 +2,15 @@
 //! endpoint, the cloud-config and the instance IDs, and keeps moto running until Ctrl-C.
 //!
 //! ```text
-//! CCM_MOTO_PYTHON=$(scripts/moto.sh) cargo run -p cloud-provider-aws --example moto_seed -- 5 demo
+//! CCM_MOTO_PYTHON=$(scripts/moto.sh) cargo run -p cloud-provider-aws --features test-util \
+//!     --example moto_seed -- 5 demo
 //! ```
 //!
 //! Arguments: the instance count (default 3) and the cluster ID (default `kubernetes`). The
 //! cloud-config goes to `$TMPDIR/moto-<port>.conf` too, ready for `--cloud-config`; the
 //! credentials are `AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing`.
 
-use cloud_provider_aws::moto::{MotoServer, SeedSpec};
+use cloud_provider_aws::test_util::{MotoServer, SeedSpec};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -28,15 +28,17 @@
 //! - **Metrics**: AWS call durations, errors and throttles on the ccm's `/metrics` under
 //!   upstream's `cloudprovider_aws_api_*` names.
 //!
-//! [`moto`] starts a local moto server and seeds a VPC for tests, here and in other crates.
+//! [`test_util`] (feature `test-util`) starts a local moto server on a free loopback port and
+//! seeds a VPC for tests, here and in other crates (vendors' tests, the ccm's).
 
 pub mod client;
 pub mod config;
 pub mod ids;
 mod instances;
 pub mod lb;
-pub mod moto;
 mod routes;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 mod topology;
 mod zones;
 

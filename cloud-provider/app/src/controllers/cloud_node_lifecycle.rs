@@ -1,5 +1,5 @@
 //! The cloud-node-lifecycle controller (upstream
-//! `controllers/nodelifecycle/node_lifecycle_controller.go`, reference §2.2).
+//! `controllers/nodelifecycle/node_lifecycle_controller.go`).
 //!
 //! Every [`CloudNodeLifecycleConfig::node_monitor_period`] it looks at every Node (from the
 //! shared Node cache, no LIST per period):
@@ -13,7 +13,7 @@
 //!
 //! - [`CloudError::InstanceNotFound`] from the existence or
 //!   the shutdown check (wrapped or not) counts as gone; upstream treats it as an unknown
-//!   answer and the dead Node lingers (reference §5 row 8);
+//!   answer and the dead Node lingers;
 //! - [`CloudNodeLifecycleConfig::delete_grace_period`]: a Node is deleted only once the cloud
 //!   has said "gone" for that long, at least twice, without saying "exists" in between
 //!   (0 = upstream: at once). The default, 60 s, is safe
@@ -355,7 +355,6 @@ mod tests {
 
     #[test]
     fn a_node_without_ready_condition_is_unknown() {
-        // upstream-cloud-provider.md §6 row 32
         let mut node = Node::default();
         assert_eq!(ready_status(&node), "Unknown");
         node.status = Some(NodeStatus {

@@ -1,4 +1,4 @@
-//! The cloud-node controller (upstream `controllers/node/node_controller.go`, reference §2.1).
+//! The cloud-node controller (upstream `controllers/node/node_controller.go`).
 //!
 //! It initializes Nodes that carry the [`TAINT_UNINITIALIZED`] taint from the cloud's instance
 //! metadata (providerID, addresses, zone/region/instance-type labels, additional labels), then
@@ -882,7 +882,6 @@ mod tests {
 
     #[test]
     fn kubernetes_labels_are_recognized() {
-        // upstream-cloud-provider.md §6 row 11
         assert!(is_kubernetes_label("kubernetes.io/foo"));
         assert!(is_kubernetes_label("node.kubernetes.io/foo"));
         assert!(is_kubernetes_label("x.k8s.io/foo"));
@@ -893,7 +892,6 @@ mod tests {
 
     #[test]
     fn address_change_detection_ignores_order() {
-        // upstream-cloud-provider.md §6 row 28
         let a = vec![
             node_address("InternalIP", "10.0.0.1"),
             node_address("Hostname", "h"),
@@ -913,7 +911,6 @@ mod tests {
 
     #[test]
     fn beta_labels_are_mirrored_to_ga() {
-        // upstream-cloud-provider.md §6 row 25
         let mut node = Node::default();
         node.metadata.labels = Some(BTreeMap::from([
             (LABEL_FAILURE_DOMAIN_BETA_ZONE.to_owned(), "z1".to_owned()),

@@ -1,6 +1,6 @@
 //! One token bucket in front of the cloud API, shared by every controller, with counts of
 //! what it let through and how long callers waited. Upstream has none (each provider builds
-//! its own, or gets throttled: cloud-provider issue #15).
+//! its own, or gets throttled).
 
 use std::{
     sync::atomic::{AtomicU64, Ordering},

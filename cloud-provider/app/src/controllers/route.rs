@@ -635,9 +635,10 @@ mod tests {
         );
     }
 
-    /// Checklist row 41: CIDR validation.
+    /// Upstream `k8s.io/cloud-provider/app/core.go` `startRouteController`: at least one cluster
+    /// CIDR, at most two, and two only as a dual-stack pair.
     #[test]
-    fn row41_cluster_cidr_validation() {
+    fn cluster_cidrs_must_be_one_or_a_dual_stack_pair() {
         assert_eq!(
             RouteConfig::new(vec![]).validate(),
             Err(RouteConfigError::NoClusterCidr)
@@ -658,9 +659,10 @@ mod tests {
         assert_eq!(RouteConfig::new(vec![net("10.0.0.0/8")]).validate(), Ok(()));
     }
 
-    /// Checklist row 54: watch-mode triggers.
+    /// In watch mode a Node update reconciles on a resync or when its pod CIDRs or
+    /// addresses change, not on other updates.
     #[test]
-    fn row54_watch_triggers() {
+    fn a_node_update_triggers_routes_only_on_resync_or_cidr_and_address_changes() {
         let mut node = Node::default();
         node.metadata.resource_version = Some("1".into());
         let old = node.clone();

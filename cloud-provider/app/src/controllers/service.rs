@@ -374,7 +374,7 @@ impl ServiceController {
                     }
                 }
                 Ok(watcher::Event::Delete(svc)) => self.service_gone(&mut seen, &key_of(&svc)),
-                // A relist after a watch gap (issue 10 item 14): a Service deleted during the
+                // A relist after a watch gap (client-go's informer `Replace`): a Service deleted during the
                 // gap never gets a Delete event, so whatever the relist lacks is gone, as an
                 // informer's `Replace` reports it. Its load balancer must not leak even when
                 // its finalizer was removed out of band.
@@ -825,7 +825,7 @@ impl ServiceController {
                 "$deleteFromPrimitiveList/finalizers": [FINALIZER_LOAD_BALANCER_CLEANUP]
             }})
         };
-        // Upstream sends the finalizer to the `status` subresource too (checklist row 67): a
+        // Upstream sends the finalizer to the `status` subresource too: a
         // status write cannot change the spec, so a stale copy never reverts a user's edit.
         self.api(svc)
             .patch_status(
@@ -922,9 +922,11 @@ mod tests {
         assert_ne!(node_set(&split), node_set(&joined));
     }
 
-    /// Checklist rows 73 and 74: node predicates.
+    /// Upstream `controllers/service/controller.go` `nodeIncludedPredicate` and
+    /// `nodeUnTaintedPredicate`: the exclusion label (any value but false) and the autoscaler's
+    /// deletion taint remove a Node from load balancers.
     #[test]
-    fn row73_74_node_predicates() {
+    fn excluded_or_autoscaler_tainted_nodes_are_not_load_balancer_targets() {
         let l = LABEL_EXCLUDE_FROM_EXTERNAL_LOAD_BALANCERS;
         assert!(node_eligible(&node(&[])));
         assert!(node_eligible(&node(&[(l, "false")])));
@@ -944,9 +946,10 @@ mod tests {
         assert!(!node_eligible(&tainted));
     }
 
-    /// Checklist row 75: only an exclusion flip or a providerID change triggers.
+    /// Upstream `controller.go` `shouldSyncUpdatedNode`: only an exclusion flip or a
+    /// providerID change triggers.
     #[test]
-    fn row75_node_update_triggers() {
+    fn only_an_exclusion_flip_or_a_provider_id_change_resyncs_load_balancers() {
         let l = LABEL_EXCLUDE_FROM_EXTERNAL_LOAD_BALANCERS;
         let old = node(&[]);
         assert!(!should_sync_updated_node(&old, &node(&[("other", "x")])));
@@ -974,9 +977,10 @@ mod tests {
         }
     }
 
-    /// Checklist rows 68 and 69: needsUpdate triggers and non-triggers.
+    /// Upstream `controller.go` `needsUpdate`: ports, annotations, traffic policy and type
+    /// changes trigger; a resync or a label change does not.
     #[test]
-    fn row68_69_needs_update() {
+    fn needs_update_follows_upstream_triggers() {
         let old = lb_service();
         assert!(!needs_update(&old, &old.clone()), "resync");
         let mut labels = old.clone();

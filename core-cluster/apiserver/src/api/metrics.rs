@@ -210,7 +210,7 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    /// Issue 10 item 8: made-up HTTP methods share one label.
+    /// Made-up HTTP methods share one label.
     #[test]
     fn unknown_verbs_share_one_label() {
         let m = Metrics::default();

@@ -89,7 +89,7 @@ pub(crate) async fn commit_update(
         Some("status") => {
             // Upstream's status strategies (nodes, services, pods, namespaces) keep the old
             // spec and take the written status and metadata: the service controller adds its
-            // finalizer through `services/<name>/status` (checklist row 67). Pods also keep
+            // finalizer through `services/<name>/status`. Pods also keep
             // their ownerReferences, which old kubelets corrupted through this path. System
             // fields are restored below, as for any write.
             let status = new.get("status").cloned();

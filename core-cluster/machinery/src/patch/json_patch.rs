@@ -469,7 +469,7 @@ mod tests {
         assert!(err.is_err());
     }
 
-    /// Issue 10 item 1: an `add` at a deep path may not nest the object past what the
+    /// An `add` at a deep path may not nest the object past what the
     /// decoder reads back.
     #[test]
     fn adds_may_not_nest_past_the_decoder_limit() {
@@ -497,7 +497,7 @@ mod tests {
         assert!(json_patch(&doc, &Value::Array(ops)).is_err());
     }
 
-    /// Issue 10 item 2: doubling copies are stopped by the accumulated copy size limit, as
+    /// Doubling copies are stopped by the accumulated copy size limit, as
     /// kube-apiserver's json-patch `AccumulatedCopySizeLimit`.
     #[test]
     fn doubling_copies_hit_the_accumulated_copy_limit() {

@@ -292,7 +292,7 @@ mod tests {
         assert!(!validate_name(&"a".repeat(64), NameRule::Label).is_empty());
     }
 
-    /// Issue 10 item 6: a multibyte character across byte 63 is an error, not a panic.
+    /// A multibyte character across byte 63 is an error, not a panic.
     #[test]
     fn multibyte_characters_across_the_label_limit() {
         for prefix in 60..64 {

@@ -896,7 +896,7 @@ mod tests {
         assert!(err.to_string().contains("Classic ELB"), "{err}");
     }
 
-    /// Upstream's NLB TLS listeners (aws.md row 38): `ssl-cert` on the ports `ssl-ports` names
+    /// Upstream's NLB TLS listeners: `ssl-cert` on the ports `ssl-ports` names
     /// (UDP excluded), `ssl-negotiation-policy` as SslPolicy, `backend-protocol: ssl` for TLS
     /// target groups.
     #[test]

@@ -432,7 +432,7 @@ mod tests {
         v.iter().map(|s| s.to_string()).collect()
     }
 
-    /// Upstream's `findSecurityGroupForInstance` (aws.md row 47): the tagged group wins; else
+    /// Upstream's `findSecurityGroupForInstance`: the tagged group wins; else
     /// the single untagged one; several tagged, or several untagged with none tagged, is an error.
     #[test]
     fn the_instance_group_is_the_tagged_one_else_the_single_untagged_one() {

@@ -2,7 +2,7 @@
 //! field's tag, JSON name and type, parsed once from `schema.txt`.
 //!
 //! The table is generated from kube-rs' `k8s-pb` crate (its prost attributes) and the
-//! k8s-openapi schemas (the JSON names) by `tests/protobuf_schema.rs`, which also checks
+//! k8s-openapi schemas (the JSON names) by `tests/it/protobuf_schema.rs`, which also checks
 //! that the committed file is what k8s-pb gives today.
 
 use std::{collections::HashMap, sync::OnceLock};
