@@ -16,12 +16,7 @@
 //! (`ccm_testkit::TestServer`) starts all of it in a temporary directory for tests and
 //! benchmarks.
 
-use std::{
-    net::SocketAddr,
-    path::Path,
-    sync::Arc,
-    time::Duration,
-};
+use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
 use axum::{
     Router,
@@ -38,7 +33,7 @@ use crate::{
     auth::{
         GROUP_AUTHENTICATED, UserInfo,
         authn::{self, Authenticator},
-        pki::{self, Pki, PkiError},
+        pki::{Pki, PkiError},
         token::{Clock, TokenAuthenticator, TokenError},
     },
 };
