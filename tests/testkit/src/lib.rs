@@ -6,7 +6,7 @@
 //! - [`TestServer`]: the same API server over TLS on a loopback port, with its PKI;
 //! - [`kubectl`]: the machine's kubectl against a test server, and [`kubectl::require_kubectl`];
 //! - [`free_port`]: a loopback port nothing listens on;
-//! - [`bench`]: the benchmarks' command-line arguments (`-- --nodes 10000`).
+//! - [`bench`](mod@bench): the benchmarks' command-line arguments (`-- --nodes 10000`).
 //!
 //! A dev-dependency only: no library crate of the workspace may depend on it.
 
