@@ -313,8 +313,10 @@ async fn read_closed(tls: &mut TlsStream<TcpStream>, within: Duration) -> Result
 async fn slowloris_connections_are_closed_and_capped() {
     const CAP: usize = 16;
     let options = ServeOptions {
-        handshake_timeout: Duration::from_millis(500),
-        header_read_timeout: Duration::from_millis(500),
+        // Long enough that no slow client is closed while the others are still connecting
+        // on a loaded machine (which would free a slot before the cap is probed).
+        handshake_timeout: Duration::from_secs(3),
+        header_read_timeout: Duration::from_secs(3),
         max_connections: CAP,
         ..ServeOptions::default()
     };
@@ -334,8 +336,9 @@ async fn slowloris_connections_are_closed_and_capped() {
         slow.push(tls);
     }
     let mut silent = TcpStream::connect(server.addr()).await.unwrap();
-    // The cap is reached: the next connection is closed before any handshake.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The cap is reached once the server has accepted the silent connection: the next
+    // connection is closed before any handshake.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let over = connect(&server, &ca, Some(&admin)).await;
     assert!(over.is_err(), "a connection beyond the cap was served");
     // The header timeout closes every slow client; the handshake timeout the silent one.
