@@ -4,6 +4,8 @@ use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::api::core::v1::Taint;
 
+use crate::stages::RunRule;
+
 /// The taint kubelet registers with under `--cloud-provider=external`, until the cloud
 /// controller manager has initialised the node.
 pub const UNINITIALIZED_TAINT_KEY: &str = "node.cloudprovider.kubernetes.io/uninitialized";
@@ -97,6 +99,12 @@ pub struct SimConfig {
     /// all of it (true); or finish it at once, as if they exited on SIGTERM (false, the
     /// default, what kwok does).
     pub wait_pod_grace_period: bool,
+    /// Rules deciding how long pods' containers run and how they exit, tried in order
+    /// after the pod's own annotations and before the defaults (see [`RunRule`]).
+    pub run_rules: Vec<RunRule>,
+    /// How long a container meant to end runs when its command says nothing of time
+    /// (`true`, `wget …`) (1 s).
+    pub default_run_duration: Duration,
     /// At most this many registrations (Node + Lease creates) in flight at once (64).
     pub max_concurrent_registrations: usize,
     /// At most this many pod status writes and deletions in flight at once (32).
@@ -130,6 +138,8 @@ impl Default for SimConfig {
             shutdown_grace_period: Duration::ZERO,
             shutdown_grace_period_critical_pods: Duration::ZERO,
             wait_pod_grace_period: false,
+            run_rules: Vec::new(),
+            default_run_duration: Duration::from_secs(1),
             max_concurrent_registrations: 64,
             max_concurrent_pod_writes: 32,
             max_concurrent_heartbeats: 128,

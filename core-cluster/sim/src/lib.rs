@@ -68,6 +68,7 @@
 mod config;
 mod node;
 mod pods;
+mod stages;
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -102,7 +103,10 @@ pub use config::{
     NodeInfo, NodeResources, PROVIDED_NODE_IP_ANNOTATION, SimConfig, UNINITIALIZED_TAINT_KEY,
     uninitialized_taint,
 };
-pub use pods::{EXIT_CODE_ANNOTATION, RUN_DURATION_ANNOTATION, parse_run_duration};
+pub use stages::{
+    EXIT_CODE_ANNOTATION, HELM_HOOK_ANNOTATION, RUN_DURATION_ANNOTATION, RunPlan, RunRule,
+    RunSelector, default_plan, parse_run_duration, plan as run_plan,
+};
 
 /// Node annotation controlling a node's heartbeats: `stopped`, `running` or `flapping`.
 pub const HEARTBEAT_ANNOTATION: &str = "sim.ccm-rs.io/heartbeat";

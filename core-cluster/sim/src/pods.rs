@@ -19,7 +19,10 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{NodeState, SimError, bump, node};
+use super::{
+    NodeState, SimError, bump, node,
+    stages::{self, RunPlan},
+};
 use crate::Shared;
 
 /// kubelet's graceful-shutdown pod status (v1.33 `nodeshutdown_manager`).
@@ -27,51 +30,9 @@ pub(super) const SHUTDOWN_REASON: &str = "Terminated";
 /// kubelet's graceful-shutdown pod message.
 pub(super) const SHUTDOWN_MESSAGE: &str =
     "Pod was terminated in response to imminent node shutdown.";
-/// Pod annotation: how long the pod's containers run before they exit (`30`, `30s`,
-/// `500ms`, `2m`, `1h`). Without it containers run until the pod is deleted.
-pub const RUN_DURATION_ANNOTATION: &str = "sim.ccm-rs.io/run-duration";
-/// Pod annotation: the exit code of the containers when they exit (default 0).
-pub const EXIT_CODE_ANNOTATION: &str = "sim.ccm-rs.io/exit-code";
 /// kubelet's container restart backoff: 10 s doubling to 5 minutes.
 const RESTART_BACKOFF: Duration = Duration::from_secs(10);
 const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(300);
-
-/// Parses a run duration: seconds, or a number with `ms`, `s`, `m` or `h`.
-pub fn parse_run_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: f64 = number
-        .parse()
-        .ok()
-        .filter(|n: &f64| n.is_finite() && *n >= 0.0)?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return None,
-    };
-    Some(Duration::from_secs_f64(secs))
-}
-
-/// The run duration and exit code a pod's annotations ask for; `None` when it runs
-/// forever (or the annotation is malformed, which is logged).
-fn run_plan(pod: &Pod) -> Option<(Duration, i32)> {
-    let annotations = pod.metadata.annotations.as_ref()?;
-    let raw = annotations.get(RUN_DURATION_ANNOTATION)?;
-    let Some(duration) = parse_run_duration(raw) else {
-        tracing::warn!(pod = %pod.name_any(), value = %raw, "ignoring malformed {RUN_DURATION_ANNOTATION}");
-        return None;
-    };
-    let code = annotations
-        .get(EXIT_CODE_ANNOTATION)
-        .and_then(|c| c.trim().parse().ok())
-        .unwrap_or(0);
-    Some((duration, code))
-}
 
 /// Pod priority from which a pod is critical (`scheduling.SystemCriticalPriority`).
 const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
@@ -223,7 +184,15 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
     } else {
         running_status(shared, &node, pod)
     };
-    let plan = if shutting_down { None } else { run_plan(pod) };
+    let plan = if shutting_down {
+        RunPlan::Forever
+    } else {
+        stages::plan(
+            &shared.config.run_rules,
+            shared.config.default_run_duration,
+            pod,
+        )
+    };
     let (shared, node, pod, shutdown) =
         (shared.clone(), node.clone(), pod.clone(), shutdown.clone());
     tokio::spawn(async move {
@@ -245,7 +214,11 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
                 }
             }
         }
-        if let Some((duration, code)) = plan {
+        if let RunPlan::Exit {
+            after: duration,
+            code,
+        } = plan
+        {
             run_to_exit(
                 &shared, &node, &api, &pod, status, duration, code, &shutdown,
             )
@@ -575,22 +548,4 @@ pub(super) async fn graceful_shutdown(
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn run_durations() {
-        assert_eq!(parse_run_duration("30"), Some(Duration::from_secs(30)));
-        assert_eq!(
-            parse_run_duration("500ms"),
-            Some(Duration::from_millis(500))
-        );
-        assert_eq!(parse_run_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_run_duration("1.5h"), Some(Duration::from_secs(5400)));
-        assert_eq!(parse_run_duration("soon"), None);
-        assert_eq!(parse_run_duration("-1s"), None);
-    }
 }
