@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    NodeState, SimError, bump, node,
+    NodeState, SimError, bump, node, shutdown,
     stages::{self, RunPlan},
 };
 use crate::Shared;
@@ -34,24 +34,11 @@ pub(super) const SHUTDOWN_MESSAGE: &str =
 const RESTART_BACKOFF: Duration = Duration::from_secs(10);
 const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(300);
 
-/// Pod priority from which a pod is critical (`scheduling.SystemCriticalPriority`).
-const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
-
 /// Pods being started or finished, by uid, so a pod is worked on once at a time.
 #[derive(Debug, Default)]
 pub(super) struct PodTracker {
     starting: Mutex<HashSet<String>>,
     finishing: Mutex<HashSet<String>>,
-}
-
-fn is_critical(pod: &Pod) -> bool {
-    let spec = pod.spec.as_ref();
-    spec.and_then(|s| s.priority)
-        .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
-        || matches!(
-            spec.and_then(|s| s.priority_class_name.as_deref()),
-            Some("system-node-critical" | "system-cluster-critical")
-        )
 }
 
 fn phase(pod: &Pod) -> &str {
@@ -486,8 +473,8 @@ fn shutdown_status(shared: &Shared, pod: &Pod) -> Value {
     }})
 }
 
-/// Graceful node shutdown: Ready=False, then regular pods, then critical pods, each group
-/// within its share of the grace period.
+/// Graceful node shutdown: Ready=False, then the pods by priority group, lowest first,
+/// each group within its grace period (see [`shutdown`]).
 #[tracing::instrument(name = "sim_shutdown", skip_all, fields(node = %node.name))]
 pub(super) async fn graceful_shutdown(
     shared: &Arc<Shared>,
@@ -506,26 +493,36 @@ pub(super) async fn graceful_shutdown(
         .into_iter()
         .filter(|p| !matches!(phase(p), "Succeeded" | "Failed"))
         .collect();
-    let (critical, regular): (Vec<Pod>, Vec<Pod>) = active.into_iter().partition(is_critical);
-    let config = &shared.config;
-    let critical_period = config
-        .shutdown_grace_period_critical_pods
-        .min(config.shutdown_grace_period);
-    let regular_period = config.shutdown_grace_period - critical_period;
+    let groups = shutdown::shutdown_groups(&shared.config);
+    let periods: Vec<Duration> = groups.iter().map(|g| g.grace_period).collect();
+    let grouped = shutdown::group_by_priority(&groups, active);
     tracing::info!(
-        regular = regular.len(),
-        critical = critical.len(),
-        "shutdown: terminating pods"
+        groups = ?grouped.iter().map(Vec::len).collect::<Vec<_>>(),
+        "shutdown: terminating pods by priority group"
     );
-    for (group, period) in [(regular, regular_period), (critical, critical_period)] {
+    for (group, period) in grouped.into_iter().zip(periods) {
         let kills = group.iter().map(|pod| {
             let api: Api<Pod> = Api::namespaced(
                 shared.client_for(&node.name),
                 &pod.namespace().unwrap_or_default(),
             );
-            let status = shutdown_status(shared, pod);
             let name = pod.name_any();
+            // The containers use their grace period, capped by the group's
+            // (`gracePeriodOverride`), when the simulator waits grace periods.
+            let grace = if shared.config.wait_pod_grace_period {
+                let own = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+                    .unwrap_or(30)
+                    .max(0) as u64;
+                Duration::from_secs(own).min(period)
+            } else {
+                Duration::ZERO
+            };
             async move {
+                tokio::time::sleep(grace).await;
+                let status = shutdown_status(shared, pod);
                 match api
                     .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
                     .await
@@ -537,15 +534,7 @@ pub(super) async fn graceful_shutdown(
                 }
             }
         });
-        if tokio::time::timeout(period, futures::future::join_all(kills))
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                ?period,
-                "shutdown: pods not terminated within their grace period"
-            );
-        }
+        futures::future::join_all(kills).await;
     }
     Ok(())
 }
