@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::api::core::v1::Taint;
 
-use crate::{shutdown::ShutdownPriorityGroup, stages::RunRule};
+use crate::{images::ImageGcConfig, shutdown::ShutdownPriorityGroup, stages::RunRule};
 
 /// The taint kubelet registers with under `--cloud-provider=external`, until the cloud
 /// controller manager has initialised the node.
@@ -108,6 +108,8 @@ pub struct SimConfig {
     /// How long a container meant to end runs when its command says nothing of time
     /// (`true`, `wget …`) (1 s).
     pub default_run_duration: Duration,
+    /// Simulated images and image garbage collection (off by default).
+    pub image_gc: ImageGcConfig,
     /// At most this many registrations (Node + Lease creates) in flight at once (64).
     pub max_concurrent_registrations: usize,
     /// At most this many pod status writes and deletions in flight at once (32).
@@ -143,6 +145,7 @@ impl Default for SimConfig {
             shutdown_grace_period_by_pod_priority: Vec::new(),
             wait_pod_grace_period: false,
             run_rules: Vec::new(),
+            image_gc: ImageGcConfig::default(),
             default_run_duration: Duration::from_secs(1),
             max_concurrent_registrations: 64,
             max_concurrent_pod_writes: 32,
@@ -194,6 +197,31 @@ impl SimConfig {
             return err(
                 "shutdownGracePeriodByPodPriority",
                 format!("priority {} appears twice", w[0]),
+            );
+        }
+        let gc = &self.image_gc;
+        if gc.high_threshold_percent > 100 {
+            return err(
+                "imageGCHighThresholdPercent",
+                format!("{} must be between 0 and 100", gc.high_threshold_percent),
+            );
+        }
+        if gc.low_threshold_percent >= gc.high_threshold_percent {
+            return err(
+                "imageGCLowThresholdPercent",
+                format!(
+                    "{} must be less than imageGCHighThresholdPercent {}",
+                    gc.low_threshold_percent, gc.high_threshold_percent
+                ),
+            );
+        }
+        if !gc.maximum_gc_age.is_zero() && gc.maximum_gc_age < gc.minimum_gc_age {
+            return err(
+                "imageMaximumGCAge",
+                format!(
+                    "{:?} must not be less than imageMinimumGCAge {:?}",
+                    gc.maximum_gc_age, gc.minimum_gc_age
+                ),
             );
         }
         if self.node_lease_duration.is_zero() {

@@ -70,6 +70,7 @@
 //! none of the controls stops them.
 
 mod config;
+mod images;
 mod node;
 mod pods;
 mod shutdown;
@@ -108,6 +109,7 @@ pub use config::{
     NodeInfo, NodeResources, PROVIDED_NODE_IP_ANNOTATION, SimConfig, SimConfigError,
     UNINITIALIZED_TAINT_KEY, uninitialized_taint,
 };
+pub use images::{GcOutcome, ImageGcConfig, ImageStore, NODE_STATUS_MAX_IMAGES, image_size};
 pub use shutdown::{
     SYSTEM_CRITICAL_PRIORITY, ShutdownPriorityGroup, group_by_priority, pod_priority,
     shutdown_groups,
@@ -265,6 +267,8 @@ struct NodeState {
     ctl: Mutex<Control>,
     /// Woken when a control changes.
     notify: Notify,
+    /// The node's images (when [`SimConfig::image_gc`] is enabled).
+    images: Mutex<images::ImageStore>,
 }
 
 impl NodeState {
@@ -455,6 +459,7 @@ impl NodeSimulator {
                     observed_conditions: None,
                 }),
                 notify: Notify::new(),
+                images: Mutex::new(images::ImageStore::default()),
             });
             map.insert(n.name, state.clone());
             drop(map);
@@ -481,6 +486,24 @@ impl NodeSimulator {
             pods_finished: l(&c.pods_finished),
             pods_shut_down: l(&c.pods_shut_down),
         }
+    }
+
+    /// A node's image filesystem: (bytes used by images, capacity), for `/stats/summary`'s
+    /// `node.runtime.imageFs`. `(0, capacity)` when images are not simulated.
+    pub fn image_fs_usage(&self, node: &str) -> Result<(u64, u64), SimError> {
+        let n = self.shared.node(node)?;
+        let used = n.images.lock().used_bytes();
+        Ok((used, self.shared.config.image_gc.imagefs_capacity))
+    }
+
+    /// The images a node reports (`status.images`, largest first, capped).
+    pub fn node_images(
+        &self,
+        node: &str,
+    ) -> Result<Vec<k8s_openapi::api::core::v1::ContainerImage>, SimError> {
+        let n = self.shared.node(node)?;
+        let max = self.shared.config.image_gc.node_status_max_images;
+        Ok(n.images.lock().status_images(max))
     }
 
     /// Stops a node's heartbeats (Lease renewals, status posts, pod handling), as if its
@@ -537,6 +560,7 @@ impl NodeSimulator {
         tasks.spawn(watch_nodes(shared.clone(), shutdown.clone()));
         tasks.spawn(watch_configmap(shared.clone(), shutdown.clone()));
         tasks.spawn(pods::run_pods(shared.clone(), resumed, shutdown.clone()));
+        tasks.spawn(images::run_image_gc(shared.clone(), shutdown.clone()));
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,

@@ -83,6 +83,7 @@ pub(super) async fn run_pods(
                 }
                 Some(Ok(watcher::Event::Delete(pod))) => {
                     let uid = pod.uid().unwrap_or_default();
+                    release_images(&shared, &pod);
                     shared.pods.starting.lock().remove(&uid);
                     shared.pods.finishing.lock().remove(&uid);
                 }
@@ -91,6 +92,18 @@ pub(super) async fn run_pods(
                 None => return,
             },
         }
+    }
+}
+
+/// The pod's images are no longer in use by it on its node.
+fn release_images(shared: &Shared, pod: &Pod) {
+    if !shared.config.image_gc.enabled {
+        return;
+    }
+    if let Some(node) = node_of(pod).and_then(|n| shared.node(n).ok()) {
+        node.images
+            .lock()
+            .stop_pod(&pod.uid().unwrap_or_default(), tokio::time::Instant::now());
     }
 }
 
@@ -171,6 +184,17 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
     } else {
         running_status(shared, &node, pod)
     };
+    if !shutting_down && shared.config.image_gc.enabled {
+        let images = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+            .filter_map(|c| c.image.clone())
+            .collect();
+        node.images
+            .lock()
+            .start_pod(&uid, images, tokio::time::Instant::now());
+    }
     let plan = if shutting_down {
         RunPlan::Forever
     } else {
@@ -346,6 +370,7 @@ async fn run_to_exit(
             }
         }
         if !restart {
+            release_images(shared, pod);
             return;
         }
         let backoff = RESTART_BACKOFF

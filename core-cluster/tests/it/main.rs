@@ -24,6 +24,7 @@ mod rbac_write_path;
 mod request_bodies;
 mod scheduler;
 mod sim;
+mod sim_images;
 mod sim_shutdown;
 mod store_failures;
 mod tls_auth;
