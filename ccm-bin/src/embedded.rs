@@ -28,6 +28,7 @@ use core_cluster::{
         pod_gc::{PodGcConfig, PodGcController},
         supervisor::{PANICS_HELP, PANICS_METRIC, Supervisor},
         taint_eviction::TaintEvictionController,
+        ttl_after_finished::TtlAfterFinishedController,
     },
     sim::{NodeSimulator, SimConfig, SimNode, UNINITIALIZED_TAINT_KEY},
     store::{SqliteStore, Store},
@@ -74,6 +75,18 @@ pub(crate) struct EmbeddedArgs {
     /// The simulated kubelets' `nodeStatusUpdateFrequency`.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     sim_node_status_update_frequency: Duration,
+    /// The simulated kubelets' `shutdownGracePeriod` for a graceful node shutdown (0: off,
+    /// as kubelet's default: a node shut down just powers off).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    sim_shutdown_grace_period: Duration,
+    /// The simulated kubelets' `shutdownGracePeriodCriticalPods`: the part of
+    /// `--sim-shutdown-grace-period` kept for critical pods, stopped last.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    sim_shutdown_grace_period_critical_pods: Duration,
+    /// `--terminated-pod-gc-threshold`: terminated pods kept before pod GC deletes the
+    /// oldest (0: keep them all).
+    #[arg(long, default_value_t = 12_500)]
+    terminated_pod_gc_threshold: usize,
     /// `--node-monitor-grace-period`.
     #[arg(long, default_value = "50s", value_parser = parse_duration)]
     node_monitor_grace_period: Duration,
@@ -350,6 +363,23 @@ fn sim_nodes(args: &EmbeddedArgs, zones: &[String]) -> Vec<SimNode> {
         .collect()
 }
 
+/// The simulated kubelets' configuration from the `--sim-*` flags, checked as kubelet
+/// checks its own: a bad one stops `ccm` before anything starts.
+fn sim_config(args: &EmbeddedArgs) -> anyhow::Result<SimConfig> {
+    let config = SimConfig {
+        node_lease_duration: args.sim_node_lease_duration,
+        node_status_update_frequency: args.sim_node_status_update_frequency,
+        shutdown_grace_period: args.sim_shutdown_grace_period,
+        shutdown_grace_period_critical_pods: args.sim_shutdown_grace_period_critical_pods,
+        ..SimConfig::default()
+    }
+    .external_cloud_provider();
+    config
+        .validate()
+        .context("the simulated kubelets' configuration (--sim-* flags)")?;
+    Ok(config)
+}
+
 /// The fake cloud of the embedded default: one running instance per simulated node, in the
 /// node's zone, with the node's IP.
 fn fake_cloud_for(nodes: &[SimNode]) -> FakeCloud {
@@ -412,6 +442,7 @@ pub(crate) async fn run(
         bail!("--sim-zones must name at least one zone");
     }
     let nodes = sim_nodes(&args, &zones);
+    let sim_config = sim_config(&args)?;
     let cloud = embedded_cloud(&ccm, &nodes)?;
 
     let temp;
@@ -492,9 +523,15 @@ pub(crate) async fn run(
     });
     supervise("pod-garbage-collector-controller", {
         let client = client.clone();
-        Box::new(move |s| {
-            Box::pin(PodGcController::new(client.clone(), PodGcConfig::default()).run(s))
-        })
+        let config = PodGcConfig {
+            terminated_pod_gc_threshold: args.terminated_pod_gc_threshold,
+            ..PodGcConfig::default()
+        };
+        Box::new(move |s| Box::pin(PodGcController::new(client.clone(), config.clone()).run(s)))
+    });
+    supervise("ttl-after-finished-controller", {
+        let client = client.clone();
+        Box::new(move |s| Box::pin(TtlAfterFinishedController::new(client.clone()).run(s)))
     });
     if ipam.allocate_node_cidrs {
         // Checked once here, so a restart cannot fail on the configuration.
@@ -577,12 +614,6 @@ pub(crate) async fn run(
             args.node_monitor_grace_period
         );
     }
-    let sim_config = SimConfig {
-        node_lease_duration: args.sim_node_lease_duration,
-        node_status_update_frequency: args.sim_node_status_update_frequency,
-        ..SimConfig::default()
-    }
-    .external_cloud_provider();
     // Each kubelet acts as its own node (`system:node:<name>`), under the Node authorizer
     // and NodeRestriction; the simulator's fleet-wide watches use the loopback client.
     let per_node = server.clone();
@@ -700,6 +731,40 @@ mod tests {
         assert!(
             nodes[1].ip.is_none(),
             "the cloud's addresses are taken as they are"
+        );
+    }
+
+    /// kubelet's `ValidateKubeletConfiguration`: `shutdownGracePeriodCriticalPods` must not
+    /// exceed `shutdownGracePeriod`; the error names the field, and the flags reach the
+    /// simulator's configuration.
+    #[test]
+    fn simulator_shutdown_flags_are_checked_as_kubelet_checks_them() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["ccm"];
+            argv.extend_from_slice(extra);
+            <EmbeddedArgsParser as clap::Parser>::parse_from(argv).args
+        };
+        let ok = sim_config(&parse(&[
+            "--sim-shutdown-grace-period",
+            "30s",
+            "--sim-shutdown-grace-period-critical-pods",
+            "10s",
+        ]))
+        .unwrap();
+        assert_eq!(ok.shutdown_grace_period, Duration::from_secs(30));
+        assert_eq!(
+            ok.shutdown_grace_period_critical_pods,
+            Duration::from_secs(10)
+        );
+        let bad = sim_config(&parse(&[
+            "--sim-shutdown-grace-period-critical-pods",
+            "10s",
+        ]))
+        .unwrap_err();
+        let text = format!("{bad:#}");
+        assert!(
+            text.contains("shutdownGracePeriodCriticalPods") && text.contains("--sim-"),
+            "{text}"
         );
     }
 

@@ -447,11 +447,11 @@ fn workloads_roll_out_and_run_with_kubectl() {
     assert!(row.contains("Complete") && row.contains("2/2"), "{row}");
 
     // `kubectl create job` (protobuf too): without a run-duration annotation the simulated
-    // container runs until deleted, so its pod is Running and the Job active.
+    // kubelet still ends a Job's pod (kwok's `pod-complete` stage), so the Job completes.
     let created = cluster.kubectl_stdin(&["create", "job", "once", "--image=busybox"], "");
     assert!(created.contains("job.batch/once created"), "{created}");
     let once = wait_until(Duration::from_secs(30), || {
-        cluster.kubectl(&["get", "job", "once", "-o", "jsonpath={.status.active}"]) == "1"
+        cluster.kubectl(&["get", "job", "once", "-o", "jsonpath={.status.succeeded}"]) == "1"
     });
     assert!(
         once,

@@ -1,4 +1,6 @@
-//! Pod garbage collection: pods bound to Nodes that no longer exist.
+//! Pod garbage collection: terminated pods beyond a threshold, terminating pods of
+//! out-of-service Nodes, pods bound to Nodes that no longer exist, unscheduled terminating
+//! pods.
 //!
 //! # What upstream does (`pkg/controller/podgc/gc_controller.go`)
 //!
@@ -11,8 +13,12 @@
 //!   longer exists") and force-deleted (grace period 0);
 //! - `gcUnscheduledTerminating`: a terminating pod (deletionTimestamp) that was never
 //!   scheduled is force-deleted;
-//! - `gcTerminated` (pods beyond `--terminated-pod-gc-threshold`) and `gcTerminating` (pods
-//!   on NotReady Nodes with the `out-of-service` taint) also run.
+//! - `gcTerminated`: when more pods than `--terminated-pod-gc-threshold` (12500; 0 turns it
+//!   off) are terminated (`Succeeded` or `Failed`), the excess is force-deleted, evicted
+//!   pods first, then the oldest by creation time (`byEvictionAndCreationTimestamp`);
+//! - `gcTerminating` (non-graceful node shutdown): a terminating pod on a Node that is not
+//!   Ready and carries the `node.kubernetes.io/out-of-service` taint is marked `Failed` and
+//!   force-deleted, so its workload recreates it elsewhere and its volumes detach.
 //!
 //! A terminating pod on a missing Node falls under `gcOrphaned`, so it is force-deleted: no
 //! kubelet will ever finish its graceful deletion.
@@ -20,7 +26,6 @@
 //! # Where we differ
 //!
 //! - Nodes and pods are listed each period instead of being read from informers.
-//! - `gcTerminated` and `gcTerminating` (out-of-service taint) are not implemented.
 
 use crate::clock::WallClock;
 use std::{
@@ -38,6 +43,41 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+/// The taint an administrator puts on a Node that is shut down for good
+/// (non-graceful node shutdown): its terminating pods are force-deleted.
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+
+fn is_terminated(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// Evicted by the kubelet (`status.reason: Evicted`).
+fn is_evicted(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("Evicted")
+}
+
+fn creation(pod: &Pod) -> Option<jiff::Timestamp> {
+    pod.metadata.creation_timestamp.as_ref().map(|t| t.0)
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True")
+}
+
+fn has_taint(node: &Node, key: &str) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == key))
+}
+
 /// Configuration of the pod GC controller.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodGcConfig {
@@ -45,6 +85,9 @@ pub struct PodGcConfig {
     pub gc_check_period: Duration,
     /// How long a Node must be seen absent before its pods go (upstream `quarantineTime`, 40s).
     pub quarantine: Duration,
+    /// `--terminated-pod-gc-threshold` (12500): terminated pods kept before the oldest are
+    /// deleted; 0 keeps them all.
+    pub terminated_pod_gc_threshold: usize,
 }
 
 impl Default for PodGcConfig {
@@ -52,6 +95,7 @@ impl Default for PodGcConfig {
         Self {
             gc_check_period: Duration::from_secs(20),
             quarantine: Duration::from_secs(40),
+            terminated_pod_gc_threshold: 12_500,
         }
     }
 }
@@ -107,18 +151,20 @@ impl PodGcController {
         }
     }
 
-    /// One pass: orphaned pods and unscheduled terminating pods.
+    /// One pass, in upstream's order: terminated pods beyond the threshold, terminating
+    /// pods of out-of-service nodes, orphaned pods, unscheduled terminating pods.
     pub async fn gc_once(&mut self) -> Result<(), kube::Error> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let pods: Api<Pod> = Api::all(self.client.clone());
-        let present: HashSet<String> = nodes
-            .list_metadata(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .map(|n| n.name_any())
-            .collect();
-        let all = pods.list(&ListParams::default()).await?.items;
+        let node_list = nodes.list(&ListParams::default()).await?.items;
+        let present: HashSet<String> = node_list.iter().map(|n| n.name_any()).collect();
+        let mut all = pods.list(&ListParams::default()).await?.items;
+        let gone = self.gc_terminated(&all).await;
+        let gone_too = self.gc_terminating(&all, &node_list).await;
+        all.retain(|p| {
+            let uid = p.uid().unwrap_or_default();
+            !gone.contains(&uid) && !gone_too.contains(&uid)
+        });
         let now = Instant::now();
         let mut missing_seen = HashSet::new();
         for pod in &all {
@@ -156,7 +202,8 @@ impl PodGcController {
             let span = info_span!("pod_gc", pod = %key, node = %node_name);
             async {
                 info!("deleting pod bound to a node that no longer exists");
-                self.mark_failed(pod).await;
+                self.mark_failed(pod, Some("PodGC: node no longer exists"))
+                    .await;
                 self.force_delete(pod).await;
             }
             .instrument(span)
@@ -166,8 +213,73 @@ impl PodGcController {
         Ok(())
     }
 
-    /// Marks a non-terminal pod Failed with the `DisruptionTarget` condition (best effort).
-    async fn mark_failed(&self, pod: &Pod) {
+    /// `gcTerminated`: force-deletes the terminated pods beyond the threshold, evicted
+    /// ones first, then the oldest; returns their uids.
+    async fn gc_terminated(&self, all: &[Pod]) -> HashSet<String> {
+        let threshold = self.config.terminated_pod_gc_threshold;
+        let mut terminated: Vec<&Pod> = all.iter().filter(|p| is_terminated(p)).collect();
+        if threshold == 0 || terminated.len() <= threshold {
+            return HashSet::new();
+        }
+        // `byEvictionAndCreationTimestamp`: evicted first, then by creation time, then name.
+        terminated.sort_by(|a, b| {
+            (!is_evicted(a), creation(a), a.name_any()).cmp(&(
+                !is_evicted(b),
+                creation(b),
+                b.name_any(),
+            ))
+        });
+        let excess = terminated.len() - threshold;
+        info!(
+            terminated = terminated.len(),
+            threshold, excess, "garbage collecting terminated pods"
+        );
+        let mut gone = HashSet::new();
+        for pod in terminated.into_iter().take(excess) {
+            let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+            self.force_delete(pod)
+                .instrument(info_span!("pod_gc", pod = %key))
+                .await;
+            gone.insert(pod.uid().unwrap_or_default());
+        }
+        gone
+    }
+
+    /// `gcTerminating`: force-deletes the terminating pods of Nodes that are not Ready and
+    /// carry the `node.kubernetes.io/out-of-service` taint; returns their uids.
+    async fn gc_terminating(&self, all: &[Pod], nodes: &[Node]) -> HashSet<String> {
+        let out_of_service: HashSet<String> = nodes
+            .iter()
+            .filter(|n| !node_ready(n) && has_taint(n, OUT_OF_SERVICE_TAINT))
+            .map(|n| n.name_any())
+            .collect();
+        let mut gone = HashSet::new();
+        if out_of_service.is_empty() {
+            return gone;
+        }
+        for pod in all {
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+            if pod.metadata.deletion_timestamp.is_none()
+                || !node.is_some_and(|n| out_of_service.contains(n))
+            {
+                continue;
+            }
+            let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+            async {
+                info!("force-deleting terminating pod of an out-of-service node");
+                self.mark_failed(pod, None).await;
+                self.force_delete(pod).await;
+            }
+            .instrument(info_span!("pod_gc", pod = %key, node = node.unwrap_or_default()))
+            .await;
+            gone.insert(pod.uid().unwrap_or_default());
+        }
+        gone
+    }
+
+    /// Marks a non-terminal pod Failed, with the `DisruptionTarget` condition carrying
+    /// `message` when given (best effort).
+    async fn mark_failed(&self, pod: &Pod, disruption: Option<&str>) {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         if matches!(phase, Some("Succeeded" | "Failed")) {
             return;
@@ -175,13 +287,16 @@ impl PodGcController {
         let api: Api<Pod> =
             Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
         let now = self.clock.now().to_string();
-        let patch = json!({"status": {
-            "phase": "Failed",
-            "conditions": [{
-                "type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC",
-                "message": "PodGC: node no longer exists", "lastTransitionTime": now,
-            }],
-        }});
+        let patch = match disruption {
+            Some(message) => json!({"status": {
+                "phase": "Failed",
+                "conditions": [{
+                    "type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC",
+                    "message": message, "lastTransitionTime": now,
+                }],
+            }}),
+            None => json!({"status": {"phase": "Failed"}}),
+        };
         if let Err(e) = api
             .patch_status(
                 &pod.name_any(),

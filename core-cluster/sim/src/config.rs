@@ -4,6 +4,8 @@ use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::api::core::v1::Taint;
 
+use crate::{images::ImageGcConfig, shutdown::ShutdownPriorityGroup, stages::RunRule};
+
 /// The taint kubelet registers with under `--cloud-provider=external`, until the cloud
 /// controller manager has initialised the node.
 pub const UNINITIALIZED_TAINT_KEY: &str = "node.cloudprovider.kubernetes.io/uninitialized";
@@ -92,11 +94,22 @@ pub struct SimConfig {
     /// `shutdownGracePeriodCriticalPods` (0 s): the part of `shutdown_grace_period`
     /// reserved for critical pods, which are terminated after the regular ones.
     pub shutdown_grace_period_critical_pods: Duration,
+    /// `shutdownGracePeriodByPodPriority`: when not empty, the groups of a graceful
+    /// shutdown by pod priority, replacing the two periods above (kubelet refuses both).
+    pub shutdown_grace_period_by_pod_priority: Vec<ShutdownPriorityGroup>,
     /// Wait a terminating pod's grace period (`deletionGracePeriodSeconds`, counted from
     /// when the simulator sees the deletion) before finishing it, as if its containers used
     /// all of it (true); or finish it at once, as if they exited on SIGTERM (false, the
     /// default, what kwok does).
     pub wait_pod_grace_period: bool,
+    /// Rules deciding how long pods' containers run and how they exit, tried in order
+    /// after the pod's own annotations and before the defaults (see [`RunRule`]).
+    pub run_rules: Vec<RunRule>,
+    /// How long a container meant to end runs when its command says nothing of time
+    /// (`true`, `wget …`) (1 s).
+    pub default_run_duration: Duration,
+    /// Simulated images and image garbage collection (off by default).
+    pub image_gc: ImageGcConfig,
     /// At most this many registrations (Node + Lease creates) in flight at once (64).
     pub max_concurrent_registrations: usize,
     /// At most this many pod status writes and deletions in flight at once (32).
@@ -129,7 +142,11 @@ impl Default for SimConfig {
             node_status_report_frequency: Duration::from_secs(300),
             shutdown_grace_period: Duration::ZERO,
             shutdown_grace_period_critical_pods: Duration::ZERO,
+            shutdown_grace_period_by_pod_priority: Vec::new(),
             wait_pod_grace_period: false,
+            run_rules: Vec::new(),
+            image_gc: ImageGcConfig::default(),
+            default_run_duration: Duration::from_secs(1),
             max_concurrent_registrations: 64,
             max_concurrent_pod_writes: 32,
             max_concurrent_heartbeats: 128,
@@ -137,7 +154,82 @@ impl Default for SimConfig {
     }
 }
 
+/// A simulator configuration kubelet would refuse: the field (by its
+/// KubeletConfiguration name) and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SimConfigError {
+    /// The field, as KubeletConfiguration names it.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub message: String,
+}
+
 impl SimConfig {
+    /// Checks the configuration as kubelet's `ValidateKubeletConfiguration` does for the
+    /// fields the simulator has.
+    pub fn validate(&self) -> Result<(), SimConfigError> {
+        let err = |field, message: String| Err(SimConfigError { field, message });
+        if self.shutdown_grace_period_critical_pods > self.shutdown_grace_period {
+            return err(
+                "shutdownGracePeriodCriticalPods",
+                format!(
+                    "{:?} must be <= shutdownGracePeriod {:?}",
+                    self.shutdown_grace_period_critical_pods, self.shutdown_grace_period
+                ),
+            );
+        }
+        if !self.shutdown_grace_period_by_pod_priority.is_empty()
+            && !self.shutdown_grace_period.is_zero()
+        {
+            return err(
+                "shutdownGracePeriodByPodPriority",
+                "cannot be set with shutdownGracePeriod or shutdownGracePeriodCriticalPods".into(),
+            );
+        }
+        let mut priorities: Vec<i32> = self
+            .shutdown_grace_period_by_pod_priority
+            .iter()
+            .map(|g| g.priority)
+            .collect();
+        priorities.sort_unstable();
+        if let Some(w) = priorities.windows(2).find(|w| w[0] == w[1]) {
+            return err(
+                "shutdownGracePeriodByPodPriority",
+                format!("priority {} appears twice", w[0]),
+            );
+        }
+        let gc = &self.image_gc;
+        if gc.high_threshold_percent > 100 {
+            return err(
+                "imageGCHighThresholdPercent",
+                format!("{} must be between 0 and 100", gc.high_threshold_percent),
+            );
+        }
+        if gc.low_threshold_percent >= gc.high_threshold_percent {
+            return err(
+                "imageGCLowThresholdPercent",
+                format!(
+                    "{} must be less than imageGCHighThresholdPercent {}",
+                    gc.low_threshold_percent, gc.high_threshold_percent
+                ),
+            );
+        }
+        if !gc.maximum_gc_age.is_zero() && gc.maximum_gc_age < gc.minimum_gc_age {
+            return err(
+                "imageMaximumGCAge",
+                format!(
+                    "{:?} must not be less than imageMinimumGCAge {:?}",
+                    gc.maximum_gc_age, gc.minimum_gc_age
+                ),
+            );
+        }
+        if self.node_lease_duration.is_zero() {
+            return err("nodeLeaseDurationSeconds", "must be greater than 0".into());
+        }
+        Ok(())
+    }
+
     /// The kubelet of a cluster with an external cloud controller manager
     /// (`--cloud-provider=external`): registers with the
     /// `node.cloudprovider.kubernetes.io/uninitialized=true:NoSchedule` taint and writes

@@ -20,7 +20,11 @@
 //!   a running pod whose `Ready` condition someone else set to False (the node lifecycle
 //!   controller's `MarkPodsNotReady` while the node was unreachable) gets `Ready=True` back
 //!   while its containers are ready, as kubelet's status manager reconciles;
-//! - **graceful node shutdown** ([`shutdown_node`](NodeSimulator::shutdown_node)).
+//!   how long containers run and how they exit follows kwok-style rules ([`RunRule`],
+//!   [`run_plan`]): Job pods, `helm test` pods and `restartPolicy: Never` pods given a
+//!   command end, servers run until deleted;
+//! - **graceful node shutdown** by pod priority ([`shutdown_node`](NodeSimulator::shutdown_node),
+//!   or the Node annotation `sim.ccm-rs.io/shutdown=true` from kubectl).
 //!
 //! Timers are tokio timers (one task per node, sleeping), so tests run with paused time;
 //! timestamps written to the API (`renewTime`, `lastHeartbeatTime`, `startTime`) follow the
@@ -66,8 +70,11 @@
 //! none of the controls stops them.
 
 mod config;
+mod images;
 mod node;
 mod pods;
+mod shutdown;
+mod stages;
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -99,15 +106,26 @@ pub(crate) use core_cluster_machinery::clock;
 use crate::clock::WallClock;
 
 pub use config::{
-    NodeInfo, NodeResources, PROVIDED_NODE_IP_ANNOTATION, SimConfig, UNINITIALIZED_TAINT_KEY,
-    uninitialized_taint,
+    NodeInfo, NodeResources, PROVIDED_NODE_IP_ANNOTATION, SimConfig, SimConfigError,
+    UNINITIALIZED_TAINT_KEY, uninitialized_taint,
 };
-pub use pods::{EXIT_CODE_ANNOTATION, RUN_DURATION_ANNOTATION, parse_run_duration};
+pub use images::{GcOutcome, ImageGcConfig, ImageStore, NODE_STATUS_MAX_IMAGES, image_size};
+pub use shutdown::{
+    SYSTEM_CRITICAL_PRIORITY, ShutdownPriorityGroup, group_by_priority, pod_priority,
+    shutdown_groups,
+};
+pub use stages::{
+    EXIT_CODE_ANNOTATION, HELM_HOOK_ANNOTATION, RUN_DURATION_ANNOTATION, RunPlan, RunRule,
+    RunSelector, default_plan, parse_run_duration, plan as run_plan,
+};
 
 /// Node annotation controlling a node's heartbeats: `stopped`, `running` or `flapping`.
 pub const HEARTBEAT_ANNOTATION: &str = "sim.ccm-rs.io/heartbeat";
 /// Node annotation: seconds of each stopped and running phase when flapping (default 30).
 pub const FLAP_PERIOD_ANNOTATION: &str = "sim.ccm-rs.io/flap-period";
+/// Node annotation: `true` shuts the node down as [`NodeSimulator::shutdown_node`] does
+/// (graceful when a grace period is configured), once; the node then stays powered off.
+pub const SHUTDOWN_ANNOTATION: &str = "sim.ccm-rs.io/shutdown";
 /// Namespace of the simulator's ConfigMap.
 pub const CONTROL_CONFIGMAP_NAMESPACE: &str = "kube-system";
 /// Name of the simulator's ConfigMap.
@@ -232,6 +250,9 @@ struct Control {
     shutting_down: bool,
     /// Powered off: heartbeats stopped for good.
     powered_off: bool,
+    /// A shutdown was asked for (by [`SHUTDOWN_ANNOTATION`] or
+    /// [`NodeSimulator::shutdown_node`]): it runs once.
+    shutdown_requested: bool,
     /// `(type, status)` of the conditions the API shows, from the Node watch.
     observed_conditions: Option<Vec<(String, String)>>,
 }
@@ -246,6 +267,8 @@ struct NodeState {
     ctl: Mutex<Control>,
     /// Woken when a control changes.
     notify: Notify,
+    /// The node's images (when [`SimConfig::image_gc`] is enabled).
+    images: Mutex<images::ImageStore>,
 }
 
 impl NodeState {
@@ -432,9 +455,11 @@ impl NodeSimulator {
                     annotation: HeartbeatMode::Running,
                     shutting_down: false,
                     powered_off: false,
+                    shutdown_requested: false,
                     observed_conditions: None,
                 }),
                 notify: Notify::new(),
+                images: Mutex::new(images::ImageStore::default()),
             });
             map.insert(n.name, state.clone());
             drop(map);
@@ -463,6 +488,24 @@ impl NodeSimulator {
         }
     }
 
+    /// A node's image filesystem: (bytes used by images, capacity), for `/stats/summary`'s
+    /// `node.runtime.imageFs`. `(0, capacity)` when images are not simulated.
+    pub fn image_fs_usage(&self, node: &str) -> Result<(u64, u64), SimError> {
+        let n = self.shared.node(node)?;
+        let used = n.images.lock().used_bytes();
+        Ok((used, self.shared.config.image_gc.imagefs_capacity))
+    }
+
+    /// The images a node reports (`status.images`, largest first, capped).
+    pub fn node_images(
+        &self,
+        node: &str,
+    ) -> Result<Vec<k8s_openapi::api::core::v1::ContainerImage>, SimError> {
+        let n = self.shared.node(node)?;
+        let max = self.shared.config.image_gc.node_status_max_images;
+        Ok(n.images.lock().status_images(max))
+    }
+
     /// Stops a node's heartbeats (Lease renewals, status posts, pod handling), as if its
     /// kubelet became unreachable.
     pub fn stop_heartbeats(&self, node: &str) -> Result<(), SimError> {
@@ -485,25 +528,22 @@ impl NodeSimulator {
         Ok(self.shared.heartbeat_stopped(&n))
     }
 
-    /// Shuts a node down as kubelet's graceful node shutdown does, then powers it off.
+    /// Shuts a node down as kubelet's graceful node shutdown does, then powers it off
+    /// (also asked from kubectl with the [`SHUTDOWN_ANNOTATION`] `true` on the Node).
     ///
-    /// With `shutdown_grace_period` > 0: the node posts `Ready=False` ("node is shutting
-    /// down"), rejects new pods, marks its running pods `Failed` (reason `Terminated`,
+    /// With a grace period (`shutdown_grace_period` > 0 or
+    /// `shutdown_grace_period_by_pod_priority`): the node posts `Ready=False` (reason
+    /// `KubeletNotReady`, "node is shutting down") while its Lease keeps renewing, rejects
+    /// new pods (`NodeShutdown`), marks its running pods `Failed` (reason `Terminated`,
     /// message "Pod was terminated in response to imminent node shutdown.", condition
-    /// `DisruptionTarget`), regular pods first within `shutdown_grace_period -
-    /// shutdown_grace_period_critical_pods`, then critical pods (priority ≥ 2000000000 or
-    /// priorityClassName `system-node-critical`/`system-cluster-critical`) within
-    /// `shutdown_grace_period_critical_pods`. With 0 (kubelet's default) the node just
-    /// powers off. Either way its heartbeats then stop for good.
+    /// `DisruptionTarget`) group by group, lowest priority first, each within its grace
+    /// period ([`shutdown_groups`]: regular pods within `shutdown_grace_period -
+    /// shutdown_grace_period_critical_pods`, then critical pods, priority ≥ 2000000000).
+    /// With none (kubelet's default) the node just powers off. Either way its heartbeats
+    /// then stop for good. A node is shut down once; later calls do nothing.
     pub async fn shutdown_node(&self, node: &str) -> Result<(), SimError> {
         let n = self.shared.node(node)?;
-        let result = if self.shared.config.shutdown_grace_period.is_zero() {
-            Ok(())
-        } else {
-            pods::graceful_shutdown(&self.shared, &n).await
-        };
-        self.shared.change(&n, |c| c.powered_off = true);
-        result
+        shutdown_node(&self.shared, &n).await
     }
 
     /// Runs the simulation until `shutdown` is cancelled: registers and heartbeats every
@@ -520,6 +560,7 @@ impl NodeSimulator {
         tasks.spawn(watch_nodes(shared.clone(), shutdown.clone()));
         tasks.spawn(watch_configmap(shared.clone(), shutdown.clone()));
         tasks.spawn(pods::run_pods(shared.clone(), resumed, shutdown.clone()));
+        tasks.spawn(images::run_image_gc(shared.clone(), shutdown.clone()));
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -532,6 +573,21 @@ impl NodeSimulator {
         while tasks.join_next().await.is_some() {}
         Ok(())
     }
+}
+
+/// Shuts `node` down once (see [`NodeSimulator::shutdown_node`]); a second request while
+/// or after it runs does nothing.
+async fn shutdown_node(shared: &Arc<Shared>, node: &Arc<NodeState>) -> Result<(), SimError> {
+    if std::mem::replace(&mut node.ctl.lock().shutdown_requested, true) {
+        return Ok(());
+    }
+    let result = if shutdown::shutdown_groups(&shared.config).is_empty() {
+        Ok(())
+    } else {
+        pods::graceful_shutdown(shared, node).await
+    };
+    shared.change(node, |c| c.powered_off = true);
+    result
 }
 
 fn heartbeat_mode(node: &Node, current: HeartbeatMode) -> HeartbeatMode {
@@ -601,6 +657,19 @@ async fn watch_nodes(shared: Arc<Shared>, shutdown: CancellationToken) {
                     .collect()
             })
             .unwrap_or_default();
+        let shutdown_asked = node
+            .annotations()
+            .get(SHUTDOWN_ANNOTATION)
+            .is_some_and(|v| v.trim() == "true");
+        if shutdown_asked && !state.ctl.lock().shutdown_requested {
+            tracing::info!(node = %state.name, "shutdown asked by annotation");
+            let (shared, state) = (shared.clone(), state.clone());
+            tokio::spawn(async move {
+                if let Err(e) = shutdown_node(&shared, &state).await {
+                    tracing::warn!(node = %state.name, error = %e, "shutdown failed");
+                }
+            });
+        }
         let current = state.ctl.lock().annotation;
         let mode = heartbeat_mode(&node, current);
         state.ctl.lock().observed_conditions = Some(observed);

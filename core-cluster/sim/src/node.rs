@@ -16,7 +16,7 @@ use kube::{
     Api,
     api::{Patch, PatchParams, PostParams},
 };
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -194,6 +194,8 @@ struct Kubelet {
     ready_since: jiff::Timestamp,
     last_ready_shutting_down: bool,
     last_status_post: Instant,
+    /// The image list version last posted in `status.images`.
+    last_images_version: u64,
 }
 
 /// The task of one node: registers it, then heartbeats until shutdown.
@@ -214,6 +216,7 @@ pub(super) async fn run_node(
             ready_since: now,
             last_ready_shutting_down: false,
             last_status_post: Instant::now(),
+            last_images_version: 0,
         };
         if !k.register().await {
             return;
@@ -504,14 +507,32 @@ impl Kubelet {
         }
         let desired = conditions(now, self.since, self.ready_since, shutting_down);
         let due = self.last_status_post.elapsed() >= self.config().node_status_report_frequency;
-        if !changed && !due {
+        let image_gc = &self.shared.config.image_gc;
+        let images = image_gc.enabled.then(|| {
+            let store = self.node.images.lock();
+            (
+                store.version(),
+                store.status_images(image_gc.node_status_max_images),
+            )
+        });
+        let images_changed = images
+            .as_ref()
+            .is_some_and(|(v, _)| *v != self.last_images_version);
+        if !changed && !due && !images_changed {
             return;
         }
+        let mut patch = json!({"conditions": desired});
+        if let Some((_, list)) = &images {
+            patch["images"] = json!(list);
+        }
         let permit = self.shared.heartbeats.acquire().await;
-        let posted = post_status(&self.shared, &self.node.name, desired).await;
+        let posted = post_status_value(&self.shared, &self.node.name, patch).await;
         drop(permit);
         if posted {
             self.last_status_post = Instant::now();
+            if let Some((v, _)) = images {
+                self.last_images_version = v;
+            }
         }
     }
 }
@@ -523,8 +544,13 @@ pub(super) async fn post_status(
     node: &str,
     conditions: Vec<NodeCondition>,
 ) -> bool {
+    post_status_value(shared, node, json!({"conditions": conditions})).await
+}
+
+/// Posts `status` (strategic merge).
+pub(super) async fn post_status_value(shared: &Shared, node: &str, status: Value) -> bool {
     let api: Api<Node> = Api::all(shared.client_for(node));
-    let patch = json!({"status": {"conditions": conditions}});
+    let patch = json!({ "status": status });
     match api
         .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
         .await

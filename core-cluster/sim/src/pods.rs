@@ -19,7 +19,10 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{NodeState, SimError, bump, node};
+use super::{
+    NodeState, SimError, bump, node, shutdown,
+    stages::{self, RunPlan},
+};
 use crate::Shared;
 
 /// kubelet's graceful-shutdown pod status (v1.33 `nodeshutdown_manager`).
@@ -27,70 +30,15 @@ pub(super) const SHUTDOWN_REASON: &str = "Terminated";
 /// kubelet's graceful-shutdown pod message.
 pub(super) const SHUTDOWN_MESSAGE: &str =
     "Pod was terminated in response to imminent node shutdown.";
-/// Pod annotation: how long the pod's containers run before they exit (`30`, `30s`,
-/// `500ms`, `2m`, `1h`). Without it containers run until the pod is deleted.
-pub const RUN_DURATION_ANNOTATION: &str = "sim.ccm-rs.io/run-duration";
-/// Pod annotation: the exit code of the containers when they exit (default 0).
-pub const EXIT_CODE_ANNOTATION: &str = "sim.ccm-rs.io/exit-code";
 /// kubelet's container restart backoff: 10 s doubling to 5 minutes.
 const RESTART_BACKOFF: Duration = Duration::from_secs(10);
 const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(300);
-
-/// Parses a run duration: seconds, or a number with `ms`, `s`, `m` or `h`.
-pub fn parse_run_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: f64 = number
-        .parse()
-        .ok()
-        .filter(|n: &f64| n.is_finite() && *n >= 0.0)?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return None,
-    };
-    Some(Duration::from_secs_f64(secs))
-}
-
-/// The run duration and exit code a pod's annotations ask for; `None` when it runs
-/// forever (or the annotation is malformed, which is logged).
-fn run_plan(pod: &Pod) -> Option<(Duration, i32)> {
-    let annotations = pod.metadata.annotations.as_ref()?;
-    let raw = annotations.get(RUN_DURATION_ANNOTATION)?;
-    let Some(duration) = parse_run_duration(raw) else {
-        tracing::warn!(pod = %pod.name_any(), value = %raw, "ignoring malformed {RUN_DURATION_ANNOTATION}");
-        return None;
-    };
-    let code = annotations
-        .get(EXIT_CODE_ANNOTATION)
-        .and_then(|c| c.trim().parse().ok())
-        .unwrap_or(0);
-    Some((duration, code))
-}
-
-/// Pod priority from which a pod is critical (`scheduling.SystemCriticalPriority`).
-const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
 /// Pods being started or finished, by uid, so a pod is worked on once at a time.
 #[derive(Debug, Default)]
 pub(super) struct PodTracker {
     starting: Mutex<HashSet<String>>,
     finishing: Mutex<HashSet<String>>,
-}
-
-fn is_critical(pod: &Pod) -> bool {
-    let spec = pod.spec.as_ref();
-    spec.and_then(|s| s.priority)
-        .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
-        || matches!(
-            spec.and_then(|s| s.priority_class_name.as_deref()),
-            Some("system-node-critical" | "system-cluster-critical")
-        )
 }
 
 fn phase(pod: &Pod) -> &str {
@@ -135,6 +83,7 @@ pub(super) async fn run_pods(
                 }
                 Some(Ok(watcher::Event::Delete(pod))) => {
                     let uid = pod.uid().unwrap_or_default();
+                    release_images(&shared, &pod);
                     shared.pods.starting.lock().remove(&uid);
                     shared.pods.finishing.lock().remove(&uid);
                 }
@@ -143,6 +92,18 @@ pub(super) async fn run_pods(
                 None => return,
             },
         }
+    }
+}
+
+/// The pod's images are no longer in use by it on its node.
+fn release_images(shared: &Shared, pod: &Pod) {
+    if !shared.config.image_gc.enabled {
+        return;
+    }
+    if let Some(node) = node_of(pod).and_then(|n| shared.node(n).ok()) {
+        node.images
+            .lock()
+            .stop_pod(&pod.uid().unwrap_or_default(), tokio::time::Instant::now());
     }
 }
 
@@ -223,7 +184,26 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
     } else {
         running_status(shared, &node, pod)
     };
-    let plan = if shutting_down { None } else { run_plan(pod) };
+    if !shutting_down && shared.config.image_gc.enabled {
+        let images = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+            .filter_map(|c| c.image.clone())
+            .collect();
+        node.images
+            .lock()
+            .start_pod(&uid, images, tokio::time::Instant::now());
+    }
+    let plan = if shutting_down {
+        RunPlan::Forever
+    } else {
+        stages::plan(
+            &shared.config.run_rules,
+            shared.config.default_run_duration,
+            pod,
+        )
+    };
     let (shared, node, pod, shutdown) =
         (shared.clone(), node.clone(), pod.clone(), shutdown.clone());
     tokio::spawn(async move {
@@ -245,7 +225,11 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
                 }
             }
         }
-        if let Some((duration, code)) = plan {
+        if let RunPlan::Exit {
+            after: duration,
+            code,
+        } = plan
+        {
             run_to_exit(
                 &shared, &node, &api, &pod, status, duration, code, &shutdown,
             )
@@ -386,6 +370,7 @@ async fn run_to_exit(
             }
         }
         if !restart {
+            release_images(shared, pod);
             return;
         }
         let backoff = RESTART_BACKOFF
@@ -513,8 +498,8 @@ fn shutdown_status(shared: &Shared, pod: &Pod) -> Value {
     }})
 }
 
-/// Graceful node shutdown: Ready=False, then regular pods, then critical pods, each group
-/// within its share of the grace period.
+/// Graceful node shutdown: Ready=False, then the pods by priority group, lowest first,
+/// each group within its grace period (see [`shutdown`]).
 #[tracing::instrument(name = "sim_shutdown", skip_all, fields(node = %node.name))]
 pub(super) async fn graceful_shutdown(
     shared: &Arc<Shared>,
@@ -533,26 +518,36 @@ pub(super) async fn graceful_shutdown(
         .into_iter()
         .filter(|p| !matches!(phase(p), "Succeeded" | "Failed"))
         .collect();
-    let (critical, regular): (Vec<Pod>, Vec<Pod>) = active.into_iter().partition(is_critical);
-    let config = &shared.config;
-    let critical_period = config
-        .shutdown_grace_period_critical_pods
-        .min(config.shutdown_grace_period);
-    let regular_period = config.shutdown_grace_period - critical_period;
+    let groups = shutdown::shutdown_groups(&shared.config);
+    let periods: Vec<Duration> = groups.iter().map(|g| g.grace_period).collect();
+    let grouped = shutdown::group_by_priority(&groups, active);
     tracing::info!(
-        regular = regular.len(),
-        critical = critical.len(),
-        "shutdown: terminating pods"
+        groups = ?grouped.iter().map(Vec::len).collect::<Vec<_>>(),
+        "shutdown: terminating pods by priority group"
     );
-    for (group, period) in [(regular, regular_period), (critical, critical_period)] {
+    for (group, period) in grouped.into_iter().zip(periods) {
         let kills = group.iter().map(|pod| {
             let api: Api<Pod> = Api::namespaced(
                 shared.client_for(&node.name),
                 &pod.namespace().unwrap_or_default(),
             );
-            let status = shutdown_status(shared, pod);
             let name = pod.name_any();
+            // The containers use their grace period, capped by the group's
+            // (`gracePeriodOverride`), when the simulator waits grace periods.
+            let grace = if shared.config.wait_pod_grace_period {
+                let own = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+                    .unwrap_or(30)
+                    .max(0) as u64;
+                Duration::from_secs(own).min(period)
+            } else {
+                Duration::ZERO
+            };
             async move {
+                tokio::time::sleep(grace).await;
+                let status = shutdown_status(shared, pod);
                 match api
                     .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
                     .await
@@ -564,33 +559,7 @@ pub(super) async fn graceful_shutdown(
                 }
             }
         });
-        if tokio::time::timeout(period, futures::future::join_all(kills))
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                ?period,
-                "shutdown: pods not terminated within their grace period"
-            );
-        }
+        futures::future::join_all(kills).await;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn run_durations() {
-        assert_eq!(parse_run_duration("30"), Some(Duration::from_secs(30)));
-        assert_eq!(
-            parse_run_duration("500ms"),
-            Some(Duration::from_millis(500))
-        );
-        assert_eq!(parse_run_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_run_duration("1.5h"), Some(Duration::from_secs(5400)));
-        assert_eq!(parse_run_duration("soon"), None);
-        assert_eq!(parse_run_duration("-1s"), None);
-    }
 }
