@@ -16,9 +16,22 @@ const DEMO_CLOUD: &str = include_str!("demo-cloud.toml");
 const DEMO_RUNNING_NODES: [&str; 2] = ["node-a", "node-b"];
 const DEMO_STOPPED_NODE: &str = "node-c";
 
+/// `ccm --version`: the crate's version and the git commit it was built from (`build.rs`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("CCM_GIT_COMMIT"),
+    ")"
+);
+
 /// The cloud-controller-manager.
 #[derive(Debug, Parser)]
-#[command(name = "ccm", version, about, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "ccm",
+    version = VERSION,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -29,6 +42,10 @@ struct Cli {
     /// With no subcommand and no cluster to manage: the embedded cluster's flags.
     #[command(flatten)]
     embedded: crate::embedded::EmbeddedArgs,
+    /// With no subcommand: the node IPAM flags (the `nodeipam` controller against a
+    /// cluster, the embedded cluster's own IPAM otherwise).
+    #[command(flatten)]
+    ipam: crate::nodeipam::NodeIpamArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -74,7 +91,7 @@ pub(crate) fn main() -> ExitCode {
     };
     cloud_provider_app::init_logging_for(&cli.ccm);
     let result = match cli.command {
-        None => manage(cli.ccm, cli.embedded, &matches),
+        None => manage(cli.ccm, cli.embedded, cli.ipam, &matches),
         Some(Command::Apiserver(args)) => apiserver(args),
         Some(Command::Providers) => providers(),
         Some(Command::Conformance(args)) => conformance(args),
@@ -113,6 +130,7 @@ fn cluster_given(ccm: &CloudControllerManagerOptions) -> bool {
 fn manage(
     mut ccm: CloudControllerManagerOptions,
     embedded: crate::embedded::EmbeddedArgs,
+    ipam: crate::nodeipam::NodeIpamArgs,
     matches: &ArgMatches,
 ) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -131,10 +149,10 @@ fn manage(
                 stray.join(", ")
             );
         }
-        runtime.block_on(cloud_provider_app::run(
-            ccm,
-            cloud_provider_app::default_registry(),
-        ))?;
+        // The SDK's four controllers and `nodeipam`, off unless named (upstream's sample
+        // `main` adds it so).
+        let controllers = crate::nodeipam::registry(&ipam, &mut ccm).map_err(anyhow::Error::msg)?;
+        runtime.block_on(cloud_provider_app::run(ccm, controllers))?;
         return Ok(ExitCode::SUCCESS);
     }
     if !given(matches, "cloud_provider") {
@@ -149,7 +167,7 @@ fn manage(
     if !given(matches, "bind_address") {
         ccm.bind_address = Ipv4Addr::LOCALHOST.into();
     }
-    runtime.block_on(crate::embedded::run(embedded, ccm))?;
+    runtime.block_on(crate::embedded::run(embedded, ipam, ccm))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -14,6 +14,7 @@ use std::{
     time::Duration,
 };
 
+use crate::nodeipam::NodeIpamArgs;
 use anyhow::{Context, bail};
 use cloud_provider::CloudProvider;
 use cloud_provider_app::{CloudControllerManagerOptions, HealthChecks};
@@ -23,7 +24,6 @@ use core_cluster::{
     auth::{node::node_user, rbac::service_account_user},
     controllers::{
         garbage_collector::GarbageCollector,
-        node_ipam::{NodeIpamConfig, NodeIpamController},
         node_lifecycle::{NodeLifecycleConfig, NodeLifecycleController},
         pod_gc::{PodGcConfig, PodGcController},
         supervisor::{PANICS_HELP, PANICS_METRIC, Supervisor},
@@ -105,21 +105,36 @@ pub(crate) struct EmbeddedArgs {
     /// `--unhealthy-zone-threshold`.
     #[arg(long, default_value_t = 0.55)]
     unhealthy_zone_threshold: f64,
-    /// `--node-cidr-mask-size-ipv4`.
-    #[arg(long, default_value_t = 24)]
-    node_cidr_mask_size_ipv4: u8,
-    /// `--node-cidr-mask-size-ipv6`.
-    #[arg(long, default_value_t = 64)]
-    node_cidr_mask_size_ipv6: u8,
-    /// `--service-cluster-ip-range`.
-    #[arg(long, default_value = "10.96.0.0/12")]
-    service_cluster_ip_range: String,
 }
 
-/// The deploy manifest whose RBAC the embedded ccm runs under.
-const CCM_MANIFEST: &str = include_str!("../../deploy/ccm-daemonset.yaml");
-/// The kinds of [`CCM_MANIFEST`] that make the ccm's RBAC.
-const CCM_RBAC_KINDS: [&str; 3] = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"];
+/// The embedded API server's Service cluster IP range unless `--service-cluster-ip-range`
+/// is given (kube-apiserver's default).
+const DEFAULT_SERVICE_CLUSTER_IP_RANGE: &str = "10.96.0.0/12";
+
+/// The deploy manifests whose RBAC the embedded ccm runs under: its ServiceAccount, the
+/// shared RBAC (leader election, delegated authn/authz) and the least-privilege role.
+const CCM_MANIFESTS: [(&str, &str); 3] = [
+    (
+        "deploy/ccm-daemonset.yaml",
+        include_str!("../../deploy/ccm-daemonset.yaml"),
+    ),
+    (
+        "deploy/rbac-common.yaml",
+        include_str!("../../deploy/rbac-common.yaml"),
+    ),
+    (
+        "deploy/rbac/least-privilege.yaml",
+        include_str!("../../deploy/rbac/least-privilege.yaml"),
+    ),
+];
+/// The kinds of [`CCM_MANIFESTS`] that make the ccm's RBAC.
+const CCM_RBAC_KINDS: [&str; 5] = [
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ClusterRole",
+    "ClusterRoleBinding",
+];
 /// The ccm's service account, as in the manifest.
 const CCM_NAMESPACE: &str = "kube-system";
 /// The ccm's service account name, as in the manifest.
@@ -178,23 +193,6 @@ fn lifecycle_config(
         node_eviction_rate: args.node_eviction_rate,
         secondary_node_eviction_rate: args.secondary_node_eviction_rate,
     })
-}
-
-fn ipam_config(
-    args: &EmbeddedArgs,
-    ccm: &CloudControllerManagerOptions,
-) -> anyhow::Result<NodeIpamConfig> {
-    let cluster_cidrs = ccm.cluster_cidrs().map_err(anyhow::Error::msg)?;
-    let config = NodeIpamConfig {
-        allocate_node_cidrs: ccm.allocate_node_cidrs,
-        cluster_cidrs,
-        node_cidr_mask_size_ipv4: args.node_cidr_mask_size_ipv4,
-        node_cidr_mask_size_ipv6: args.node_cidr_mask_size_ipv6,
-    };
-    config
-        .validate()
-        .context("--cluster-cidr / --node-cidr-mask-size")?;
-    Ok(config)
 }
 
 /// Prints a progress line. A closed stdout (a pipe whose reader went away) must not stop
@@ -424,14 +422,22 @@ fn embedded_cloud(
 /// stops with an error (then the error is returned, for a non-zero exit).
 pub(crate) async fn run(
     args: EmbeddedArgs,
+    mut ipam_args: NodeIpamArgs,
     mut ccm: CloudControllerManagerOptions,
 ) -> anyhow::Result<()> {
     let lifecycle = lifecycle_config(&args, &ccm)?;
-    let ipam = ipam_config(&args, &ccm)?;
+    let service_range = ipam_args
+        .service_cluster_ip_range
+        .get_or_insert_with(|| DEFAULT_SERVICE_CLUSTER_IP_RANGE.to_owned())
+        .clone();
+    // The embedded cluster's own node IPAM (kube-controller-manager's, here), with the
+    // ccm's node IPAM flags and upstream's checks of them.
+    let ipam = crate::nodeipam::setup(&ipam_args, &ccm).map_err(anyhow::Error::msg)?;
+    // Taken by the IPAM above, so the ccm does not warn that it has no effect.
+    ccm.accepted.cidr_allocator_type = None;
     ccm.validate_with(&cloud_provider_app::default_registry().names())
         .map_err(anyhow::Error::msg)?;
-    let apiserver_args =
-        crate::apiserver::parse_config_from(&args.service_cluster_ip_range, "30000-32767")?;
+    let apiserver_args = crate::apiserver::parse_config_from(&service_range, "30000-32767")?;
     let zones: Vec<String> = args
         .sim_zones
         .split(',')
@@ -460,11 +466,13 @@ pub(crate) async fn run(
     );
     let server = ApiServer::new(store, apiserver_args).await?;
     // The ccm's RBAC, exactly as deployed: the cluster enforces Node,RBAC and the ccm runs
-    // under its service account with that ClusterRole and nothing more.
-    server
-        .apply_manifest(CCM_MANIFEST, &CCM_RBAC_KINDS)
-        .await
-        .context("installing the ccm's RBAC from deploy/ccm-daemonset.yaml")?;
+    // under its service account with the least-privilege role and nothing more.
+    for (path, manifest) in CCM_MANIFESTS {
+        server
+            .apply_manifest(manifest, &CCM_RBAC_KINDS)
+            .await
+            .with_context(|| format!("installing the ccm's RBAC from {path}"))?;
+    }
     let shutdown = CancellationToken::new();
     server.spawn_compactor(Duration::from_secs(300), shutdown.clone());
     let secure = crate::apiserver::SecureServing::start(
@@ -533,18 +541,17 @@ pub(crate) async fn run(
         let client = client.clone();
         Box::new(move |s| Box::pin(TtlAfterFinishedController::new(client.clone()).run(s)))
     });
-    if ipam.allocate_node_cidrs {
+    if ipam.config.allocate_node_cidrs {
         // Checked once here, so a restart cannot fail on the configuration.
-        NodeIpamController::new(client.clone(), ipam.clone())?;
+        ipam.controller(client.clone())
+            .map_err(|e| anyhow::anyhow!("node IPAM controller: {e}"))?;
         let client = client.clone();
         supervise(
             "node-ipam-controller",
-            Box::new(
-                move |s| match NodeIpamController::new(client.clone(), ipam.clone()) {
-                    Ok(c) => Box::pin(c.run(s)),
-                    Err(e) => Box::pin(async move { eprintln!("node IPAM controller: {e}") }),
-                },
-            ),
+            Box::new(move |s| match ipam.controller(client.clone()) {
+                Ok(c) => Box::pin(c.run(s)),
+                Err(e) => Box::pin(async move { eprintln!("node IPAM controller: {e}") }),
+            }),
         );
     }
     // Pods run: the scheduler binds them, the workload controllers make them.

@@ -17,6 +17,7 @@ mod apiserver;
 mod cli;
 mod embedded;
 mod flags;
+mod nodeipam;
 mod signals;
 
 // Link the providers so that their registrations run (a crate only listed in Cargo.toml is

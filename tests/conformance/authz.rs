@@ -1,9 +1,10 @@
 //! The cloud-controller-manager under its RBAC, as deployed: the identity
-//! `system:serviceaccount:kube-system:cloud-controller-manager`, bound by the ClusterRole and
-//! ClusterRoleBinding of `deploy/ccm-daemonset.yaml` (embedded here, not rewritten) and
-//! nothing more, against an API server enforcing Node,RBAC; each simulated kubelet acts as
-//! its own node (`system:node:<name>`). `ccm-bin/tests/deploy.rs` checks the role
-//! statically; this proves it at run time.
+//! `system:serviceaccount:kube-system:cloud-controller-manager`, bound by the roles and
+//! bindings of `deploy/rbac-common.yaml` and `deploy/rbac/least-privilege.yaml` (embedded
+//! here, not rewritten) and nothing more, against an API server enforcing Node,RBAC; each
+//! simulated kubelet acts as its own node (`system:node:<name>`). `ccm-bin/tests/it/deploy.rs`
+//! checks the roles statically and applies deploy/ to a `ccm apiserver`; this proves the
+//! least-privilege role at run time in process.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,10 +28,21 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ccm::ccm_options;
 
-const MANIFEST: &str = include_str!("../../deploy/ccm-daemonset.yaml");
-/// The kinds of the manifest that make the ccm's RBAC.
-const RBAC_KINDS: [&str; 3] = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"];
-const ROLE: &str = "system:cloud-controller-manager";
+/// The ServiceAccount, the shared RBAC and the least-privilege role, as deployed.
+const MANIFESTS: [&str; 3] = [
+    include_str!("../../deploy/ccm-daemonset.yaml"),
+    include_str!("../../deploy/rbac-common.yaml"),
+    include_str!("../../deploy/rbac/least-privilege.yaml"),
+];
+/// The kinds of the manifests that make the ccm's RBAC.
+const RBAC_KINDS: [&str; 5] = [
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ClusterRole",
+    "ClusterRoleBinding",
+];
+const ROLE: &str = "cloud-controller-manager:least-privilege";
 const CLUSTER_CIDR: &str = "10.244.0.0/16";
 
 /// The 403 messages the ccm got.
@@ -69,11 +81,15 @@ impl Drop for Secured {
 /// service account.
 async fn start(edit_role: impl FnOnce(&mut serde_json::Value)) -> Secured {
     let server = ccm_testkit::memory_server().await;
-    let installed = server
-        .apply_manifest(MANIFEST, &RBAC_KINDS)
-        .await
-        .expect("the manifest's RBAC installs");
-    assert_eq!(installed, 3);
+    let mut installed = 0;
+    for manifest in MANIFESTS {
+        installed += server
+            .apply_manifest(manifest, &RBAC_KINDS)
+            .await
+            .expect("the manifest's RBAC installs");
+    }
+    // The ServiceAccount, four roles with their bindings, the ClusterRole and its binding.
+    assert_eq!(installed, 11);
     let admin = kube::Client::new(server.router(), "default");
     let roles: Api<ClusterRole> = Api::all(admin.clone());
     let mut role = serde_json::to_value(roles.get(ROLE).await.unwrap()).unwrap();
@@ -191,7 +207,7 @@ async fn lb_ingress(admin: &kube::Client) -> bool {
         .is_some_and(|i| !i.is_empty())
 }
 
-/// The seed's ClusterRole is sufficient: under it, and nothing more, the ccm initializes
+/// The least-privilege role is sufficient: under it, and nothing more, the ccm initializes
 /// every node and ensures the load balancer, and is never refused.
 #[tokio::test(start_paused = true)]
 async fn ccm_under_its_cluster_role_initializes_nodes_and_load_balancers() {

@@ -206,3 +206,32 @@ fn bad_flags_are_refused_with_usage() {
         text(&out.stderr)
     );
 }
+
+/// `ccm --version` names the version and the git commit the binary was built from (the
+/// image's test and operators read it), as upstream's `version.Get()` carries `gitCommit`.
+#[test]
+fn version_prints_the_version_and_the_git_commit() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let line = String::from_utf8(out.stdout).unwrap();
+    let commit = line
+        .trim()
+        .strip_prefix(&format!("ccm {} (commit ", env!("CARGO_PKG_VERSION")))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("unexpected --version: {line:?}"));
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    match head {
+        // Built from this checkout: the commit is the checkout's.
+        Some(head) => assert_eq!(commit, head),
+        None => assert!(!commit.is_empty(), "{line:?}"),
+    }
+}

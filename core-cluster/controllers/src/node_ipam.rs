@@ -404,6 +404,30 @@ impl NodeIpamController {
         })
     }
 
+    /// Never allocates a node CIDR that overlaps `cidr` (upstream's range allocator
+    /// `filterOutServiceRange`, for `--service-cluster-ip-range`): the node blocks it covers
+    /// in a cluster CIDR of its family are taken up front; a `cidr` holding a whole cluster
+    /// CIDR takes all of it; one outside every cluster CIDR changes nothing.
+    pub fn exclude(&mut self, cidr: &IpNet) {
+        let cidr = cidr.trunc();
+        for set in &mut self.sets {
+            let cluster = set.cluster();
+            if cidr.max_prefix_len() != cluster.max_prefix_len() {
+                continue;
+            }
+            let covered = if cidr.contains(&cluster) {
+                cluster
+            } else if cluster.contains(&cidr.network()) {
+                cidr
+            } else {
+                continue;
+            };
+            if let Err(error) = set.occupy(&covered) {
+                warn!(%cidr, %error, "could not exclude the range from node CIDRs");
+            }
+        }
+    }
+
     /// Runs until `shutdown` is cancelled.
     pub async fn run(mut self, shutdown: CancellationToken) {
         if !self.config.allocate_node_cidrs {
@@ -777,6 +801,34 @@ mod tests {
         assert_eq!(queue.try_get(), None);
         ctrl.release_node("n", &node);
         assert_eq!(ctrl.sets[1].allocated(), 0);
+    }
+
+    /// Upstream's range allocator `filterOutServiceRange`: the node blocks a service range
+    /// covers are never handed out; a range of the other family or outside the cluster
+    /// CIDR changes nothing; one holding the whole cluster CIDR takes every block.
+    #[tokio::test]
+    async fn the_service_range_is_never_allocated_to_a_node() {
+        let server = core_cluster_apiserver::ApiServer::new(
+            std::sync::Arc::new(core_cluster_store::MemoryStore::new()),
+            core_cluster_apiserver::ApiServerConfig::default(),
+        )
+        .await
+        .unwrap();
+        let client = Client::new(server.router(), "default");
+        let mut ctrl =
+            NodeIpamController::new(client.clone(), cfg(&["10.0.0.0/22", "fd00::/62"], 24, 64))
+                .unwrap();
+        ctrl.exclude(&net("10.0.0.0/23"));
+        ctrl.exclude(&net("fd01::/64"));
+        ctrl.exclude(&net("192.168.0.0/16"));
+        assert_eq!(ctrl.sets[0].allocated(), 2);
+        assert_eq!(ctrl.sets[1].allocated(), 0);
+        assert_eq!(ctrl.sets[0].allocate_next().unwrap(), net("10.0.2.0/24"));
+        assert_eq!(ctrl.sets[0].allocate_next().unwrap(), net("10.0.3.0/24"));
+        assert!(ctrl.sets[0].allocate_next().is_err());
+        let mut whole = NodeIpamController::new(client, cfg(&["10.0.0.0/22"], 24, 64)).unwrap();
+        whole.exclude(&net("10.0.0.0/8"));
+        assert_eq!(whole.sets[0].allocated(), 4);
     }
 
     #[test]

@@ -149,6 +149,12 @@ pub fn https_get_with_token(port: u16, path: &str, token: &str) -> Option<(u16, 
     https_get_as(port, path, &yaml)
 }
 
+/// [`https_get`] with no credentials at all (what a kubelet's probe sends).
+pub fn https_get_anonymous(port: u16, path: &str) -> Option<(u16, String)> {
+    let yaml = "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: https://127.0.0.1}}]\nusers: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n";
+    https_get_as(port, path, yaml)
+}
+
 fn https_get_as(port: u16, path: &str, kubeconfig_yaml: &str) -> Option<(u16, String)> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
