@@ -258,6 +258,13 @@ pub struct CloudControllerManagerOptions {
     /// Beyond upstream: burst of the shared cloud limiter (0 = unlimited, the default).
     #[arg(long, default_value_t = 0)]
     pub cloud_api_burst: u32,
+    /// Beyond upstream: the shared cloud limiter halves its rate when the cloud answers
+    /// "throttled" (and holds every caller for the cloud's retry-after), then climbs back to
+    /// `--cloud-api-qps` by a twentieth of it per second. Needs `--cloud-api-qps`. Default
+    /// false: a fixed rate. Callers always wait by priority (node initialization and
+    /// deletion, load balancers, routes, status refreshes).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub cloud_api_adaptive: bool,
     /// Beyond upstream: fetch instance metadata for many Nodes in one cloud call when the
     /// provider supports it. Default true: one call per sync instead of one per Node.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -543,6 +550,12 @@ impl CloudControllerManagerOptions {
         }
         if self.cloud_api_qps < 0.0 || !self.cloud_api_qps.is_finite() {
             errors.push("--cloud-api-qps must be a non-negative number".to_owned());
+        }
+        if self.cloud_api_adaptive && self.cloud_api_qps <= 0.0 {
+            errors.push(
+                "--cloud-api-adaptive needs --cloud-api-qps: an unlimited limiter has no rate to adapt"
+                    .to_owned(),
+            );
         }
         if self.leader_elect {
             let lease = self.leader_elect_lease_duration;

@@ -30,6 +30,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use super::CloudPriority;
 use super::ControllerContext;
 use super::events::EventType;
 use super::node::{CloudNodeConfigError, has_taint, node_name, provider_id_of, supports_instances};
@@ -241,16 +242,21 @@ impl CloudNodeLifecycleController {
     async fn exists(&self, node: &Node) -> Result<Existence, CloudError> {
         let cloud = self.ctx.cloud.as_ref();
         let answer = if let Some(v2) = cloud.instances_v2() {
-            self.ctx.cloud_limiter.acquire().await;
-            v2.instance_exists(node).await
+            self.ctx
+                .cloud_limiter
+                .call(CloudPriority::NodeLifecycle, v2.instance_exists(node))
+                .await
         } else if let Some(instances) = cloud.instances() {
-            let provider_id = match self.provider_id(node).await {
+            let provider_id = match self.provider_id(node, CloudPriority::NodeLifecycle).await {
                 Ok(id) => id,
                 Err(err) if err.is_instance_not_found() => return Ok(Existence::Gone),
                 Err(err) => return Err(err),
             };
-            self.ctx.cloud_limiter.acquire().await;
-            instances.instance_exists_by_provider_id(&provider_id).await
+            let exists = instances.instance_exists_by_provider_id(&provider_id);
+            self.ctx
+                .cloud_limiter
+                .call(CloudPriority::NodeLifecycle, exists)
+                .await
         } else {
             return Ok(Existence::Exists);
         };
@@ -267,18 +273,22 @@ impl CloudNodeLifecycleController {
     async fn shutdown(&self, node: &Node) -> Result<Option<bool>, CloudError> {
         let cloud = self.ctx.cloud.as_ref();
         let answer = if let Some(v2) = cloud.instances_v2() {
-            self.ctx.cloud_limiter.acquire().await;
-            v2.instance_shutdown(node).await
+            self.ctx
+                .cloud_limiter
+                .call(CloudPriority::Status, v2.instance_shutdown(node))
+                .await
         } else if let Some(instances) = cloud.instances() {
-            let provider_id = match self.provider_id(node).await {
+            let provider_id = match self.provider_id(node, CloudPriority::Status).await {
                 Ok(id) => id,
                 // Upstream: not found while looking up the provider ID → not shut down.
                 Err(err) if err.is_instance_not_found() => return Ok(Some(false)),
                 Err(err) => return Err(err),
             };
-            self.ctx.cloud_limiter.acquire().await;
-            match instances
-                .instance_shutdown_by_provider_id(&provider_id)
+            let shutdown = instances.instance_shutdown_by_provider_id(&provider_id);
+            match self
+                .ctx
+                .cloud_limiter
+                .call(CloudPriority::Status, shutdown)
                 .await
             {
                 Err(err) if err.is_not_implemented() => Ok(false),
@@ -294,13 +304,22 @@ impl CloudNodeLifecycleController {
         }
     }
 
-    async fn provider_id(&self, node: &Node) -> Result<String, CloudError> {
+    async fn provider_id(
+        &self,
+        node: &Node,
+        priority: CloudPriority,
+    ) -> Result<String, CloudError> {
         let provider_id = provider_id_of(node);
         if !provider_id.is_empty() {
             return Ok(provider_id.to_owned());
         }
-        self.ctx.cloud_limiter.acquire().await;
-        instance_provider_id(self.ctx.cloud.as_ref(), node_name(node)).await
+        self.ctx
+            .cloud_limiter
+            .call(
+                priority,
+                instance_provider_id(self.ctx.cloud.as_ref(), node_name(node)),
+            )
+            .await
     }
 }
 

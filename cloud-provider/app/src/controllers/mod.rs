@@ -19,7 +19,7 @@ use cloud_provider::CloudProvider;
 pub use events::EventRecorder;
 pub use metrics::ControllerMetrics;
 pub use node_cache::{NodeCache, NodeEvent, NodeEvents};
-pub use rate_limit::CloudRateLimiter;
+pub use rate_limit::{CloudPriority, CloudRateLimiter};
 
 /// What every controller gets: the cluster, the cloud, and the shared limits.
 #[derive(Clone)]

@@ -26,7 +26,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::events::EventType;
 use super::metrics::{QUEUE_NODES, seconds_since_creation};
-use super::{ControllerContext, NodeEvent};
+use super::{CloudPriority, ControllerContext, NodeEvent};
 use cloud_provider::helpers::node_address::node_addresses_from_node_ip;
 use cloud_provider::helpers::parse_ip_sloppy;
 use cloud_provider::well_known::{
@@ -283,7 +283,9 @@ impl CloudNodeController {
         }
         let nodes: Vec<&Node> = waiting.iter().map(|n| n.as_ref()).collect();
         debug!(waiting = nodes.len(), "initializing waiting nodes");
-        let metas = self.instance_metadata(&nodes).await;
+        let metas = self
+            .instance_metadata(&nodes, CloudPriority::NodeLifecycle)
+            .await;
         // At most `concurrent_node_syncs` syncs exist at once: each is built when a slot
         // frees, so a batch of 10,000 Nodes is never 10,000 futures (each holds a whole
         // request's state) in memory.
@@ -357,54 +359,63 @@ impl CloudNodeController {
     async fn instance_metadata(
         &self,
         nodes: &[&Node],
+        priority: CloudPriority,
     ) -> Vec<Result<Option<InstanceMetadata>, SyncError>> {
         let cloud = self.ctx.cloud.as_ref();
-        let results: Vec<Result<Option<InstanceMetadata>, SyncError>> =
-            if let Some(v2) = cloud.instances_v2() {
-                if self.config.batch {
-                    let mut out = Vec::with_capacity(nodes.len());
-                    for chunk in nodes.chunks(BATCH_CHUNK) {
-                        self.ctx.cloud_limiter.acquire().await;
-                        let answers = v2.instance_metadata_batch(chunk).await;
-                        if answers.len() != chunk.len() {
-                            let msg = format!(
-                                "the cloud answered {} results for {} nodes",
-                                answers.len(),
-                                chunk.len()
-                            );
-                            out.extend(
-                                chunk
-                                    .iter()
-                                    .map(|_| Err(SyncError::BadCloudAnswer(msg.clone()))),
-                            );
-                        } else {
-                            out.extend(answers.into_iter().map(|a| a.map_err(SyncError::from)));
-                        }
+        let results: Vec<Result<Option<InstanceMetadata>, SyncError>> = if let Some(v2) =
+            cloud.instances_v2()
+        {
+            if self.config.batch {
+                let mut out = Vec::with_capacity(nodes.len());
+                for chunk in nodes.chunks(BATCH_CHUNK) {
+                    self.ctx.cloud_limiter.acquire_at(priority).await;
+                    let answers = v2.instance_metadata_batch(chunk).await;
+                    for err in answers.iter().filter_map(|a| a.as_ref().err()) {
+                        self.ctx.cloud_limiter.observe(priority, err);
                     }
-                    out
-                } else {
-                    let mut lookups = Vec::with_capacity(nodes.len());
-                    for node in nodes.iter().copied() {
-                        lookups.push(async move {
-                            self.ctx.cloud_limiter.acquire().await;
-                            v2.instance_metadata(node).await.map_err(SyncError::from)
-                        });
+                    if answers.len() != chunk.len() {
+                        let msg = format!(
+                            "the cloud answered {} results for {} nodes",
+                            answers.len(),
+                            chunk.len()
+                        );
+                        out.extend(
+                            chunk
+                                .iter()
+                                .map(|_| Err(SyncError::BadCloudAnswer(msg.clone()))),
+                        );
+                    } else {
+                        out.extend(answers.into_iter().map(|a| a.map_err(SyncError::from)));
                     }
-                    futures::stream::iter(lookups)
-                        .buffered(self.config.concurrent_node_syncs)
-                        .collect()
-                        .await
                 }
+                out
             } else {
                 let mut lookups = Vec::with_capacity(nodes.len());
                 for node in nodes.iter().copied() {
-                    lookups.push(async move { self.instance_metadata_v1(node).await.map(Some) });
+                    lookups.push(async move {
+                        self.ctx
+                            .cloud_limiter
+                            .call(priority, v2.instance_metadata(node))
+                            .await
+                            .map_err(SyncError::from)
+                    });
                 }
                 futures::stream::iter(lookups)
                     .buffered(self.config.concurrent_node_syncs)
                     .collect()
                     .await
-            };
+            }
+        } else {
+            let mut lookups = Vec::with_capacity(nodes.len());
+            for node in nodes.iter().copied() {
+                lookups
+                    .push(async move { self.instance_metadata_v1(node, priority).await.map(Some) });
+            }
+            futures::stream::iter(lookups)
+                .buffered(self.config.concurrent_node_syncs)
+                .collect()
+                .await
+        };
         // Check what the cloud said against the Node, as upstream's providerID rule does.
         nodes
             .iter()
@@ -430,7 +441,11 @@ impl CloudNodeController {
 
     /// Upstream's `Instances` path: providerID, addresses, instance type and (with `Zones`) the
     /// zone, each by provider ID with the by-name fallback.
-    async fn instance_metadata_v1(&self, node: &Node) -> Result<InstanceMetadata, SyncError> {
+    async fn instance_metadata_v1(
+        &self,
+        node: &Node,
+        priority: CloudPriority,
+    ) -> Result<InstanceMetadata, SyncError> {
         let cloud = self.ctx.cloud.as_ref();
         let instances = cloud
             .instances()
@@ -438,8 +453,12 @@ impl CloudNodeController {
         let name = node_name(node);
         let mut provider_id = provider_id_of(node).to_owned();
         if provider_id.is_empty() {
-            self.ctx.cloud_limiter.acquire().await;
-            match instance_provider_id(cloud, name).await {
+            match self
+                .ctx
+                .cloud_limiter
+                .call(priority, instance_provider_id(cloud, name))
+                .await
+            {
                 Ok(id) => provider_id = id,
                 Err(err) if err.is_not_implemented() => {
                     warn!(node = %name, "the cloud does not implement instance IDs: continuing by node name");
@@ -451,47 +470,62 @@ impl CloudNodeController {
         let by_id = if provider_id.is_empty() {
             None
         } else {
-            self.ctx.cloud_limiter.acquire().await;
-            instances
-                .node_addresses_by_provider_id(&provider_id)
+            self.ctx
+                .cloud_limiter
+                .call(
+                    priority,
+                    instances.node_addresses_by_provider_id(&provider_id),
+                )
                 .await
                 .ok()
         };
         meta.node_addresses = match by_id {
             Some(addresses) => addresses,
             None => {
-                self.ctx.cloud_limiter.acquire().await;
-                instances.node_addresses(name).await?
+                self.ctx
+                    .cloud_limiter
+                    .call(priority, instances.node_addresses(name))
+                    .await?
             }
         };
         let by_id = if provider_id.is_empty() {
             None
         } else {
-            self.ctx.cloud_limiter.acquire().await;
-            instances
-                .instance_type_by_provider_id(&provider_id)
+            self.ctx
+                .cloud_limiter
+                .call(
+                    priority,
+                    instances.instance_type_by_provider_id(&provider_id),
+                )
                 .await
                 .ok()
         };
         meta.instance_type = match by_id {
             Some(t) => t,
             None => {
-                self.ctx.cloud_limiter.acquire().await;
-                instances.instance_type(name).await?
+                self.ctx
+                    .cloud_limiter
+                    .call(priority, instances.instance_type(name))
+                    .await?
             }
         };
         if let Some(zones) = cloud.zones() {
             let by_id = if provider_id.is_empty() {
                 None
             } else {
-                self.ctx.cloud_limiter.acquire().await;
-                zones.get_zone_by_provider_id(&provider_id).await.ok()
+                self.ctx
+                    .cloud_limiter
+                    .call(priority, zones.get_zone_by_provider_id(&provider_id))
+                    .await
+                    .ok()
             };
             let zone = match by_id {
                 Some(zone) => zone,
                 None => {
-                    self.ctx.cloud_limiter.acquire().await;
-                    zones.get_zone_by_node_name(name).await?
+                    self.ctx
+                        .cloud_limiter
+                        .call(priority, zones.get_zone_by_node_name(name))
+                        .await?
                 }
             };
             meta.zone = zone.failure_domain;
@@ -592,7 +626,7 @@ impl CloudNodeController {
         }
         let refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
         let metas = if self.ctx.cloud.instances_v2().is_some() {
-            self.instance_metadata(&refs).await
+            self.instance_metadata(&refs, CloudPriority::Status).await
         } else {
             let mut lookups = Vec::with_capacity(refs.len());
             for node in refs.iter().copied() {
@@ -636,15 +670,26 @@ impl CloudNodeController {
         };
         let provider_id = provider_id_of(node);
         if !provider_id.is_empty() {
-            self.ctx.cloud_limiter.acquire().await;
-            if let Ok(addresses) = instances.node_addresses_by_provider_id(provider_id).await {
+            let by_id = instances.node_addresses_by_provider_id(provider_id);
+            if let Ok(addresses) = self
+                .ctx
+                .cloud_limiter
+                .call(CloudPriority::Status, by_id)
+                .await
+            {
                 return Ok(Some(
                     InstanceMetadata::new(provider_id).with_addresses(addresses),
                 ));
             }
         }
-        self.ctx.cloud_limiter.acquire().await;
-        let addresses = instances.node_addresses(node_name(node)).await?;
+        let addresses = self
+            .ctx
+            .cloud_limiter
+            .call(
+                CloudPriority::Status,
+                instances.node_addresses(node_name(node)),
+            )
+            .await?;
         validate_addresses(&addresses)?;
         Ok(Some(
             InstanceMetadata::new(provider_id).with_addresses(addresses),

@@ -25,6 +25,7 @@ use kube::{Api, ResourceExt};
 use parking_lot::Mutex;
 use tracing::Instrument;
 
+use super::CloudPriority;
 use super::events::EventType;
 use super::metrics::{QUEUE_NODE, QUEUE_SERVICE, seconds_since};
 use super::{ControllerContext, NodeEvent};
@@ -564,7 +565,10 @@ impl ServiceController {
         if !changed {
             return;
         }
-        self.ctx.cloud_limiter.acquire().await;
+        self.ctx
+            .cloud_limiter
+            .acquire_at(CloudPriority::LoadBalancer)
+            .await;
         let metrics = &self.ctx.metrics.service;
         metrics.loadbalancer_sync.inc();
         let started = tokio::time::Instant::now();
@@ -572,6 +576,11 @@ impl ServiceController {
             .lb()
             .update_load_balancer(&self.ctx.cluster_name, svc, nodes)
             .await;
+        if let Err(err) = &updated {
+            self.ctx
+                .cloud_limiter
+                .observe(CloudPriority::LoadBalancer, err);
+        }
         metrics
             .update_loadbalancer_host_latency
             .observe(seconds_since(started));
@@ -597,10 +606,11 @@ impl ServiceController {
             }
             Err(err) if err.is_implemented_elsewhere() => {}
             Err(err) => {
-                self.ctx.cloud_limiter.acquire().await;
+                let get = self.lb().get_load_balancer(&self.ctx.cluster_name, svc);
                 if let Ok(None) = self
-                    .lb()
-                    .get_load_balancer(&self.ctx.cluster_name, svc)
+                    .ctx
+                    .cloud_limiter
+                    .call(CloudPriority::LoadBalancer, get)
                     .await
                 {
                     return;
@@ -659,10 +669,13 @@ impl ServiceController {
             "Deleting load balancer",
         )
         .await;
-        self.ctx.cloud_limiter.acquire().await;
-        if let Err(err) = self
+        let delete = self
             .lb()
-            .ensure_load_balancer_deleted(&self.ctx.cluster_name, &svc)
+            .ensure_load_balancer_deleted(&self.ctx.cluster_name, &svc);
+        if let Err(err) = self
+            .ctx
+            .cloud_limiter
+            .call(CloudPriority::LoadBalancer, delete)
             .await
         {
             let message = format!("Error deleting load balancer: {err}");
@@ -701,9 +714,12 @@ impl ServiceController {
         if let Some(old) =
             cached.filter(|old| old.metadata.uid != svc.metadata.uid && wants_load_balancer(old))
         {
-            self.ctx.cloud_limiter.acquire().await;
-            self.lb()
-                .ensure_load_balancer_deleted(&self.ctx.cluster_name, &old)
+            let delete = self
+                .lb()
+                .ensure_load_balancer_deleted(&self.ctx.cluster_name, &old);
+            self.ctx
+                .cloud_limiter
+                .call(CloudPriority::LoadBalancer, delete)
                 .await?;
         }
         self.state.lock().cache.insert(key.to_owned(), svc.clone());
@@ -733,10 +749,11 @@ impl ServiceController {
         // Beyond upstream: a Service being deleted is cleaned up, never re-finalized.
         let being_deleted = svc.metadata.deletion_timestamp.is_some();
         if !wants_load_balancer(svc) || needs_cleanup(svc) || being_deleted {
-            self.ctx.cloud_limiter.acquire().await;
+            let get = self.lb().get_load_balancer(&self.ctx.cluster_name, svc);
             let existing = self
-                .lb()
-                .get_load_balancer(&self.ctx.cluster_name, svc)
+                .ctx
+                .cloud_limiter
+                .call(CloudPriority::LoadBalancer, get)
                 .await?;
             if existing.is_some() {
                 self.event(
@@ -746,10 +763,13 @@ impl ServiceController {
                     "Deleting load balancer",
                 )
                 .await;
-                self.ctx.cloud_limiter.acquire().await;
-                match self
+                let delete = self
                     .lb()
-                    .ensure_load_balancer_deleted(&self.ctx.cluster_name, svc)
+                    .ensure_load_balancer_deleted(&self.ctx.cluster_name, svc);
+                match self
+                    .ctx
+                    .cloud_limiter
+                    .call(CloudPriority::LoadBalancer, delete)
                     .await
                 {
                     Err(err) if !err.is_implemented_elsewhere() => return Err(err.into()),
@@ -796,10 +816,13 @@ impl ServiceController {
             .lock()
             .last_synced_nodes
             .insert(key_of(svc), eligible.set);
-        self.ctx.cloud_limiter.acquire().await;
-        let status = match self
+        let ensure = self
             .lb()
-            .ensure_load_balancer(&self.ctx.cluster_name, svc, nodes)
+            .ensure_load_balancer(&self.ctx.cluster_name, svc, nodes);
+        let status = match self
+            .ctx
+            .cloud_limiter
+            .call(CloudPriority::LoadBalancer, ensure)
             .await
         {
             Ok(status) => status,
