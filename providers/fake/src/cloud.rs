@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 
 use crate::{
     Call, FakeInstance, FakeListener, FakeLoadBalancer, FakeRoute, FaultRule, InstanceState,
-    Method, PROVIDER_ID_PREFIX, faults::FaultPlan,
+    Method, PROVIDER_ID_PREFIX, faults::FaultPlan, quota::Quota,
 };
 
 /// Which parts of the provider surface the fake reports as supported. All are on by default.
@@ -98,6 +98,7 @@ struct Inner {
     faults: Mutex<FaultPlan>,
     latency: Mutex<(Duration, BTreeMap<Method, Duration>)>,
     hook: Mutex<Option<CallHook>>,
+    quota: Mutex<Option<Quota>>,
     parts: Parts,
     batching: bool,
     default_zone: String,
@@ -152,6 +153,7 @@ pub struct FakeCloudBuilder {
     instances: Vec<FakeInstance>,
     routes: Vec<FakeRoute>,
     faults: Vec<FaultRule>,
+    quota: Option<(f64, u32)>,
 }
 
 impl Default for FakeCloudBuilder {
@@ -166,6 +168,7 @@ impl Default for FakeCloudBuilder {
             instances: Vec::new(),
             routes: Vec::new(),
             faults: Vec::new(),
+            quota: None,
         }
     }
 }
@@ -226,6 +229,13 @@ impl FakeCloudBuilder {
         self
     }
 
+    /// A cloud-side API quota: `calls_per_second` on average, bursts of `burst`; calls over
+    /// it are refused as throttled with a retry-after (see [`FakeCloud::set_quota`]).
+    pub fn quota(mut self, calls_per_second: f64, burst: u32) -> Self {
+        self.quota = Some((calls_per_second, burst));
+        self
+    }
+
     /// Adds a fault rule.
     pub fn fault(mut self, rule: FaultRule) -> Self {
         self.faults.push(rule);
@@ -258,6 +268,7 @@ impl FakeCloudBuilder {
                 faults: Mutex::new(plan),
                 latency: Mutex::new((self.latency, BTreeMap::new())),
                 hook: Mutex::new(None),
+                quota: Mutex::new(self.quota.map(|(rate, burst)| Quota::new(rate, burst))),
                 parts: self.parts,
                 batching: self.batching,
                 default_zone: self.default_zone,
@@ -447,6 +458,19 @@ impl FakeCloud {
         self.inner.faults.lock().clear();
     }
 
+    /// Sets (or with `None` removes) the cloud-side API quota: `(calls per second, burst)`.
+    /// Every call, whatever its method, spends one token; a call over the quota is recorded,
+    /// waits its latency and fails with [`CloudError::Throttled`] carrying the time until the
+    /// next token, as a real cloud's HTTP 429 does.
+    pub fn set_quota(&self, quota: Option<(f64, u32)>) {
+        *self.inner.quota.lock() = quota.map(|(rate, burst)| Quota::new(rate, burst));
+    }
+
+    /// How many calls the quota refused since it was set.
+    pub fn throttled_calls(&self) -> u64 {
+        self.inner.quota.lock().as_ref().map_or(0, Quota::refused)
+    }
+
     /// Sets the latency of every call.
     pub fn set_latency(&self, latency: Duration) {
         self.inner.latency.lock().0 = latency;
@@ -476,6 +500,12 @@ impl FakeCloud {
     async fn call(&self, call: Call) -> CloudResult<()> {
         let method = call.method();
         self.inner.calls.lock().push(call.clone());
+        let admitted = self
+            .inner
+            .quota
+            .lock()
+            .as_mut()
+            .map_or(Ok(()), Quota::admit);
         let latency = {
             let latency = self.inner.latency.lock();
             latency.1.get(&method).copied().unwrap_or(latency.0)
@@ -486,6 +516,10 @@ impl FakeCloud {
         let hook = self.inner.hook.lock().clone();
         if let Some(hook) = hook {
             hook(call).await;
+        }
+        if let Err(throttled) = admitted {
+            tracing::debug!(%method, "fake cloud: over the API quota");
+            return Err(throttled);
         }
         let fault = self.inner.faults.lock().decide(method);
         match fault {
