@@ -155,3 +155,34 @@ pub fn node_address(type_: &str, address: impl Into<String>) -> NodeAddress {
         address: address.into(),
     }
 }
+
+/// A load balancer the provider made for this cluster, as
+/// [`LoadBalancer::list_load_balancers`](crate::LoadBalancer::list_load_balancers) reports it:
+/// its cloud name and the Service it was made for (from the provider's own record, such as a
+/// tag), so the service controller can find load balancers whose Service is gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClusterLoadBalancer {
+    /// The cloud name, as [`get_load_balancer_name`](crate::LoadBalancer::get_load_balancer_name)
+    /// gave it for its Service.
+    pub name: String,
+    /// The namespace of the Service it was made for.
+    pub service_namespace: String,
+    /// The name of the Service it was made for.
+    pub service_name: String,
+}
+
+impl ClusterLoadBalancer {
+    /// The load balancer `name`, made for the Service `namespace/service`.
+    pub fn new(
+        name: impl Into<String>,
+        namespace: impl Into<String>,
+        service: impl Into<String>,
+    ) -> Self {
+        ClusterLoadBalancer {
+            name: name.into(),
+            service_namespace: namespace.into(),
+            service_name: service.into(),
+        }
+    }
+}

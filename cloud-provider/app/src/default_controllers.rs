@@ -2,7 +2,7 @@
 //! `main` passes to [`run`](crate::run()) unless it adds or removes controllers.
 
 use crate::controllers::{
-    ControllerContext,
+    ControllerContext, OrphanedLbConfig,
     cloud_node_lifecycle::{CloudNodeLifecycleConfig, CloudNodeLifecycleController},
     node::{CloudNodeConfig, CloudNodeController},
     route::{RouteConfig, RouteController},
@@ -86,6 +86,18 @@ fn start_route(
     }))
 }
 
+/// `--orphaned-lb-gc-*`, or `None` when the period is 0.
+fn orphaned_lb_gc(options: &CloudControllerManagerOptions) -> Option<OrphanedLbConfig> {
+    let period = options.orphaned_lb_gc_period.value;
+    (!period.is_zero()).then(|| {
+        OrphanedLbConfig::new(
+            period,
+            options.orphaned_lb_gc_grace_period.value,
+            options.orphaned_lb_gc_dry_run,
+        )
+    })
+}
+
 fn start_service(
     ctx: ControllerContext,
     options: &CloudControllerManagerOptions,
@@ -95,7 +107,8 @@ fn start_service(
         .with_concurrent_service_syncs(
             usize::try_from(options.concurrent_service_syncs).unwrap_or(0),
         )
-        .with_lb_drift_reensure_period((!drift.is_zero()).then_some(drift));
+        .with_lb_drift_reensure_period((!drift.is_zero()).then_some(drift))
+        .with_orphaned_lb_gc(orphaned_lb_gc(options));
     Ok(ServiceController::new(ctx, config)?.map(|c| {
         Box::pin(async move {
             c.run().await;

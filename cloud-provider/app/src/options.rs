@@ -282,6 +282,20 @@ pub struct CloudControllerManagerOptions {
     /// Kubernetes. Default 0 = off, as upstream (which re-ensures only on changes).
     #[arg(long, default_value = "0")]
     pub lb_drift_reensure_period: GoDuration,
+    /// Beyond upstream: look this often for load balancers the provider made for this
+    /// cluster whose Service is gone or no longer wants one (leaked while the ccm was down,
+    /// or by a finalizer removed by hand), and delete them. Needs a provider that lists its
+    /// load balancers. Default 0 = off, as upstream.
+    #[arg(long, default_value = "0")]
+    pub orphaned_lb_gc_period: GoDuration,
+    /// Beyond upstream: how long a load balancer must stay orphaned before
+    /// `--orphaned-lb-gc-period` deletes it. Default 10m.
+    #[arg(long, default_value = "10m")]
+    pub orphaned_lb_gc_grace_period: GoDuration,
+    /// Beyond upstream: only log the orphaned load balancers `--orphaned-lb-gc-period` would
+    /// delete. Default false.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub orphaned_lb_gc_dry_run: bool,
     /// Beyond upstream: log format. Default `text`.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -532,6 +546,11 @@ impl CloudControllerManagerOptions {
                 self.node_deletion_grace_period,
             ),
             ("--lb-drift-reensure-period", self.lb_drift_reensure_period),
+            ("--orphaned-lb-gc-period", self.orphaned_lb_gc_period),
+            (
+                "--orphaned-lb-gc-grace-period",
+                self.orphaned_lb_gc_grace_period,
+            ),
         ] {
             if value.negative && !value.value.is_zero() {
                 errors.push(format!("{flag} cannot be negative"));

@@ -118,6 +118,18 @@ pub enum Call {
         /// `namespace/name` of the Service.
         service: String,
     },
+    /// `LoadBalancer::list_load_balancers`.
+    ListLoadBalancers {
+        /// The cluster name.
+        cluster: String,
+    },
+    /// `LoadBalancer::ensure_listed_load_balancer_deleted`.
+    EnsureListedLoadBalancerDeleted {
+        /// The cluster name.
+        cluster: String,
+        /// The load balancer's cloud name.
+        name: String,
+    },
     /// `Routes::list_routes`.
     ListRoutes {
         /// The cluster name.
@@ -209,6 +221,8 @@ methods! {
     EnsureLoadBalancer => "ensure-load-balancer",
     UpdateLoadBalancer => "update-load-balancer",
     EnsureLoadBalancerDeleted => "ensure-load-balancer-deleted",
+    ListLoadBalancers => "list-load-balancers",
+    EnsureListedLoadBalancerDeleted => "ensure-listed-load-balancer-deleted",
     ListRoutes => "list-routes",
     CreateRoute => "create-route",
     DeleteRoute => "delete-route",

@@ -9,8 +9,8 @@ use std::{
 
 use async_trait::async_trait;
 use cloud_provider::{
-    CloudError, CloudProvider, CloudResult, Clusters, InstanceMetadata, Instances, InstancesV2,
-    LoadBalancer, Route, Routes, Zone, Zones,
+    CloudError, CloudProvider, CloudResult, ClusterLoadBalancer, Clusters, InstanceMetadata,
+    Instances, InstancesV2, LoadBalancer, Route, Routes, Zone, Zones,
     helpers::service::{health_check_path_port, load_balancer_source_ranges},
 };
 use futures::future::BoxFuture;
@@ -1006,6 +1006,48 @@ impl LoadBalancer for FakeCloud {
         .await?;
         let name = self.get_load_balancer_name(cluster_name, service);
         self.inner.state.lock().load_balancers.remove(&name);
+        Ok(())
+    }
+
+    /// The load balancers made for `cluster_name` (each remembers its cluster and Service).
+    async fn list_load_balancers(
+        &self,
+        cluster_name: &str,
+    ) -> CloudResult<Vec<ClusterLoadBalancer>> {
+        self.call(Call::ListLoadBalancers {
+            cluster: cluster_name.to_owned(),
+        })
+        .await?;
+        let state = self.inner.state.lock();
+        Ok(state
+            .load_balancers
+            .values()
+            .filter(|lb| lb.cluster == cluster_name)
+            .map(|lb| {
+                let (namespace, service) = lb.service.split_once('/').unwrap_or(("", ""));
+                ClusterLoadBalancer::new(lb.name.clone(), namespace, service)
+            })
+            .collect())
+    }
+
+    async fn ensure_listed_load_balancer_deleted(
+        &self,
+        cluster_name: &str,
+        load_balancer: &ClusterLoadBalancer,
+    ) -> CloudResult<()> {
+        self.call(Call::EnsureListedLoadBalancerDeleted {
+            cluster: cluster_name.to_owned(),
+            name: load_balancer.name.clone(),
+        })
+        .await?;
+        let mut state = self.inner.state.lock();
+        if state
+            .load_balancers
+            .get(&load_balancer.name)
+            .is_some_and(|lb| lb.cluster == cluster_name)
+        {
+            state.load_balancers.remove(&load_balancer.name);
+        }
         Ok(())
     }
 }

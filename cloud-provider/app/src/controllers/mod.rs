@@ -7,6 +7,7 @@ mod events;
 pub mod metrics;
 pub mod node;
 mod node_cache;
+mod orphaned_lb;
 mod rate_limit;
 pub mod route;
 pub mod service;
@@ -19,6 +20,7 @@ use cloud_provider::CloudProvider;
 pub use events::EventRecorder;
 pub use metrics::ControllerMetrics;
 pub use node_cache::{NodeCache, NodeEvent, NodeEvents};
+pub use orphaned_lb::OrphanedLbConfig;
 pub use rate_limit::{CloudPriority, CloudRateLimiter};
 
 /// What every controller gets: the cluster, the cloud, and the shared limits.

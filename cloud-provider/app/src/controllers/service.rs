@@ -28,6 +28,7 @@ use tracing::Instrument;
 use super::CloudPriority;
 use super::events::EventType;
 use super::metrics::{QUEUE_NODE, QUEUE_SERVICE, seconds_since};
+use super::orphaned_lb::{Collector, OrphanedLbConfig};
 use super::{ControllerContext, NodeEvent};
 use cloud_provider::helpers::service::{
     has_load_balancer_finalizer, load_balancer_status_equal, wants_load_balancer,
@@ -52,6 +53,8 @@ pub struct ServiceConfig {
     pub node_sync_period: Duration,
     /// Re-ensure every load balancer this often (beyond upstream; `None` = never).
     pub lb_drift_reensure_period: Option<Duration>,
+    /// Collect leaked load balancers (beyond upstream; `None` = never).
+    pub orphaned_lb_gc: Option<OrphanedLbConfig>,
 }
 
 impl Default for ServiceConfig {
@@ -60,6 +63,7 @@ impl Default for ServiceConfig {
             concurrent_service_syncs: 1,
             node_sync_period: Duration::from_secs(100),
             lb_drift_reensure_period: None,
+            orphaned_lb_gc: None,
         }
     }
 }
@@ -68,6 +72,12 @@ impl ServiceConfig {
     /// Sets `concurrent_service_syncs`.
     pub fn with_concurrent_service_syncs(mut self, n: usize) -> Self {
         self.concurrent_service_syncs = n;
+        self
+    }
+
+    /// Sets how leaked load balancers are collected (`None` = never).
+    pub fn with_orphaned_lb_gc(mut self, gc: Option<OrphanedLbConfig>) -> Self {
+        self.orphaned_lb_gc = gc;
         self
     }
 
@@ -319,12 +329,15 @@ impl ServiceController {
         );
         tokio::select! {
             () = shutdown.cancelled() => {}
-            _ = futures::future::join5(
-                workers,
-                this.watch_services(),
-                this.watch_nodes(),
-                this.node_worker(),
-                this.drift_reensure(),
+            _ = futures::future::join(
+                futures::future::join5(
+                    workers,
+                    this.watch_services(),
+                    this.watch_nodes(),
+                    this.node_worker(),
+                    this.drift_reensure(),
+                ),
+                this.collect_orphaned_load_balancers(),
             ) => {}
         }
     }
@@ -446,6 +459,13 @@ impl ServiceController {
             }
             self.node_queue.done(&());
         }
+    }
+
+    async fn collect_orphaned_load_balancers(&self) {
+        let Some(config) = self.config.orphaned_lb_gc.filter(|c| !c.period.is_zero()) else {
+            return std::future::pending().await;
+        };
+        Collector::default().run(&self.ctx, self.lb(), config).await;
     }
 
     async fn drift_reensure(&self) {
