@@ -12,7 +12,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, NodeAddress, Service};
 use tokio_util::sync::CancellationToken;
 
-use crate::{CloudError, ClusterLoadBalancer, InstanceMetadata, Route, Zone};
+use crate::{CloudError, ClusterLoadBalancer, InstanceMetadata, Route, ScheduledEvent, Zone};
 
 /// The result type of every provider call.
 pub type CloudResult<T> = Result<T, CloudError>;
@@ -205,6 +205,13 @@ pub trait InstancesV2: Send + Sync {
             .buffered(DEFAULT_BATCH_CONCURRENCY)
             .collect()
             .await
+    }
+    /// Beyond upstream, optional: every event the cloud has scheduled for this cluster's
+    /// instances (maintenance, reboot, retirement, spot interruption), in one call. The
+    /// cloud-node-lifecycle controller marks the Nodes with the `MaintenancePlanned`
+    /// condition. The default is [`CloudError::NotImplemented`].
+    async fn scheduled_events(&self) -> CloudResult<Vec<ScheduledEvent>> {
+        Err(CloudError::NotImplemented)
     }
 }
 

@@ -2,7 +2,7 @@
 //! `main` passes to [`run`](crate::run()) unless it adds or removes controllers.
 
 use crate::controllers::{
-    ControllerContext, OrphanedLbConfig,
+    ControllerContext, MaintenanceConfig, OrphanedLbConfig,
     cloud_node_lifecycle::{CloudNodeLifecycleConfig, CloudNodeLifecycleController},
     node::{CloudNodeConfig, CloudNodeController},
     route::{RouteConfig, RouteController},
@@ -57,7 +57,12 @@ fn start_cloud_node_lifecycle(
 ) -> Result<Option<ControllerFuture>, BoxError> {
     let config = CloudNodeLifecycleConfig::default()
         .with_node_monitor_period(options.node_monitor_period.value)
-        .with_delete_grace_period(options.node_deletion_grace_period.value);
+        .with_delete_grace_period(options.node_deletion_grace_period.value)
+        .with_maintenance({
+            let period = options.node_maintenance_period.value;
+            (!period.is_zero())
+                .then(|| MaintenanceConfig::new(period, options.node_maintenance_taint))
+        });
     Ok(CloudNodeLifecycleController::new(ctx, config)?.map(|c| {
         Box::pin(async move {
             c.run().await;

@@ -288,6 +288,17 @@ pub struct CloudControllerManagerOptions {
     /// load balancers. Default 0 = off, as upstream.
     #[arg(long, default_value = "0")]
     pub orphaned_lb_gc_period: GoDuration,
+    /// Beyond upstream: ask the cloud this often for the events it has scheduled for the
+    /// instances (maintenance, reboot, retirement, spot interruption) and set the Nodes'
+    /// `MaintenancePlanned` condition, cleared when the event passes. Needs a provider that
+    /// reports them. Default 0 = off, as upstream.
+    #[arg(long, default_value = "0")]
+    pub node_maintenance_period: GoDuration,
+    /// Beyond upstream: with `--node-maintenance-period`, also taint Nodes with planned
+    /// maintenance `node.cloudprovider.kubernetes.io/maintenance-planned:PreferNoSchedule`.
+    /// Default false.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub node_maintenance_taint: bool,
     /// Beyond upstream: how long a load balancer must stay orphaned before
     /// `--orphaned-lb-gc-period` deletes it. Default 10m.
     #[arg(long, default_value = "10m")]
@@ -547,6 +558,7 @@ impl CloudControllerManagerOptions {
             ),
             ("--lb-drift-reensure-period", self.lb_drift_reensure_period),
             ("--orphaned-lb-gc-period", self.orphaned_lb_gc_period),
+            ("--node-maintenance-period", self.node_maintenance_period),
             (
                 "--orphaned-lb-gc-grace-period",
                 self.orphaned_lb_gc_grace_period,

@@ -130,6 +130,8 @@ pub enum Call {
         /// The load balancer's cloud name.
         name: String,
     },
+    /// `InstancesV2::scheduled_events`.
+    ScheduledEvents,
     /// `Routes::list_routes`.
     ListRoutes {
         /// The cluster name.
@@ -222,6 +224,7 @@ methods! {
     UpdateLoadBalancer => "update-load-balancer",
     EnsureLoadBalancerDeleted => "ensure-load-balancer-deleted",
     ListLoadBalancers => "list-load-balancers",
+    ScheduledEvents => "scheduled-events",
     EnsureListedLoadBalancerDeleted => "ensure-listed-load-balancer-deleted",
     ListRoutes => "list-routes",
     CreateRoute => "create-route",

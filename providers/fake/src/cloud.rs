@@ -10,7 +10,7 @@ use std::{
 use async_trait::async_trait;
 use cloud_provider::{
     CloudError, CloudProvider, CloudResult, ClusterLoadBalancer, Clusters, InstanceMetadata,
-    Instances, InstancesV2, LoadBalancer, Route, Routes, Zone, Zones,
+    Instances, InstancesV2, LoadBalancer, Route, Routes, ScheduledEvent, Zone, Zones,
     helpers::service::{health_check_path_port, load_balancer_source_ranges},
 };
 use futures::future::BoxFuture;
@@ -99,6 +99,7 @@ struct Inner {
     latency: Mutex<(Duration, BTreeMap<Method, Duration>)>,
     hook: Mutex<Option<CallHook>>,
     quota: Mutex<Option<Quota>>,
+    events: Mutex<Vec<ScheduledEvent>>,
     parts: Parts,
     batching: bool,
     default_zone: String,
@@ -269,6 +270,7 @@ impl FakeCloudBuilder {
                 latency: Mutex::new((self.latency, BTreeMap::new())),
                 hook: Mutex::new(None),
                 quota: Mutex::new(self.quota.map(|(rate, burst)| Quota::new(rate, burst))),
+                events: Mutex::new(Vec::new()),
                 parts: self.parts,
                 batching: self.batching,
                 default_zone: self.default_zone,
@@ -456,6 +458,20 @@ impl FakeCloud {
     /// Removes every fault rule.
     pub fn clear_faults(&self) {
         self.inner.faults.lock().clear();
+    }
+
+    /// Schedules an event (maintenance, reboot, retirement, spot interruption) for an
+    /// instance; [`InstancesV2::scheduled_events`] reports it until it is cleared.
+    pub fn schedule_event(&self, event: ScheduledEvent) {
+        self.inner.events.lock().push(event);
+    }
+
+    /// Clears the scheduled events of the instance with this provider ID (the event passed).
+    pub fn clear_scheduled_events(&self, provider_id: &str) {
+        self.inner
+            .events
+            .lock()
+            .retain(|e| e.provider_id != provider_id);
     }
 
     /// Sets (or with `None` removes) the cloud-side API quota: `(calls per second, burst)`.
@@ -677,6 +693,11 @@ impl InstancesV2 for FakeCloud {
         })
         .await?;
         self.lookup_metadata(node)
+    }
+
+    async fn scheduled_events(&self) -> CloudResult<Vec<ScheduledEvent>> {
+        self.call(Call::ScheduledEvents).await?;
+        Ok(self.inner.events.lock().clone())
     }
 
     /// One recorded call (and one latency) for the whole batch, unless batching is off.

@@ -33,6 +33,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::CloudPriority;
 use super::ControllerContext;
 use super::events::EventType;
+use super::maintenance::{self, MaintenanceConfig};
 use super::node::{CloudNodeConfigError, has_taint, node_name, provider_id_of, supports_instances};
 use cloud_provider::well_known::TAINT_SHUTDOWN;
 use cloud_provider::{CloudError, instance_provider_id};
@@ -54,6 +55,8 @@ pub struct CloudNodeLifecycleConfig {
     /// (beyond upstream; default 60 s; 0 is upstream's immediate
     /// deletion on the first answer).
     pub delete_grace_period: Duration,
+    /// Put the cloud's scheduled events on the Nodes (beyond upstream; `None` = never).
+    pub maintenance: Option<MaintenanceConfig>,
 }
 
 impl Default for CloudNodeLifecycleConfig {
@@ -61,6 +64,7 @@ impl Default for CloudNodeLifecycleConfig {
         CloudNodeLifecycleConfig {
             node_monitor_period: Duration::from_secs(5),
             delete_grace_period: DEFAULT_DELETE_GRACE_PERIOD,
+            maintenance: None,
         }
     }
 }
@@ -69,6 +73,12 @@ impl CloudNodeLifecycleConfig {
     /// Sets [`node_monitor_period`](Self::node_monitor_period).
     pub fn with_node_monitor_period(mut self, period: Duration) -> Self {
         self.node_monitor_period = period;
+        self
+    }
+
+    /// Sets [`maintenance`](Self::maintenance).
+    pub fn with_maintenance(mut self, maintenance: Option<MaintenanceConfig>) -> Self {
+        self.maintenance = maintenance;
         self
     }
 
@@ -130,6 +140,14 @@ impl CloudNodeLifecycleController {
     /// Runs until the context's shutdown token is cancelled.
     pub async fn run(mut self) {
         let shutdown = self.ctx.shutdown.clone();
+        let ctx = self.ctx.clone();
+        let maintenance = self.config.maintenance.filter(|m| !m.period.is_zero());
+        let planned = async {
+            match maintenance {
+                Some(config) => maintenance::run(&ctx, config).await,
+                None => std::future::pending().await,
+            }
+        };
         let monitor = async {
             self.ctx.nodes.wait_synced().await;
             let mut ticker = tokio::time::interval(self.config.node_monitor_period);
@@ -142,6 +160,7 @@ impl CloudNodeLifecycleController {
         tokio::select! {
             _ = shutdown.cancelled() => {}
             _ = monitor => {}
+            () = planned => {}
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub mod cloud_node_lifecycle;
 mod events;
+mod maintenance;
 pub mod metrics;
 pub mod node;
 mod node_cache;
@@ -18,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use cloud_provider::CloudProvider;
 pub use events::EventRecorder;
+pub use maintenance::MaintenanceConfig;
 pub use metrics::ControllerMetrics;
 pub use node_cache::{NodeCache, NodeEvent, NodeEvents};
 pub use orphaned_lb::OrphanedLbConfig;

@@ -228,7 +228,10 @@ impl CloudNodeController {
                 for (name, outcome) in outcomes {
                     match outcome {
                         Outcome::Synced => queue.forget(&name),
-                        Outcome::Retry { at_least } => retry(&mut queue, name, at_least),
+                        Outcome::Retry {
+                            at_least,
+                            throttled,
+                        } => retry(&mut queue, name, at_least, throttled),
                     }
                 }
                 for name in &due {
@@ -273,7 +276,13 @@ impl CloudNodeController {
                     Ok(()) => outcomes.push((name.clone(), Outcome::Synced)),
                     Err(err) => {
                         warn!(node = %name, error = %err, "failed to mirror node labels");
-                        outcomes.push((name.clone(), Outcome::Retry { at_least: None }));
+                        outcomes.push((
+                            name.clone(),
+                            Outcome::Retry {
+                                at_least: None,
+                                throttled: false,
+                            },
+                        ));
                     }
                 }
             }
@@ -320,11 +329,17 @@ impl CloudNodeController {
                             )
                             .await;
                     }
-                    let at_least = match &err {
-                        SyncError::Cloud(err) => err.retry_after_delay(),
-                        _ => None,
+                    let (at_least, throttled) = match &err {
+                        SyncError::Cloud(err) => (err.retry_after_delay(), err.is_throttled()),
+                        _ => (None, false),
                     };
-                    outcomes.push((name, Outcome::Retry { at_least }));
+                    outcomes.push((
+                        name,
+                        Outcome::Retry {
+                            at_least,
+                            throttled,
+                        },
+                    ));
                 }
             }
         }
@@ -911,11 +926,26 @@ enum Outcome {
     Synced,
     /// Failed: requeued after its backoff, and not before `at_least` (a cloud's
     /// `Retry-After`).
-    Retry { at_least: Option<Duration> },
+    Retry {
+        at_least: Option<Duration>,
+        /// The cloud refused the call over its quota: the Node did nothing wrong.
+        throttled: bool,
+    },
 }
 
-/// Requeues a failed Node after its backoff, or after `at_least` when that is longer.
-fn retry(queue: &mut Queue<String>, name: String, at_least: Option<Duration>) {
+/// When a Node whose lookup the cloud throttled without a retry-after is tried again.
+const THROTTLED_RETRY: Duration = Duration::from_secs(1);
+
+/// Requeues a failed Node after its backoff, or after `at_least` when that is longer. A
+/// throttled lookup (beyond upstream) is no failure of the Node: its backoff is not grown
+/// and it comes back after the cloud's retry-after, with the others throttled alike, so they
+/// are looked up again together in one batch instead of one by one as their backoffs expire.
+fn retry(queue: &mut Queue<String>, name: String, at_least: Option<Duration>, throttled: bool) {
+    if throttled {
+        queue.forget(&name);
+        queue.add_after(name, at_least.unwrap_or(THROTTLED_RETRY));
+        return;
+    }
     let backoff = queue.rate_limiter().when(&name);
     queue.add_after(name, at_least.map_or(backoff, |after| after.max(backoff)));
 }
@@ -976,17 +1006,17 @@ mod tests {
         let n = || "n".to_owned();
         let mut queue = node_queue(crate::controllers::ControllerMetrics::new().queue(QUEUE_NODES));
         let delay = |queue: &Queue<String>| queue.next_deadline().unwrap() - Instant::now();
-        retry(&mut queue, n(), None);
+        retry(&mut queue, n(), None, false);
         assert_eq!(delay(&queue), BACKOFF_BASE);
         tokio::time::advance(BACKOFF_BASE).await;
         assert_eq!(queue.drain(), [n()]);
-        retry(&mut queue, n(), None);
+        retry(&mut queue, n(), None, false);
         assert_eq!(delay(&queue), BACKOFF_BASE * 2);
         tokio::time::advance(BACKOFF_BASE * 2).await;
         assert!(queue.drain().is_empty(), "n is still processing");
         queue.done(&n());
         assert_eq!(queue.drain(), [n()], "queued again once done");
-        retry(&mut queue, n(), None);
+        retry(&mut queue, n(), None, false);
         assert_eq!(delay(&queue), BACKOFF_BASE * 4);
         assert_eq!(queue.num_requeues(&n()), 3);
         queue.forget(&n());
@@ -994,7 +1024,7 @@ mod tests {
         tokio::time::advance(BACKOFF_BASE * 4).await;
         assert_eq!(queue.drain(), [n()]);
         queue.done(&n());
-        retry(&mut queue, n(), None);
+        retry(&mut queue, n(), None, false);
         assert_eq!(
             delay(&queue),
             BACKOFF_BASE,
@@ -1003,12 +1033,32 @@ mod tests {
         tokio::time::advance(BACKOFF_BASE).await;
         assert_eq!(queue.drain(), [n()]);
         queue.done(&n());
-        retry(&mut queue, n(), Some(Duration::from_secs(2)));
+        retry(&mut queue, n(), Some(Duration::from_secs(2)), false);
         assert_eq!(
             delay(&queue),
             Duration::from_secs(2),
             "Retry-After is a floor"
         );
+    }
+
+    /// Beyond upstream: a lookup the cloud throttled is no failure of the Node. Its backoff
+    /// does not grow (nor count as a requeue) and it comes back after the cloud's retry-after
+    /// (1 s without one), so every Node throttled together is looked up together again.
+    #[tokio::test(start_paused = true)]
+    async fn a_throttled_lookup_retries_after_the_cloud_asks_without_growing_the_backoff() {
+        let n = || "n".to_owned();
+        let mut queue = node_queue(crate::controllers::ControllerMetrics::new().queue(QUEUE_NODES));
+        let delay = |queue: &Queue<String>| queue.next_deadline().unwrap() - Instant::now();
+        for _ in 0..5 {
+            retry(&mut queue, n(), Some(Duration::from_millis(300)), true);
+            assert_eq!(delay(&queue), Duration::from_millis(300));
+            tokio::time::advance(Duration::from_millis(300)).await;
+            assert_eq!(queue.drain(), [n()]);
+            queue.done(&n());
+        }
+        assert_eq!(queue.num_requeues(&n()), 0, "throttling is no failure");
+        retry(&mut queue, n(), None, true);
+        assert_eq!(delay(&queue), THROTTLED_RETRY);
     }
 
     #[test]
