@@ -30,6 +30,13 @@
 //! RSS goal is measured with them.
 //! (`--upstream`: `--concurrent-node-syncs=1 --batch-instance-metadata=false`, upstream's
 //! behaviour).
+//!
+//! The cloud API budget: `--quota N` gives the fake cloud a quota of N calls per second (bursts
+//! of N), refusing calls over it as throttled; `--cloud-api-qps Q` puts the ccm's shared
+//! limiter at Q calls per second (bursts of Q) and `--adaptive` lets it adapt to throttling
+//! (`--cloud-api-adaptive`). The line then reports `throttled_calls`, the calls the quota
+//! refused. `--nodes 2000 --services 500 --quota 20` with no limiter, `--cloud-api-qps 40`
+//! and `--cloud-api-qps 40 --adaptive` compares the three.
 
 #![allow(missing_docs, clippy::disallowed_types)]
 
@@ -168,6 +175,9 @@ fn main() -> anyhow::Result<()> {
     // stderr (where the time goes).
     let trace = flag("--trace");
     let services = arg::<u64>("--services", 1_000);
+    let quota = arg::<f64>("--quota", 0.0);
+    let cloud_api_qps = arg::<f64>("--cloud-api-qps", 0.0);
+    let adaptive = flag("--adaptive");
     let zones = ["zone-a", "zone-b", "zone-c"];
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
@@ -232,7 +242,11 @@ fn main() -> anyhow::Result<()> {
 
     // The fake cloud: one instance per simulated node, as the embedded cluster names and
     // addresses them (sim-node-<i>, 10.0.0.1 + i, zones round-robin).
-    let cloud = FakeCloud::builder()
+    let mut builder = FakeCloud::builder();
+    if quota > 0.0 {
+        builder = builder.quota(quota, quota.ceil() as u32);
+    }
+    let cloud = builder
         .latency(latency)
         .batching(!upstream)
         .instances((0..nodes).map(|i| {
@@ -257,6 +271,14 @@ fn main() -> anyhow::Result<()> {
         "--kube-api-qps=-1",
     ];
     let syncs = arg::<u64>("--concurrent-node-syncs", 1).to_string();
+    let qps_flag = format!("--cloud-api-qps={cloud_api_qps}");
+    let burst_flag = format!("--cloud-api-burst={}", cloud_api_qps.ceil() as u32);
+    if cloud_api_qps > 0.0 {
+        flags.extend([qps_flag.as_str(), burst_flag.as_str()]);
+        if adaptive {
+            flags.push("--cloud-api-adaptive");
+        }
+    }
     if upstream {
         flags.extend([
             "--concurrent-node-syncs",
@@ -329,6 +351,7 @@ fn main() -> anyhow::Result<()> {
     });
     let child_peak_rss = peak_rss(&child.id().to_string());
     let (ccm_cpu, cluster_cpu) = (cpu_seconds("self"), cpu_seconds(&child.id().to_string()));
+    let throttled = cloud.throttled_calls();
     let _ = child.kill();
     let _ = child.wait();
     let (
@@ -345,8 +368,13 @@ fn main() -> anyhow::Result<()> {
     } else {
         format!("batched,concurrent-node-syncs={syncs}")
     };
+    let limiter = match (cloud_api_qps > 0.0, adaptive) {
+        (false, _) => "none".to_owned(),
+        (true, false) => format!("fixed({cloud_api_qps}/s)"),
+        (true, true) => format!("adaptive(max {cloud_api_qps}/s)"),
+    };
     println!(
-        "node_init nodes={nodes} services={services} latency={latency:?} mode={mode} all_registered_after={:.1}s all_initialized_after={:.1}s all_lbs_ready_after={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={peak_at_init} ccm_peak_rss_settled={} cluster_peak_rss={child_peak_rss} ccm_cpu={ccm_cpu:.1}s cluster_cpu={cluster_cpu:.1}s bench_rss_before_ccm={rss_before_ccm} fake_lb_host_names_held={names_held} (of {names_referenced} referenced)",
+        "node_init nodes={nodes} services={services} latency={latency:?} mode={mode} quota={quota}/s limiter={limiter} throttled_calls={throttled} all_registered_after={:.1}s all_initialized_after={:.1}s all_lbs_ready_after={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={peak_at_init} ccm_peak_rss_settled={} cluster_peak_rss={child_peak_rss} ccm_cpu={ccm_cpu:.1}s cluster_cpu={cluster_cpu:.1}s bench_rss_before_ccm={rss_before_ccm} fake_lb_host_names_held={names_held} (of {names_referenced} referenced)",
         (registered - started).as_secs_f64(),
         (done - started).as_secs_f64(),
         (settled - started).as_secs_f64(),

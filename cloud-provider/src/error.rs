@@ -51,6 +51,18 @@ pub enum CloudError {
         message: String,
     },
 
+    /// The cloud refused the call because its API quota is spent (HTTP 429, AWS
+    /// `RequestLimitExceeded`, Azure `TooManyRequests`). The shared cloud rate limiter lowers
+    /// its rate when it sees this kind, and holds every caller back for `retry_after` when the
+    /// cloud said how long.
+    #[error("{message} (throttled{})", retry_after.map(|d| format!(", retry after {}s", d.as_secs_f64())).unwrap_or_default())]
+    Throttled {
+        /// How long the cloud asked callers to wait, when it said.
+        retry_after: Option<Duration>,
+        /// Why.
+        message: String,
+    },
+
     /// Any other failure, with what was being done and the underlying error.
     #[error("{context}: {source}")]
     Other {
@@ -78,6 +90,8 @@ pub enum ErrorKind {
     ImplementedElsewhere,
     /// See [`CloudError::RetryAfter`].
     RetryAfter,
+    /// See [`CloudError::Throttled`].
+    Throttled,
     /// Anything else.
     Other,
 }
@@ -89,6 +103,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::NotImplemented => "NotImplemented",
             ErrorKind::ImplementedElsewhere => "ImplementedElsewhere",
             ErrorKind::RetryAfter => "RetryAfter",
+            ErrorKind::Throttled => "Throttled",
             ErrorKind::Other => "Other",
         })
     }
@@ -98,6 +113,15 @@ impl CloudError {
     /// A retry-after error: the caller should retry after `retry_after`, not back off.
     pub fn retry_after(retry_after: Duration, message: impl Into<String>) -> Self {
         CloudError::RetryAfter {
+            retry_after,
+            message: message.into(),
+        }
+    }
+
+    /// A throttling error: the cloud's API quota is spent; `retry_after` is how long the cloud
+    /// asked callers to wait, when it said.
+    pub fn throttled(retry_after: Option<Duration>, message: impl Into<String>) -> Self {
+        CloudError::Throttled {
             retry_after,
             message: message.into(),
         }
@@ -132,6 +156,7 @@ impl CloudError {
             CloudError::NotImplemented => ErrorKind::NotImplemented,
             CloudError::ImplementedElsewhere => ErrorKind::ImplementedElsewhere,
             CloudError::RetryAfter { .. } => ErrorKind::RetryAfter,
+            CloudError::Throttled { .. } => ErrorKind::Throttled,
             CloudError::Other { .. } | CloudError::Message(_) => ErrorKind::Other,
         }
     }
@@ -157,7 +182,13 @@ impl CloudError {
         self.kind() == ErrorKind::ImplementedElsewhere
     }
 
-    /// The retry delay asked for by this error or anything it wraps.
+    /// Whether this error, or anything it wraps, says the cloud throttled the call.
+    pub fn is_throttled(&self) -> bool {
+        self.kind() == ErrorKind::Throttled
+    }
+
+    /// The retry delay asked for by this error or anything it wraps (a retry-after error's,
+    /// or a throttling error's when the cloud said how long).
     pub fn retry_after_delay(&self) -> Option<Duration> {
         retry_after_of(self)
     }
@@ -202,10 +233,12 @@ pub fn kind_of(err: &(dyn StdError + 'static)) -> ErrorKind {
         .unwrap_or(ErrorKind::Other)
 }
 
-/// The retry-after delay in `err` or its source chain, if any.
+/// The retry-after delay in `err` or its source chain, if any: a retry-after error's, or a
+/// throttling error's when the cloud said how long.
 pub fn retry_after_of(err: &(dyn StdError + 'static)) -> Option<Duration> {
     cloud_errors(err).find_map(|e| match e {
         CloudError::RetryAfter { retry_after, .. } => Some(*retry_after),
+        CloudError::Throttled { retry_after, .. } => *retry_after,
         _ => None,
     })
 }
@@ -257,6 +290,27 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::RetryAfter);
         assert_eq!(err.retry_after_delay(), Some(Duration::from_secs(42)));
         assert_eq!(CloudError::message("plain").retry_after_delay(), None);
+    }
+
+    /// A throttling error is its own kind through any wrapping, and carries the cloud's
+    /// retry-after when it gave one (the shared limiter backs off on it).
+    #[test]
+    fn throttling_is_a_kind_found_through_wrapping() {
+        let err = CloudError::context(
+            "update lb",
+            CloudError::throttled(Some(Duration::from_millis(500)), "RequestLimitExceeded"),
+        );
+        assert_eq!(err.kind(), ErrorKind::Throttled);
+        assert!(err.is_throttled());
+        assert_eq!(err.retry_after_delay(), Some(Duration::from_millis(500)));
+        let bare = CloudError::throttled(None, "429");
+        assert_eq!(bare.retry_after_delay(), None);
+        assert_eq!(bare.to_string(), "429 (throttled)");
+        assert_eq!(
+            err.to_string(),
+            "update lb: RequestLimitExceeded (throttled, retry after 0.5s)"
+        );
+        assert!(!CloudError::retry_after(Duration::from_secs(1), "x").is_throttled());
     }
 
     #[test]

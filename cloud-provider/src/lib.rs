@@ -56,7 +56,10 @@ pub use provider::{
     LoadBalancer, Routes, SharedClient, Zones, instance_provider_id,
 };
 pub use registry::{CloudConfig, ProviderFactory, Registry, RegistryError, init_cloud_provider};
-pub use types::{InstanceMetadata, Route, Zone, node_address};
+pub use types::{
+    ClusterLoadBalancer, InstanceMetadata, Route, ScheduledEvent, ScheduledEventKind, Zone,
+    node_address,
+};
 
 /// Re-exports for the macros. Not public API.
 #[doc(hidden)]

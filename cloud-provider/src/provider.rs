@@ -12,7 +12,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, NodeAddress, Service};
 use tokio_util::sync::CancellationToken;
 
-use crate::{CloudError, InstanceMetadata, Route, Zone};
+use crate::{CloudError, ClusterLoadBalancer, InstanceMetadata, Route, ScheduledEvent, Zone};
 
 /// The result type of every provider call.
 pub type CloudResult<T> = Result<T, CloudError>;
@@ -206,6 +206,13 @@ pub trait InstancesV2: Send + Sync {
             .collect()
             .await
     }
+    /// Beyond upstream, optional: every event the cloud has scheduled for this cluster's
+    /// instances (maintenance, reboot, retirement, spot interruption), in one call. The
+    /// cloud-node-lifecycle controller marks the Nodes with the `MaintenancePlanned`
+    /// condition. The default is [`CloudError::NotImplemented`].
+    async fn scheduled_events(&self) -> CloudResult<Vec<ScheduledEvent>> {
+        Err(CloudError::NotImplemented)
+    }
 }
 
 /// Legacy instance lookups by name and provider ID (upstream's `Instances`), for vendors porting
@@ -307,6 +314,33 @@ pub trait LoadBalancer: Send + Sync {
         cluster_name: &str,
         service: &Service,
     ) -> CloudResult<()>;
+
+    /// Beyond upstream, optional: every load balancer this provider made for `cluster_name`
+    /// (found by the provider's own record, such as a cluster tag), so the service controller
+    /// can collect those whose Service is gone or no longer wants one. The default is
+    /// [`CloudError::NotImplemented`]: no collection. A partial answer must be an error, never
+    /// a shorter list.
+    async fn list_load_balancers(
+        &self,
+        cluster_name: &str,
+    ) -> CloudResult<Vec<ClusterLoadBalancer>> {
+        let _ = cluster_name;
+        Err(CloudError::NotImplemented)
+    }
+
+    /// Beyond upstream, optional: deletes a load balancer [`list_load_balancers`] reported, and
+    /// everything created for it, when its Service is gone. Succeeds if it is already gone.
+    /// The default is [`CloudError::NotImplemented`].
+    ///
+    /// [`list_load_balancers`]: LoadBalancer::list_load_balancers
+    async fn ensure_listed_load_balancer_deleted(
+        &self,
+        cluster_name: &str,
+        load_balancer: &ClusterLoadBalancer,
+    ) -> CloudResult<()> {
+        let _ = (cluster_name, load_balancer);
+        Err(CloudError::NotImplemented)
+    }
 }
 
 /// Routes in the cloud's route table, one per pod CIDR.

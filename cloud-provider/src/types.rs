@@ -155,3 +155,111 @@ pub fn node_address(type_: &str, address: impl Into<String>) -> NodeAddress {
         address: address.into(),
     }
 }
+
+/// A load balancer the provider made for this cluster, as
+/// [`LoadBalancer::list_load_balancers`](crate::LoadBalancer::list_load_balancers) reports it:
+/// its cloud name and the Service it was made for (from the provider's own record, such as a
+/// tag), so the service controller can find load balancers whose Service is gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClusterLoadBalancer {
+    /// The cloud name, as [`get_load_balancer_name`](crate::LoadBalancer::get_load_balancer_name)
+    /// gave it for its Service.
+    pub name: String,
+    /// The namespace of the Service it was made for.
+    pub service_namespace: String,
+    /// The name of the Service it was made for.
+    pub service_name: String,
+}
+
+impl ClusterLoadBalancer {
+    /// The load balancer `name`, made for the Service `namespace/service`.
+    pub fn new(
+        name: impl Into<String>,
+        namespace: impl Into<String>,
+        service: impl Into<String>,
+    ) -> Self {
+        ClusterLoadBalancer {
+            name: name.into(),
+            service_namespace: namespace.into(),
+            service_name: service.into(),
+        }
+    }
+}
+
+/// What a cloud plans for an instance, as
+/// [`InstancesV2::scheduled_events`](crate::InstancesV2::scheduled_events) reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ScheduledEventKind {
+    /// Maintenance of the host or the instance.
+    Maintenance,
+    /// A reboot of the instance or its host.
+    Reboot,
+    /// The instance is retired (stopped or terminated for good).
+    Retirement,
+    /// A spot (preemptible) instance is being reclaimed.
+    SpotInterruption,
+    /// Anything else, by the cloud's name.
+    Other(String),
+}
+
+impl ScheduledEventKind {
+    /// The condition reason: `Maintenance`, `Reboot`, `Retirement`, `SpotInterruption`, or
+    /// the cloud's name.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ScheduledEventKind::Maintenance => "Maintenance",
+            ScheduledEventKind::Reboot => "Reboot",
+            ScheduledEventKind::Retirement => "Retirement",
+            ScheduledEventKind::SpotInterruption => "SpotInterruption",
+            ScheduledEventKind::Other(name) => name,
+        }
+    }
+}
+
+/// An event a cloud has scheduled for one instance (maintenance, reboot, retirement, spot
+/// interruption).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScheduledEvent {
+    /// The instance, by the provider ID its Node carries.
+    pub provider_id: String,
+    /// What is planned.
+    pub kind: ScheduledEventKind,
+    /// When it starts at the earliest.
+    pub not_before: std::time::SystemTime,
+    /// When it ends at the latest, if the cloud says; past it the event no longer applies.
+    pub not_after: Option<std::time::SystemTime>,
+    /// The cloud's description.
+    pub description: String,
+}
+
+impl ScheduledEvent {
+    /// An event of `kind` for the instance `provider_id`, starting at `not_before`.
+    pub fn new(
+        provider_id: impl Into<String>,
+        kind: ScheduledEventKind,
+        not_before: std::time::SystemTime,
+    ) -> Self {
+        ScheduledEvent {
+            provider_id: provider_id.into(),
+            kind,
+            not_before,
+            not_after: None,
+            description: String::new(),
+        }
+    }
+
+    /// Sets when it ends at the latest.
+    pub fn until(mut self, not_after: std::time::SystemTime) -> Self {
+        self.not_after = Some(not_after);
+        self
+    }
+
+    /// Sets the cloud's description.
+    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+        self.description = description.into();
+        self
+    }
+}

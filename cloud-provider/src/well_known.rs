@@ -51,3 +51,11 @@ pub const CLOUD_CONTROLLER_MANAGER_WEBHOOK_PORT: u16 = 10260;
 /// The provider names that mean "no provider in this process" (`--cloud-provider` empty or
 /// `external`).
 pub const NO_PROVIDER_NAMES: [&str; 2] = ["", "external"];
+
+/// Beyond upstream: the Node condition set while the cloud has maintenance, a reboot, a
+/// retirement or a spot interruption scheduled for the instance (the shape KEP-5683 proposes).
+pub const CONDITION_MAINTENANCE_PLANNED: &str = "MaintenancePlanned";
+
+/// Beyond upstream: the `PreferNoSchedule` taint optionally put on a Node while
+/// [`CONDITION_MAINTENANCE_PLANNED`] is true.
+pub const TAINT_MAINTENANCE_PLANNED: &str = "node.cloudprovider.kubernetes.io/maintenance-planned";

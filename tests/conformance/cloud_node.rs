@@ -8,18 +8,22 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use ccm_testkit::{client, eventually};
 use cloud_provider::well_known::{
-    ANNOTATION_PROVIDED_NODE_IP, LABEL_FAILURE_DOMAIN_BETA_REGION, LABEL_FAILURE_DOMAIN_BETA_ZONE,
-    LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_STABLE, LABEL_TOPOLOGY_REGION, LABEL_TOPOLOGY_ZONE,
-    TAINT_SHUTDOWN, TAINT_UNINITIALIZED,
+    ANNOTATION_PROVIDED_NODE_IP, CONDITION_MAINTENANCE_PLANNED, LABEL_FAILURE_DOMAIN_BETA_REGION,
+    LABEL_FAILURE_DOMAIN_BETA_ZONE, LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_STABLE,
+    LABEL_TOPOLOGY_REGION, LABEL_TOPOLOGY_ZONE, TAINT_MAINTENANCE_PLANNED, TAINT_SHUTDOWN,
+    TAINT_UNINITIALIZED,
 };
-use cloud_provider::{CloudProvider, CloudResult, InstanceMetadata, InstancesV2, node_address};
-use cloud_provider_app::controllers::ControllerContext;
+use cloud_provider::{
+    CloudProvider, CloudResult, InstanceMetadata, InstancesV2, ScheduledEvent, ScheduledEventKind,
+    node_address,
+};
 use cloud_provider_app::controllers::cloud_node_lifecycle::{
     CloudNodeLifecycleConfig, CloudNodeLifecycleController,
 };
 use cloud_provider_app::controllers::node::{
     CloudNodeConfig, CloudNodeConfigError, CloudNodeController,
 };
+use cloud_provider_app::controllers::{ControllerContext, MaintenanceConfig};
 use cloud_provider_fake::{FakeCloud, FakeInstance, Fault, FaultRule, Method, Parts};
 use k8s_openapi::api::core::v1::{
     Event, Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Taint,
@@ -1203,4 +1207,78 @@ async fn a_failing_label_mirror_backs_off_exponentially() {
     let attempts = attempts.load(SeqCst);
     // 5 ms · (2^n − 1) ≤ 10 s gives n = 10 retries after the first attempt.
     assert!((5..=16).contains(&attempts), "{attempts} attempts in 10 s");
+}
+
+fn maintenance_condition(node: &Node) -> Option<NodeCondition> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == CONDITION_MAINTENANCE_PLANNED)
+        .cloned()
+}
+
+/// Beyond upstream (the Node condition KEP-5683 proposes): an event the cloud schedules for
+/// a Node's instance sets `MaintenancePlanned=True` with its kind as reason and its time and
+/// description in the message, plus the `PreferNoSchedule` taint when asked; when the event
+/// passes the condition turns `False` and the taint goes. Other Nodes are left alone.
+#[tokio::test(start_paused = true)]
+async fn a_scheduled_cloud_event_sets_maintenance_planned_until_it_passes() {
+    let client = client().await;
+    let cloud = fake([
+        FakeInstance::new("i-1", "node-1"),
+        FakeInstance::new("i-2", "node-2"),
+    ]);
+    node_with_ready(&client, "node-1", Some("True"), vec![], Some("fake://i-1")).await;
+    node_with_ready(&client, "node-2", Some("True"), vec![], Some("fake://i-2")).await;
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(4_102_444_800); // 2100-01-01
+    cloud.schedule_event(
+        ScheduledEvent::new("fake://i-1", ScheduledEventKind::Maintenance, at)
+            .with_description("host maintenance"),
+    );
+    let config = CloudNodeLifecycleConfig::default()
+        .with_maintenance(Some(MaintenanceConfig::new(Duration::from_secs(10), true)));
+    let _stop = start_lifecycle(&client, cloud.clone(), config);
+    let node = eventually(30, "MaintenancePlanned=True", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| maintenance_condition(n).is_some_and(|c| c.status == "True"))
+            .filter(|n| has_taint(n, TAINT_MAINTENANCE_PLANNED))
+    })
+    .await;
+    let condition = maintenance_condition(&node).unwrap();
+    assert_eq!(condition.reason.as_deref(), Some("Maintenance"));
+    assert_eq!(
+        condition.message.as_deref(),
+        Some("Maintenance scheduled from 2100-01-01T00:00:00Z: host maintenance")
+    );
+    let taint = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .and_then(|t| t.iter().find(|t| t.key == TAINT_MAINTENANCE_PLANNED))
+        .cloned()
+        .unwrap();
+    assert_eq!(taint.effect, "PreferNoSchedule");
+    let other = get(&client, "node-2").await.unwrap();
+    assert!(
+        maintenance_condition(&other).is_none(),
+        "node-2 has nothing planned"
+    );
+    assert!(!has_taint(&other, TAINT_MAINTENANCE_PLANNED));
+
+    cloud.clear_scheduled_events("fake://i-1");
+    let node = eventually(30, "MaintenancePlanned=False", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| maintenance_condition(n).is_some_and(|c| c.status == "False"))
+            .filter(|n| !has_taint(n, TAINT_MAINTENANCE_PLANNED))
+    })
+    .await;
+    assert_eq!(
+        maintenance_condition(&node).unwrap().reason.as_deref(),
+        Some("NoMaintenancePlanned")
+    );
+    assert!(cloud.call_count(Method::ScheduledEvents) >= 2);
 }

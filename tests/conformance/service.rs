@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use cloud_provider::well_known::FINALIZER_LOAD_BALANCER_CLEANUP;
 use cloud_provider::{CloudError, CloudProvider, CloudResult, LoadBalancer};
-use cloud_provider_app::controllers::ControllerContext;
 use cloud_provider_app::controllers::service::{ServiceConfig, ServiceController};
+use cloud_provider_app::controllers::{ControllerContext, OrphanedLbConfig};
 use cloud_provider_fake::{Call, FakeCloud, FakeInstance, Fault, FaultRule, Method};
 use k8s_openapi::api::core::v1::{Event, LoadBalancerStatus, Node, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -987,4 +987,189 @@ async fn a_service_deleted_during_a_watch_gap_has_its_lb_deleted_after_the_relis
     assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancerDeleted), 1);
     env.token.cancel();
     task.await.unwrap();
+}
+
+/// A load balancer as the provider made it for `default/name` in `cluster`, with no
+/// controller having seen it (leaked while the ccm was down, or by a finalizer removed by
+/// hand).
+async fn leak_load_balancer(cloud: &FakeCloud, cluster: &str, name: &str, uid: &str) -> String {
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name, "namespace": "default", "uid": uid },
+        "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP", "nodePort": 30080 }] },
+    }))
+    .unwrap();
+    let lb = cloud.load_balancer().unwrap();
+    lb.ensure_load_balancer(cluster, &svc, &[]).await.unwrap();
+    lb.get_load_balancer_name(cluster, &svc)
+}
+
+fn lb_names(cloud: &FakeCloud) -> Vec<String> {
+    let mut names: Vec<String> = cloud
+        .load_balancers()
+        .into_iter()
+        .map(|lb| lb.name)
+        .collect();
+    names.sort();
+    names
+}
+
+/// Collection every 100 ms after `grace_ms`.
+fn gc(grace_ms: u64, dry_run: bool) -> ServiceConfig {
+    ServiceConfig::default().with_orphaned_lb_gc(Some(OrphanedLbConfig::new(
+        Duration::from_millis(100),
+        Duration::from_millis(grace_ms),
+        dry_run,
+    )))
+}
+
+/// Beyond upstream (whose `controllers/service/controller.go` deletes a load balancer only
+/// on seeing its Service change or go): a load balancer of this cluster whose Service is gone,
+/// or no longer wants one and holds no cleanup finalizer, is deleted once it has stayed
+/// orphaned for the grace period; a Service's own load balancer and another cluster's are
+/// never touched.
+#[tokio::test]
+async fn a_leaked_load_balancer_is_deleted_after_the_grace_period() {
+    let mut env = Env::new(&["n1"]).await;
+    let web = env.create_service("web", serde_json::json!({})).await;
+    let internal = env
+        .create_service(
+            "internal",
+            serde_json::json!({ "spec": { "type": "ClusterIP" } }),
+        )
+        .await;
+    let gone = leak_load_balancer(
+        &env.cloud,
+        CLUSTER,
+        "gone",
+        "11111111-2222-3333-4444-555555555555",
+    )
+    .await;
+    let no_longer_wanted = leak_load_balancer(
+        &env.cloud,
+        CLUSTER,
+        "internal",
+        internal.metadata.uid.as_deref().unwrap(),
+    )
+    .await;
+    let others = leak_load_balancer(
+        &env.cloud,
+        "other-cluster",
+        "gone",
+        "66666666-7777-8888-9999-000000000000",
+    )
+    .await;
+    let cloud: Arc<dyn CloudProvider> = Arc::new(env.cloud.clone());
+    env.start_with(cloud, gc(1500, false));
+    ccm_testkit::eventually(10, "web's load balancer", || async {
+        env.cloud.load_balancer_of(&web).map(|_| ())
+    })
+    .await;
+    ccm_testkit::eventually(10, "two listings", || async {
+        (env.cloud.call_count(Method::ListLoadBalancers) >= 2).then_some(())
+    })
+    .await;
+    let names = lb_names(&env.cloud);
+    assert!(
+        names.contains(&gone) && names.contains(&no_longer_wanted),
+        "deleted inside the grace period: {names:?}"
+    );
+    ccm_testkit::eventually(10, "the leaked load balancers deleted", || async {
+        let names = lb_names(&env.cloud);
+        (!names.contains(&gone) && !names.contains(&no_longer_wanted)).then_some(())
+    })
+    .await;
+    assert!(env.cloud.load_balancer_of(&web).is_some(), "web's kept");
+    assert!(
+        lb_names(&env.cloud).contains(&others),
+        "another cluster's kept"
+    );
+    assert_eq!(
+        env.cloud
+            .call_count(Method::EnsureListedLoadBalancerDeleted),
+        2
+    );
+    env.stop().await;
+}
+
+/// Dry run only reports: the leaked load balancer stays and no deletion is called.
+#[tokio::test]
+async fn dry_run_collection_deletes_nothing() {
+    let mut env = Env::new(&["n1"]).await;
+    env.create_service("web", serde_json::json!({})).await;
+    let gone = leak_load_balancer(
+        &env.cloud,
+        CLUSTER,
+        "gone",
+        "11111111-2222-3333-4444-555555555555",
+    )
+    .await;
+    let cloud: Arc<dyn CloudProvider> = Arc::new(env.cloud.clone());
+    env.start_with(cloud, gc(0, true));
+    ccm_testkit::eventually(10, "five listings", || async {
+        (env.cloud.call_count(Method::ListLoadBalancers) >= 5).then_some(())
+    })
+    .await;
+    assert!(lb_names(&env.cloud).contains(&gone));
+    assert_eq!(
+        env.cloud
+            .call_count(Method::EnsureListedLoadBalancerDeleted),
+        0
+    );
+    env.stop().await;
+}
+
+/// Nothing is collected on a failed listing of the cloud's load balancers, nor while the
+/// cluster lists no Service at all (a wrong cluster or a broken cache must not empty the
+/// cloud).
+#[tokio::test]
+async fn no_collection_on_a_failed_listing_or_an_empty_cluster() {
+    let mut env = Env::new(&["n1"]).await;
+    // No Service at all: not even the API server's own `default/kubernetes`.
+    env.services()
+        .delete("kubernetes", &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = leak_load_balancer(
+        &env.cloud,
+        CLUSTER,
+        "gone",
+        "11111111-2222-3333-4444-555555555555",
+    )
+    .await;
+    env.cloud.inject(
+        FaultRule::always(Fault::Error("EC2 is down".into())).on(Method::ListLoadBalancers),
+    );
+    let cloud: Arc<dyn CloudProvider> = Arc::new(env.cloud.clone());
+    env.start_with(cloud, gc(0, false));
+    ccm_testkit::eventually(10, "failed listings", || async {
+        (env.cloud.call_count(Method::ListLoadBalancers) >= 3).then_some(())
+    })
+    .await;
+    assert!(
+        lb_names(&env.cloud).contains(&gone),
+        "deleted on a failed listing"
+    );
+    // The listing works now, but the cluster has no Service at all.
+    env.cloud.clear_faults();
+    let listed = env.cloud.call_count(Method::ListLoadBalancers);
+    ccm_testkit::eventually(10, "more listings", || async {
+        (env.cloud.call_count(Method::ListLoadBalancers) >= listed + 3).then_some(())
+    })
+    .await;
+    assert!(
+        lb_names(&env.cloud).contains(&gone),
+        "deleted with an empty Service list"
+    );
+    assert_eq!(
+        env.cloud
+            .call_count(Method::EnsureListedLoadBalancerDeleted),
+        0
+    );
+    // One Service appears: the cluster is real, the leaked load balancer goes.
+    env.create_service("web", serde_json::json!({})).await;
+    ccm_testkit::eventually(10, "the leaked load balancer deleted", || async {
+        (!lb_names(&env.cloud).contains(&gone)).then_some(())
+    })
+    .await;
+    env.stop().await;
 }

@@ -2,7 +2,7 @@
 //! `main` passes to [`run`](crate::run()) unless it adds or removes controllers.
 
 use crate::controllers::{
-    ControllerContext,
+    ControllerContext, MaintenanceConfig, OrphanedLbConfig,
     cloud_node_lifecycle::{CloudNodeLifecycleConfig, CloudNodeLifecycleController},
     node::{CloudNodeConfig, CloudNodeController},
     route::{RouteConfig, RouteController},
@@ -57,7 +57,12 @@ fn start_cloud_node_lifecycle(
 ) -> Result<Option<ControllerFuture>, BoxError> {
     let config = CloudNodeLifecycleConfig::default()
         .with_node_monitor_period(options.node_monitor_period.value)
-        .with_delete_grace_period(options.node_deletion_grace_period.value);
+        .with_delete_grace_period(options.node_deletion_grace_period.value)
+        .with_maintenance({
+            let period = options.node_maintenance_period.value;
+            (!period.is_zero())
+                .then(|| MaintenanceConfig::new(period, options.node_maintenance_taint))
+        });
     Ok(CloudNodeLifecycleController::new(ctx, config)?.map(|c| {
         Box::pin(async move {
             c.run().await;
@@ -86,6 +91,18 @@ fn start_route(
     }))
 }
 
+/// `--orphaned-lb-gc-*`, or `None` when the period is 0.
+fn orphaned_lb_gc(options: &CloudControllerManagerOptions) -> Option<OrphanedLbConfig> {
+    let period = options.orphaned_lb_gc_period.value;
+    (!period.is_zero()).then(|| {
+        OrphanedLbConfig::new(
+            period,
+            options.orphaned_lb_gc_grace_period.value,
+            options.orphaned_lb_gc_dry_run,
+        )
+    })
+}
+
 fn start_service(
     ctx: ControllerContext,
     options: &CloudControllerManagerOptions,
@@ -95,7 +112,8 @@ fn start_service(
         .with_concurrent_service_syncs(
             usize::try_from(options.concurrent_service_syncs).unwrap_or(0),
         )
-        .with_lb_drift_reensure_period((!drift.is_zero()).then_some(drift));
+        .with_lb_drift_reensure_period((!drift.is_zero()).then_some(drift))
+        .with_orphaned_lb_gc(orphaned_lb_gc(options));
     Ok(ServiceController::new(ctx, config)?.map(|c| {
         Box::pin(async move {
             c.run().await;

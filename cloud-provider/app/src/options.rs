@@ -258,6 +258,13 @@ pub struct CloudControllerManagerOptions {
     /// Beyond upstream: burst of the shared cloud limiter (0 = unlimited, the default).
     #[arg(long, default_value_t = 0)]
     pub cloud_api_burst: u32,
+    /// Beyond upstream: the shared cloud limiter halves its rate when the cloud answers
+    /// "throttled" (and holds every caller for the cloud's retry-after), then climbs back to
+    /// `--cloud-api-qps` by a twentieth of it per second. Needs `--cloud-api-qps`. Default
+    /// false: a fixed rate. Callers always wait by priority (node initialization and
+    /// deletion, load balancers, routes, status refreshes).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub cloud_api_adaptive: bool,
     /// Beyond upstream: fetch instance metadata for many Nodes in one cloud call when the
     /// provider supports it. Default true: one call per sync instead of one per Node.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -275,6 +282,31 @@ pub struct CloudControllerManagerOptions {
     /// Kubernetes. Default 0 = off, as upstream (which re-ensures only on changes).
     #[arg(long, default_value = "0")]
     pub lb_drift_reensure_period: GoDuration,
+    /// Beyond upstream: look this often for load balancers the provider made for this
+    /// cluster whose Service is gone or no longer wants one (leaked while the ccm was down,
+    /// or by a finalizer removed by hand), and delete them. Needs a provider that lists its
+    /// load balancers. Default 0 = off, as upstream.
+    #[arg(long, default_value = "0")]
+    pub orphaned_lb_gc_period: GoDuration,
+    /// Beyond upstream: ask the cloud this often for the events it has scheduled for the
+    /// instances (maintenance, reboot, retirement, spot interruption) and set the Nodes'
+    /// `MaintenancePlanned` condition, cleared when the event passes. Needs a provider that
+    /// reports them. Default 0 = off, as upstream.
+    #[arg(long, default_value = "0")]
+    pub node_maintenance_period: GoDuration,
+    /// Beyond upstream: with `--node-maintenance-period`, also taint Nodes with planned
+    /// maintenance `node.cloudprovider.kubernetes.io/maintenance-planned:PreferNoSchedule`.
+    /// Default false.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub node_maintenance_taint: bool,
+    /// Beyond upstream: how long a load balancer must stay orphaned before
+    /// `--orphaned-lb-gc-period` deletes it. Default 10m.
+    #[arg(long, default_value = "10m")]
+    pub orphaned_lb_gc_grace_period: GoDuration,
+    /// Beyond upstream: only log the orphaned load balancers `--orphaned-lb-gc-period` would
+    /// delete. Default false.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub orphaned_lb_gc_dry_run: bool,
     /// Beyond upstream: log format. Default `text`.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -525,6 +557,12 @@ impl CloudControllerManagerOptions {
                 self.node_deletion_grace_period,
             ),
             ("--lb-drift-reensure-period", self.lb_drift_reensure_period),
+            ("--orphaned-lb-gc-period", self.orphaned_lb_gc_period),
+            ("--node-maintenance-period", self.node_maintenance_period),
+            (
+                "--orphaned-lb-gc-grace-period",
+                self.orphaned_lb_gc_grace_period,
+            ),
         ] {
             if value.negative && !value.value.is_zero() {
                 errors.push(format!("{flag} cannot be negative"));
@@ -543,6 +581,12 @@ impl CloudControllerManagerOptions {
         }
         if self.cloud_api_qps < 0.0 || !self.cloud_api_qps.is_finite() {
             errors.push("--cloud-api-qps must be a non-negative number".to_owned());
+        }
+        if self.cloud_api_adaptive && self.cloud_api_qps <= 0.0 {
+            errors.push(
+                "--cloud-api-adaptive needs --cloud-api-qps: an unlimited limiter has no rate to adapt"
+                    .to_owned(),
+            );
         }
         if self.leader_elect {
             let lease = self.leader_elect_lease_duration;

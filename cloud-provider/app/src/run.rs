@@ -436,10 +436,10 @@ async fn run_clients(
             return Err(AppError::NoClusterId);
         }
     }
-    let limiter = Arc::new(CloudRateLimiter::new(
-        options.cloud_api_qps,
-        options.cloud_api_burst,
-    ));
+    let limiter = Arc::new(
+        CloudRateLimiter::new(options.cloud_api_qps, options.cloud_api_burst)
+            .adaptive(options.cloud_api_adaptive),
+    );
     let metrics = ManagerMetrics::new(limiter.clone());
     cloud.register_metrics(&mut metrics.registry().lock());
     let controller_metrics = ControllerMetrics::new();

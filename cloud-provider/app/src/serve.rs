@@ -28,7 +28,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::controllers::CloudRateLimiter;
+use crate::controllers::{CloudPriority, CloudRateLimiter};
 use crate::delegated::DelegatedAuth;
 use crate::secure_serving::MAX_HANDSHAKES;
 
@@ -92,6 +92,61 @@ pub(crate) struct ManagerMetrics {
     limiter: Arc<CloudRateLimiter>,
     granted: Counter,
     waited: Counter<f64, std::sync::atomic::AtomicU64>,
+    by_priority: PriorityFamilies,
+}
+
+type F64Counter = Counter<f64, std::sync::atomic::AtomicU64>;
+
+/// The limiter's counters per [`CloudPriority`] and its current rate.
+#[derive(Clone, Default)]
+struct PriorityFamilies {
+    granted: Family<Labels, Counter>,
+    waited: Family<Labels, F64Counter>,
+    throttled: Family<Labels, Counter>,
+    rate: Gauge<f64, std::sync::atomic::AtomicU64>,
+}
+
+impl PriorityFamilies {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "cloud_api_rate_limiter_priority_granted",
+            "Cloud API calls let through by the shared cloud rate limiter, by caller priority",
+            self.granted.clone(),
+        );
+        registry.register(
+            "cloud_api_rate_limiter_priority_wait_seconds",
+            "Total time callers waited on the shared cloud rate limiter, by caller priority",
+            self.waited.clone(),
+        );
+        registry.register(
+            "cloud_api_rate_limiter_throttled",
+            "Cloud API calls the cloud refused as throttled, by caller priority",
+            self.throttled.clone(),
+        );
+        registry.register(
+            "cloud_api_rate_limiter_rate",
+            "Calls per second the shared cloud rate limiter lets through now (0 = unlimited)",
+            self.rate.clone(),
+        );
+    }
+
+    /// Brings the families up to the limiter's counts.
+    fn sync(&self, limiter: &CloudRateLimiter) {
+        for priority in CloudPriority::ALL {
+            let labels = vec![("priority".to_owned(), priority.as_str().to_owned())];
+            let stats = limiter.priority_stats(priority);
+            let granted = self.granted.get_or_create(&labels);
+            granted.inc_by(stats.granted.saturating_sub(granted.get()));
+            let throttled = self.throttled.get_or_create(&labels);
+            throttled.inc_by(stats.throttled.saturating_sub(throttled.get()));
+            let waited = self.waited.get_or_create(&labels);
+            let more = stats.waited.as_secs_f64() - waited.get();
+            if more > 0.0 {
+                waited.inc_by(more);
+            }
+        }
+        self.rate.set(limiter.current_rate());
+    }
 }
 
 impl std::fmt::Debug for ManagerMetrics {
@@ -122,7 +177,10 @@ impl ManagerMetrics {
             "Total time callers waited on the shared cloud rate limiter",
             waited.clone(),
         );
+        let by_priority = PriorityFamilies::default();
+        by_priority.register(&mut registry);
         ManagerMetrics {
+            by_priority,
             registry: Arc::new(Mutex::new(registry)),
             running,
             limiter,
@@ -155,6 +213,7 @@ impl ManagerMetrics {
         if waited > 0.0 {
             self.waited.inc_by(waited);
         }
+        self.by_priority.sync(&self.limiter);
         let mut out = String::new();
         if let Err(error) =
             prometheus_client::encoding::text::encode(&mut out, &self.registry.lock())
@@ -375,6 +434,10 @@ mod tests {
             "{body}"
         );
         assert!(body.contains("my_controller_syncs_total 1"), "{body}");
+        assert!(
+            body.contains("cloud_api_rate_limiter_priority_granted_total{priority=\"status\"} 2"),
+            "{body}"
+        );
         // Counters follow the limiter, not the number of scrapes.
         limiter.acquire().await;
         let (_, body) = get(&router, "/metrics").await;
@@ -382,5 +445,31 @@ mod tests {
             body.contains("cloud_api_rate_limiter_granted_total 3"),
             "{body}"
         );
+    }
+
+    /// The limiter's metrics per caller priority: calls, waits and throttled answers, and
+    /// the rate it lets calls through at now (lowered by throttling when adapting).
+    #[tokio::test(start_paused = true)]
+    async fn limiter_metrics_by_priority_and_rate() {
+        let limiter = Arc::new(CloudRateLimiter::new(10.0, 1).adaptive(true));
+        let metrics = ManagerMetrics::new(limiter.clone());
+        limiter.acquire_at(CloudPriority::NodeLifecycle).await;
+        limiter.acquire_at(CloudPriority::LoadBalancer).await;
+        limiter.observe(
+            CloudPriority::LoadBalancer,
+            &cloud_provider::CloudError::throttled(None, "quota"),
+        );
+        let body = metrics.encode();
+        for line in [
+            "cloud_api_rate_limiter_priority_granted_total{priority=\"node_lifecycle\"} 1",
+            "cloud_api_rate_limiter_priority_granted_total{priority=\"load_balancer\"} 1",
+            "cloud_api_rate_limiter_priority_granted_total{priority=\"route\"} 0",
+            "cloud_api_rate_limiter_throttled_total{priority=\"load_balancer\"} 1",
+            "cloud_api_rate_limiter_throttled_total{priority=\"node_lifecycle\"} 0",
+            "cloud_api_rate_limiter_priority_wait_seconds_total{priority=\"load_balancer\"} 0.1",
+            "cloud_api_rate_limiter_rate 5.0",
+        ] {
+            assert!(body.contains(line), "{line} in {body}");
+        }
     }
 }

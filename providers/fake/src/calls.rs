@@ -118,6 +118,20 @@ pub enum Call {
         /// `namespace/name` of the Service.
         service: String,
     },
+    /// `LoadBalancer::list_load_balancers`.
+    ListLoadBalancers {
+        /// The cluster name.
+        cluster: String,
+    },
+    /// `LoadBalancer::ensure_listed_load_balancer_deleted`.
+    EnsureListedLoadBalancerDeleted {
+        /// The cluster name.
+        cluster: String,
+        /// The load balancer's cloud name.
+        name: String,
+    },
+    /// `InstancesV2::scheduled_events`.
+    ScheduledEvents,
     /// `Routes::list_routes`.
     ListRoutes {
         /// The cluster name.
@@ -209,6 +223,9 @@ methods! {
     EnsureLoadBalancer => "ensure-load-balancer",
     UpdateLoadBalancer => "update-load-balancer",
     EnsureLoadBalancerDeleted => "ensure-load-balancer-deleted",
+    ListLoadBalancers => "list-load-balancers",
+    ScheduledEvents => "scheduled-events",
+    EnsureListedLoadBalancerDeleted => "ensure-listed-load-balancer-deleted",
     ListRoutes => "list-routes",
     CreateRoute => "create-route",
     DeleteRoute => "delete-route",

@@ -9,8 +9,8 @@ use std::{
 
 use async_trait::async_trait;
 use cloud_provider::{
-    CloudError, CloudProvider, CloudResult, Clusters, InstanceMetadata, Instances, InstancesV2,
-    LoadBalancer, Route, Routes, Zone, Zones,
+    CloudError, CloudProvider, CloudResult, ClusterLoadBalancer, Clusters, InstanceMetadata,
+    Instances, InstancesV2, LoadBalancer, Route, Routes, ScheduledEvent, Zone, Zones,
     helpers::service::{health_check_path_port, load_balancer_source_ranges},
 };
 use futures::future::BoxFuture;
@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 
 use crate::{
     Call, FakeInstance, FakeListener, FakeLoadBalancer, FakeRoute, FaultRule, InstanceState,
-    Method, PROVIDER_ID_PREFIX, faults::FaultPlan,
+    Method, PROVIDER_ID_PREFIX, faults::FaultPlan, quota::Quota,
 };
 
 /// Which parts of the provider surface the fake reports as supported. All are on by default.
@@ -98,6 +98,8 @@ struct Inner {
     faults: Mutex<FaultPlan>,
     latency: Mutex<(Duration, BTreeMap<Method, Duration>)>,
     hook: Mutex<Option<CallHook>>,
+    quota: Mutex<Option<Quota>>,
+    events: Mutex<Vec<ScheduledEvent>>,
     parts: Parts,
     batching: bool,
     default_zone: String,
@@ -152,6 +154,7 @@ pub struct FakeCloudBuilder {
     instances: Vec<FakeInstance>,
     routes: Vec<FakeRoute>,
     faults: Vec<FaultRule>,
+    quota: Option<(f64, u32)>,
 }
 
 impl Default for FakeCloudBuilder {
@@ -166,6 +169,7 @@ impl Default for FakeCloudBuilder {
             instances: Vec::new(),
             routes: Vec::new(),
             faults: Vec::new(),
+            quota: None,
         }
     }
 }
@@ -226,6 +230,13 @@ impl FakeCloudBuilder {
         self
     }
 
+    /// A cloud-side API quota: `calls_per_second` on average, bursts of `burst`; calls over
+    /// it are refused as throttled with a retry-after (see [`FakeCloud::set_quota`]).
+    pub fn quota(mut self, calls_per_second: f64, burst: u32) -> Self {
+        self.quota = Some((calls_per_second, burst));
+        self
+    }
+
     /// Adds a fault rule.
     pub fn fault(mut self, rule: FaultRule) -> Self {
         self.faults.push(rule);
@@ -258,6 +269,8 @@ impl FakeCloudBuilder {
                 faults: Mutex::new(plan),
                 latency: Mutex::new((self.latency, BTreeMap::new())),
                 hook: Mutex::new(None),
+                quota: Mutex::new(self.quota.map(|(rate, burst)| Quota::new(rate, burst))),
+                events: Mutex::new(Vec::new()),
                 parts: self.parts,
                 batching: self.batching,
                 default_zone: self.default_zone,
@@ -447,6 +460,33 @@ impl FakeCloud {
         self.inner.faults.lock().clear();
     }
 
+    /// Schedules an event (maintenance, reboot, retirement, spot interruption) for an
+    /// instance; [`InstancesV2::scheduled_events`] reports it until it is cleared.
+    pub fn schedule_event(&self, event: ScheduledEvent) {
+        self.inner.events.lock().push(event);
+    }
+
+    /// Clears the scheduled events of the instance with this provider ID (the event passed).
+    pub fn clear_scheduled_events(&self, provider_id: &str) {
+        self.inner
+            .events
+            .lock()
+            .retain(|e| e.provider_id != provider_id);
+    }
+
+    /// Sets (or with `None` removes) the cloud-side API quota: `(calls per second, burst)`.
+    /// Every call, whatever its method, spends one token; a call over the quota is recorded,
+    /// waits its latency and fails with [`CloudError::Throttled`] carrying the time until the
+    /// next token, as a real cloud's HTTP 429 does.
+    pub fn set_quota(&self, quota: Option<(f64, u32)>) {
+        *self.inner.quota.lock() = quota.map(|(rate, burst)| Quota::new(rate, burst));
+    }
+
+    /// How many calls the quota refused since it was set.
+    pub fn throttled_calls(&self) -> u64 {
+        self.inner.quota.lock().as_ref().map_or(0, Quota::refused)
+    }
+
     /// Sets the latency of every call.
     pub fn set_latency(&self, latency: Duration) {
         self.inner.latency.lock().0 = latency;
@@ -476,6 +516,12 @@ impl FakeCloud {
     async fn call(&self, call: Call) -> CloudResult<()> {
         let method = call.method();
         self.inner.calls.lock().push(call.clone());
+        let admitted = self
+            .inner
+            .quota
+            .lock()
+            .as_mut()
+            .map_or(Ok(()), Quota::admit);
         let latency = {
             let latency = self.inner.latency.lock();
             latency.1.get(&method).copied().unwrap_or(latency.0)
@@ -486,6 +532,10 @@ impl FakeCloud {
         let hook = self.inner.hook.lock().clone();
         if let Some(hook) = hook {
             hook(call).await;
+        }
+        if let Err(throttled) = admitted {
+            tracing::debug!(%method, "fake cloud: over the API quota");
+            return Err(throttled);
         }
         let fault = self.inner.faults.lock().decide(method);
         match fault {
@@ -643,6 +693,11 @@ impl InstancesV2 for FakeCloud {
         })
         .await?;
         self.lookup_metadata(node)
+    }
+
+    async fn scheduled_events(&self) -> CloudResult<Vec<ScheduledEvent>> {
+        self.call(Call::ScheduledEvents).await?;
+        Ok(self.inner.events.lock().clone())
     }
 
     /// One recorded call (and one latency) for the whole batch, unless batching is off.
@@ -972,6 +1027,48 @@ impl LoadBalancer for FakeCloud {
         .await?;
         let name = self.get_load_balancer_name(cluster_name, service);
         self.inner.state.lock().load_balancers.remove(&name);
+        Ok(())
+    }
+
+    /// The load balancers made for `cluster_name` (each remembers its cluster and Service).
+    async fn list_load_balancers(
+        &self,
+        cluster_name: &str,
+    ) -> CloudResult<Vec<ClusterLoadBalancer>> {
+        self.call(Call::ListLoadBalancers {
+            cluster: cluster_name.to_owned(),
+        })
+        .await?;
+        let state = self.inner.state.lock();
+        Ok(state
+            .load_balancers
+            .values()
+            .filter(|lb| lb.cluster == cluster_name)
+            .map(|lb| {
+                let (namespace, service) = lb.service.split_once('/').unwrap_or(("", ""));
+                ClusterLoadBalancer::new(lb.name.clone(), namespace, service)
+            })
+            .collect())
+    }
+
+    async fn ensure_listed_load_balancer_deleted(
+        &self,
+        cluster_name: &str,
+        load_balancer: &ClusterLoadBalancer,
+    ) -> CloudResult<()> {
+        self.call(Call::EnsureListedLoadBalancerDeleted {
+            cluster: cluster_name.to_owned(),
+            name: load_balancer.name.clone(),
+        })
+        .await?;
+        let mut state = self.inner.state.lock();
+        if state
+            .load_balancers
+            .get(&load_balancer.name)
+            .is_some_and(|lb| lb.cluster == cluster_name)
+        {
+            state.load_balancers.remove(&load_balancer.name);
+        }
         Ok(())
     }
 }

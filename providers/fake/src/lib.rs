@@ -10,6 +10,9 @@
 //! - **Faults**: [`FaultRule`]s return a given error, `InstanceNotFound`, `NotImplemented` or
 //!   retry-after, always, a number of times, or at a rate decided by a seeded generator, so a
 //!   run repeats exactly for a seed (given the same order of calls).
+//! - **API quota** ([`FakeCloudBuilder::quota`], [`FakeCloud::set_quota`]): calls over a
+//!   cloud-side rate are refused as [`Throttled`](cloud_provider::ErrorKind::Throttled) with
+//!   a retry-after, and counted ([`FakeCloud::throttled_calls`]).
 //! - **Latency** on every call or per method, through tokio time (paused-time friendly).
 //! - **Live changes**: add, stop, start, terminate and remove instances while controllers run.
 //! - **Batching**: [`InstancesV2::instance_metadata_batch`](cloud_provider::InstancesV2::instance_metadata_batch)
@@ -28,6 +31,7 @@ mod cloud;
 pub mod config;
 mod faults;
 mod model;
+mod quota;
 
 use std::{collections::BTreeSet, sync::Arc};
 

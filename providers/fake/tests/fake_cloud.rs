@@ -572,3 +572,34 @@ fn registered_as_fake_and_built_from_a_config_file() {
     assert!(err.contains("\"fake\""), "{err}");
     assert!(err.contains("/etc/fake.toml:3:6"), "{err}");
 }
+
+/// A cloud-side quota: every method spends from one bucket; calls over it fail as
+/// `Throttled` with the time until the next token, are counted, and stop once tokens return.
+#[tokio::test(start_paused = true)]
+async fn a_quota_throttles_calls_over_its_rate() {
+    let cloud = three_instances();
+    cloud.set_quota(Some((10.0, 2)));
+    let v2 = cloud.instances_v2().expect("instances v2");
+    let lb = cloud.load_balancer().expect("load balancer");
+    let a = node("node-a");
+    assert!(v2.instance_exists(&a).await.is_ok());
+    assert!(
+        lb.get_load_balancer("c", &service("u1", Some(30080)))
+            .await
+            .is_ok()
+    );
+    let err = v2.instance_exists(&a).await.expect_err("over the quota");
+    assert_eq!(err.kind(), ErrorKind::Throttled, "{err}");
+    let after = err
+        .retry_after_delay()
+        .expect("the cloud says when to retry");
+    assert!(after <= Duration::from_millis(100), "{after:?}");
+    assert_eq!(cloud.throttled_calls(), 1);
+    tokio::time::sleep(after).await;
+    assert!(v2.instance_exists(&a).await.is_ok());
+    cloud.set_quota(None);
+    for _ in 0..50 {
+        assert!(v2.instance_exists(&a).await.is_ok(), "no quota, no refusal");
+    }
+    assert_eq!(cloud.throttled_calls(), 0);
+}

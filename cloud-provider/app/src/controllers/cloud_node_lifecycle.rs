@@ -30,8 +30,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use super::CloudPriority;
 use super::ControllerContext;
 use super::events::EventType;
+use super::maintenance::{self, MaintenanceConfig};
 use super::node::{CloudNodeConfigError, has_taint, node_name, provider_id_of, supports_instances};
 use cloud_provider::well_known::TAINT_SHUTDOWN;
 use cloud_provider::{CloudError, instance_provider_id};
@@ -53,6 +55,8 @@ pub struct CloudNodeLifecycleConfig {
     /// (beyond upstream; default 60 s; 0 is upstream's immediate
     /// deletion on the first answer).
     pub delete_grace_period: Duration,
+    /// Put the cloud's scheduled events on the Nodes (beyond upstream; `None` = never).
+    pub maintenance: Option<MaintenanceConfig>,
 }
 
 impl Default for CloudNodeLifecycleConfig {
@@ -60,6 +64,7 @@ impl Default for CloudNodeLifecycleConfig {
         CloudNodeLifecycleConfig {
             node_monitor_period: Duration::from_secs(5),
             delete_grace_period: DEFAULT_DELETE_GRACE_PERIOD,
+            maintenance: None,
         }
     }
 }
@@ -68,6 +73,12 @@ impl CloudNodeLifecycleConfig {
     /// Sets [`node_monitor_period`](Self::node_monitor_period).
     pub fn with_node_monitor_period(mut self, period: Duration) -> Self {
         self.node_monitor_period = period;
+        self
+    }
+
+    /// Sets [`maintenance`](Self::maintenance).
+    pub fn with_maintenance(mut self, maintenance: Option<MaintenanceConfig>) -> Self {
+        self.maintenance = maintenance;
         self
     }
 
@@ -129,6 +140,14 @@ impl CloudNodeLifecycleController {
     /// Runs until the context's shutdown token is cancelled.
     pub async fn run(mut self) {
         let shutdown = self.ctx.shutdown.clone();
+        let ctx = self.ctx.clone();
+        let maintenance = self.config.maintenance.filter(|m| !m.period.is_zero());
+        let planned = async {
+            match maintenance {
+                Some(config) => maintenance::run(&ctx, config).await,
+                None => std::future::pending().await,
+            }
+        };
         let monitor = async {
             self.ctx.nodes.wait_synced().await;
             let mut ticker = tokio::time::interval(self.config.node_monitor_period);
@@ -141,6 +160,7 @@ impl CloudNodeLifecycleController {
         tokio::select! {
             _ = shutdown.cancelled() => {}
             _ = monitor => {}
+            () = planned => {}
         }
     }
 
@@ -241,16 +261,21 @@ impl CloudNodeLifecycleController {
     async fn exists(&self, node: &Node) -> Result<Existence, CloudError> {
         let cloud = self.ctx.cloud.as_ref();
         let answer = if let Some(v2) = cloud.instances_v2() {
-            self.ctx.cloud_limiter.acquire().await;
-            v2.instance_exists(node).await
+            self.ctx
+                .cloud_limiter
+                .call(CloudPriority::NodeLifecycle, v2.instance_exists(node))
+                .await
         } else if let Some(instances) = cloud.instances() {
-            let provider_id = match self.provider_id(node).await {
+            let provider_id = match self.provider_id(node, CloudPriority::NodeLifecycle).await {
                 Ok(id) => id,
                 Err(err) if err.is_instance_not_found() => return Ok(Existence::Gone),
                 Err(err) => return Err(err),
             };
-            self.ctx.cloud_limiter.acquire().await;
-            instances.instance_exists_by_provider_id(&provider_id).await
+            let exists = instances.instance_exists_by_provider_id(&provider_id);
+            self.ctx
+                .cloud_limiter
+                .call(CloudPriority::NodeLifecycle, exists)
+                .await
         } else {
             return Ok(Existence::Exists);
         };
@@ -267,18 +292,22 @@ impl CloudNodeLifecycleController {
     async fn shutdown(&self, node: &Node) -> Result<Option<bool>, CloudError> {
         let cloud = self.ctx.cloud.as_ref();
         let answer = if let Some(v2) = cloud.instances_v2() {
-            self.ctx.cloud_limiter.acquire().await;
-            v2.instance_shutdown(node).await
+            self.ctx
+                .cloud_limiter
+                .call(CloudPriority::Status, v2.instance_shutdown(node))
+                .await
         } else if let Some(instances) = cloud.instances() {
-            let provider_id = match self.provider_id(node).await {
+            let provider_id = match self.provider_id(node, CloudPriority::Status).await {
                 Ok(id) => id,
                 // Upstream: not found while looking up the provider ID → not shut down.
                 Err(err) if err.is_instance_not_found() => return Ok(Some(false)),
                 Err(err) => return Err(err),
             };
-            self.ctx.cloud_limiter.acquire().await;
-            match instances
-                .instance_shutdown_by_provider_id(&provider_id)
+            let shutdown = instances.instance_shutdown_by_provider_id(&provider_id);
+            match self
+                .ctx
+                .cloud_limiter
+                .call(CloudPriority::Status, shutdown)
                 .await
             {
                 Err(err) if err.is_not_implemented() => Ok(false),
@@ -294,13 +323,22 @@ impl CloudNodeLifecycleController {
         }
     }
 
-    async fn provider_id(&self, node: &Node) -> Result<String, CloudError> {
+    async fn provider_id(
+        &self,
+        node: &Node,
+        priority: CloudPriority,
+    ) -> Result<String, CloudError> {
         let provider_id = provider_id_of(node);
         if !provider_id.is_empty() {
             return Ok(provider_id.to_owned());
         }
-        self.ctx.cloud_limiter.acquire().await;
-        instance_provider_id(self.ctx.cloud.as_ref(), node_name(node)).await
+        self.ctx
+            .cloud_limiter
+            .call(
+                priority,
+                instance_provider_id(self.ctx.cloud.as_ref(), node_name(node)),
+            )
+            .await
     }
 }
 

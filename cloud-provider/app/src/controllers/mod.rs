@@ -4,9 +4,11 @@
 
 pub mod cloud_node_lifecycle;
 mod events;
+mod maintenance;
 pub mod metrics;
 pub mod node;
 mod node_cache;
+mod orphaned_lb;
 mod rate_limit;
 pub mod route;
 pub mod service;
@@ -17,9 +19,11 @@ use tokio_util::sync::CancellationToken;
 
 use cloud_provider::CloudProvider;
 pub use events::EventRecorder;
+pub use maintenance::MaintenanceConfig;
 pub use metrics::ControllerMetrics;
 pub use node_cache::{NodeCache, NodeEvent, NodeEvents};
-pub use rate_limit::CloudRateLimiter;
+pub use orphaned_lb::OrphanedLbConfig;
+pub use rate_limit::{CloudPriority, CloudRateLimiter};
 
 /// What every controller gets: the cluster, the cloud, and the shared limits.
 #[derive(Clone)]

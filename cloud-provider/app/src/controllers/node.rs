@@ -26,7 +26,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::events::EventType;
 use super::metrics::{QUEUE_NODES, seconds_since_creation};
-use super::{ControllerContext, NodeEvent};
+use super::{CloudPriority, ControllerContext, NodeEvent};
 use cloud_provider::helpers::node_address::node_addresses_from_node_ip;
 use cloud_provider::helpers::parse_ip_sloppy;
 use cloud_provider::well_known::{
@@ -228,7 +228,10 @@ impl CloudNodeController {
                 for (name, outcome) in outcomes {
                     match outcome {
                         Outcome::Synced => queue.forget(&name),
-                        Outcome::Retry { at_least } => retry(&mut queue, name, at_least),
+                        Outcome::Retry {
+                            at_least,
+                            throttled,
+                        } => retry(&mut queue, name, at_least, throttled),
                     }
                 }
                 for name in &due {
@@ -273,7 +276,13 @@ impl CloudNodeController {
                     Ok(()) => outcomes.push((name.clone(), Outcome::Synced)),
                     Err(err) => {
                         warn!(node = %name, error = %err, "failed to mirror node labels");
-                        outcomes.push((name.clone(), Outcome::Retry { at_least: None }));
+                        outcomes.push((
+                            name.clone(),
+                            Outcome::Retry {
+                                at_least: None,
+                                throttled: false,
+                            },
+                        ));
                     }
                 }
             }
@@ -283,7 +292,9 @@ impl CloudNodeController {
         }
         let nodes: Vec<&Node> = waiting.iter().map(|n| n.as_ref()).collect();
         debug!(waiting = nodes.len(), "initializing waiting nodes");
-        let metas = self.instance_metadata(&nodes).await;
+        let metas = self
+            .instance_metadata(&nodes, CloudPriority::NodeLifecycle)
+            .await;
         // At most `concurrent_node_syncs` syncs exist at once: each is built when a slot
         // frees, so a batch of 10,000 Nodes is never 10,000 futures (each holds a whole
         // request's state) in memory.
@@ -318,11 +329,17 @@ impl CloudNodeController {
                             )
                             .await;
                     }
-                    let at_least = match &err {
-                        SyncError::Cloud(err) => err.retry_after_delay(),
-                        _ => None,
+                    let (at_least, throttled) = match &err {
+                        SyncError::Cloud(err) => (err.retry_after_delay(), err.is_throttled()),
+                        _ => (None, false),
                     };
-                    outcomes.push((name, Outcome::Retry { at_least }));
+                    outcomes.push((
+                        name,
+                        Outcome::Retry {
+                            at_least,
+                            throttled,
+                        },
+                    ));
                 }
             }
         }
@@ -357,54 +374,63 @@ impl CloudNodeController {
     async fn instance_metadata(
         &self,
         nodes: &[&Node],
+        priority: CloudPriority,
     ) -> Vec<Result<Option<InstanceMetadata>, SyncError>> {
         let cloud = self.ctx.cloud.as_ref();
-        let results: Vec<Result<Option<InstanceMetadata>, SyncError>> =
-            if let Some(v2) = cloud.instances_v2() {
-                if self.config.batch {
-                    let mut out = Vec::with_capacity(nodes.len());
-                    for chunk in nodes.chunks(BATCH_CHUNK) {
-                        self.ctx.cloud_limiter.acquire().await;
-                        let answers = v2.instance_metadata_batch(chunk).await;
-                        if answers.len() != chunk.len() {
-                            let msg = format!(
-                                "the cloud answered {} results for {} nodes",
-                                answers.len(),
-                                chunk.len()
-                            );
-                            out.extend(
-                                chunk
-                                    .iter()
-                                    .map(|_| Err(SyncError::BadCloudAnswer(msg.clone()))),
-                            );
-                        } else {
-                            out.extend(answers.into_iter().map(|a| a.map_err(SyncError::from)));
-                        }
+        let results: Vec<Result<Option<InstanceMetadata>, SyncError>> = if let Some(v2) =
+            cloud.instances_v2()
+        {
+            if self.config.batch {
+                let mut out = Vec::with_capacity(nodes.len());
+                for chunk in nodes.chunks(BATCH_CHUNK) {
+                    self.ctx.cloud_limiter.acquire_at(priority).await;
+                    let answers = v2.instance_metadata_batch(chunk).await;
+                    for err in answers.iter().filter_map(|a| a.as_ref().err()) {
+                        self.ctx.cloud_limiter.observe(priority, err);
                     }
-                    out
-                } else {
-                    let mut lookups = Vec::with_capacity(nodes.len());
-                    for node in nodes.iter().copied() {
-                        lookups.push(async move {
-                            self.ctx.cloud_limiter.acquire().await;
-                            v2.instance_metadata(node).await.map_err(SyncError::from)
-                        });
+                    if answers.len() != chunk.len() {
+                        let msg = format!(
+                            "the cloud answered {} results for {} nodes",
+                            answers.len(),
+                            chunk.len()
+                        );
+                        out.extend(
+                            chunk
+                                .iter()
+                                .map(|_| Err(SyncError::BadCloudAnswer(msg.clone()))),
+                        );
+                    } else {
+                        out.extend(answers.into_iter().map(|a| a.map_err(SyncError::from)));
                     }
-                    futures::stream::iter(lookups)
-                        .buffered(self.config.concurrent_node_syncs)
-                        .collect()
-                        .await
                 }
+                out
             } else {
                 let mut lookups = Vec::with_capacity(nodes.len());
                 for node in nodes.iter().copied() {
-                    lookups.push(async move { self.instance_metadata_v1(node).await.map(Some) });
+                    lookups.push(async move {
+                        self.ctx
+                            .cloud_limiter
+                            .call(priority, v2.instance_metadata(node))
+                            .await
+                            .map_err(SyncError::from)
+                    });
                 }
                 futures::stream::iter(lookups)
                     .buffered(self.config.concurrent_node_syncs)
                     .collect()
                     .await
-            };
+            }
+        } else {
+            let mut lookups = Vec::with_capacity(nodes.len());
+            for node in nodes.iter().copied() {
+                lookups
+                    .push(async move { self.instance_metadata_v1(node, priority).await.map(Some) });
+            }
+            futures::stream::iter(lookups)
+                .buffered(self.config.concurrent_node_syncs)
+                .collect()
+                .await
+        };
         // Check what the cloud said against the Node, as upstream's providerID rule does.
         nodes
             .iter()
@@ -430,7 +456,11 @@ impl CloudNodeController {
 
     /// Upstream's `Instances` path: providerID, addresses, instance type and (with `Zones`) the
     /// zone, each by provider ID with the by-name fallback.
-    async fn instance_metadata_v1(&self, node: &Node) -> Result<InstanceMetadata, SyncError> {
+    async fn instance_metadata_v1(
+        &self,
+        node: &Node,
+        priority: CloudPriority,
+    ) -> Result<InstanceMetadata, SyncError> {
         let cloud = self.ctx.cloud.as_ref();
         let instances = cloud
             .instances()
@@ -438,8 +468,12 @@ impl CloudNodeController {
         let name = node_name(node);
         let mut provider_id = provider_id_of(node).to_owned();
         if provider_id.is_empty() {
-            self.ctx.cloud_limiter.acquire().await;
-            match instance_provider_id(cloud, name).await {
+            match self
+                .ctx
+                .cloud_limiter
+                .call(priority, instance_provider_id(cloud, name))
+                .await
+            {
                 Ok(id) => provider_id = id,
                 Err(err) if err.is_not_implemented() => {
                     warn!(node = %name, "the cloud does not implement instance IDs: continuing by node name");
@@ -451,47 +485,62 @@ impl CloudNodeController {
         let by_id = if provider_id.is_empty() {
             None
         } else {
-            self.ctx.cloud_limiter.acquire().await;
-            instances
-                .node_addresses_by_provider_id(&provider_id)
+            self.ctx
+                .cloud_limiter
+                .call(
+                    priority,
+                    instances.node_addresses_by_provider_id(&provider_id),
+                )
                 .await
                 .ok()
         };
         meta.node_addresses = match by_id {
             Some(addresses) => addresses,
             None => {
-                self.ctx.cloud_limiter.acquire().await;
-                instances.node_addresses(name).await?
+                self.ctx
+                    .cloud_limiter
+                    .call(priority, instances.node_addresses(name))
+                    .await?
             }
         };
         let by_id = if provider_id.is_empty() {
             None
         } else {
-            self.ctx.cloud_limiter.acquire().await;
-            instances
-                .instance_type_by_provider_id(&provider_id)
+            self.ctx
+                .cloud_limiter
+                .call(
+                    priority,
+                    instances.instance_type_by_provider_id(&provider_id),
+                )
                 .await
                 .ok()
         };
         meta.instance_type = match by_id {
             Some(t) => t,
             None => {
-                self.ctx.cloud_limiter.acquire().await;
-                instances.instance_type(name).await?
+                self.ctx
+                    .cloud_limiter
+                    .call(priority, instances.instance_type(name))
+                    .await?
             }
         };
         if let Some(zones) = cloud.zones() {
             let by_id = if provider_id.is_empty() {
                 None
             } else {
-                self.ctx.cloud_limiter.acquire().await;
-                zones.get_zone_by_provider_id(&provider_id).await.ok()
+                self.ctx
+                    .cloud_limiter
+                    .call(priority, zones.get_zone_by_provider_id(&provider_id))
+                    .await
+                    .ok()
             };
             let zone = match by_id {
                 Some(zone) => zone,
                 None => {
-                    self.ctx.cloud_limiter.acquire().await;
-                    zones.get_zone_by_node_name(name).await?
+                    self.ctx
+                        .cloud_limiter
+                        .call(priority, zones.get_zone_by_node_name(name))
+                        .await?
                 }
             };
             meta.zone = zone.failure_domain;
@@ -592,7 +641,7 @@ impl CloudNodeController {
         }
         let refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
         let metas = if self.ctx.cloud.instances_v2().is_some() {
-            self.instance_metadata(&refs).await
+            self.instance_metadata(&refs, CloudPriority::Status).await
         } else {
             let mut lookups = Vec::with_capacity(refs.len());
             for node in refs.iter().copied() {
@@ -636,15 +685,26 @@ impl CloudNodeController {
         };
         let provider_id = provider_id_of(node);
         if !provider_id.is_empty() {
-            self.ctx.cloud_limiter.acquire().await;
-            if let Ok(addresses) = instances.node_addresses_by_provider_id(provider_id).await {
+            let by_id = instances.node_addresses_by_provider_id(provider_id);
+            if let Ok(addresses) = self
+                .ctx
+                .cloud_limiter
+                .call(CloudPriority::Status, by_id)
+                .await
+            {
                 return Ok(Some(
                     InstanceMetadata::new(provider_id).with_addresses(addresses),
                 ));
             }
         }
-        self.ctx.cloud_limiter.acquire().await;
-        let addresses = instances.node_addresses(node_name(node)).await?;
+        let addresses = self
+            .ctx
+            .cloud_limiter
+            .call(
+                CloudPriority::Status,
+                instances.node_addresses(node_name(node)),
+            )
+            .await?;
         validate_addresses(&addresses)?;
         Ok(Some(
             InstanceMetadata::new(provider_id).with_addresses(addresses),
@@ -866,11 +926,26 @@ enum Outcome {
     Synced,
     /// Failed: requeued after its backoff, and not before `at_least` (a cloud's
     /// `Retry-After`).
-    Retry { at_least: Option<Duration> },
+    Retry {
+        at_least: Option<Duration>,
+        /// The cloud refused the call over its quota: the Node did nothing wrong.
+        throttled: bool,
+    },
 }
 
-/// Requeues a failed Node after its backoff, or after `at_least` when that is longer.
-fn retry(queue: &mut Queue<String>, name: String, at_least: Option<Duration>) {
+/// When a Node whose lookup the cloud throttled without a retry-after is tried again.
+const THROTTLED_RETRY: Duration = Duration::from_secs(1);
+
+/// Requeues a failed Node after its backoff, or after `at_least` when that is longer. A
+/// throttled lookup (beyond upstream) is no failure of the Node: its backoff is not grown
+/// and it comes back after the cloud's retry-after, with the others throttled alike, so they
+/// are looked up again together in one batch instead of one by one as their backoffs expire.
+fn retry(queue: &mut Queue<String>, name: String, at_least: Option<Duration>, throttled: bool) {
+    if throttled {
+        queue.forget(&name);
+        queue.add_after(name, at_least.unwrap_or(THROTTLED_RETRY));
+        return;
+    }
     let backoff = queue.rate_limiter().when(&name);
     queue.add_after(name, at_least.map_or(backoff, |after| after.max(backoff)));
 }
@@ -931,17 +1006,17 @@ mod tests {
         let n = || "n".to_owned();
         let mut queue = node_queue(crate::controllers::ControllerMetrics::new().queue(QUEUE_NODES));
         let delay = |queue: &Queue<String>| queue.next_deadline().unwrap() - Instant::now();
-        retry(&mut queue, n(), None);
+        retry(&mut queue, n(), None, false);
         assert_eq!(delay(&queue), BACKOFF_BASE);
         tokio::time::advance(BACKOFF_BASE).await;
         assert_eq!(queue.drain(), [n()]);
-        retry(&mut queue, n(), None);
+        retry(&mut queue, n(), None, false);
         assert_eq!(delay(&queue), BACKOFF_BASE * 2);
         tokio::time::advance(BACKOFF_BASE * 2).await;
         assert!(queue.drain().is_empty(), "n is still processing");
         queue.done(&n());
         assert_eq!(queue.drain(), [n()], "queued again once done");
-        retry(&mut queue, n(), None);
+        retry(&mut queue, n(), None, false);
         assert_eq!(delay(&queue), BACKOFF_BASE * 4);
         assert_eq!(queue.num_requeues(&n()), 3);
         queue.forget(&n());
@@ -949,7 +1024,7 @@ mod tests {
         tokio::time::advance(BACKOFF_BASE * 4).await;
         assert_eq!(queue.drain(), [n()]);
         queue.done(&n());
-        retry(&mut queue, n(), None);
+        retry(&mut queue, n(), None, false);
         assert_eq!(
             delay(&queue),
             BACKOFF_BASE,
@@ -958,12 +1033,32 @@ mod tests {
         tokio::time::advance(BACKOFF_BASE).await;
         assert_eq!(queue.drain(), [n()]);
         queue.done(&n());
-        retry(&mut queue, n(), Some(Duration::from_secs(2)));
+        retry(&mut queue, n(), Some(Duration::from_secs(2)), false);
         assert_eq!(
             delay(&queue),
             Duration::from_secs(2),
             "Retry-After is a floor"
         );
+    }
+
+    /// Beyond upstream: a lookup the cloud throttled is no failure of the Node. Its backoff
+    /// does not grow (nor count as a requeue) and it comes back after the cloud's retry-after
+    /// (1 s without one), so every Node throttled together is looked up together again.
+    #[tokio::test(start_paused = true)]
+    async fn a_throttled_lookup_retries_after_the_cloud_asks_without_growing_the_backoff() {
+        let n = || "n".to_owned();
+        let mut queue = node_queue(crate::controllers::ControllerMetrics::new().queue(QUEUE_NODES));
+        let delay = |queue: &Queue<String>| queue.next_deadline().unwrap() - Instant::now();
+        for _ in 0..5 {
+            retry(&mut queue, n(), Some(Duration::from_millis(300)), true);
+            assert_eq!(delay(&queue), Duration::from_millis(300));
+            tokio::time::advance(Duration::from_millis(300)).await;
+            assert_eq!(queue.drain(), [n()]);
+            queue.done(&n());
+        }
+        assert_eq!(queue.num_requeues(&n()), 0, "throttling is no failure");
+        retry(&mut queue, n(), None, true);
+        assert_eq!(delay(&queue), THROTTLED_RETRY);
     }
 
     #[test]

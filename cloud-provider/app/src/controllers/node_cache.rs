@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 /// The Node conditions any controller reads; the others are dropped from the cache.
-const KEPT_CONDITIONS: [&str; 2] = ["Ready", "NetworkUnavailable"];
+const KEPT_CONDITIONS: [&str; 3] = ["Ready", "NetworkUnavailable", "MaintenancePlanned"];
 
 /// A change seen by the shared Node watch.
 #[derive(Debug, Clone)]

@@ -29,6 +29,7 @@ use kube::{Api, ResourceExt};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
+use super::CloudPriority;
 use super::events::EventType;
 use super::metrics::QUEUE_ROUTES;
 use super::{ControllerContext, NodeEvent, NodeEvents};
@@ -253,10 +254,13 @@ impl RouteController {
     pub async fn reconcile(&self) -> Result<RouteSyncReport, RouteError> {
         // Upstream counts every reconcile, before it lists anything.
         self.ctx.metrics.route.route_sync.inc();
-        self.ctx.cloud_limiter.acquire().await;
         let routes = self
-            .routes()
-            .list_routes(&self.ctx.cluster_name)
+            .ctx
+            .cloud_limiter
+            .call(
+                CloudPriority::Route,
+                self.routes().list_routes(&self.ctx.cluster_name),
+            )
             .await
             .map_err(RouteError::ListRoutes)?;
         // The shared Node cache, never a LIST of every Node per reconcile.
@@ -410,10 +414,11 @@ impl RouteController {
         let span = tracing::info_span!("delete_route", node = %route.target_node, cidr = %route.destination_cidr);
         async {
             let _permit = self.ops.acquire().await.expect("never closed");
-            self.ctx.cloud_limiter.acquire().await;
+            let delete = self.routes().delete_route(&self.ctx.cluster_name, route);
             match self
-                .routes()
-                .delete_route(&self.ctx.cluster_name, route)
+                .ctx
+                .cloud_limiter
+                .call(CloudPriority::Route, delete)
                 .await
             {
                 Ok(()) => {
@@ -440,9 +445,12 @@ impl RouteController {
             let started = tokio::time::Instant::now();
             let result = {
                 let _permit = self.ops.acquire().await.expect("never closed");
-                self.ctx.cloud_limiter.acquire().await;
-                self.routes()
-                    .create_route(&self.ctx.cluster_name, &hint, &route)
+                let create = self
+                    .routes()
+                    .create_route(&self.ctx.cluster_name, &hint, &route);
+                self.ctx
+                    .cloud_limiter
+                    .call(CloudPriority::Route, create)
                     .await
             };
             match result {

@@ -25,8 +25,10 @@ use kube::{Api, ResourceExt};
 use parking_lot::Mutex;
 use tracing::Instrument;
 
+use super::CloudPriority;
 use super::events::EventType;
 use super::metrics::{QUEUE_NODE, QUEUE_SERVICE, seconds_since};
+use super::orphaned_lb::{Collector, OrphanedLbConfig};
 use super::{ControllerContext, NodeEvent};
 use cloud_provider::helpers::service::{
     has_load_balancer_finalizer, load_balancer_status_equal, wants_load_balancer,
@@ -51,6 +53,8 @@ pub struct ServiceConfig {
     pub node_sync_period: Duration,
     /// Re-ensure every load balancer this often (beyond upstream; `None` = never).
     pub lb_drift_reensure_period: Option<Duration>,
+    /// Collect leaked load balancers (beyond upstream; `None` = never).
+    pub orphaned_lb_gc: Option<OrphanedLbConfig>,
 }
 
 impl Default for ServiceConfig {
@@ -59,6 +63,7 @@ impl Default for ServiceConfig {
             concurrent_service_syncs: 1,
             node_sync_period: Duration::from_secs(100),
             lb_drift_reensure_period: None,
+            orphaned_lb_gc: None,
         }
     }
 }
@@ -67,6 +72,12 @@ impl ServiceConfig {
     /// Sets `concurrent_service_syncs`.
     pub fn with_concurrent_service_syncs(mut self, n: usize) -> Self {
         self.concurrent_service_syncs = n;
+        self
+    }
+
+    /// Sets how leaked load balancers are collected (`None` = never).
+    pub fn with_orphaned_lb_gc(mut self, gc: Option<OrphanedLbConfig>) -> Self {
+        self.orphaned_lb_gc = gc;
         self
     }
 
@@ -318,12 +329,15 @@ impl ServiceController {
         );
         tokio::select! {
             () = shutdown.cancelled() => {}
-            _ = futures::future::join5(
-                workers,
-                this.watch_services(),
-                this.watch_nodes(),
-                this.node_worker(),
-                this.drift_reensure(),
+            _ = futures::future::join(
+                futures::future::join5(
+                    workers,
+                    this.watch_services(),
+                    this.watch_nodes(),
+                    this.node_worker(),
+                    this.drift_reensure(),
+                ),
+                this.collect_orphaned_load_balancers(),
             ) => {}
         }
     }
@@ -447,6 +461,13 @@ impl ServiceController {
         }
     }
 
+    async fn collect_orphaned_load_balancers(&self) {
+        let Some(config) = self.config.orphaned_lb_gc.filter(|c| !c.period.is_zero()) else {
+            return std::future::pending().await;
+        };
+        Collector::default().run(&self.ctx, self.lb(), config).await;
+    }
+
     async fn drift_reensure(&self) {
         let Some(period) = self.config.lb_drift_reensure_period else {
             return std::future::pending().await;
@@ -564,7 +585,10 @@ impl ServiceController {
         if !changed {
             return;
         }
-        self.ctx.cloud_limiter.acquire().await;
+        self.ctx
+            .cloud_limiter
+            .acquire_at(CloudPriority::LoadBalancer)
+            .await;
         let metrics = &self.ctx.metrics.service;
         metrics.loadbalancer_sync.inc();
         let started = tokio::time::Instant::now();
@@ -572,6 +596,11 @@ impl ServiceController {
             .lb()
             .update_load_balancer(&self.ctx.cluster_name, svc, nodes)
             .await;
+        if let Err(err) = &updated {
+            self.ctx
+                .cloud_limiter
+                .observe(CloudPriority::LoadBalancer, err);
+        }
         metrics
             .update_loadbalancer_host_latency
             .observe(seconds_since(started));
@@ -597,10 +626,11 @@ impl ServiceController {
             }
             Err(err) if err.is_implemented_elsewhere() => {}
             Err(err) => {
-                self.ctx.cloud_limiter.acquire().await;
+                let get = self.lb().get_load_balancer(&self.ctx.cluster_name, svc);
                 if let Ok(None) = self
-                    .lb()
-                    .get_load_balancer(&self.ctx.cluster_name, svc)
+                    .ctx
+                    .cloud_limiter
+                    .call(CloudPriority::LoadBalancer, get)
                     .await
                 {
                     return;
@@ -659,10 +689,13 @@ impl ServiceController {
             "Deleting load balancer",
         )
         .await;
-        self.ctx.cloud_limiter.acquire().await;
-        if let Err(err) = self
+        let delete = self
             .lb()
-            .ensure_load_balancer_deleted(&self.ctx.cluster_name, &svc)
+            .ensure_load_balancer_deleted(&self.ctx.cluster_name, &svc);
+        if let Err(err) = self
+            .ctx
+            .cloud_limiter
+            .call(CloudPriority::LoadBalancer, delete)
             .await
         {
             let message = format!("Error deleting load balancer: {err}");
@@ -701,9 +734,12 @@ impl ServiceController {
         if let Some(old) =
             cached.filter(|old| old.metadata.uid != svc.metadata.uid && wants_load_balancer(old))
         {
-            self.ctx.cloud_limiter.acquire().await;
-            self.lb()
-                .ensure_load_balancer_deleted(&self.ctx.cluster_name, &old)
+            let delete = self
+                .lb()
+                .ensure_load_balancer_deleted(&self.ctx.cluster_name, &old);
+            self.ctx
+                .cloud_limiter
+                .call(CloudPriority::LoadBalancer, delete)
                 .await?;
         }
         self.state.lock().cache.insert(key.to_owned(), svc.clone());
@@ -733,10 +769,11 @@ impl ServiceController {
         // Beyond upstream: a Service being deleted is cleaned up, never re-finalized.
         let being_deleted = svc.metadata.deletion_timestamp.is_some();
         if !wants_load_balancer(svc) || needs_cleanup(svc) || being_deleted {
-            self.ctx.cloud_limiter.acquire().await;
+            let get = self.lb().get_load_balancer(&self.ctx.cluster_name, svc);
             let existing = self
-                .lb()
-                .get_load_balancer(&self.ctx.cluster_name, svc)
+                .ctx
+                .cloud_limiter
+                .call(CloudPriority::LoadBalancer, get)
                 .await?;
             if existing.is_some() {
                 self.event(
@@ -746,10 +783,13 @@ impl ServiceController {
                     "Deleting load balancer",
                 )
                 .await;
-                self.ctx.cloud_limiter.acquire().await;
-                match self
+                let delete = self
                     .lb()
-                    .ensure_load_balancer_deleted(&self.ctx.cluster_name, svc)
+                    .ensure_load_balancer_deleted(&self.ctx.cluster_name, svc);
+                match self
+                    .ctx
+                    .cloud_limiter
+                    .call(CloudPriority::LoadBalancer, delete)
                     .await
                 {
                     Err(err) if !err.is_implemented_elsewhere() => return Err(err.into()),
@@ -796,10 +836,13 @@ impl ServiceController {
             .lock()
             .last_synced_nodes
             .insert(key_of(svc), eligible.set);
-        self.ctx.cloud_limiter.acquire().await;
-        let status = match self
+        let ensure = self
             .lb()
-            .ensure_load_balancer(&self.ctx.cluster_name, svc, nodes)
+            .ensure_load_balancer(&self.ctx.cluster_name, svc, nodes);
+        let status = match self
+            .ctx
+            .cloud_limiter
+            .call(CloudPriority::LoadBalancer, ensure)
             .await
         {
             Ok(status) => status,

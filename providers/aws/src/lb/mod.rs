@@ -25,6 +25,7 @@
 //! SHA-1 for their hash.
 
 mod classic;
+mod orphans;
 pub mod plan;
 mod rules;
 
@@ -39,7 +40,7 @@ use aws_sdk_elasticloadbalancingv2::types::{
     Tag as ElbTag, TargetDescription, TargetGroup, TargetGroupAttribute, TargetHealthReasonEnum,
     TargetTypeEnum,
 };
-use cloud_provider::{CloudError, CloudResult, LoadBalancer};
+use cloud_provider::{CloudError, CloudResult, ClusterLoadBalancer, LoadBalancer};
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 
 use crate::{
@@ -1038,5 +1039,23 @@ impl LoadBalancer for AwsCloud {
     ) -> CloudResult<()> {
         let name = self.get_load_balancer_name(cluster_name, service);
         self.inner.delete_nlb(&name, service).await
+    }
+
+    /// The NLBs tagged `kubernetes.io/cluster/<id>=owned`, with the Service their
+    /// `kubernetes.io/service-name` tag names.
+    async fn list_load_balancers(
+        &self,
+        _cluster_name: &str,
+    ) -> CloudResult<Vec<ClusterLoadBalancer>> {
+        self.inner.list_owned_lbs().await
+    }
+
+    #[tracing::instrument(skip_all, fields(load_balancer = %load_balancer.name))]
+    async fn ensure_listed_load_balancer_deleted(
+        &self,
+        _cluster_name: &str,
+        load_balancer: &ClusterLoadBalancer,
+    ) -> CloudResult<()> {
+        self.inner.delete_listed_lb(load_balancer).await
     }
 }

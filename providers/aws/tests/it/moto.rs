@@ -1741,3 +1741,102 @@ async fn ipv6_families_get_a_dual_stack_nlb() -> anyhow::Result<()> {
     ensure!(rules == 0, "{rules} rules left");
     Ok(())
 }
+
+/// Beyond upstream: the NLBs this cluster owns are listed by the cluster tag
+/// (`kubernetes.io/cluster/<id>=owned`) with the Service their `kubernetes.io/service-name`
+/// tag names, so the service controller can collect leaked ones; deleting a listed one takes
+/// its target groups with it, and a load balancer without this cluster's tag is neither
+/// listed nor deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_load_balancers_are_listed_by_the_cluster_tag_and_deleted_whole() -> anyhow::Result<()>
+{
+    let (moto, seed, cloud) = setup("gc", 2).await?;
+    let elb = moto.elbv2().await;
+    let lbs = cloud.load_balancer().context("lb")?;
+    let nodes: Vec<Arc<Node>> = seed
+        .instance_ids
+        .iter()
+        .map(|id| Arc::new(node(id)))
+        .collect();
+    let kept = service(
+        "kept",
+        "5a1e0000-0000-4000-8000-0000000000a1",
+        &[("TCP", 80, 30080)],
+    );
+    let leaked = service(
+        "leaked",
+        "5a1e0000-0000-4000-8000-0000000000a2",
+        &[("TCP", 80, 30081)],
+    );
+    lbs.ensure_load_balancer(CLUSTER, &kept, &nodes).await?;
+    lbs.ensure_load_balancer(CLUSTER, &leaked, &nodes).await?;
+    let (kept_name, leaked_name) = (
+        lbs.get_load_balancer_name(CLUSTER, &kept),
+        lbs.get_load_balancer_name(CLUSTER, &leaked),
+    );
+    // Another cluster's (or a hand-made) NLB: no tag of ours.
+    elb.create_load_balancer()
+        .name("foreign")
+        .r#type(aws_sdk_elasticloadbalancingv2::types::LoadBalancerTypeEnum::Network)
+        .subnets(&seed.subnet_ids[0])
+        .send()
+        .await?;
+
+    let mut listed = lbs.list_load_balancers(CLUSTER).await?;
+    listed.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut want = vec![
+        (kept_name.clone(), "kept".to_owned()),
+        (leaked_name.clone(), "leaked".to_owned()),
+    ];
+    want.sort();
+    ensure!(
+        listed
+            .iter()
+            .map(|lb| (lb.name.clone(), lb.service_name.clone()))
+            .collect::<Vec<_>>()
+            == want,
+        "{listed:?}"
+    );
+    let namespace = kept.metadata.namespace.clone().unwrap_or_default();
+    ensure!(
+        listed.iter().all(|lb| lb.service_namespace == namespace),
+        "{listed:?}"
+    );
+
+    let leaked_lb = listed
+        .iter()
+        .find(|lb| lb.name == leaked_name)
+        .context("leaked listed")?;
+    lbs.ensure_listed_load_balancer_deleted(CLUSTER, leaked_lb)
+        .await?;
+    ensure!(
+        observe(&elb, &leaked_name).await?.is_none(),
+        "leaked NLB left"
+    );
+    ensure!(
+        observe(&elb, &kept_name).await?.is_some(),
+        "kept NLB deleted"
+    );
+    let groups = elb.describe_target_groups().send().await?;
+    ensure!(
+        groups.target_groups().len() == 1,
+        "the leaked NLB's target group was left: {:?}",
+        groups.target_groups()
+    );
+    // Asked to delete one it does not own, it leaves it.
+    let foreign = cloud_provider::ClusterLoadBalancer::new("foreign", "default", "foreign");
+    lbs.ensure_listed_load_balancer_deleted(CLUSTER, &foreign)
+        .await?;
+    let names: Vec<String> = elb
+        .describe_load_balancers()
+        .send()
+        .await?
+        .load_balancers()
+        .iter()
+        .filter_map(|lb| lb.load_balancer_name().map(str::to_owned))
+        .collect();
+    ensure!(names.contains(&"foreign".to_owned()), "{names:?}");
+    // Listing again after the deletion is one load balancer.
+    ensure!(lbs.list_load_balancers(CLUSTER).await?.len() == 1);
+    Ok(())
+}
