@@ -4,6 +4,7 @@
 // `ccm --cloud-provider aws` needs the provider linked (the default `aws` feature).
 #[cfg(feature = "aws")]
 mod aws_moto;
+mod budgets;
 mod cli;
 mod deploy;
 mod durability;

@@ -16,6 +16,10 @@ pub(crate) use core_cluster_machinery::{clock, registry};
 
 pub mod daemonset;
 pub mod deployment;
+pub mod disruption;
+pub mod endpoints;
+pub mod endpointslice;
+pub mod endpointslice_mirroring;
 pub mod garbage_collector;
 pub mod job;
 pub mod node_ipam;
