@@ -9,6 +9,7 @@ mod cli;
 mod deploy;
 mod durability;
 mod embedded;
+mod endpoints;
 mod kubectl;
 mod manage;
 mod support;
