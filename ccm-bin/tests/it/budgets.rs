@@ -14,6 +14,8 @@ use crate::{
 /// runs for 30 s while kubectl looks around (a PodDisruptionBudget made, the resources
 /// listed) and its log, in JSON, has info lines and no WARN or ERROR line.
 #[test]
+// A real process on the real clock: the 30 s are wall time on purpose.
+#[allow(clippy::disallowed_types, clippy::disallowed_methods)]
 fn the_embedded_default_logs_no_warning_in_its_first_30_seconds() {
     require_kubectl("it drives the embedded cluster with kubectl");
     let log_dir = tempfile::tempdir().unwrap();

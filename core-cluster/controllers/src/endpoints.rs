@@ -103,6 +103,9 @@ struct Sync {
     endpoints: Store<Endpoints>,
 }
 
+/// One subset being built: its ports, ready and not-ready addresses.
+type Subset = (Vec<Value>, Vec<Value>, Vec<Value>);
+
 /// The subsets of the Service's Endpoints and whether addresses were truncated.
 fn subsets(svc: &Service, pods: &[Arc<Pod>]) -> (Vec<Value>, bool) {
     let spec = svc.spec.clone().unwrap_or_default();
@@ -110,8 +113,8 @@ fn subsets(svc: &Service, pods: &[Arc<Pod>]) -> (Vec<Value>, bool) {
     let svc_name = svc.name_any();
     let mut pods: Vec<&Arc<Pod>> = pods.iter().collect();
     pods.sort_by_key(|p| p.name_any());
-    // ports (as JSON) → (ports, ready, not ready)
-    let mut groups: BTreeMap<String, (Vec<Value>, Vec<Value>, Vec<Value>)> = BTreeMap::new();
+    // ports (as JSON) → the subset of the addresses with those ports
+    let mut groups: BTreeMap<String, Subset> = BTreeMap::new();
     let mut count = 0;
     let mut truncated = false;
     for pod in pods {

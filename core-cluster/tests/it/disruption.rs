@@ -50,7 +50,7 @@ async fn budget_reads(budgets: &Api<PodDisruptionBudget>, want: &str) {
     .await;
 }
 
-async fn evict(pods: &Api<Pod>, name: &str) -> Result<(), kube::core::ErrorResponse> {
+async fn evict(pods: &Api<Pod>, name: &str) -> Result<(), kube::core::Status> {
     match pods.evict(name, &EvictParams::default()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) => Err(*e),
