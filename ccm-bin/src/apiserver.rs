@@ -1,7 +1,7 @@
 //! `ccm apiserver`: core-cluster's API server as a process, on a durable data directory.
 
 use std::{
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -171,6 +171,14 @@ impl SecureServing {
             serve::write_kubeconfig(path, &security.admin_kubeconfig(addr))?;
         }
         let tokens = security.authenticator.tokens().cloned();
+        // The `default/kubernetes` Service's endpoints name this server (kube-apiserver's
+        // endpoint reconciler); an unspecified listen address is reached on loopback.
+        let advertised = if addr.ip().is_unspecified() {
+            IpAddr::from([127, 0, 0, 1])
+        } else {
+            addr.ip()
+        };
+        server.spawn_endpoint_reconciler(advertised, addr.port(), shutdown.clone());
         let task = tokio::spawn({
             let server = server.clone();
             async move {

@@ -559,6 +559,10 @@ pub(crate) async fn run(
         use core_cluster::controllers::{
             daemonset::DaemonSetController,
             deployment::DeploymentController,
+            disruption::DisruptionController,
+            endpoints::EndpointsController,
+            endpointslice::EndpointSliceController,
+            endpointslice_mirroring::EndpointSliceMirroringController,
             job::JobController,
             replicaset::ReplicaSetController,
             scheduler::{Scheduler, SchedulerConfig},
@@ -589,6 +593,29 @@ pub(crate) async fn run(
         supervise(
             "job-controller",
             Box::new(move |s| Box::pin(JobController::new(c.clone()).run(s))),
+        );
+        // Services' endpoints: EndpointSlices, Endpoints, and selectorless Services'
+        // Endpoints mirrored as slices.
+        let c = client.clone();
+        supervise(
+            "endpointslice-controller",
+            Box::new(move |s| Box::pin(EndpointSliceController::new(c.clone()).run(s))),
+        );
+        let c = client.clone();
+        supervise(
+            "endpoints-controller",
+            Box::new(move |s| Box::pin(EndpointsController::new(c.clone()).run(s))),
+        );
+        let c = client.clone();
+        supervise(
+            "endpointslice-mirroring-controller",
+            Box::new(move |s| Box::pin(EndpointSliceMirroringController::new(c.clone()).run(s))),
+        );
+        // PodDisruptionBudgets' status, which evictions (`kubectl drain`) honour.
+        let c = client.clone();
+        supervise(
+            "disruption-controller",
+            Box::new(move |s| Box::pin(DisruptionController::new(c.clone()).run(s))),
         );
     }
     server.add_livez_checks(supervisor.health_checks());

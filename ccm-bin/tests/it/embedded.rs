@@ -13,9 +13,10 @@ use std::{
 
 use crate::support::{https_get, https_get_with_token, require_kubectl, wait_until};
 
-struct Embedded {
+/// The embedded default run as a process (other modules drive it too).
+pub(crate) struct Embedded {
     child: Child,
-    dir: tempfile::TempDir,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Drop for Embedded {
@@ -26,13 +27,23 @@ impl Drop for Embedded {
 }
 
 impl Embedded {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         // Tests run side by side: no fixed port for the ccm's health endpoint.
         Self::start_serving(0)
     }
 
     /// The embedded default with the ccm's secure port on `secure_port` (0 = not served).
     fn start_serving(secure_port: u16) -> Self {
+        Self::start_with(secure_port, &[], Stdio::null())
+    }
+
+    /// The embedded default with its logs (stderr) in `log`, with `extra` flags.
+    pub(crate) fn start_logging_to(log: &std::path::Path, extra: &[&str]) -> Self {
+        let file = std::fs::File::create(log).expect("create the log file");
+        Self::start_with(0, extra, Stdio::from(file))
+    }
+
+    fn start_with(secure_port: u16, extra: &[&str], stderr: Stdio) -> Self {
         let secure_port = secure_port.to_string();
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_ccm"))
@@ -62,8 +73,9 @@ impl Embedded {
             .arg(dir.path().join("data"))
             .arg("--write-kubeconfig")
             .arg(dir.path().join("kubeconfig"))
+            .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("start ccm");
         let stdout = child.stdout.take().unwrap();
@@ -80,7 +92,7 @@ impl Embedded {
     }
 
     /// kubectl against this cluster, with its own cache directory.
-    fn command(&self) -> Command {
+    pub(crate) fn command(&self) -> Command {
         let mut c = Command::new("kubectl");
         c.env("KUBECONFIG", self.dir.path().join("kubeconfig"))
             .arg("--cache-dir")
@@ -88,19 +100,19 @@ impl Embedded {
         c
     }
 
-    fn kubectl(&self, args: &[&str]) -> String {
+    pub(crate) fn kubectl(&self, args: &[&str]) -> String {
         let out = self.command().args(args).output().unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// Applies `json` with kubectl.
-    fn apply(&self, json: &str) {
+    pub(crate) fn apply(&self, json: &str) {
         let out = self.kubectl_output(&["apply", "-f", "-"], json);
         assert!(out.status.success(), "kubectl apply {json}");
     }
 
     /// kubectl with `input` on stdin; stdout and stderr together.
-    fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
+    pub(crate) fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
         let out = self.kubectl_output(args, input);
         format!(
             "{}{}",
@@ -110,7 +122,7 @@ impl Embedded {
     }
 
     /// kubectl with `input` on stdin, run to completion.
-    fn kubectl_output(&self, args: &[&str], input: &str) -> std::process::Output {
+    pub(crate) fn kubectl_output(&self, args: &[&str], input: &str) -> std::process::Output {
         use std::io::Write;
         let mut child = self
             .command()
@@ -130,7 +142,7 @@ impl Embedded {
     }
 
     /// A token for the service account `default/<name>` (TokenRequest).
-    fn token(&self, name: &str) -> String {
+    pub(crate) fn token(&self, name: &str) -> String {
         self.apply(&format!(
             r#"{{"apiVersion":"v1","kind":"ServiceAccount","metadata":{{"name":"{name}","namespace":"default"}}}}"#
         ));

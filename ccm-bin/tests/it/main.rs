@@ -4,11 +4,14 @@
 // `ccm --cloud-provider aws` needs the provider linked (the default `aws` feature).
 #[cfg(feature = "aws")]
 mod aws_moto;
+mod budgets;
 mod cli;
 mod deploy;
 mod durability;
 mod embedded;
+mod endpoints;
 mod helm;
+
 mod image;
 mod kubectl;
 mod manage;

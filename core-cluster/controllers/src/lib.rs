@@ -2,9 +2,10 @@
 //!
 //! The control-plane controllers of the node side, each a kube-rs client of the API server
 //! like any other (they never touch the store): node lifecycle, taint eviction, node IPAM,
-//! garbage collection, pod garbage collection, TTL-after-finished, the scheduler and the
-//! workload controllers (ReplicaSet, Deployment, Job, DaemonSet); and the [`supervisor`]
-//! that restarts any of them after a panic.
+//! garbage collection, pod garbage collection, TTL-after-finished, the scheduler, the
+//! workload controllers (ReplicaSet, Deployment, Job, DaemonSet), the disruption controller
+//! and the Services' endpoint controllers (EndpointSlice, Endpoints, EndpointSlice mirroring);
+//! and the [`supervisor`] that restarts any of them after a panic.
 //!
 //! The controllers stand on `core-cluster-machinery` (resource defaults, quantities, the
 //! clock, the health-check trait) and reach the API server through kube-rs only: this crate
@@ -16,6 +17,10 @@ pub(crate) use core_cluster_machinery::{clock, registry};
 
 pub mod daemonset;
 pub mod deployment;
+pub mod disruption;
+pub mod endpoints;
+pub mod endpointslice;
+pub mod endpointslice_mirroring;
 pub mod garbage_collector;
 pub mod job;
 pub mod node_ipam;

@@ -6,7 +6,10 @@ mod authz;
 mod conformance;
 mod connection_limits;
 mod controllers_ipam_gc;
+mod disruption;
 mod durability;
+mod endpoints;
+
 mod finished_work;
 mod fuzz_inputs;
 mod hardening;

@@ -291,10 +291,12 @@ mod tests {
                 "rbac.authorization.k8s.io",
                 "authorization.k8s.io",
                 "apps",
-                "batch"
+                "batch",
+                "policy"
             ]
         );
         assert!(group(&Registry::standard(), "events.k8s.io").is_some());
-        assert!(group(&Registry::standard(), "policy").is_none());
+        assert!(group(&Registry::standard(), "policy").is_some());
+        assert!(group(&Registry::standard(), "storage.k8s.io").is_none());
     }
 }

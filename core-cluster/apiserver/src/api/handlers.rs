@@ -371,13 +371,14 @@ async fn bind(scope: &RequestScope) -> Result<Response, ApiError> {
     ))
 }
 
-/// POST of a pod's `eviction`: a delete with the eviction's options.
+/// POST of a pod's `eviction`: a delete with the eviction's options that honours the pod's
+/// PodDisruptionBudget (see [`storage::eviction`]).
 async fn evict(scope: &RequestScope) -> Result<Response, ApiError> {
     let eviction = check_eviction(scope.namespace(), scope.name(), scope.json_body()?)?;
     let options = eviction.get("deleteOptions").unwrap_or(&Value::Null);
     let options = DeleteOptions::from_value(options, &Query::new())?;
     let ctx = scope.write_context();
-    delete_object(scope.storage(), &ctx, scope.key(), options).await?;
+    storage::eviction::evict_pod(scope.storage(), &ctx, scope.key(), options).await?;
     let status = success_status(&qualified(scope.def(), scope.name()), None);
     Ok(json_response(
         StatusCode::CREATED,

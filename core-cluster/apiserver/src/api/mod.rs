@@ -5,6 +5,7 @@
 //! it to kube 5's `Client::new(router, "default")` for an in-process API server with no TCP.
 
 pub mod discovery;
+pub mod endpoint_reconciler;
 mod handlers;
 pub mod metrics;
 pub mod negotiate;

@@ -12,6 +12,7 @@
 pub(crate) mod admission;
 pub(crate) mod create;
 pub(crate) mod delete;
+pub(crate) mod eviction;
 pub(crate) mod get_list;
 pub(crate) mod namespace;
 pub(crate) mod observe;

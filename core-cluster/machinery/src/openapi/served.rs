@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event as EventsV1Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 
 use super::{OpenApiResource, schema_of};
@@ -58,7 +59,7 @@ const fn grouped(
 /// Lease; `discovery.k8s.io/v1` EndpointSlice; `events.k8s.io/v1` Event;
 /// `rbac.authorization.k8s.io/v1` Role, ClusterRole, RoleBinding, ClusterRoleBinding;
 /// `authorization.k8s.io/v1` the four access reviews; `apps/v1` Deployment, ReplicaSet,
-/// DaemonSet; `batch/v1` Job.
+/// DaemonSet; `batch/v1` Job; `policy/v1` PodDisruptionBudget.
 pub fn served_resources() -> Vec<OpenApiResource> {
     vec![
         core(
@@ -206,6 +207,15 @@ pub fn served_resources() -> Vec<OpenApiResource> {
             namespaced: true,
             subresources: &["status"],
             schema: schema_of::<Job>,
+        },
+        OpenApiResource {
+            group: "policy",
+            version: "v1",
+            kind: "PodDisruptionBudget",
+            plural: "poddisruptionbudgets",
+            namespaced: true,
+            subresources: &["status"],
+            schema: schema_of::<PodDisruptionBudget>,
         },
     ]
 }

@@ -197,6 +197,7 @@ fn index_links_every_group_version_with_its_hash() {
             "apis/coordination.k8s.io/v1",
             "apis/discovery.k8s.io/v1",
             "apis/events.k8s.io/v1",
+            "apis/policy/v1",
             "apis/rbac.authorization.k8s.io/v1",
         ]
     );
@@ -216,7 +217,8 @@ fn index_links_every_group_version_with_its_hash() {
         documents.hash("api/v1"),
         documents.hash("apis/events.k8s.io/v1")
     );
-    assert!(documents.group_version("apis/policy/v1").is_none());
+    assert!(documents.group_version("apis/policy/v1").is_some());
+    assert!(documents.group_version("apis/storage.k8s.io/v1").is_none());
     assert_eq!(
         documents.group_version("/api/v1"),
         documents.group_version("api/v1")

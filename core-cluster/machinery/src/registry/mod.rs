@@ -8,6 +8,7 @@ pub mod events;
 mod field;
 pub mod meta;
 pub(crate) mod pod_spec;
+pub mod policy;
 pub mod quantity;
 pub mod resources;
 pub mod selectors;
@@ -47,6 +48,7 @@ pub static ALL: &[&ResourceDef] = &[
     &workloads::REPLICA_SETS,
     &workloads::DAEMON_SETS,
     &workloads::JOBS,
+    &policy::POD_DISRUPTION_BUDGETS,
 ];
 
 pub use meta::NameRule;

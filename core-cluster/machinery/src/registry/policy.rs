@@ -1,0 +1,201 @@
+//! `policy/v1` PodDisruptionBudgets: upstream's `pkg/apis/policy/validation`
+//! (`ValidatePodDisruptionBudget`, `ValidatePodDisruptionBudgetSpec`,
+//! `ValidatePodDisruptionBudgetStatusUpdate`), `pkg/registry/policy/poddisruptionbudget`
+//! (the status starts empty, spec changes count generations) and kubectl's columns.
+
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use serde_json::{Value, json};
+
+use super::{
+    Column, NameRule, ResourceDef,
+    events::identity,
+    no_defaults,
+    table::{AGE, NAME},
+    typed,
+};
+use crate::registry::FieldError;
+
+/// `spec.unhealthyPodEvictionPolicy` values (upstream `policy.UnhealthyPodEvictionPolicyType`).
+pub const UNHEALTHY_POD_EVICTION_POLICIES: &[&str] = &["AlwaysAllow", "IfHealthyBudget"];
+
+/// An int-or-string cell as kubectl prints it: the value, or `N/A` when unset.
+fn int_or_string_cell(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => json!(n.to_string()),
+        Value::String(s) => json!(s),
+        _ => json!("N/A"),
+    }
+}
+
+/// Upstream `ValidatePositiveIntOrPercent` + `IsNotMoreThan100Percent`.
+fn int_or_percent_errors(v: &Value, field: &str, errors: &mut Vec<FieldError>) {
+    match v {
+        Value::Null => {}
+        Value::Number(n) => {
+            if n.as_i64().is_none_or(|n| n < 0) {
+                errors.push(FieldError::invalid(
+                    field,
+                    v,
+                    "must be greater than or equal to 0",
+                ));
+            }
+        }
+        Value::String(s) => match s.strip_suffix('%').and_then(|p| p.parse::<u64>().ok()) {
+            None => errors.push(FieldError::invalid(
+                field,
+                v,
+                "a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')",
+            )),
+            Some(p) if p > 100 => errors.push(FieldError::invalid(
+                field,
+                v,
+                "must not be greater than 100%",
+            )),
+            Some(_) => {}
+        },
+        _ => errors.push(FieldError::invalid(
+            field,
+            v,
+            "must be an integer or percentage (e.g '5%')",
+        )),
+    }
+}
+
+/// Upstream `ValidatePodDisruptionBudgetSpec` (and the status rules of
+/// `ValidatePodDisruptionBudgetStatusUpdate`: no negative counts).
+fn validate_pdb(new: &Value, _old: Option<&Value>) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let spec = &new["spec"];
+    if !spec["minAvailable"].is_null() && !spec["maxUnavailable"].is_null() {
+        errors.push(FieldError::invalid(
+            "spec",
+            spec,
+            "minAvailable and maxUnavailable cannot be both set",
+        ));
+    }
+    int_or_percent_errors(&spec["minAvailable"], "spec.minAvailable", &mut errors);
+    int_or_percent_errors(&spec["maxUnavailable"], "spec.maxUnavailable", &mut errors);
+    if let Some(policy) = spec
+        .get("unhealthyPodEvictionPolicy")
+        .filter(|p| !p.is_null())
+        && !policy
+            .as_str()
+            .is_some_and(|p| UNHEALTHY_POD_EVICTION_POLICIES.contains(&p))
+    {
+        errors.push(FieldError::not_supported(
+            "spec.unhealthyPodEvictionPolicy",
+            policy,
+            UNHEALTHY_POD_EVICTION_POLICIES,
+        ));
+    }
+    for f in [
+        "disruptionsAllowed",
+        "currentHealthy",
+        "desiredHealthy",
+        "expectedPods",
+    ] {
+        if let Some(n) = new["status"][f].as_i64()
+            && n < 0
+        {
+            errors.push(FieldError::invalid(
+                format!("status.{f}"),
+                &json!(n),
+                "must be greater than or equal to 0",
+            ));
+        }
+    }
+    errors
+}
+
+/// policy/v1 poddisruptionbudgets.
+pub static POD_DISRUPTION_BUDGETS: ResourceDef = ResourceDef {
+    group: "policy",
+    version: "v1",
+    kind: "PodDisruptionBudget",
+    plural: "poddisruptionbudgets",
+    singular: "poddisruptionbudget",
+    short_names: &["pdb"],
+    categories: &[],
+    namespaced: true,
+    status: true,
+    generation: true,
+    extra_subresources: &[],
+    storage: "policy/poddisruptionbudgets",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<PodDisruptionBudget>,
+    columns: &[
+        NAME,
+        Column {
+            name: "Min Available",
+            type_: "string",
+            format: "",
+            description: "The minimum number or percentage of available pods this budget requires.",
+            priority: 0,
+            cell: |o, _| int_or_string_cell(&o["spec"]["minAvailable"]),
+        },
+        Column {
+            name: "Max Unavailable",
+            type_: "string",
+            format: "",
+            description: "The maximum number or percentage of unavailable pods this budget requires.",
+            priority: 0,
+            cell: |o, _| int_or_string_cell(&o["spec"]["maxUnavailable"]),
+        },
+        Column {
+            name: "Allowed Disruptions",
+            type_: "integer",
+            format: "",
+            description: "Number of pod disruptions that are currently allowed.",
+            priority: 0,
+            cell: |o, _| json!(o["status"]["disruptionsAllowed"].as_i64().unwrap_or(0)),
+        },
+        AGE,
+    ],
+    field: |_, _| None,
+    field_paths: &[],
+    prepare_update: no_defaults,
+    // Upstream's `PrepareForCreate`: the status starts empty.
+    prepare_create: |o| {
+        o["status"] = json!({
+            "disruptionsAllowed": 0,
+            "currentHealthy": 0,
+            "desiredHealthy": 0,
+            "expectedPods": 0,
+        });
+    },
+    validate: validate_pdb,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Upstream `ValidatePodDisruptionBudgetSpec`: both bounds at once, a negative or
+    /// over-100% bound and an unknown eviction policy are refused.
+    #[test]
+    fn validate_pod_disruption_budget_spec_refuses_what_upstream_refuses() {
+        let fields = |spec: Value| -> Vec<String> {
+            validate_pdb(&json!({"spec": spec}), None)
+                .into_iter()
+                .map(|e| e.field)
+                .collect()
+        };
+        assert!(fields(json!({"minAvailable": 2})).is_empty());
+        assert!(fields(json!({"maxUnavailable": "50%"})).is_empty());
+        assert_eq!(
+            fields(json!({"minAvailable": 1, "maxUnavailable": 1})),
+            ["spec"]
+        );
+        assert_eq!(fields(json!({"minAvailable": -1})), ["spec.minAvailable"]);
+        assert_eq!(
+            fields(json!({"maxUnavailable": "101%"})),
+            ["spec.maxUnavailable"]
+        );
+        assert_eq!(
+            fields(json!({"minAvailable": 1, "unhealthyPodEvictionPolicy": "Sometimes"})),
+            ["spec.unhealthyPodEvictionPolicy"]
+        );
+    }
+}
