@@ -11,7 +11,6 @@ mod durability;
 mod embedded;
 mod endpoints;
 mod helm;
-
 mod image;
 mod kubectl;
 mod manage;
