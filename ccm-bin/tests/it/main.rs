@@ -8,6 +8,7 @@ mod cli;
 mod deploy;
 mod durability;
 mod embedded;
+mod etcd;
 mod kubectl;
 mod manage;
 mod support;
