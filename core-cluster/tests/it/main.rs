@@ -7,6 +7,7 @@ mod conformance;
 mod connection_limits;
 mod controllers_ipam_gc;
 mod durability;
+mod etcd_faults;
 mod fuzz_inputs;
 mod hardening;
 mod hostile_numbers;
