@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context, bail};
 use core_cluster::{
     ApiServer, ApiServerConfig, serve,
-    store::{MemoryStore, SqliteStore, Store},
+    store::{MemoryStore, Store},
 };
 use ipnet::IpNet;
 use tokio_util::sync::CancellationToken;
@@ -20,11 +20,13 @@ pub(crate) struct ApiServerArgs {
     /// Address to listen on (loopback by default; port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:6443")]
     listen: String,
-    /// Directory of the durable store (SQLite, WAL). Created if missing.
+    /// Directory of the durable store (SQLite, WAL) and the PKI; with `--etcd-servers`,
+    /// of the PKI only (give every API server of one etcd the same PKI files). Created if
+    /// missing.
     #[arg(long, required_unless_present = "in_memory")]
     data_dir: Option<PathBuf>,
     /// Keep everything in memory instead (lost on exit; for experiments).
-    #[arg(long, conflicts_with = "data_dir")]
+    #[arg(long, conflicts_with_all = ["data_dir", "etcd_servers"])]
     in_memory: bool,
     /// Write a kubeconfig for this server to FILE (https, the cluster CA embedded, the
     /// admin's client certificate and key).
@@ -95,16 +97,15 @@ pub(crate) fn parse_config_from(
 pub(crate) async fn run(args: ApiServerArgs) -> anyhow::Result<()> {
     let config = parse_config(&args)?;
     let store: Arc<dyn Store> = match &args.data_dir {
-        Some(dir) => Arc::new(
-            SqliteStore::open(dir, args.store.options())
-                .await
-                .with_context(|| format!("opening the store in {}", dir.display()))?,
-        ),
+        Some(dir) => args.store.open(dir).await?,
         None => Arc::new(MemoryStore::new()),
     };
     let server = ApiServer::new(store, config).await?;
     let shutdown = CancellationToken::new();
-    server.spawn_compactor(std::time::Duration::from_secs(300), shutdown.clone());
+    let compaction = args.store.etcd_compaction_interval;
+    if !compaction.is_zero() {
+        server.spawn_compactor(compaction, shutdown.clone());
+    }
     // The PKI lives beside the store; an in-memory server gets a throwaway one.
     let temp;
     let pki_dir = match &args.data_dir {

@@ -31,7 +31,7 @@ use core_cluster::{
         ttl_after_finished::TtlAfterFinishedController,
     },
     sim::{NodeSimulator, SimConfig, SimNode, UNINITIALIZED_TAINT_KEY},
-    store::{SqliteStore, Store},
+    store::Store,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -459,11 +459,7 @@ pub(crate) async fn run(
             temp.path().to_owned()
         }
     };
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(&data_dir, args.store.options())
-            .await
-            .with_context(|| format!("opening the store in {}", data_dir.display()))?,
-    );
+    let store: Arc<dyn Store> = args.store.open(&data_dir).await?;
     let server = ApiServer::new(store, apiserver_args).await?;
     // The ccm's RBAC, exactly as deployed: the cluster enforces Node,RBAC and the ccm runs
     // under its service account with the least-privilege role and nothing more.
@@ -474,7 +470,9 @@ pub(crate) async fn run(
             .with_context(|| format!("installing the ccm's RBAC from {path}"))?;
     }
     let shutdown = CancellationToken::new();
-    server.spawn_compactor(Duration::from_secs(300), shutdown.clone());
+    if !args.store.etcd_compaction_interval.is_zero() {
+        server.spawn_compactor(args.store.etcd_compaction_interval, shutdown.clone());
+    }
     let secure = crate::apiserver::SecureServing::start(
         &server,
         &data_dir,

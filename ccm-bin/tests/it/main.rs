@@ -10,6 +10,7 @@ mod deploy;
 mod durability;
 mod embedded;
 mod endpoints;
+mod etcd;
 mod helm;
 mod image;
 mod kubectl;

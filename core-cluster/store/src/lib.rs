@@ -1,7 +1,8 @@
 //! # core-cluster-store: the versioned key-value store behind the API server
 //!
-//! The bottom layer: it may not depend on the other core-cluster crates, nor on anything
-//! HTTP or TLS (axum, hyper, rustls); only the API server builds on it.
+//! The bottom layer: it may not depend on the other core-cluster crates, nor on the API
+//! server's HTTP stack (axum); only the API server builds on it. The etcd backend speaks
+//! etcd's gRPC API through the `etcd-client` crate, the one HTTP/2 and TLS client here.
 //!
 //! # Model
 //!
@@ -47,6 +48,8 @@
 //! (Kubernetes: "410 Gone, too old resource version"; the client relists and watches
 //! from the list's revision). A durable backend starts with an empty ring after a
 //! restart, so after a restart only watches from the current revision onwards succeed.
+//! On etcd ([`EtcdStore`]) the window is fed by an etcd watch, so it holds the writes of
+//! every API server sharing that etcd.
 //!
 //! A watcher that does not keep up — its buffer of [`WatchConfig::watcher_buffer`]
 //! events or [`WatchConfig::watcher_buffer_bytes`] fills — is ended: it receives the events that
@@ -72,10 +75,12 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::Stream;
 
+mod etcd;
 mod memory;
 mod sqlite;
 mod window;
 
+pub use etcd::{COMPACT_KEY, EtcdOptions, EtcdStore, EtcdTls};
 pub use memory::MemoryStore;
 pub use sqlite::{SqliteOptions, SqliteStore};
 

@@ -226,6 +226,17 @@ impl WatchWindow {
         }))
     }
 
+    /// Ends every watcher with [`StoreError::Closed`] (after what it has buffered), drops
+    /// the ring and starts history afresh after `revision`: the feed behind the window lost
+    /// events (etcd compacted them before they were delivered), so no watcher may go on.
+    pub(crate) fn reset(&self, revision: u64) {
+        let mut state = self.state.lock();
+        end_all(&mut state.watchers);
+        state.events.clear();
+        state.bytes = 0;
+        state.floor = state.floor.max(revision);
+    }
+
     /// Ends every watcher with [`StoreError::Closed`] (after what it has buffered) and
     /// refuses new watches: the store behind the window has stopped writing.
     pub(crate) fn close(&self) {

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use ccm_testkit::etcd::Etcd;
 use core_cluster::store::{
-    EventKind, KeyValue, MemoryStore, SqliteOptions, SqliteStore, Store, StoreError, WatchConfig,
-    WatchEvent, WatchStream,
+    EtcdOptions, EtcdStore, EventKind, KeyValue, MemoryStore, SqliteOptions, SqliteStore, Store,
+    StoreError, WatchConfig, WatchEvent, WatchStream,
 };
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
@@ -20,7 +21,11 @@ use tempfile::TempDir;
 /// A store under test and whatever must live as long as it.
 struct Fixture {
     store: Arc<dyn Store>,
+    /// The revision of the empty store: 0 for ours, 1 for etcd (an empty etcd is at
+    /// revision 1 and its first write is at 2).
+    base: u64,
     _dir: Option<TempDir>,
+    _etcd: Option<Etcd>,
 }
 
 type Open = fn(WatchConfig) -> BoxFuture<'static, Fixture>;
@@ -29,7 +34,9 @@ fn open_memory(config: WatchConfig) -> BoxFuture<'static, Fixture> {
     Box::pin(async move {
         Fixture {
             store: Arc::new(MemoryStore::with_watch_config(config)),
+            base: 0,
             _dir: None,
+            _etcd: None,
         }
     })
 }
@@ -46,7 +53,31 @@ fn open_sqlite(config: WatchConfig) -> BoxFuture<'static, Fixture> {
             .expect("open sqlite store");
         Fixture {
             store: Arc::new(store),
+            base: 0,
             _dir: Some(dir),
+            _etcd: None,
+        }
+    })
+}
+
+/// A fresh single-member etcd on free loopback ports with its own data directory, and the
+/// store on it (upstream's `etcd3/store.go` semantics).
+fn open_etcd(config: WatchConfig) -> BoxFuture<'static, Fixture> {
+    Box::pin(async move {
+        let etcd = Etcd::start().await;
+        let options = EtcdOptions {
+            endpoints: etcd.endpoints(),
+            watch: config,
+            ..EtcdOptions::default()
+        };
+        let store = EtcdStore::connect(options)
+            .await
+            .expect("connect to the test etcd");
+        Fixture {
+            store: Arc::new(store),
+            base: 1,
+            _dir: None,
+            _etcd: Some(etcd),
         }
     })
 }
@@ -82,11 +113,11 @@ async fn assert_quiet(stream: &mut WatchStream) {
 async fn crud_semantics(open: Open) {
     let f = open(WatchConfig::default()).await;
     let s = &f.store;
-    assert_eq!(s.current_revision().await.unwrap(), 0);
+    assert_eq!(s.current_revision().await.unwrap(), f.base);
     assert_eq!(s.get("/registry/pods/ns/a").await.unwrap(), None);
 
     let r1 = s.create("/registry/pods/ns/a", v("one")).await.unwrap();
-    assert_eq!(r1, 1);
+    assert_eq!(r1, f.base + 1);
     let kv = s.get("/registry/pods/ns/a").await.unwrap().unwrap();
     assert_eq!(
         kv,
@@ -202,12 +233,15 @@ async fn revisions_are_global_and_increasing(open: Open) {
         revisions.push(s.update(&format!("/a/{i}"), v("y"), None).await.unwrap());
     }
     revisions.push(s.delete("/b/3", None).await.unwrap().0);
-    let expected: Vec<u64> = (1..=revisions.len() as u64).collect();
+    let expected: Vec<u64> = (f.base + 1..=f.base + revisions.len() as u64).collect();
     assert_eq!(
         revisions, expected,
         "one revision per write, shared by all keys"
     );
-    assert_eq!(s.current_revision().await.unwrap(), revisions.len() as u64);
+    assert_eq!(
+        s.current_revision().await.unwrap(),
+        f.base + revisions.len() as u64
+    );
 }
 
 async fn list_prefix_and_pagination(open: Open) {
@@ -454,31 +488,33 @@ async fn watch_too_old_is_expired(open: Open) {
     for i in 0..40 {
         s.create(&format!("/k/{i}"), v("x")).await.unwrap();
     }
-    match s.watch("/k/", 0).await {
+    let b = f.base;
+    match s.watch("/k/", b).await {
         Err(StoreError::Expired {
             requested,
             oldest_available,
-        }) => assert_eq!((requested, oldest_available), (0, 24)),
+        }) => assert_eq!((requested, oldest_available), (b, b + 24)),
         Err(other) => panic!("expected Expired, got {other:?}"),
         Ok(_) => panic!("expected Expired, got a stream"),
     }
-    let mut w = s.watch("/k/", 24).await.unwrap();
-    for want in 25..=40 {
+    let mut w = s.watch("/k/", b + 24).await.unwrap();
+    for want in b + 25..=b + 40 {
         assert_eq!(next_event(&mut w).await.revision, want);
     }
     assert_quiet(&mut w).await;
 
     // Compaction raises the floor even while the window still holds the events.
-    s.compact(30).await.unwrap();
-    assert!(matches!(
-        s.watch("/k/", 29).await,
+    s.compact(b + 30).await.unwrap();
+    match s.watch("/k/", b + 29).await {
         Err(StoreError::Expired {
-            requested: 29,
-            oldest_available: 30
-        })
-    ));
-    let mut w = s.watch("/k/", 30).await.unwrap();
-    assert_eq!(next_event(&mut w).await.revision, 31);
+            requested,
+            oldest_available,
+        }) => assert_eq!((requested, oldest_available), (b + 29, b + 30)),
+        Err(other) => panic!("expected Expired, got {other:?}"),
+        Ok(_) => panic!("expected Expired, got a stream"),
+    }
+    let mut w = s.watch("/k/", b + 30).await.unwrap();
+    assert_eq!(next_event(&mut w).await.revision, b + 31);
 }
 
 async fn slow_watcher_is_ended(open: Open) {
@@ -707,3 +743,4 @@ macro_rules! conformance {
 
 conformance!(memory, super::open_memory);
 conformance!(sqlite, super::open_sqlite);
+conformance!(etcd, super::open_etcd);

@@ -9,7 +9,7 @@ mod controllers_ipam_gc;
 mod disruption;
 mod durability;
 mod endpoints;
-
+mod etcd_faults;
 mod finished_work;
 mod fuzz_inputs;
 mod hardening;

@@ -6,6 +6,7 @@
 //! - [`TestServer`]: the same API server over TLS on a loopback port, with its PKI;
 //! - [`kubectl`]: the machine's kubectl against a test server, and [`kubectl::require_kubectl`];
 //! - [`free_port`]: a loopback port nothing listens on;
+//! - [`etcd`]: real etcd servers and clusters on loopback for the etcd backend's tests;
 //! - [`bench`](mod@bench): the benchmarks' command-line arguments (`-- --nodes 10000`).
 //!
 //! A dev-dependency only: no library crate of the workspace may depend on it.
@@ -15,6 +16,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 use core_cluster::{ApiServer, ApiServerConfig, store::MemoryStore};
 
 pub mod bench;
+pub mod etcd;
 pub mod kubectl;
 mod tls;
 

@@ -26,9 +26,19 @@ impl ApiServerProcess {
 
     /// [`ApiServerProcess::start`] with more flags.
     pub fn start_with(dir: &Path, flags: &[&str]) -> Self {
+        Self::start_in(dir, &dir.join("data"), flags)
+    }
+
+    /// A second server with `first`'s data directory (its PKI: an etcd-backed server keeps
+    /// only that there) and its own kubeconfig in `dir`.
+    pub fn start_sharing(dir: &Path, first: &ApiServerProcess, flags: &[&str]) -> Self {
+        Self::start_in(dir, &first.dir.join("data"), flags)
+    }
+
+    fn start_in(dir: &Path, data_dir: &Path, flags: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ccm"))
             .args(["apiserver", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(dir.join("data"))
+            .arg(data_dir)
             .arg("--write-kubeconfig")
             .arg(dir.join("kubeconfig"))
             .args(flags)

@@ -1,0 +1,743 @@
+//! [`EtcdStore`]: the store on etcd v3, the engine Kubernetes itself stores in.
+//!
+//! The model maps one to one onto etcd's (upstream's
+//! `staging/src/k8s.io/apiserver/pkg/storage/etcd3/store.go`):
+//!
+//! - a key is stored at `namespace + key`; `resourceVersion` is etcd's `mod_revision`;
+//! - create is a transaction `If(CreateRevision(k) == 0) Then(Put) Else(Get)`; update and
+//!   delete compare `ModRevision(k)` with the expected revision (or `CreateRevision(k) > 0`
+//!   when none is expected), and read the key in the `Else` branch to tell a conflict from a
+//!   missing key. A failed transaction consumes no revision in etcd either;
+//! - lists are ranges at a revision, so continue tokens stay valid on every API server that
+//!   shares the etcd, until compaction;
+//! - watches are served from this server's watch window (upstream's watch cache), fed by one
+//!   etcd watch over the whole namespace with `prev_kv` and progress notifications. Writes
+//!   made through any server sharing the etcd reach every server's watchers. A write returns
+//!   once its event is in this server's window, so `current_revision` stays a safe bookmark
+//!   (upstream: `RequestWatchProgress` before serving a consistent read from the cache);
+//! - compaction is coordinated through the compact key as upstream's `compact.go` does: a
+//!   server compacts only if no other server did since its last look, so among several
+//!   servers one compacts per interval.
+//!
+//! etcd's own behaviour absorbed here: an empty etcd is at revision 1 (not 0); compacting at
+//! or below the compacted revision is an error in etcd and a no-op here; a watch from a
+//! compacted revision is created and then cancelled with the compact revision, which ends
+//! this server's watchers (they re-list, as after a 410) and restarts the feed.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
+    TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use tokio::sync::Notify;
+
+use super::window::WatchWindow;
+use super::{
+    EventKind, KeyValue, ListResult, Store, StoreError, WatchConfig, WatchEvent, WatchStream,
+    prefix_end,
+};
+
+/// The key, under the namespace, through which API servers sharing an etcd take turns at
+/// compaction (upstream: `compactRevKey` in `etcd3/compact.go`). Its value is the last
+/// compacted revision and its version counts compactions.
+pub const COMPACT_KEY: &str = "compact_rev_key";
+
+/// Client certificates and CA for an etcd reached over TLS (kube-apiserver's
+/// `--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// The CA bundle (PEM) that signed etcd's serving certificates.
+    pub ca_file: Option<PathBuf>,
+    /// The client certificate (PEM) presented to etcd.
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub key_file: Option<PathBuf>,
+}
+
+/// How to reach etcd and how to lay the store out in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdOptions {
+    /// The etcd members' client URLs (`http://127.0.0.1:2379`, or `https://…` with [`tls`](Self::tls)).
+    pub endpoints: Vec<String>,
+    /// Prepended to every key, so several clusters can share one etcd (empty: keys as given,
+    /// so the API server's `/registry/…` keys land where kube-apiserver's default
+    /// `--etcd-prefix=/registry` puts them).
+    pub namespace: String,
+    /// TLS towards etcd, when any of its files is given.
+    pub tls: EtcdTls,
+    /// The watch window's sizes.
+    pub watch: WatchConfig,
+    /// The deadline of each request to etcd; an unreachable etcd fails requests after it.
+    pub request_timeout: Duration,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        Self {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            namespace: String::new(),
+            tls: EtcdTls::default(),
+            watch: WatchConfig::default(),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How long a write waits for its own event to come back through the feed before it is
+/// acknowledged anyway (the write is committed in etcd; only this server's watchers lag).
+const FEED_WAIT: Duration = Duration::from_secs(5);
+/// How long to wait before re-establishing a broken feed.
+const FEED_RETRY: Duration = Duration::from_millis(200);
+
+struct Inner {
+    client: Client,
+    namespace: String,
+    window: WatchWindow,
+    /// Every event up to this revision has been published into the window.
+    published: tokio::sync::watch::Sender<u64>,
+    /// Asks the feed for a progress notification.
+    progress: Notify,
+    /// The highest compaction revision this server knows of.
+    compacted: AtomicU64,
+    /// The compact key's version when this server last looked (upstream's `t`).
+    compact_version: AtomicI64,
+    timeout: Duration,
+}
+
+/// A [`Store`] on etcd v3. See the [module docs](self).
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+    feed: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EtcdStore {
+    fn drop(&mut self) {
+        self.feed.abort();
+    }
+}
+
+fn backend(context: &str, error: etcd_client::Error) -> StoreError {
+    StoreError::backend(format!("etcd: {context}"), error)
+}
+
+fn is_compacted(error: &etcd_client::Error) -> bool {
+    error
+        .to_string()
+        .contains("required revision has been compacted")
+}
+
+fn is_future(error: &etcd_client::Error) -> bool {
+    error
+        .to_string()
+        .contains("required revision is a future revision")
+}
+
+fn revision(header: Option<&etcd_client::ResponseHeader>) -> u64 {
+    header.map_or(0, |h| u64::try_from(h.revision()).unwrap_or(0))
+}
+
+fn rev_i64(revision: u64) -> i64 {
+    i64::try_from(revision).unwrap_or(i64::MAX)
+}
+
+async fn read_pem(path: &PathBuf, what: &str) -> Result<Vec<u8>, StoreError> {
+    tokio::fs::read(path)
+        .await
+        .map_err(|source| StoreError::Io {
+            context: format!("reading the etcd {what} {}", path.display()),
+            source,
+        })
+}
+
+impl EtcdStore {
+    /// Connects to etcd, reads its current revision and the compaction state, and starts
+    /// the watch feed. Fails when etcd cannot be reached within the request timeout.
+    pub async fn connect(options: EtcdOptions) -> Result<Self, StoreError> {
+        let mut connect = ConnectOptions::new()
+            .with_timeout(options.request_timeout)
+            .with_connect_timeout(options.request_timeout)
+            .with_keep_alive(Duration::from_secs(10), options.request_timeout);
+        let tls = &options.tls;
+        if tls.ca_file.is_some() || tls.cert_file.is_some() || tls.key_file.is_some() {
+            let mut config = TlsOptions::new();
+            if let Some(ca) = &tls.ca_file {
+                config = config.ca_certificate(Certificate::from_pem(read_pem(ca, "CA").await?));
+            }
+            match (&tls.cert_file, &tls.key_file) {
+                (Some(cert), Some(key)) => {
+                    config = config.identity(Identity::from_pem(
+                        read_pem(cert, "client certificate").await?,
+                        read_pem(key, "client key").await?,
+                    ));
+                }
+                (None, None) => {}
+                _ => {
+                    return Err(StoreError::backend(
+                        "etcd TLS",
+                        std::io::Error::other(
+                            "a client certificate needs both its certificate and key file",
+                        ),
+                    ));
+                }
+            }
+            connect = connect.with_tls(config);
+        }
+        let client = tokio::time::timeout(
+            options.request_timeout,
+            Client::connect(&options.endpoints, Some(connect)),
+        )
+        .await
+        .map_err(|_| {
+            StoreError::backend(
+                "etcd: connecting",
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer from {:?}", options.endpoints),
+                ),
+            )
+        })?
+        .map_err(|e| backend("connecting", e))?;
+        let namespace = options.namespace.clone();
+        let mut kv = client.kv_client();
+        let compact_key = format!("{namespace}{COMPACT_KEY}");
+        let response = kv
+            .get(compact_key.as_bytes(), None)
+            .await
+            .map_err(|e| backend("reading the compaction state", e))?;
+        let start = revision(response.header());
+        let (compacted, compact_version) = response.kvs().first().map_or((0, 0), |kv| {
+            let value = std::str::from_utf8(kv.value())
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            (value, kv.version())
+        });
+        let inner = Arc::new(Inner {
+            client,
+            namespace,
+            window: WatchWindow::new(options.watch, start),
+            published: tokio::sync::watch::Sender::new(start),
+            progress: Notify::new(),
+            compacted: AtomicU64::new(compacted),
+            compact_version: AtomicI64::new(compact_version),
+            timeout: options.request_timeout,
+        });
+        let feed = tokio::spawn(feed(inner.clone()));
+        Ok(Self { inner, feed })
+    }
+}
+
+impl Inner {
+    fn key(&self, key: &str) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.namespace.len() + key.len());
+        out.extend_from_slice(self.namespace.as_bytes());
+        out.extend_from_slice(key.as_bytes());
+        out
+    }
+
+    /// The store's key of an etcd key, or `None` for keys outside the namespace, not UTF-8,
+    /// or the compact key.
+    fn store_key(&self, key: &[u8]) -> Option<String> {
+        let key = key.strip_prefix(self.namespace.as_bytes())?;
+        if key == COMPACT_KEY.as_bytes() {
+            return None;
+        }
+        String::from_utf8(key.to_vec()).ok()
+    }
+
+    fn kv(&self, kv: &etcd_client::KeyValue) -> Option<KeyValue> {
+        Some(KeyValue {
+            key: self.store_key(kv.key())?,
+            value: Bytes::copy_from_slice(kv.value()),
+            create_revision: u64::try_from(kv.create_revision()).unwrap_or(0),
+            mod_revision: u64::try_from(kv.mod_revision()).unwrap_or(0),
+        })
+    }
+
+    fn compact_key(&self) -> Vec<u8> {
+        self.key(COMPACT_KEY)
+    }
+
+    /// etcd's current revision (a linearizable read).
+    async fn etcd_revision(&self) -> Result<u64, StoreError> {
+        let response = self
+            .client
+            .kv_client()
+            .get(
+                self.compact_key(),
+                Some(GetOptions::new().with_count_only()),
+            )
+            .await
+            .map_err(|e| backend("reading the current revision", e))?;
+        Ok(revision(response.header()))
+    }
+
+    /// Waits until the feed has published every event up to `revision`, asking etcd for a
+    /// progress notification where the namespace saw no event at it.
+    async fn await_published(&self, revision: u64) -> bool {
+        let mut published = self.published.subscribe();
+        let wait = async {
+            loop {
+                if *published.borrow_and_update() >= revision {
+                    return;
+                }
+                self.progress.notify_one();
+                // Re-ask now and then: a progress request is answered only once the feed's
+                // watcher has caught up.
+                let _ = tokio::time::timeout(Duration::from_millis(100), published.changed()).await;
+            }
+        };
+        tokio::time::timeout(FEED_WAIT, wait).await.is_ok()
+    }
+
+    async fn acknowledged(&self, revision: u64) -> u64 {
+        if !self.await_published(revision).await {
+            tracing::warn!(
+                revision,
+                "etcd: the watch feed has not delivered a committed write; watchers lag"
+            );
+        }
+        revision
+    }
+
+    /// The error for a list at a compacted revision: `oldest_available` from the compact key.
+    async fn expired(&self, requested: u64) -> StoreError {
+        if let Ok(response) = self.client.kv_client().get(self.compact_key(), None).await
+            && let Some(value) = response
+                .kvs()
+                .first()
+                .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse().ok())
+        {
+            self.compacted.fetch_max(value, Ordering::AcqRel);
+        }
+        StoreError::Expired {
+            requested,
+            oldest_available: self.compacted.load(Ordering::Acquire).max(requested + 1),
+        }
+    }
+
+    async fn future(&self, requested: u64) -> StoreError {
+        match self.etcd_revision().await {
+            Ok(current) => StoreError::FutureRevision { requested, current },
+            Err(error) => error,
+        }
+    }
+
+    /// Runs a transaction comparing `compare` and doing `then`, reading the key otherwise.
+    /// Returns the response on success, or the key's current state on failure.
+    async fn txn(
+        &self,
+        key: &[u8],
+        compare: Compare,
+        then: TxnOp,
+        what: &str,
+    ) -> Result<Result<etcd_client::TxnResponse, Option<KeyValue>>, StoreError> {
+        let txn = Txn::new()
+            .when([compare])
+            .and_then([then])
+            .or_else([TxnOp::get(key, None)]);
+        let response = self
+            .client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| backend(what, e))?;
+        if response.succeeded() {
+            return Ok(Ok(response));
+        }
+        let current = response
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(get.kvs().first().and_then(|kv| self.kv(kv))),
+                _ => None,
+            })
+            .flatten();
+        Ok(Err(current))
+    }
+
+    /// The compare guarding an update or delete.
+    fn guard(key: &[u8], expected: Option<u64>) -> Compare {
+        match expected {
+            Some(expected) => Compare::mod_revision(key, CompareOp::Equal, rev_i64(expected)),
+            None => Compare::create_revision(key, CompareOp::Greater, 0),
+        }
+    }
+
+    fn refused(key: &str, expected: Option<u64>, current: Option<KeyValue>) -> StoreError {
+        match (current, expected) {
+            (Some(current), Some(expected)) => StoreError::Conflict {
+                key: key.to_owned(),
+                expected,
+                actual: current.mod_revision,
+            },
+            _ => StoreError::NotFound {
+                key: key.to_owned(),
+            },
+        }
+    }
+}
+
+/// Follows every change under the namespace into the window, re-establishing the etcd
+/// watch after errors from the last published revision.
+async fn feed(inner: Arc<Inner>) {
+    let range_end = prefix_end(inner.namespace.as_bytes()).unwrap_or_else(|| vec![0]);
+    // etcd refuses an empty key; "\0" up to "\0" means every key.
+    let watch_key = if inner.namespace.is_empty() {
+        vec![0]
+    } else {
+        inner.namespace.as_bytes().to_vec()
+    };
+    loop {
+        let from = *inner.published.borrow() + 1;
+        let options = WatchOptions::new()
+            .with_range(range_end.clone())
+            .with_start_revision(rev_i64(from))
+            .with_prev_key()
+            .with_progress_notify();
+        let mut stream = match inner
+            .client
+            .watch_client()
+            .watch(watch_key.clone(), Some(options))
+            .await
+        {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::debug!(%error, "etcd: the watch feed could not start; retrying");
+                tokio::time::sleep(FEED_RETRY).await;
+                continue;
+            }
+        };
+        loop {
+            let message = tokio::select! {
+                message = stream.message() => message,
+                () = inner.progress.notified() => {
+                    if stream.request_progress().await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            let response = match message {
+                Ok(Some(response)) => response,
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::debug!(%error, "etcd: the watch feed broke; re-watching");
+                    break;
+                }
+            };
+            if response.canceled() {
+                let compacted = u64::try_from(response.compact_revision()).unwrap_or(0);
+                if compacted > 0 {
+                    // The history this server's watchers still needed is gone: end them (they
+                    // re-list, as after a 410) and follow on from the current revision.
+                    match inner.etcd_revision().await {
+                        Ok(current) => {
+                            tracing::warn!(
+                                compacted,
+                                current,
+                                "etcd: the watch feed fell behind a compaction; ending watchers"
+                            );
+                            inner.compacted.fetch_max(compacted, Ordering::AcqRel);
+                            inner.window.reset(current);
+                            inner.published.send_replace(current);
+                        }
+                        Err(_) => tokio::time::sleep(FEED_RETRY).await,
+                    }
+                }
+                break;
+            }
+            if response.created() {
+                continue;
+            }
+            let events = response.events();
+            if events.is_empty() {
+                // A progress notification: every event up to its revision was delivered.
+                let at = revision(response.header());
+                inner.published.send_if_modified(|published| {
+                    let raise = at > *published;
+                    *published = (*published).max(at);
+                    raise
+                });
+                continue;
+            }
+            let mut last = 0;
+            let mut out = Vec::with_capacity(events.len());
+            for event in events {
+                let Some(kv) = event.kv() else { continue };
+                let rev = u64::try_from(kv.mod_revision()).unwrap_or(0);
+                last = last.max(rev);
+                let Some(key) = inner.store_key(kv.key()) else {
+                    continue;
+                };
+                let prev_value = event.prev_kv().and_then(|prev| inner.kv(prev));
+                let put = event.event_type() == etcd_client::EventType::Put;
+                out.push(WatchEvent {
+                    kind: if put {
+                        EventKind::Put
+                    } else {
+                        EventKind::Delete
+                    },
+                    key,
+                    value: put.then(|| Bytes::copy_from_slice(kv.value())),
+                    create_revision: if put {
+                        u64::try_from(kv.create_revision()).unwrap_or(0)
+                    } else {
+                        prev_value.as_ref().map_or(0, |p| p.create_revision)
+                    },
+                    prev_value,
+                    revision: rev,
+                });
+            }
+            inner.window.publish(out);
+            inner.published.send_if_modified(|published| {
+                let raise = last > *published;
+                *published = (*published).max(last);
+                raise
+            });
+        }
+        tokio::time::sleep(FEED_RETRY).await;
+    }
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let inner = &self.inner;
+        let response = inner
+            .client
+            .kv_client()
+            .get(inner.key(key), None)
+            .await
+            .map_err(|e| backend("get", e))?;
+        Ok(response.kvs().first().and_then(|kv| inner.kv(kv)))
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: Option<usize>,
+        at_revision: Option<u64>,
+    ) -> Result<ListResult, StoreError> {
+        let inner = &self.inner;
+        let full_prefix = inner.key(prefix);
+        let start = match start_after {
+            Some(after) if after >= prefix => {
+                let mut start = inner.key(after);
+                start.push(0);
+                start
+            }
+            _ => full_prefix.clone(),
+        };
+        let end = prefix_end(&full_prefix).unwrap_or_else(|| vec![0]);
+        let mut options = GetOptions::new().with_range(end);
+        if let Some(limit) = limit.filter(|&l| l > 0) {
+            options = options.with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        }
+        if let Some(at) = at_revision.filter(|&at| at > 0) {
+            options = options.with_revision(rev_i64(at));
+        }
+        // etcd refuses an empty key; "\0" up to "\0" means every key.
+        let start = if start.is_empty() { vec![0] } else { start };
+        let response = match inner.client.kv_client().get(start, Some(options)).await {
+            Ok(response) => response,
+            Err(error) if is_compacted(&error) => {
+                return Err(inner.expired(at_revision.unwrap_or(0)).await);
+            }
+            Err(error) if is_future(&error) => {
+                return Err(inner.future(at_revision.unwrap_or(0)).await);
+            }
+            Err(error) => return Err(backend("list", error)),
+        };
+        let items: Vec<KeyValue> = response
+            .kvs()
+            .iter()
+            .filter_map(|kv| inner.kv(kv))
+            .collect();
+        Ok(ListResult {
+            items,
+            revision: at_revision
+                .filter(|&at| at > 0)
+                .unwrap_or_else(|| revision(response.header())),
+            more: response.more(),
+        })
+    }
+
+    async fn create(&self, key: &str, value: Bytes) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        let k = inner.key(key);
+        match inner
+            .txn(
+                &k,
+                Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+                TxnOp::put(k.clone(), value.to_vec(), None),
+                "create",
+            )
+            .await?
+        {
+            Ok(response) => Ok(inner.acknowledged(revision(response.header())).await),
+            Err(_) => Err(StoreError::AlreadyExists {
+                key: key.to_owned(),
+            }),
+        }
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        value: Bytes,
+        expected_mod_revision: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        let k = inner.key(key);
+        match inner
+            .txn(
+                &k,
+                Inner::guard(&k, expected_mod_revision),
+                TxnOp::put(k.clone(), value.to_vec(), Some(PutOptions::new())),
+                "update",
+            )
+            .await?
+        {
+            Ok(response) => Ok(inner.acknowledged(revision(response.header())).await),
+            Err(current) => Err(Inner::refused(key, expected_mod_revision, current)),
+        }
+    }
+
+    async fn delete(
+        &self,
+        key: &str,
+        expected_mod_revision: Option<u64>,
+    ) -> Result<(u64, KeyValue), StoreError> {
+        let inner = &self.inner;
+        let k = inner.key(key);
+        let response = match inner
+            .txn(
+                &k,
+                Inner::guard(&k, expected_mod_revision),
+                TxnOp::delete(
+                    k.clone(),
+                    Some(etcd_client::DeleteOptions::new().with_prev_key()),
+                ),
+                "delete",
+            )
+            .await?
+        {
+            Ok(response) => response,
+            Err(current) => return Err(Inner::refused(key, expected_mod_revision, current)),
+        };
+        let prev = response
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                TxnOpResponse::Delete(delete) => {
+                    delete.prev_kvs().first().and_then(|kv| inner.kv(kv))
+                }
+                _ => None,
+            })
+            .ok_or_else(|| StoreError::NotFound {
+                key: key.to_owned(),
+            })?;
+        let revision = inner.acknowledged(revision(response.header())).await;
+        Ok((revision, prev))
+    }
+
+    async fn current_revision(&self) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        let current = inner.etcd_revision().await?;
+        if inner.await_published(current).await {
+            Ok(current)
+        } else {
+            Err(StoreError::backend(
+                "etcd: the watch feed",
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("events up to revision {current} were not delivered in time"),
+                ),
+            ))
+        }
+    }
+
+    async fn health(&self) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        match tokio::time::timeout(inner.timeout, inner.etcd_revision()).await {
+            Ok(result) => result.map(|_| ()),
+            Err(_) => Err(StoreError::backend(
+                "etcd: health",
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer from etcd"),
+            )),
+        }
+    }
+
+    async fn watch(&self, prefix: &str, from_revision: u64) -> Result<WatchStream, StoreError> {
+        self.inner.window.watch(prefix, from_revision)
+    }
+
+    async fn compact(&self, revision: u64) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let current = inner.etcd_revision().await?;
+        if revision > current {
+            return Err(StoreError::FutureRevision {
+                requested: revision,
+                current,
+            });
+        }
+        if revision <= inner.compacted.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // Upstream's compact.go: only if the compact key is at the version this server last
+        // saw, i.e. no other server compacted since; otherwise adopt that server's turn.
+        let key = inner.compact_key();
+        let seen = inner.compact_version.load(Ordering::Acquire);
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, seen)])
+            .and_then([TxnOp::put(key.clone(), revision.to_string(), None)])
+            .or_else([TxnOp::get(key, None)]);
+        let response = inner
+            .client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| backend("taking the compaction turn", e))?;
+        if !response.succeeded() {
+            if let Some((version, value)) =
+                response.op_responses().into_iter().find_map(|op| match op {
+                    TxnOpResponse::Get(get) => get.kvs().first().map(|kv| {
+                        let value = std::str::from_utf8(kv.value())
+                            .ok()
+                            .and_then(|v| v.parse::<u64>().ok())
+                            .unwrap_or(0);
+                        (kv.version(), value)
+                    }),
+                    _ => None,
+                })
+            {
+                inner.compact_version.store(version, Ordering::Release);
+                inner.compacted.fetch_max(value, Ordering::AcqRel);
+            }
+            return Ok(());
+        }
+        inner.compact_version.store(seen + 1, Ordering::Release);
+        match inner
+            .client
+            .kv_client()
+            .compact(rev_i64(revision), None)
+            .await
+        {
+            Ok(_) => {}
+            // Already compacted at or beyond: etcd's error, a no-op here.
+            Err(error) if is_compacted(&error) => {}
+            Err(error) => return Err(backend("compact", error)),
+        }
+        inner.compacted.fetch_max(revision, Ordering::AcqRel);
+        inner.window.compact(revision);
+        Ok(())
+    }
+}
