@@ -66,6 +66,7 @@
 //! none of the controls stops them.
 
 mod config;
+mod kubelet_api;
 mod node;
 mod pods;
 
@@ -101,6 +102,10 @@ use crate::clock::WallClock;
 pub use config::{
     NodeInfo, NodeResources, PROVIDED_NODE_IP_ANNOTATION, SimConfig, UNINITIALIZED_TAINT_KEY,
     uninitialized_taint,
+};
+pub use kubelet_api::{
+    DEFAULT_KUBELET_PORT, DEFAULT_LOG_INTERVAL, KubeletApiConfig, LOG_INTERVAL_ANNOTATION,
+    LOG_TEMPLATE_ANNOTATION,
 };
 pub use pods::{EXIT_CODE_ANNOTATION, RUN_DURATION_ANNOTATION, parse_run_duration};
 
@@ -295,6 +300,8 @@ struct Shared {
     node_seq: AtomicU64,
     pod_seq: AtomicU64,
     pods: pods::PodTracker,
+    /// The nodes' kubelet API (see [`NodeSimulator::with_kubelet_api`]).
+    kubelet_api: kubelet_api::KubeletApi,
 }
 
 impl Shared {
@@ -392,6 +399,7 @@ impl NodeSimulator {
                 node_seq: AtomicU64::new(0),
                 pod_seq: AtomicU64::new(0),
                 pods: pods::PodTracker::default(),
+                kubelet_api: kubelet_api::KubeletApi::default(),
             }),
         }
     }
@@ -406,6 +414,23 @@ impl NodeSimulator {
         self
     }
 
+    /// Every node serves kubelet's HTTPS API (`/healthz`, `/pods`, `/containerLogs`) on its
+    /// own IP and advertises it in its Node's `status.daemonEndpoints`. Nodes added without
+    /// an IP then get a loopback address of their own (127.1.0.0/16 onwards) instead of one
+    /// of 10.0.0.0/9, so that a request for a node reaches that node's server on this
+    /// machine. Set once, before [`add_nodes`](Self::add_nodes).
+    pub fn with_kubelet_api(self, config: KubeletApiConfig) -> Self {
+        if !self.shared.kubelet_api.enable(config) {
+            tracing::warn!("the kubelet API was already enabled; keeping the first settings");
+        }
+        self
+    }
+
+    /// Where a node's kubelet API listens, once it does.
+    pub fn kubelet_endpoint(&self, node: &str) -> Option<std::net::SocketAddr> {
+        self.shared.kubelet_api.endpoint(node)
+    }
+
     /// Adds nodes to simulate (names, or [`SimNode`]s with zones and IPs). Nodes added
     /// while [`run`](Self::run) is going start at once; names already simulated are
     /// ignored.
@@ -418,6 +443,11 @@ impl NodeSimulator {
             }
             let seq = self.shared.node_seq.fetch_add(1, Ordering::Relaxed);
             let ip = n.ip.unwrap_or_else(|| {
+                if self.shared.kubelet_api.enabled() {
+                    // 127.1.0.0/16 onwards, skipping .0: reachable on this machine.
+                    let base = u32::from(Ipv4Addr::new(127, 1, 0, 1));
+                    return IpAddr::V4(Ipv4Addr::from(base + (seq as u32 & 0xfe_ffff)));
+                }
                 // 10.0.0.0/9, skipping .0.
                 let base = u32::from(Ipv4Addr::new(10, 0, 0, 1));
                 IpAddr::V4(Ipv4Addr::from(base + (seq as u32 & 0x7f_ffff)))

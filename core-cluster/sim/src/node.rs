@@ -21,7 +21,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{NodeState, PROVIDED_NODE_IP_ANNOTATION, Shared, SimConfig, bump};
+use super::{NodeState, PROVIDED_NODE_IP_ANNOTATION, Shared, SimConfig, bump, kubelet_api};
 
 /// Namespace of node Leases.
 pub(super) const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -215,9 +215,14 @@ pub(super) async fn run_node(
             last_ready_shutting_down: false,
             last_status_post: Instant::now(),
         };
+        // The kubelet API listens before registration, so the Node advertises it.
+        if let Err(e) = kubelet_api::start(&k.shared, &k.node, &k.shutdown).await {
+            tracing::warn!(error = %e, "the kubelet API did not start");
+        }
         if !k.register().await {
             return;
         }
+        kubelet_api::advertise(&k.shared, &k.node.name).await;
         k.heartbeat_loop().await;
     }
     .instrument(span)
@@ -524,7 +529,10 @@ pub(super) async fn post_status(
     conditions: Vec<NodeCondition>,
 ) -> bool {
     let api: Api<Node> = Api::all(shared.client_for(node));
-    let patch = json!({"status": {"conditions": conditions}});
+    let mut patch = json!({"status": {"conditions": conditions}});
+    if let Some(endpoints) = kubelet_api::daemon_endpoints(shared, node) {
+        patch["status"]["daemonEndpoints"] = endpoints;
+    }
     match api
         .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
         .await
