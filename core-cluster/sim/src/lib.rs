@@ -105,7 +105,7 @@ pub use config::{
 };
 pub use kubelet_api::{
     DEFAULT_KUBELET_PORT, DEFAULT_LOG_INTERVAL, KubeletApiConfig, LOG_INTERVAL_ANNOTATION,
-    LOG_TEMPLATE_ANNOTATION,
+    LOG_TEMPLATE_ANNOTATION, ServingCa,
 };
 pub use pods::{EXIT_CODE_ANNOTATION, RUN_DURATION_ANNOTATION, parse_run_duration};
 
@@ -429,6 +429,12 @@ impl NodeSimulator {
     /// Where a node's kubelet API listens, once it does.
     pub fn kubelet_endpoint(&self, node: &str) -> Option<std::net::SocketAddr> {
         self.shared.kubelet_api.endpoint(node)
+    }
+
+    /// Container log streams the kubelet APIs hold open now (a stream ends when its
+    /// reader has it all or goes away).
+    pub fn open_log_streams(&self) -> usize {
+        self.shared.kubelet_api.open_log_streams()
     }
 
     /// Adds nodes to simulate (names, or [`SimNode`]s with zones and IPs). Nodes added

@@ -8,7 +8,13 @@
 //! for more: a slow reader holds one line at most, and a reader that goes away drops the
 //! stream and its timer.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use bytes::Bytes;
 use jiff::{SignedDuration, Timestamp};
@@ -34,6 +40,24 @@ pub(crate) struct ContainerLog {
     pub(crate) interval: Duration,
     /// A terminated instance: its last line and when it was written. No line after it.
     pub(crate) ended: Option<(Timestamp, String)>,
+}
+
+/// Counts a log stream while it is open (dropped with the stream, when its reader is done
+/// or gone).
+#[derive(Debug)]
+pub(crate) struct StreamGuard(Arc<AtomicUsize>);
+
+impl StreamGuard {
+    pub(crate) fn new(open: &Arc<AtomicUsize>) -> Self {
+        open.fetch_add(1, Ordering::Relaxed);
+        StreamGuard(open.clone())
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// kubelet's `PodLogOptions` as `/containerLogs` reads them from the query.
@@ -179,6 +203,7 @@ impl ContainerLog {
         options: &LogOptions,
         now: Timestamp,
         clock: crate::clock::WallClock,
+        guard: StreamGuard,
     ) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send + 'static {
         let count = self.numbered_lines_at(now);
         let mut first = options
@@ -200,6 +225,7 @@ impl ContainerLog {
             timestamps: options.timestamps,
             left: options.limit_bytes,
             clock,
+            _guard: guard,
         };
         futures::stream::unfold(state, |mut s| async move {
             let mut chunk = s.next_line().await?;
@@ -229,6 +255,7 @@ struct FollowState {
     timestamps: bool,
     left: Option<u64>,
     clock: crate::clock::WallClock,
+    _guard: StreamGuard,
 }
 
 impl FollowState {
@@ -302,7 +329,12 @@ mod tests {
     async fn collect(log: ContainerLog, options: &LogOptions, now_secs: i64) -> Vec<String> {
         let now = log.started + SignedDuration::from_secs(now_secs);
         let s: Vec<_> = log
-            .stream(options, now, crate::clock::WallClock::new())
+            .stream(
+                options,
+                now,
+                crate::clock::WallClock::new(),
+                StreamGuard::new(&Arc::default()),
+            )
             .collect()
             .await;
         let text: String = s

@@ -54,6 +54,25 @@ pub struct KubeletApiConfig {
     /// simulators sharing one machine never collide. kubelet's own default is
     /// [`DEFAULT_KUBELET_PORT`].
     pub port: u16,
+    /// The CA that issues every node's serving certificate (for the node's name and IP, as
+    /// the `kubernetes.io/kubelet-serving` signer issues them); `None`: each node signs
+    /// its own, as kubelet does without `serverTLSBootstrap`.
+    pub serving_ca: Option<ServingCa>,
+}
+
+/// A CA certificate and its key, in PEM.
+#[derive(Clone)]
+pub struct ServingCa {
+    /// The CA certificate.
+    pub cert_pem: String,
+    /// Its private key.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for ServingCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServingCa").finish_non_exhaustive()
+    }
 }
 
 /// The kubelet API of every node: the settings and the endpoint each node listens on.
@@ -61,6 +80,8 @@ pub struct KubeletApiConfig {
 pub(crate) struct KubeletApi {
     config: std::sync::OnceLock<KubeletApiConfig>,
     endpoints: RwLock<HashMap<String, SocketAddr>>,
+    /// Log streams open now, all nodes together.
+    open_log_streams: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl KubeletApi {
@@ -72,6 +93,12 @@ impl KubeletApi {
     /// Whether nodes serve the API.
     pub(crate) fn enabled(&self) -> bool {
         self.config.get().is_some()
+    }
+
+    /// Log streams open now.
+    pub(crate) fn open_log_streams(&self) -> usize {
+        self.open_log_streams
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Where `node`'s kubelet API listens, once it does.
@@ -112,7 +139,7 @@ pub(crate) async fn start(
     let local = listener
         .local_addr()
         .map_err(|source| KubeletApiError::Bind { addr, source })?;
-    let tls = serving_config(&node.name, node.ip)?;
+    let tls = serving_config(&node.name, node.ip, config.serving_ca.as_ref())?;
     let router = router(shared.clone(), node.clone());
     tokio::spawn(ccm_serving::serve(
         router,
@@ -154,9 +181,57 @@ pub(crate) async fn advertise(shared: &Shared, node: &str) {
     }
 }
 
-fn serving_config(name: &str, ip: IpAddr) -> Result<Arc<rustls::ServerConfig>, KubeletApiError> {
-    let cert = ccm_serving::self_signed(name, &[ip], &[name])
-        .map_err(|e| KubeletApiError::Certificate(e.to_string()))?;
+/// A serving certificate for the node's name and IP issued by `ca`: the leaf, then the CA.
+fn issued_by(ca: &ServingCa, name: &str, ip: IpAddr) -> Result<ccm_serving::CertKey, String> {
+    use rcgen::{
+        CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair,
+        KeyUsagePurpose, SanType,
+    };
+    let ca_key = KeyPair::from_pem(&ca.key_pem).map_err(|e| format!("CA key: {e}"))?;
+    let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key)
+        .map_err(|e| format!("CA certificate: {e}"))?;
+    let now = time::OffsetDateTime::now_utc();
+    let mut leaf = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    // kubelet-serving certificates name `system:node:<name>` in group `system:nodes`.
+    dn.push(DnType::CommonName, format!("system:node:{name}"));
+    dn.push(DnType::OrganizationName, "system:nodes");
+    leaf.distinguished_name = dn;
+    leaf.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.use_authority_key_identifier_extension = true;
+    (leaf.not_before, leaf.not_after) = (
+        now - time::Duration::hours(1),
+        now + time::Duration::days(365),
+    );
+    let dns = name
+        .to_owned()
+        .try_into()
+        .map_err(|e| format!("node name {name:?}: {e}"))?;
+    leaf.subject_alt_names = vec![SanType::DnsName(dns), SanType::IpAddress(ip)];
+    let key = KeyPair::generate().map_err(|e| format!("serving key: {e}"))?;
+    let cert = leaf
+        .signed_by(&key, &issuer)
+        .map_err(|e| format!("serving certificate: {e}"))?;
+    Ok(ccm_serving::CertKey {
+        cert_pem: format!("{}{}", cert.pem(), ca.cert_pem),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+fn serving_config(
+    name: &str,
+    ip: IpAddr,
+    ca: Option<&ServingCa>,
+) -> Result<Arc<rustls::ServerConfig>, KubeletApiError> {
+    let cert = match ca {
+        Some(ca) => issued_by(ca, name, ip).map_err(KubeletApiError::Certificate)?,
+        None => ccm_serving::self_signed(name, &[ip], &[name])
+            .map_err(|e| KubeletApiError::Certificate(e.to_string()))?,
+    };
     let chain: Vec<CertificateDer<'static>> =
         CertificateDer::pem_slice_iter(cert.cert_pem.as_bytes())
             .collect::<Result<_, _>>()
@@ -284,7 +359,8 @@ async fn container_logs(
         Ok(log) => log,
         Err(message) => return text_error(StatusCode::BAD_REQUEST, message),
     };
-    let body = Body::from_stream(log.stream(&options, now, ctx.shared.clock.clone()));
+    let guard = logs::StreamGuard::new(&ctx.shared.kubelet_api.open_log_streams);
+    let body = Body::from_stream(log.stream(&options, now, ctx.shared.clock, guard));
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], body).into_response()
 }
 
