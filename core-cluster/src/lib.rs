@@ -33,7 +33,8 @@
 //!   machinery only: they talk to the server over its API, like any client.
 
 pub use core_cluster_apiserver::{
-    ApiServer, ApiServerConfig, KubeletClientConfig, WatchLimits, api, auth, serve,
+    ApiServer, ApiServerConfig, DEFAULT_PREFERRED_ADDRESS_TYPES, KubeletClientConfig, WatchLimits,
+    api, auth, serve,
 };
 pub use core_cluster_controllers as controllers;
 pub use core_cluster_machinery::{clock, openapi, patch, registry};

@@ -42,25 +42,6 @@ impl Drop for Cluster {
     }
 }
 
-/// A CA (certificate, key) made for the test.
-fn new_ca(name: &str) -> ServingCa {
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, name);
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = params.self_signed(&key).unwrap();
-    ServingCa {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    }
-}
-
 /// The API server over TLS (dialling kubelets by InternalIP, as kubeadm configures
 /// `--kubelet-preferred-address-types`) and a simulator whose nodes serve the kubelet API.
 async fn start(kubelet: KubeletClientConfig, sim_api: KubeletApiConfig, nodes: &[&str]) -> Cluster {
@@ -121,7 +102,8 @@ async fn running_pod(client: &Client, name: &str, node: &str) {
             LOG_TEMPLATE_ANNOTATION: "tick {n} from {pod} on {node}",
             LOG_INTERVAL_ANNOTATION: "100ms",
         }},
-        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "nginx"}]},
+        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "nginx",
+            "env": [{"name": "GREETING", "value": "hello"}]}]},
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
@@ -317,7 +299,7 @@ async fn a_dead_kubelet_is_a_server_error_within_the_kubelet_timeout() {
 /// is reached; one presenting another certificate is refused with a clear error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelets_are_verified_against_the_kubelet_certificate_authority() {
-    let ca = new_ca("kubelet-serving-ca");
+    let ca = ServingCa::generate("kubelet-serving-ca").unwrap();
     let mut kubelet = internal_ip_first();
     kubelet.certificate_authority = Some(ca.cert_pem.clone());
     let trusted = start(
@@ -475,5 +457,116 @@ async fn kubectl_logs_and_logs_follow_work_and_need_get_pods_log() {
     assert!(
         allowed.stdout.starts_with("Started container app"),
         "{allowed:?}"
+    );
+}
+
+/// Runs kubectl with `args`, `stdin` fed to it; (exit code, stdout, stderr).
+async fn kubectl_with_input(
+    c: &Cluster,
+    kubeconfig: &std::path::Path,
+    args: &[&str],
+    stdin: &str,
+) -> (i32, String, String) {
+    let mut command = ccm_testkit::kubectl::command(c.dir.path(), kubeconfig);
+    command
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let input = stdin.to_owned();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = command.spawn().unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(input.as_bytes()).unwrap();
+        drop(pipe);
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// kubectl v1.32 `exec` over WebSocket (`v5.channel.k8s.io`, client-go's
+/// `tools/remotecommand/websocket.go`, the API server splicing the upgrade to the kubelet as
+/// `UpgradeAwareHandler`): the built-in commands see the pod's hostname, files and
+/// environment, stdin reaches the command, exit codes come back through the status channel
+/// (`NonZeroExitCode`), and the WebSocket GET needs `create pods/exec`
+/// (`requestinfo.go`, AuthorizePodWebsocketUpgradeCreatePermission).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_exec_runs_built_in_commands_over_websocket() {
+    require_kubectl("it runs `kubectl exec`");
+    let c = start(internal_ip_first(), KubeletApiConfig::default(), &["kl-x"]).await;
+    running_pod(&c.client, "web", "kl-x").await;
+    let admin = c.kubeconfig.clone();
+    let run = |args: &'static [&'static str], input: &'static str| {
+        let (c, admin) = (&c, admin.clone());
+        async move { kubectl_with_input(c, &admin, args, input).await }
+    };
+    assert_eq!(
+        run(&["exec", "web", "--", "hostname"], "").await,
+        (0, "web\n".into(), String::new())
+    );
+    let (code, out, _) = run(&["exec", "web", "--", "cat", "/etc/hostname"], "").await;
+    assert_eq!((code, out.as_str()), (0, "web\n"));
+    let (code, out, _) = run(&["exec", "web", "--", "env"], "").await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("GREETING=hello\n") && out.contains("HOSTNAME=web\n"),
+        "{out}"
+    );
+    let (code, out, err) = run(
+        &["exec", "web", "--", "sh", "-c", "echo hi $GREETING; exit 3"],
+        "",
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (3, "hi hello\n"), "{err}");
+    assert!(err.contains("command terminated with exit code 3"), "{err}");
+    let (code, out, err) = run(&["exec", "-i", "web", "--", "cat"], "typed in\n").await;
+    assert_eq!((code, out.as_str()), (0, "typed in\n"), "{err}");
+    let (code, _, err) = run(&["exec", "web", "--", "cat", "/nope"], "").await;
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("cat: /nope: No such file or directory"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["exec", "web", "-c", "nope", "--", "hostname"], "").await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("container nope is not valid for pod web"),
+        "{err}"
+    );
+
+    // RBAC: `get pods/exec` is not enough for the WebSocket GET.
+    let bob = c.server.kubeconfig_for("bob", &[]).unwrap();
+    let bob_path = c.dir.path().join("bob");
+    std::fs::write(&bob_path, bob).unwrap();
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+        "metadata": {"name": "exec-get", "namespace": "default"},
+        "rules": [{"apiGroups": [""], "resources": ["pods", "pods/exec"], "verbs": ["get"]}]}))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "bob"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "exec-get"},
+        "subjects": [{"kind": "User", "name": "bob"}]}))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let (code, _, err) =
+        kubectl_with_input(&c, &bob_path, &["exec", "web", "--", "hostname"], "").await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("cannot create resource \"pods/exec\""),
+        "{err}"
     );
 }

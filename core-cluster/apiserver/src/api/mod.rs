@@ -912,6 +912,13 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
             let response = node_proxy::pod_log(&state, &target, request).await;
             ("CONNECT".to_owned(), "pods".to_owned(), response)
         }
+        Parsed::Resource(target)
+            if std::ptr::eq(target.def, &resources::PODS)
+                && target.subresource.as_deref() == Some("exec") =>
+        {
+            let response = node_proxy::pod_exec(&state, &target, request).await;
+            ("CONNECT".to_owned(), "pods".to_owned(), response)
+        }
         Parsed::Resource(target) => {
             let resource = handlers::metric_resource(&target);
             let (verb, response) = handlers::handle(&state, target, request).await;

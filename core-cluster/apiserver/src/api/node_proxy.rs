@@ -285,7 +285,8 @@ impl KubeletClient {
                 .await
                 .map_err(|e| e.to_string())?;
             tokio::spawn(async move {
-                if let Err(error) = connection.await {
+                // Upgrades (exec over WebSocket) take the connection over once answered.
+                if let Err(error) = connection.with_upgrades().await {
                     tracing::debug!(%error, "kubelet connection ended");
                 }
             });
@@ -532,6 +533,142 @@ async fn pod_log_inner(
         return Err(backend_error(response).await);
     }
     Ok(streamed(response, "text/plain"))
+}
+
+/// `…/pods/{name}/exec`: a WebSocket upgrade handed to the kubelet of the pod's node
+/// (`/exec/{namespace}/{pod}/{container}` with kubelet's `input`/`output`/`error`/`tty`
+/// parameters, `pkg/registry/core/pod/strategy.go ExecLocation`), the two upgraded
+/// connections then spliced (`UpgradeAwareHandler`).
+pub(crate) async fn pod_exec(
+    state: &Arc<ServerState>,
+    target: &Target,
+    request: Request<Body>,
+) -> Response {
+    match pod_exec_inner(state, target, request).await {
+        Ok(response) => response,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn pod_exec_inner(
+    state: &Arc<ServerState>,
+    target: &Target,
+    mut request: Request<Body>,
+) -> Result<Response, ApiError> {
+    if !matches!(*request.method(), Method::GET | Method::POST) {
+        return Err(ApiError::method_not_served());
+    }
+    let (Some(ns), Some(name)) = (target.namespace.as_deref(), target.name.as_deref()) else {
+        return Err(ApiError::no_route(request.uri().path()));
+    };
+    let pairs = query_pairs(&request)?;
+    let pod = get_object(&*state.store, &resources::PODS, Some(ns), name)
+        .await?
+        .1;
+    let asked = pairs
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "container")
+        .map(|(_, v)| v.as_str());
+    let container = log_container(&pod, name, asked)?;
+    let node_name = pod["spec"]["nodeName"].as_str().unwrap_or("");
+    if node_name.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "pod {name} does not have a host assigned"
+        )));
+    }
+    if let Some(phase @ ("Succeeded" | "Failed")) = pod["status"]["phase"].as_str() {
+        return Err(ApiError::bad_request(format!(
+            "cannot exec into a container in a completed pod; current phase is {phase}"
+        )));
+    }
+    let is_upgrade = request
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if !is_upgrade {
+        return Err(ApiError::bad_request("Upgrade request required"));
+    }
+    let node = get_object(&*state.store, &resources::NODES, None, node_name)
+        .await?
+        .1;
+    let mut query: Vec<(&str, &str)> = Vec::new();
+    for (k, v) in &pairs {
+        let kubelet_name = match k.as_str() {
+            "command" => "command",
+            "stdin" => "input",
+            "stdout" => "output",
+            "stderr" => "error",
+            "tty" => "tty",
+            _ => continue,
+        };
+        let value = if kubelet_name == "command" {
+            v.as_str()
+        } else if matches!(v.as_str(), "1" | "true") {
+            "1"
+        } else {
+            continue;
+        };
+        query.push((kubelet_name, value));
+    }
+    let path = format!(
+        "/exec/{ns}/{name}/{container}?{}",
+        serde_urlencoded::to_string(&query).unwrap_or_default()
+    );
+    let mut headers = vec![
+        (header::CONNECTION, HeaderValue::from_static("Upgrade")),
+        (header::UPGRADE, HeaderValue::from_static("websocket")),
+    ];
+    for h in [
+        header::SEC_WEBSOCKET_KEY,
+        header::SEC_WEBSOCKET_VERSION,
+        header::SEC_WEBSOCKET_PROTOCOL,
+    ] {
+        if let Some(v) = request.headers().get(&h) {
+            headers.push((h, v.clone()));
+        }
+    }
+    let client_upgrade = hyper::upgrade::on(&mut request);
+    let mut response = state
+        .kubelet
+        .send(&node, Method::GET, &path, &headers, Body::empty())
+        .await
+        .map_err(ApiError::internal)?;
+    if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+        return Err(backend_error(response).await);
+    }
+    let kubelet_upgrade = hyper::upgrade::on(&mut response);
+    tokio::spawn(async move {
+        let (client, kubelet) = match (client_upgrade.await, kubelet_upgrade.await) {
+            (Ok(c), Ok(k)) => (c, k),
+            (c, k) => {
+                tracing::debug!(
+                    client = c.is_ok(),
+                    kubelet = k.is_ok(),
+                    "exec upgrade failed"
+                );
+                return;
+            }
+        };
+        let (mut client, mut kubelet) = (TokioIo::new(client), TokioIo::new(kubelet));
+        if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut kubelet).await {
+            tracing::debug!(%error, "exec stream ended");
+        }
+    });
+    let mut out = Response::new(Body::empty());
+    *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    for h in [
+        header::CONNECTION,
+        header::UPGRADE,
+        header::SEC_WEBSOCKET_ACCEPT,
+        header::SEC_WEBSOCKET_PROTOCOL,
+    ] {
+        if let Some(v) = response.headers().get(&h) {
+            out.headers_mut().insert(h, v.clone());
+        }
+    }
+    Ok(out)
 }
 
 /// A `nodes/{name}/proxy[/{path}]` request: the node's name (with an optional

@@ -9,7 +9,9 @@
 //! serving certificate is self-signed per node (kubelet without `serverTLSBootstrap`
 //! generates one in `--cert-dir` the same way: a CA and a leaf for the node's name and IPs).
 
+mod exec;
 mod logs;
+mod websocket;
 
 use std::{
     collections::HashMap,
@@ -67,6 +69,39 @@ pub struct ServingCa {
     pub cert_pem: String,
     /// Its private key.
     pub key_pem: String,
+}
+
+impl ServingCa {
+    /// A new CA named `name` (ECDSA P-256, ten years), to issue the kubelets' serving
+    /// certificates and to be given to the API server as `--kubelet-certificate-authority`.
+    pub fn generate(name: &str) -> Result<Self, String> {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyPair,
+            KeyUsagePurpose,
+        };
+        let now = time::OffsetDateTime::now_utc();
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, name);
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        (params.not_before, params.not_after) = (
+            now - time::Duration::hours(1),
+            now + time::Duration::days(3650),
+        );
+        let key = KeyPair::generate().map_err(|e| format!("CA key: {e}"))?;
+        let cert = params
+            .self_signed(&key)
+            .map_err(|e| format!("CA certificate: {e}"))?;
+        Ok(ServingCa {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
 }
 
 impl std::fmt::Debug for ServingCa {
@@ -264,6 +299,10 @@ fn router(shared: Arc<Shared>, node: Arc<NodeState>) -> Router {
             "/containerLogs/{namespace}/{pod}/{container}",
             get(container_logs),
         )
+        .route(
+            "/exec/{namespace}/{pod}/{container}",
+            get(exec_handler).post(exec_handler),
+        )
         .with_state(NodeCtx { shared, node })
 }
 
@@ -436,4 +475,136 @@ fn instance(
         .and_then(|w| w.reason.clone())
         .unwrap_or_else(|| "ContainerCreating".into());
     Err(waiting(&reason))
+}
+
+/// The pod `namespace/name` if it runs on this node, with kubelet's 404 otherwise.
+async fn pod_here(ctx: &NodeCtx, namespace: &str, name: &str) -> Result<Pod, Response> {
+    let api: Api<Pod> = Api::namespaced(ctx.shared.client.clone(), namespace);
+    match api.get_opt(name).await {
+        Ok(Some(p))
+            if p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+                == Some(ctx.node.name.as_str()) =>
+        {
+            Ok(p)
+        }
+        Ok(_) => Err(text_error(
+            StatusCode::NOT_FOUND,
+            format!("pod {name:?} does not exist"),
+        )),
+        Err(e) => Err(text_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+    }
+}
+
+/// `/exec/{namespace}/{pod}/{container}?command=…&input=1&output=1&error=1&tty=1`: a
+/// WebSocket upgrade (the channel protocols of [`websocket::PROTOCOLS`]) running the
+/// command in the simulated container ([`exec`]).
+async fn exec_handler(
+    State(ctx): State<NodeCtx>,
+    Path((namespace, pod_name, container)): Path<(String, String, String)>,
+    Query(query): Query<Vec<(String, String)>>,
+    mut request: axum::extract::Request,
+) -> Response {
+    let flag = |names: &[&str]| {
+        query
+            .iter()
+            .any(|(k, v)| names.contains(&k.as_str()) && matches!(v.as_str(), "1" | "true"))
+    };
+    let argv: Vec<String> = query
+        .iter()
+        .filter(|(k, _)| k == "command")
+        .map(|(_, v)| v.clone())
+        .collect();
+    let (stdin, stdout, stderr, tty) = (
+        flag(&["input", "stdin"]),
+        flag(&["output", "stdout"]),
+        flag(&["error", "stderr"]),
+        flag(&["tty"]),
+    );
+    if argv.is_empty() {
+        return text_error(
+            StatusCode::BAD_REQUEST,
+            "you must specify at least 1 command",
+        );
+    }
+    if !(stdin || stdout || stderr) {
+        return text_error(
+            StatusCode::BAD_REQUEST,
+            "you must specify at least 1 of stdin, stdout, stderr",
+        );
+    }
+    let pod = match pod_here(&ctx, &namespace, &pod_name).await {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let running = pod.status.as_ref().is_some_and(|s| {
+        s.container_statuses
+            .iter()
+            .flatten()
+            .any(|c| c.name == container && c.state.as_ref().is_some_and(|st| st.running.is_some()))
+    });
+    if !running {
+        return text_error(
+            StatusCode::BAD_REQUEST,
+            format!("container {container:?} in pod {pod_name:?} is not running"),
+        );
+    }
+    let headers = request.headers();
+    let upgrade = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let key = headers
+        .get("sec-websocket-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let offered = headers
+        .get(header::SEC_WEBSOCKET_PROTOCOL)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let (true, Some(key)) = (upgrade, key) else {
+        return text_error(
+            StatusCode::BAD_REQUEST,
+            "a WebSocket upgrade is required (SPDY is not served)",
+        );
+    };
+    let Some(protocol) = websocket::choose_protocol(offered) else {
+        return text_error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "none of the offered subprotocols {offered:?} is served: {}",
+                websocket::PROTOCOLS.join(", ")
+            ),
+        );
+    };
+    let on_upgrade = hyper::upgrade::on(&mut request);
+    let container_view = exec::Container::of(&pod, &container);
+    let streams = exec::Streams {
+        stdin,
+        stdout,
+        stderr,
+        tty,
+        protocol,
+    };
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                exec::session(
+                    hyper_util::rt::TokioIo::new(upgraded),
+                    streams,
+                    container_view,
+                    argv,
+                )
+                .await
+            }
+            Err(error) => tracing::debug!(%error, "exec upgrade failed"),
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "Upgrade")
+        .header(header::UPGRADE, "websocket")
+        .header("sec-websocket-accept", websocket::accept_key(&key))
+        .header(header::SEC_WEBSOCKET_PROTOCOL, protocol)
+        .body(Body::empty())
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
