@@ -779,8 +779,10 @@ mod tests {
     /// of the first preferred type, the advertised port or `--kubelet-port`.
     #[test]
     fn the_kubelet_dialled_is_the_nodes_preferred_address_and_advertised_port() {
-        let mut config = KubeletClientConfig::default();
-        config.preferred_address_types = vec!["InternalIP".into(), "Hostname".into()];
+        let config = KubeletClientConfig {
+            preferred_address_types: vec!["InternalIP".into(), "Hostname".into()],
+            ..KubeletClientConfig::default()
+        };
         let client = KubeletClient::new(&config).unwrap();
         let n = node(
             json!([{"type": "Hostname", "address": "n1"}, {"type": "InternalIP", "address": "127.1.0.7"}]),
