@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{Context, bail};
 use core_cluster::{
-    ApiServer, ApiServerConfig, serve,
+    ApiServer, ApiServerConfig, DEFAULT_PREFERRED_ADDRESS_TYPES, KubeletClientConfig, serve,
     store::{MemoryStore, Store},
 };
 use ipnet::IpNet;
@@ -43,13 +43,96 @@ pub(crate) struct ApiServerArgs {
     service_node_port_range: String,
     #[command(flatten)]
     store: crate::flags::StoreArgs,
+    #[command(flatten)]
+    kubelet: KubeletClientArgs,
+}
+
+/// How the API server reaches kubelets for logs and the node proxy: kube-apiserver's
+/// `--kubelet-*` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct KubeletClientArgs {
+    /// Node address types tried in order when dialling a kubelet, comma-separated. Default:
+    /// upstream's Hostname,InternalDNS,InternalIP,ExternalDNS,ExternalIP (the embedded
+    /// cluster: kubeadm's InternalIP,ExternalIP,Hostname, since simulated hostnames do not
+    /// resolve).
+    #[arg(long, value_name = "TYPES", value_delimiter = ',')]
+    kubelet_preferred_address_types: Vec<String>,
+    /// PEM CA bundle the kubelets' serving certificates are verified against; a kubelet
+    /// presenting another certificate is refused. Without it they are not verified, as
+    /// upstream (the embedded cluster gives its own kubelet-serving CA unless this is set).
+    #[arg(long, value_name = "FILE")]
+    kubelet_certificate_authority: Option<PathBuf>,
+    /// PEM client certificate the API server presents to kubelets.
+    #[arg(long, value_name = "FILE", requires = "kubelet_client_key")]
+    kubelet_client_certificate: Option<PathBuf>,
+    /// The private key of `--kubelet-client-certificate`.
+    #[arg(long, value_name = "FILE", requires = "kubelet_client_certificate")]
+    kubelet_client_key: Option<PathBuf>,
+    /// How long dialling a kubelet, its TLS handshake and its answer's headers may take
+    /// (log streams are not bounded).
+    #[arg(long, default_value = "5s", value_parser = crate::flags::parse_duration)]
+    kubelet_timeout: std::time::Duration,
+}
+
+impl KubeletClientArgs {
+    /// The settings, with `default_types` when `--kubelet-preferred-address-types` is not
+    /// given and `default_ca` (PEM) when `--kubelet-certificate-authority` is not.
+    pub(crate) fn config(
+        &self,
+        default_types: &[&str],
+        default_ca: Option<String>,
+    ) -> anyhow::Result<KubeletClientConfig> {
+        let read = |flag: &str, path: &Option<PathBuf>| -> anyhow::Result<Option<String>> {
+            path.as_ref()
+                .map(|p| {
+                    std::fs::read_to_string(p)
+                        .with_context(|| format!("--{flag}: reading {}", p.display()))
+                })
+                .transpose()
+        };
+        const KNOWN: [&str; 5] = DEFAULT_PREFERRED_ADDRESS_TYPES;
+        if let Some(bad) = self
+            .kubelet_preferred_address_types
+            .iter()
+            .find(|t| !KNOWN.contains(&t.as_str()))
+        {
+            bail!(
+                "--kubelet-preferred-address-types: {bad:?} is not one of {}",
+                KNOWN.join(", ")
+            );
+        }
+        let types = if self.kubelet_preferred_address_types.is_empty() {
+            default_types.iter().map(|t| (*t).to_owned()).collect()
+        } else {
+            self.kubelet_preferred_address_types.clone()
+        };
+        Ok(KubeletClientConfig {
+            preferred_address_types: types,
+            certificate_authority: read(
+                "kubelet-certificate-authority",
+                &self.kubelet_certificate_authority,
+            )?
+            .or(default_ca),
+            client_certificate: read(
+                "kubelet-client-certificate",
+                &self.kubelet_client_certificate,
+            )?,
+            client_key: read("kubelet-client-key", &self.kubelet_client_key)?,
+            timeout: self.kubelet_timeout,
+            ..KubeletClientConfig::default()
+        })
+    }
 }
 
 pub(crate) fn parse_config(args: &ApiServerArgs) -> anyhow::Result<ApiServerConfig> {
-    parse_config_from(
+    let mut config = parse_config_from(
         &args.service_cluster_ip_range,
         &args.service_node_port_range,
-    )
+    )?;
+    config.kubelet = args
+        .kubelet
+        .config(&DEFAULT_PREFERRED_ADDRESS_TYPES, None)?;
+    Ok(config)
 }
 
 /// The API server settings from `--service-cluster-ip-range` and `--service-node-port-range`.

@@ -30,7 +30,9 @@ use core_cluster::{
         taint_eviction::TaintEvictionController,
         ttl_after_finished::TtlAfterFinishedController,
     },
-    sim::{NodeSimulator, SimConfig, SimNode, UNINITIALIZED_TAINT_KEY},
+    sim::{
+        KubeletApiConfig, NodeSimulator, ServingCa, SimConfig, SimNode, UNINITIALIZED_TAINT_KEY,
+    },
     store::Store,
 };
 use futures::StreamExt;
@@ -105,6 +107,55 @@ pub(crate) struct EmbeddedArgs {
     /// `--unhealthy-zone-threshold`.
     #[arg(long, default_value_t = 0.55)]
     unhealthy_zone_threshold: f64,
+    /// Whether the simulated nodes serve kubelet's HTTPS API (`kubectl logs`, `get --raw
+    /// /api/v1/nodes/N/proxy/healthz`), each on a loopback address of its own, with a
+    /// serving certificate from the cluster's kubelet-serving CA.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    sim_kubelet_api: bool,
+    #[command(flatten)]
+    kubelet: crate::apiserver::KubeletClientArgs,
+}
+
+/// kubeadm's `--kubelet-preferred-address-types`: the embedded default's, since simulated
+/// hostnames do not resolve.
+const EMBEDDED_ADDRESS_TYPES: [&str; 3] = ["InternalIP", "ExternalIP", "Hostname"];
+
+/// The CA issuing the simulated kubelets' serving certificates, kept beside the cluster's
+/// PKI (`pki/kubelet-serving-ca.{crt,key}`) so a restarted cluster trusts the same CA.
+fn kubelet_serving_ca(data_dir: &std::path::Path) -> anyhow::Result<ServingCa> {
+    let dir = data_dir.join("pki");
+    let (cert, key) = (
+        dir.join("kubelet-serving-ca.crt"),
+        dir.join("kubelet-serving-ca.key"),
+    );
+    if let (Ok(cert_pem), Ok(key_pem)) = (
+        std::fs::read_to_string(&cert),
+        std::fs::read_to_string(&key),
+    ) {
+        return Ok(ServingCa { cert_pem, key_pem });
+    }
+    let ca = ServingCa::generate("kubelet-serving-ca").map_err(anyhow::Error::msg)?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(&cert, &ca.cert_pem).with_context(|| format!("writing {}", cert.display()))?;
+    write_private(&key, &ca.key_pem)?;
+    Ok(ca)
+}
+
+/// Writes a private key readable by its owner only.
+fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// The embedded API server's Service cluster IP range unless `--service-cluster-ip-range`
@@ -352,8 +403,14 @@ fn sim_nodes(args: &EmbeddedArgs, zones: &[String]) -> Vec<SimNode> {
     }
     (0..args.sim_nodes)
         .map(|i| {
-            // 10.0.0.0/9 from .1, as the simulator's own default addresses.
-            let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 1)) + (i as u32 & 0x7f_ffff));
+            // With the kubelet API, 127.1.0.0/16 onwards (loopback: the API server reaches
+            // each node's kubelet on its own address); else 10.0.0.0/9 from .1, as the
+            // simulator's own default addresses.
+            let ip = if args.sim_kubelet_api {
+                Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 1, 0, 1)) + (i as u32 & 0xfe_ffff))
+            } else {
+                Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 1)) + (i as u32 & 0x7f_ffff))
+            };
             SimNode::new(format!("sim-node-{i}"))
                 .zone(zones[i % zones.len()].clone())
                 .ip(IpAddr::V4(ip))
@@ -437,7 +494,7 @@ pub(crate) async fn run(
     ccm.accepted.cidr_allocator_type = None;
     ccm.validate_with(&cloud_provider_app::default_registry().names())
         .map_err(anyhow::Error::msg)?;
-    let apiserver_args = crate::apiserver::parse_config_from(&service_range, "30000-32767")?;
+    let mut apiserver_args = crate::apiserver::parse_config_from(&service_range, "30000-32767")?;
     let zones: Vec<String> = args
         .sim_zones
         .split(',')
@@ -460,6 +517,15 @@ pub(crate) async fn run(
         }
     };
     let store: Arc<dyn Store> = args.store.open(&data_dir).await?;
+    let serving_ca = if args.sim_kubelet_api {
+        Some(kubelet_serving_ca(&data_dir)?)
+    } else {
+        None
+    };
+    apiserver_args.kubelet = args.kubelet.config(
+        &EMBEDDED_ADDRESS_TYPES,
+        serving_ca.as_ref().map(|ca| ca.cert_pem.clone()),
+    )?;
     let server = ApiServer::new(store, apiserver_args).await?;
     // The ccm's RBAC, exactly as deployed: the cluster enforces Node,RBAC and the ccm runs
     // under its service account with the least-privilege role and nothing more.
@@ -649,9 +715,15 @@ pub(crate) async fn run(
     // Each kubelet acts as its own node (`system:node:<name>`), under the Node authorizer
     // and NodeRestriction; the simulator's fleet-wide watches use the loopback client.
     let per_node = server.clone();
-    let simulator = NodeSimulator::new(client.clone(), sim_config).with_node_clients(Arc::new(
+    let mut simulator = NodeSimulator::new(client.clone(), sim_config).with_node_clients(Arc::new(
         move |name: &str| kube::Client::new(per_node.router_as(node_user(name)), "default"),
     ));
+    if let Some(ca) = serving_ca {
+        simulator = simulator.with_kubelet_api(KubeletApiConfig {
+            serving_ca: Some(ca),
+            ..KubeletApiConfig::default()
+        });
+    }
     let node_count = nodes.len();
     simulator.add_nodes(nodes);
     tasks.spawn({

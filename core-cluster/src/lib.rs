@@ -32,7 +32,10 @@
 //! - `core-cluster-controllers` ([`controllers`]) and `core-cluster-sim` ([`sim`]) on the
 //!   machinery only: they talk to the server over its API, like any client.
 
-pub use core_cluster_apiserver::{ApiServer, ApiServerConfig, WatchLimits, api, auth, serve};
+pub use core_cluster_apiserver::{
+    ApiServer, ApiServerConfig, DEFAULT_PREFERRED_ADDRESS_TYPES, KubeletClientConfig, WatchLimits,
+    api, auth, serve,
+};
 pub use core_cluster_controllers as controllers;
 pub use core_cluster_machinery::{clock, openapi, patch, registry};
 pub use core_cluster_sim as sim;

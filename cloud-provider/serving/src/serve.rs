@@ -423,7 +423,9 @@ async fn serve_connection<S: ConnectionSlot>(
             .timer(TokioTimer::new())
             .header_read_timeout(timeouts.header_read)
             .keep_alive(true);
-        drive!(builder.serve_connection(io, service));
+        // Upgrades (WebSocket: exec, attach, port-forward) leave the connection to their
+        // handler once answered 101.
+        drive!(builder.serve_connection(io, service).with_upgrades());
     }
 }
 

@@ -22,4 +22,7 @@ pub(crate) mod storage;
 #[cfg(test)]
 mod layering;
 
-pub use api::{ApiServer, ApiServerConfig, WatchLimits};
+pub use api::{
+    ApiServer, ApiServerConfig, DEFAULT_KUBELET_PORT, DEFAULT_PREFERRED_ADDRESS_TYPES,
+    KubeletClientConfig, WatchLimits,
+};

@@ -71,6 +71,7 @@
 
 mod config;
 mod images;
+mod kubelet_api;
 mod node;
 mod pods;
 mod shutdown;
@@ -117,6 +118,10 @@ pub use shutdown::{
 pub use stages::{
     EXIT_CODE_ANNOTATION, HELM_HOOK_ANNOTATION, RUN_DURATION_ANNOTATION, RunPlan, RunRule,
     RunSelector, default_plan, parse_run_duration, plan as run_plan,
+};
+pub use kubelet_api::{
+    DEFAULT_KUBELET_PORT, DEFAULT_LOG_INTERVAL, KubeletApiConfig, LOG_INTERVAL_ANNOTATION,
+    LOG_TEMPLATE_ANNOTATION, ServingCa,
 };
 
 /// Node annotation controlling a node's heartbeats: `stopped`, `running` or `flapping`.
@@ -318,6 +323,8 @@ struct Shared {
     node_seq: AtomicU64,
     pod_seq: AtomicU64,
     pods: pods::PodTracker,
+    /// The nodes' kubelet API (see [`NodeSimulator::with_kubelet_api`]).
+    kubelet_api: kubelet_api::KubeletApi,
 }
 
 impl Shared {
@@ -415,6 +422,7 @@ impl NodeSimulator {
                 node_seq: AtomicU64::new(0),
                 pod_seq: AtomicU64::new(0),
                 pods: pods::PodTracker::default(),
+                kubelet_api: kubelet_api::KubeletApi::default(),
             }),
         }
     }
@@ -429,6 +437,29 @@ impl NodeSimulator {
         self
     }
 
+    /// Every node serves kubelet's HTTPS API (`/healthz`, `/pods`, `/containerLogs`) on its
+    /// own IP and advertises it in its Node's `status.daemonEndpoints`. Nodes added without
+    /// an IP then get a loopback address of their own (127.1.0.0/16 onwards) instead of one
+    /// of 10.0.0.0/9, so that a request for a node reaches that node's server on this
+    /// machine. Set once, before [`add_nodes`](Self::add_nodes).
+    pub fn with_kubelet_api(self, config: KubeletApiConfig) -> Self {
+        if !self.shared.kubelet_api.enable(config) {
+            tracing::warn!("the kubelet API was already enabled; keeping the first settings");
+        }
+        self
+    }
+
+    /// Where a node's kubelet API listens, once it does.
+    pub fn kubelet_endpoint(&self, node: &str) -> Option<std::net::SocketAddr> {
+        self.shared.kubelet_api.endpoint(node)
+    }
+
+    /// Container log streams the kubelet APIs hold open now (a stream ends when its
+    /// reader has it all or goes away).
+    pub fn open_log_streams(&self) -> usize {
+        self.shared.kubelet_api.open_log_streams()
+    }
+
     /// Adds nodes to simulate (names, or [`SimNode`]s with zones and IPs). Nodes added
     /// while [`run`](Self::run) is going start at once; names already simulated are
     /// ignored.
@@ -441,6 +472,11 @@ impl NodeSimulator {
             }
             let seq = self.shared.node_seq.fetch_add(1, Ordering::Relaxed);
             let ip = n.ip.unwrap_or_else(|| {
+                if self.shared.kubelet_api.enabled() {
+                    // 127.1.0.0/16 onwards, skipping .0: reachable on this machine.
+                    let base = u32::from(Ipv4Addr::new(127, 1, 0, 1));
+                    return IpAddr::V4(Ipv4Addr::from(base + (seq as u32 & 0xfe_ffff)));
+                }
                 // 10.0.0.0/9, skipping .0.
                 let base = u32::from(Ipv4Addr::new(10, 0, 0, 1));
                 IpAddr::V4(Ipv4Addr::from(base + (seq as u32 & 0x7f_ffff)))

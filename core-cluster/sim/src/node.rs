@@ -21,7 +21,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{NodeState, PROVIDED_NODE_IP_ANNOTATION, Shared, SimConfig, bump};
+use super::{NodeState, PROVIDED_NODE_IP_ANNOTATION, Shared, SimConfig, bump, kubelet_api};
 
 /// Namespace of node Leases.
 pub(super) const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -218,9 +218,14 @@ pub(super) async fn run_node(
             last_status_post: Instant::now(),
             last_images_version: 0,
         };
+        // The kubelet API listens before registration, so the Node advertises it.
+        if let Err(e) = kubelet_api::start(&k.shared, &k.node, &k.shutdown).await {
+            tracing::warn!(error = %e, "the kubelet API did not start");
+        }
         if !k.register().await {
             return;
         }
+        kubelet_api::advertise(&k.shared, &k.node.name).await;
         k.heartbeat_loop().await;
     }
     .instrument(span)
@@ -550,7 +555,10 @@ pub(super) async fn post_status(
 /// Posts `status` (strategic merge).
 pub(super) async fn post_status_value(shared: &Shared, node: &str, status: Value) -> bool {
     let api: Api<Node> = Api::all(shared.client_for(node));
-    let patch = json!({ "status": status });
+    let mut patch = json!({ "status": status });
+    if let Some(endpoints) = kubelet_api::daemon_endpoints(shared, node) {
+        patch["status"]["daemonEndpoints"] = endpoints;
+    }
     match api
         .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
         .await

@@ -14,6 +14,7 @@ mod finished_work;
 mod fuzz_inputs;
 mod hardening;
 mod hostile_numbers;
+mod kubelet_api;
 mod node_authorizer;
 mod node_graph_cost;
 mod node_lifecycle;

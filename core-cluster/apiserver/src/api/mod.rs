@@ -9,6 +9,7 @@ pub mod endpoint_reconciler;
 mod handlers;
 pub mod metrics;
 pub mod negotiate;
+mod node_proxy;
 pub mod protobuf;
 mod scale;
 pub mod status;
@@ -54,6 +55,7 @@ use crate::{
     store::Store,
 };
 pub use core_cluster_machinery::health::HealthChecker;
+pub use node_proxy::{DEFAULT_KUBELET_PORT, DEFAULT_PREFERRED_ADDRESS_TYPES, KubeletClientConfig};
 use status::ApiError;
 pub use watch::WatchLimits;
 
@@ -79,6 +81,8 @@ pub struct ApiServerConfig {
     /// (kube-apiserver's `--request-timeout`, 60 s); watches, logs, exec, attach,
     /// port-forward and proxy are not bounded.
     pub request_timeout: Duration,
+    /// How the server reaches kubelets for logs and the node proxy (`--kubelet-*`).
+    pub kubelet: KubeletClientConfig,
 }
 
 impl Default for ApiServerConfig {
@@ -92,6 +96,7 @@ impl Default for ApiServerConfig {
             default_watch_timeout: Duration::from_secs(1800),
             watch_limits: WatchLimits::default(),
             request_timeout: Duration::from_secs(60),
+            kubelet: KubeletClientConfig::default(),
         }
     }
 }
@@ -102,6 +107,9 @@ pub enum StartError {
     /// The store failed while bootstrapping.
     #[error("bootstrapping the API server: {0}")]
     Bootstrap(#[from] ApiError),
+    /// The `--kubelet-*` settings are unusable.
+    #[error("{0}")]
+    KubeletClient(String),
 }
 
 pub(crate) struct ServerState {
@@ -120,6 +128,8 @@ pub(crate) struct ServerState {
     pub(crate) authorizer: Arc<Authorizer>,
     /// Checks of `/livez` added with [`ApiServer::add_livez_checks`].
     pub(crate) livez_checks: parking_lot::RwLock<Vec<Arc<dyn HealthChecker>>>,
+    /// The client of kubelets (logs, node proxy).
+    pub(crate) kubelet: node_proxy::KubeletClient,
 }
 
 /// A Kubernetes-compatible API server over a [`Store`].
@@ -161,6 +171,8 @@ impl ApiServer {
             admission,
             observers,
         );
+        let kubelet =
+            node_proxy::KubeletClient::new(&config.kubelet).map_err(StartError::KubeletClient)?;
         let metrics = metrics::Metrics::default();
         let watchers = Arc::new(watch::Watchers::new(config.watch_limits, &metrics));
         let state = Arc::new(ServerState {
@@ -174,6 +186,7 @@ impl ApiServer {
             watchers,
             authorizer,
             livez_checks: parking_lot::RwLock::default(),
+            kubelet,
         });
         let server = ApiServer { state };
         server.bootstrap().await?;
@@ -869,6 +882,11 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
     let started = tokio::time::Instant::now();
     let path = request.uri().path().to_owned();
     let method = request.method().clone();
+    if let Some((node, tail)) = node_proxy::node_proxy_path(&path) {
+        let response = node_proxy::node_proxy(&state, node, tail, request).await;
+        tracing::debug!(%method, %path, code = response.status().as_u16(), "request");
+        return response;
+    }
     let (verb, resource, response) = match parse_path(&state.registry, &path) {
         Parsed::Discovery(body) if method == Method::GET => (
             "GET".to_owned(),
@@ -887,6 +905,20 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
             let resource = target.def.plural.to_owned();
             let (verb, response) = review(&state, target, request).await;
             (verb, resource, response)
+        }
+        Parsed::Resource(target)
+            if std::ptr::eq(target.def, &resources::PODS)
+                && target.subresource.as_deref() == Some("log") =>
+        {
+            let response = node_proxy::pod_log(&state, &target, request).await;
+            ("CONNECT".to_owned(), "pods".to_owned(), response)
+        }
+        Parsed::Resource(target)
+            if std::ptr::eq(target.def, &resources::PODS)
+                && target.subresource.as_deref() == Some("exec") =>
+        {
+            let response = node_proxy::pod_exec(&state, &target, request).await;
+            ("CONNECT".to_owned(), "pods".to_owned(), response)
         }
         Parsed::Resource(target) => {
             let resource = handlers::metric_resource(&target);

@@ -135,6 +135,18 @@ impl Attributes {
             _ => "",
         }
         .to_owned();
+        // The WebSocket upgrade (a GET) of exec, attach and port-forward is authorized as
+        // `create`, as the POST it replaces (`staging/src/k8s.io/apiserver/pkg/endpoints/
+        // request/requestinfo.go NewRequestInfo`, AuthorizePodWebsocketUpgradeCreatePermission).
+        if attrs.verb == "get"
+            && attrs.resource == "pods"
+            && matches!(
+                attrs.subresource.as_str(),
+                "exec" | "attach" | "portforward"
+            )
+        {
+            attrs.verb = "create".to_owned();
+        }
         // A list or watch of one object by `metadata.name` is about that object.
         if matches!(attrs.verb.as_str(), "list" | "watch")
             && let Some(name) = param("fieldSelector")

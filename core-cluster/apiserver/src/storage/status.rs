@@ -221,6 +221,36 @@ impl ApiError {
         }
     }
 
+    /// 503 `ServiceUnavailable` with a message (a backend such as a kubelet unreachable).
+    pub fn service_unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, "ServiceUnavailable", message)
+    }
+
+    /// The error a backend (a kubelet) answered with `code` and `message`, as
+    /// `k8s.io/apimachinery/pkg/api/errors NewGenericServerResponse` turns it into a Status:
+    /// the reason follows the code, the message is the backend's.
+    pub fn from_backend(code: u16, message: impl Into<String>) -> Self {
+        let reason = match code {
+            400 => "BadRequest",
+            401 => "Unauthorized",
+            403 => "Forbidden",
+            404 => "NotFound",
+            405 => "MethodNotAllowed",
+            409 => "Conflict",
+            422 => "Invalid",
+            429 => "TooManyRequests",
+            503 => "ServiceUnavailable",
+            504 => "Timeout",
+            _ => "InternalError",
+        };
+        let code = if (400..600).contains(&code) {
+            code
+        } else {
+            500
+        };
+        Self::new(code, reason, message)
+    }
+
     /// 410 Expired.
     pub fn expired(message: impl Into<String>) -> Self {
         Self::new(410, "Expired", message)

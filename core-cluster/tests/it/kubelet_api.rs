@@ -1,0 +1,572 @@
+//! The API server → kubelet paths end to end: simulated kubelets serving their HTTPS API
+//! (`pkg/kubelet/server/server.go`), the API server's `pods/log` and `nodes/proxy`
+//! (`pkg/registry/core/pod/rest/log.go`, `pkg/registry/core/node/rest/proxy.go`) over TLS,
+//! driven by kube-rs and by kubectl v1.32.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::Stdio,
+    sync::Arc,
+    time::Duration,
+};
+
+use ccm_testkit::{TestServer, eventually, free_port, kubectl::require_kubectl};
+use core_cluster::{
+    ApiServer, ApiServerConfig, KubeletClientConfig,
+    sim::{
+        KubeletApiConfig, LOG_INTERVAL_ANNOTATION, LOG_TEMPLATE_ANNOTATION, NodeSimulator,
+        ServingCa, SimConfig,
+    },
+    store::MemoryStore,
+};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{
+    Api, Client,
+    api::{LogParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+struct Cluster {
+    server: TestServer,
+    client: Client,
+    sim: NodeSimulator,
+    stop: CancellationToken,
+    dir: tempfile::TempDir,
+    kubeconfig: std::path::PathBuf,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The API server over TLS (dialling kubelets by InternalIP, as kubeadm configures
+/// `--kubelet-preferred-address-types`) and a simulator whose nodes serve the kubelet API.
+async fn start(kubelet: KubeletClientConfig, sim_api: KubeletApiConfig, nodes: &[&str]) -> Cluster {
+    let config = ApiServerConfig {
+        kubelet,
+        ..ApiServerConfig::default()
+    };
+    let api = ApiServer::new(Arc::new(MemoryStore::new()), config)
+        .await
+        .unwrap();
+    let server = TestServer::start(api).await.unwrap();
+    let client = server.admin_client().await.unwrap();
+    let sim = NodeSimulator::new(client.clone(), SimConfig::default()).with_kubelet_api(sim_api);
+    sim.add_nodes(nodes.iter().copied());
+    let stop = CancellationToken::new();
+    tokio::spawn({
+        let (sim, stop) = (sim.clone(), stop.clone());
+        async move { sim.run(stop).await }
+    });
+    for node in nodes {
+        let api: Api<Node> = Api::all(client.clone());
+        eventually(10, "the node advertises its kubelet port", || {
+            let api = api.clone();
+            async move {
+                let n = api.get_opt(node).await.ok()??;
+                let port = n.status?.daemon_endpoints?.kubelet_endpoint?.port;
+                (port > 0).then_some(())
+            }
+        })
+        .await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, server.admin_kubeconfig()).unwrap();
+    Cluster {
+        server,
+        client,
+        sim,
+        stop,
+        dir,
+        kubeconfig,
+    }
+}
+
+fn internal_ip_first() -> KubeletClientConfig {
+    KubeletClientConfig {
+        preferred_address_types: vec!["InternalIP".into(), "Hostname".into()],
+        timeout: Duration::from_secs(2),
+        ..KubeletClientConfig::default()
+    }
+}
+
+/// Creates a pod bound to `node` writing `tick {n}` every 100 ms, and waits until it runs.
+async fn running_pod(client: &Client, name: &str, node: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {
+            LOG_TEMPLATE_ANNOTATION: "tick {n} from {pod} on {node}",
+            LOG_INTERVAL_ANNOTATION: "100ms",
+        }},
+        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "nginx",
+            "env": [{"name": "GREETING", "value": "hello"}]}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    eventually(10, "the pod runs", || {
+        let pods = pods.clone();
+        async move {
+            let p = pods.get(name).await.ok()?;
+            (p.status?.phase.as_deref() == Some("Running")).then_some(())
+        }
+    })
+    .await;
+}
+
+async fn log_error(client: &Client, pod: &str, params: &LogParams) -> kube::core::Status {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    match pods.logs(pod, params).await {
+        Err(kube::Error::Api(s)) => *s,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// `LogREST.Get` through `LogLocation`: the log of the node the pod is bound to, with
+/// `tailLines`, `timestamps` and `limitBytes` handed on to its kubelet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_log_comes_from_the_kubelet_of_its_node() {
+    let c = start(
+        internal_ip_first(),
+        KubeletApiConfig::default(),
+        &["kl-a", "kl-b"],
+    )
+    .await;
+    running_pod(&c.client, "web-b", "kl-b").await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let log = pods.logs("web-b", &LogParams::default()).await.unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    assert!(
+        lines[0].starts_with("Started container app (image nginx) in pod web-b"),
+        "{log}"
+    );
+    assert_eq!(lines[1], "tick 1 from web-b on kl-b", "{log}");
+    let tail = pods
+        .logs(
+            "web-b",
+            &LogParams {
+                tail_lines: Some(1),
+                timestamps: true,
+                ..LogParams::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(tail.lines().count(), 1, "{tail}");
+    let (stamp, text) = tail.trim_end().split_once(' ').unwrap();
+    assert!(stamp.parse::<jiff::Timestamp>().is_ok(), "{tail}");
+    assert!(text.starts_with("tick "), "{tail}");
+    let limited = pods
+        .logs(
+            "web-b",
+            &LogParams {
+                limit_bytes: Some(7),
+                ..LogParams::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(limited, "Started");
+    // The kubelet API of each node is its own server on its own address.
+    let (a, b) = (
+        c.sim.kubelet_endpoint("kl-a").unwrap(),
+        c.sim.kubelet_endpoint("kl-b").unwrap(),
+    );
+    assert_ne!(a.ip(), b.ip());
+}
+
+/// `strategy.go validateContainer` and kubelet's `validateContainerLogStatus`: upstream's
+/// 400 messages; `ValidatePodLogOptions`: 422; an unbound pod has an empty log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_log_requests_get_upstreams_errors() {
+    let c = start(internal_ip_first(), KubeletApiConfig::default(), &["kl-e"]).await;
+    running_pod(&c.client, "web", "kl-e").await;
+    let s = log_error(
+        &c.client,
+        "web",
+        &LogParams {
+            container: Some("nope".into()),
+            ..LogParams::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        (s.code, s.message.as_str()),
+        (400, "container nope is not valid for pod web")
+    );
+    let s = log_error(
+        &c.client,
+        "web",
+        &LogParams {
+            previous: true,
+            ..LogParams::default()
+        },
+    )
+    .await;
+    assert_eq!(s.code, 400);
+    assert_eq!(
+        s.message,
+        "previous terminated container \"app\" in pod \"web\" not found"
+    );
+    let s = log_error(
+        &c.client,
+        "web",
+        &LogParams {
+            since_seconds: Some(-1),
+            ..LogParams::default()
+        },
+    )
+    .await;
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{s:?}");
+    // Not bound yet: `LogLocation` has no location, the log is empty.
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let pending: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "pending"}, "spec": {"containers": [{"name": "app", "image": "x"}]}}),
+    )
+    .unwrap();
+    pods.create(&PostParams::default(), &pending).await.unwrap();
+    assert_eq!(
+        pods.logs("pending", &LogParams::default()).await.unwrap(),
+        ""
+    );
+    let s = log_error(&c.client, "absent", &LogParams::default()).await;
+    assert_eq!(s.code, 404);
+}
+
+/// A node whose kubelet refuses connections, or accepts and never answers, costs a 5xx
+/// within `--kubelet-timeout`, never a hang; a node with no address of a preferred type is
+/// refused with `GetPreferredNodeAddress`'s message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_kubelet_is_a_server_error_within_the_kubelet_timeout() {
+    let c = start(internal_ip_first(), KubeletApiConfig::default(), &[]).await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    // Accepts TCP connections (the backlog) and never speaks TLS.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let cases = [
+        (
+            "refusing",
+            json!([{"type": "InternalIP", "address": "127.0.0.1"}]),
+            free_port(),
+        ),
+        (
+            "silent",
+            json!([{"type": "InternalIP", "address": "127.0.0.1"}]),
+            silent_port,
+        ),
+        (
+            "addressless",
+            json!([{"type": "ExternalIP", "address": "192.0.2.1"}]),
+            10250,
+        ),
+    ];
+    for (name, addresses, port) in cases {
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        let status = json!({"status": {"addresses": addresses,
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}});
+        nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"nodeName": name, "containers": [{"name": "app", "image": "x"}]}}))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let s = log_error(&c.client, name, &LogParams::default()).await;
+        let took = started.elapsed();
+        assert!(s.code >= 500, "{name}: {s:?}");
+        assert!(took < Duration::from_secs(4), "{name}: took {took:?}");
+        match name {
+            "refusing" => assert!(s.message.contains("dial tcp 127.0.0.1:"), "{s:?}"),
+            "silent" => assert!(s.message.contains("Timeout exceeded"), "{s:?}"),
+            _ => assert_eq!(
+                s.message,
+                "no preferred addresses found; known addresses: [{ExternalIP 192.0.2.1}]"
+            ),
+        }
+    }
+    drop(silent);
+}
+
+/// `--kubelet-certificate-authority`: a kubelet whose serving certificate that CA issued
+/// is reached; one presenting another certificate is refused with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelets_are_verified_against_the_kubelet_certificate_authority() {
+    let ca = ServingCa::generate("kubelet-serving-ca").unwrap();
+    let mut kubelet = internal_ip_first();
+    kubelet.certificate_authority = Some(ca.cert_pem.clone());
+    let trusted = start(
+        kubelet.clone(),
+        KubeletApiConfig {
+            serving_ca: Some(ca),
+            ..KubeletApiConfig::default()
+        },
+        &["kl-ca"],
+    )
+    .await;
+    running_pod(&trusted.client, "web", "kl-ca").await;
+    let pods: Api<Pod> = Api::namespaced(trusted.client.clone(), "default");
+    let log = pods.logs("web", &LogParams::default()).await.unwrap();
+    assert!(log.starts_with("Started container app"), "{log}");
+
+    // Self-signed kubelets (no serving CA) are not trusted by that CA.
+    let untrusted = start(kubelet, KubeletApiConfig::default(), &["kl-self"]).await;
+    running_pod(&untrusted.client, "web", "kl-self").await;
+    let s = log_error(&untrusted.client, "web", &LogParams::default()).await;
+    assert_eq!(s.code, 500, "{s:?}");
+    assert!(s.message.contains("failed to verify certificate"), "{s:?}");
+}
+
+/// `nodes/{name}/proxy/healthz` reaches the node's kubelet (`kubectl get --raw`); a path
+/// that would leave the kubelet's tree or a port that is not the kubelet's is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_proxy_reaches_the_nodes_kubelet_and_nothing_else() {
+    require_kubectl("it runs `kubectl get --raw /api/v1/nodes/N/proxy/healthz`");
+    let c = start(internal_ip_first(), KubeletApiConfig::default(), &["kl-p"]).await;
+    let out = ccm_testkit::kubectl::kubectl(
+        c.dir.path(),
+        &c.kubeconfig,
+        &["get", "--raw", "/api/v1/nodes/kl-p/proxy/healthz"],
+    )
+    .await;
+    assert!(out.success, "{out:?}");
+    assert_eq!(out.stdout, "ok");
+    let pods = ccm_testkit::kubectl::kubectl(
+        c.dir.path(),
+        &c.kubeconfig,
+        &["get", "--raw", "/api/v1/nodes/kl-p/proxy/pods"],
+    )
+    .await;
+    assert!(pods.stdout.contains("\"kind\":\"PodList\""), "{pods:?}");
+    for path in [
+        "/api/v1/nodes/kl-p/proxy/..%2f..%2fapi",
+        "/api/v1/nodes/kl-p/proxy/%2e%2e/x",
+        "/api/v1/nodes/kl-p:1/proxy/healthz",
+        "/api/v1/nodes/http:kl-p:1/proxy/healthz",
+    ] {
+        let request = axum::http::Request::get(path).body(Vec::new()).unwrap();
+        match c.client.request_text(request).await {
+            Err(kube::Error::Api(s)) => assert_eq!(s.code, 400, "{path}: {s:?}"),
+            other => panic!("{path}: {other:?}"),
+        }
+    }
+}
+
+/// kubectl v1.32 `logs`, `logs -f` (a follower sees each new line as it is written) and
+/// RBAC on `get pods/log` (`plugin/pkg/auth/authorizer/rbac`): reading the pod is not
+/// enough. A follower that goes away frees its stream on the kubelet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_logs_and_logs_follow_work_and_need_get_pods_log() {
+    require_kubectl("it runs `kubectl logs` and `kubectl logs -f`");
+    let c = start(internal_ip_first(), KubeletApiConfig::default(), &["kl-k"]).await;
+    running_pod(&c.client, "web", "kl-k").await;
+    let out =
+        ccm_testkit::kubectl::kubectl(c.dir.path(), &c.kubeconfig, &["logs", "web", "--tail=2"])
+            .await;
+    assert!(out.success, "{out:?}");
+    assert_eq!(out.stdout.lines().count(), 2, "{out:?}");
+
+    // logs -f: lines arrive as they are written, the stream stays open.
+    let mut child = ccm_testkit::kubectl::command(c.dir.path(), &c.kubeconfig)
+        .args(["logs", "-f", "web", "--tail=1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let lines = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .take(4)
+            .collect::<Result<Vec<String>, _>>()
+    });
+    let lines = tokio::time::timeout(Duration::from_secs(10), lines)
+        .await
+        .expect("logs -f shows new lines")
+        .unwrap()
+        .unwrap();
+    let numbers: Vec<u64> = lines
+        .iter()
+        .map(|l| l.split(' ').nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1), "{lines:?}");
+    assert_eq!(c.sim.open_log_streams(), 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    eventually(10, "the kubelet frees the follower's stream", || async {
+        (c.sim.open_log_streams() == 0).then_some(())
+    })
+    .await;
+
+    // RBAC: get pods without get pods/log is refused.
+    let alice = c.server.kubeconfig_for("alice", &[]).unwrap();
+    let alice_path = c.dir.path().join("alice");
+    std::fs::write(&alice_path, alice).unwrap();
+    let rbac = |rules: serde_json::Value| {
+        json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "reader", "namespace": "default"}, "rules": rules})
+    };
+    let roles: Api<k8s_openapi::api::rbac::v1::Role> = Api::namespaced(c.client.clone(), "default");
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(rbac(
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]),
+    ))
+    .unwrap();
+    roles.create(&PostParams::default(), &role).await.unwrap();
+    let bindings: Api<k8s_openapi::api::rbac::v1::RoleBinding> =
+        Api::namespaced(c.client.clone(), "default");
+    let binding = serde_json::from_value(json!({"metadata": {"name": "alice"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
+        "subjects": [{"kind": "User", "name": "alice"}]}))
+    .unwrap();
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let refused = ccm_testkit::kubectl::kubectl(c.dir.path(), &alice_path, &["logs", "web"]).await;
+    assert!(!refused.success, "{refused:?}");
+    assert!(
+        refused.stderr.contains(
+            "cannot get resource \"pods/log\" in API group \"\" in the namespace \"default\""
+        ),
+        "{refused:?}"
+    );
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(rbac(json!([
+        {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]}
+    ])))
+    .unwrap();
+    roles
+        .replace("reader", &PostParams::default(), &role)
+        .await
+        .unwrap();
+    let allowed = eventually(10, "alice may read the log", || {
+        let (dir, path) = (c.dir.path().to_owned(), alice_path.clone());
+        async move {
+            let out = ccm_testkit::kubectl::kubectl(&dir, &path, &["logs", "web"]).await;
+            out.success.then_some(out)
+        }
+    })
+    .await;
+    assert!(
+        allowed.stdout.starts_with("Started container app"),
+        "{allowed:?}"
+    );
+}
+
+/// Runs kubectl with `args`, `stdin` fed to it; (exit code, stdout, stderr).
+async fn kubectl_with_input(
+    c: &Cluster,
+    kubeconfig: &std::path::Path,
+    args: &[&str],
+    stdin: &str,
+) -> (i32, String, String) {
+    let mut command = ccm_testkit::kubectl::command(c.dir.path(), kubeconfig);
+    command
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let input = stdin.to_owned();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = command.spawn().unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(input.as_bytes()).unwrap();
+        drop(pipe);
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// kubectl v1.32 `exec` over WebSocket (`v5.channel.k8s.io`, client-go's
+/// `tools/remotecommand/websocket.go`, the API server splicing the upgrade to the kubelet as
+/// `UpgradeAwareHandler`): the built-in commands see the pod's hostname, files and
+/// environment, stdin reaches the command, exit codes come back through the status channel
+/// (`NonZeroExitCode`), and the WebSocket GET needs `create pods/exec`
+/// (`requestinfo.go`, AuthorizePodWebsocketUpgradeCreatePermission).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_exec_runs_built_in_commands_over_websocket() {
+    require_kubectl("it runs `kubectl exec`");
+    let c = start(internal_ip_first(), KubeletApiConfig::default(), &["kl-x"]).await;
+    running_pod(&c.client, "web", "kl-x").await;
+    let admin = c.kubeconfig.clone();
+    let run = |args: &'static [&'static str], input: &'static str| {
+        let (c, admin) = (&c, admin.clone());
+        async move { kubectl_with_input(c, &admin, args, input).await }
+    };
+    assert_eq!(
+        run(&["exec", "web", "--", "hostname"], "").await,
+        (0, "web\n".into(), String::new())
+    );
+    let (code, out, _) = run(&["exec", "web", "--", "cat", "/etc/hostname"], "").await;
+    assert_eq!((code, out.as_str()), (0, "web\n"));
+    let (code, out, _) = run(&["exec", "web", "--", "env"], "").await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("GREETING=hello\n") && out.contains("HOSTNAME=web\n"),
+        "{out}"
+    );
+    let (code, out, err) = run(
+        &["exec", "web", "--", "sh", "-c", "echo hi $GREETING; exit 3"],
+        "",
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (3, "hi hello\n"), "{err}");
+    assert!(err.contains("command terminated with exit code 3"), "{err}");
+    let (code, out, err) = run(&["exec", "-i", "web", "--", "cat"], "typed in\n").await;
+    assert_eq!((code, out.as_str()), (0, "typed in\n"), "{err}");
+    let (code, _, err) = run(&["exec", "web", "--", "cat", "/nope"], "").await;
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("cat: /nope: No such file or directory"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["exec", "web", "-c", "nope", "--", "hostname"], "").await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("container nope is not valid for pod web"),
+        "{err}"
+    );
+
+    // RBAC: `get pods/exec` is not enough for the WebSocket GET.
+    let bob = c.server.kubeconfig_for("bob", &[]).unwrap();
+    let bob_path = c.dir.path().join("bob");
+    std::fs::write(&bob_path, bob).unwrap();
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+        "metadata": {"name": "exec-get", "namespace": "default"},
+        "rules": [{"apiGroups": [""], "resources": ["pods", "pods/exec"], "verbs": ["get"]}]}))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "bob"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "exec-get"},
+        "subjects": [{"kind": "User", "name": "bob"}]}))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let (code, _, err) =
+        kubectl_with_input(&c, &bob_path, &["exec", "web", "--", "hostname"], "").await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("cannot create resource \"pods/exec\""),
+        "{err}"
+    );
+}
