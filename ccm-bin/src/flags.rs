@@ -93,11 +93,9 @@ impl StoreArgs {
         Ok(match self.etcd_options() {
             Some(options) => {
                 let servers = options.endpoints.join(",");
-                std::sync::Arc::new(
-                    core_cluster::store::EtcdStore::connect(options)
-                        .await
-                        .with_context(|| format!("connecting to etcd at {servers}"))?,
-                )
+                core_cluster::store::connect_etcd(options)
+                    .await
+                    .with_context(|| format!("connecting to etcd at {servers}"))?
             }
             None => std::sync::Arc::new(
                 core_cluster::store::SqliteStore::open(data_dir, self.options())

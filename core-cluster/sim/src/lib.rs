@@ -111,6 +111,10 @@ pub use config::{
     UNINITIALIZED_TAINT_KEY, uninitialized_taint,
 };
 pub use images::{GcOutcome, ImageGcConfig, ImageStore, NODE_STATUS_MAX_IMAGES, image_size};
+pub use kubelet_api::{
+    DEFAULT_KUBELET_PORT, DEFAULT_LOG_INTERVAL, KubeletApiConfig, LOG_INTERVAL_ANNOTATION,
+    LOG_TEMPLATE_ANNOTATION, ServingCa,
+};
 pub use shutdown::{
     SYSTEM_CRITICAL_PRIORITY, ShutdownPriorityGroup, group_by_priority, pod_priority,
     shutdown_groups,
@@ -118,10 +122,6 @@ pub use shutdown::{
 pub use stages::{
     EXIT_CODE_ANNOTATION, HELM_HOOK_ANNOTATION, RUN_DURATION_ANNOTATION, RunPlan, RunRule,
     RunSelector, default_plan, parse_run_duration, plan as run_plan,
-};
-pub use kubelet_api::{
-    DEFAULT_KUBELET_PORT, DEFAULT_LOG_INTERVAL, KubeletApiConfig, LOG_INTERVAL_ANNOTATION,
-    LOG_TEMPLATE_ANNOTATION, ServingCa,
 };
 
 /// Node annotation controlling a node's heartbeats: `stopped`, `running` or `flapping`.

@@ -24,7 +24,6 @@
 //! compacted revision is created and then cancelled with the compact revision, which ends
 //! this server's watchers (they re-list, as after a 410) and restarts the feed.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
@@ -37,57 +36,13 @@ use etcd_client::{
 };
 use tokio::sync::Notify;
 
+use std::path::PathBuf;
+
+use super::etcd_options::{COMPACT_KEY, EtcdOptions};
 use super::window::WatchWindow;
 use super::{
-    EventKind, KeyValue, ListResult, Store, StoreError, WatchConfig, WatchEvent, WatchStream,
-    prefix_end,
+    EventKind, KeyValue, ListResult, Store, StoreError, WatchEvent, WatchStream, prefix_end,
 };
-
-/// The key, under the namespace, through which API servers sharing an etcd take turns at
-/// compaction (upstream: `compactRevKey` in `etcd3/compact.go`). Its value is the last
-/// compacted revision and its version counts compactions.
-pub const COMPACT_KEY: &str = "compact_rev_key";
-
-/// Client certificates and CA for an etcd reached over TLS (kube-apiserver's
-/// `--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EtcdTls {
-    /// The CA bundle (PEM) that signed etcd's serving certificates.
-    pub ca_file: Option<PathBuf>,
-    /// The client certificate (PEM) presented to etcd.
-    pub cert_file: Option<PathBuf>,
-    /// The client certificate's private key (PEM).
-    pub key_file: Option<PathBuf>,
-}
-
-/// How to reach etcd and how to lay the store out in it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EtcdOptions {
-    /// The etcd members' client URLs (`http://127.0.0.1:2379`, or `https://…` with [`tls`](Self::tls)).
-    pub endpoints: Vec<String>,
-    /// Prepended to every key, so several clusters can share one etcd (empty: keys as given,
-    /// so the API server's `/registry/…` keys land where kube-apiserver's default
-    /// `--etcd-prefix=/registry` puts them).
-    pub namespace: String,
-    /// TLS towards etcd, when any of its files is given.
-    pub tls: EtcdTls,
-    /// The watch window's sizes.
-    pub watch: WatchConfig,
-    /// The deadline of each request to etcd; an unreachable etcd fails requests after it.
-    pub request_timeout: Duration,
-}
-
-impl Default for EtcdOptions {
-    fn default() -> Self {
-        Self {
-            endpoints: vec!["http://127.0.0.1:2379".into()],
-            namespace: String::new(),
-            tls: EtcdTls::default(),
-            watch: WatchConfig::default(),
-            request_timeout: Duration::from_secs(5),
-        }
-    }
-}
 
 /// How long a write waits for its own event to come back through the feed before it is
 /// acknowledged anyway (the write is committed in etcd; only this server's watchers lag).

@@ -75,12 +75,16 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::Stream;
 
+#[cfg(feature = "etcd")]
 mod etcd;
+mod etcd_options;
 mod memory;
 mod sqlite;
 mod window;
 
-pub use etcd::{COMPACT_KEY, EtcdOptions, EtcdStore, EtcdTls};
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdStore;
+pub use etcd_options::{COMPACT_KEY, ETCD_SUPPORTED, EtcdOptions, EtcdTls, connect_etcd};
 pub use memory::MemoryStore;
 pub use sqlite::{SqliteOptions, SqliteStore};
 
