@@ -51,7 +51,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run core-cluster's Kubernetes API server (kubectl and kube-rs work against it).
-    Apiserver(crate::apiserver::ApiServerArgs),
+    Apiserver(Box<crate::apiserver::ApiServerArgs>),
     /// List the cloud providers linked into this binary.
     Providers,
     /// Run the provider conformance kit against a cloud provider and print the report.
@@ -92,7 +92,7 @@ pub(crate) fn main() -> ExitCode {
     cloud_provider_app::init_logging_for(&cli.ccm);
     let result = match cli.command {
         None => manage(cli.ccm, cli.embedded, cli.ipam, &matches),
-        Some(Command::Apiserver(args)) => apiserver(args),
+        Some(Command::Apiserver(args)) => apiserver(*args),
         Some(Command::Providers) => providers(),
         Some(Command::Conformance(args)) => conformance(args),
     };
