@@ -296,7 +296,7 @@ fn meant_to_end(pod: &Pod) -> bool {
     job_owned || helm_test || (restart_policy(pod) != "Always" && has_command)
 }
 
-/// The built-in plan (step 3 of the [module documentation](self)).
+/// The built-in plan (step 3 of the order [`plan`] follows: annotations, then rules, then this).
 pub fn default_plan(pod: &Pod, default_run: Duration) -> RunPlan {
     if !meant_to_end(pod) {
         return RunPlan::Forever;

@@ -65,7 +65,7 @@ struct Inner {
     timeout: Duration,
 }
 
-/// A [`Store`] on etcd v3. See the [module docs](self).
+/// A [`Store`] on etcd v3 (how the store maps onto etcd: the [crate docs](crate)).
 pub struct EtcdStore {
     inner: Arc<Inner>,
     feed: tokio::task::JoinHandle<()>,

@@ -49,7 +49,7 @@ pub const DEFAULT_KUBELET_PORT: u16 = 10250;
 /// The most TLS handshakes one simulated kubelet runs at once.
 const MAX_HANDSHAKES: usize = 64;
 
-/// Settings of the simulated kubelets' HTTPS API (see the [module documentation](self)).
+/// Settings of the simulated kubelets' HTTPS API (the module's documentation says what each path does).
 #[derive(Debug, Clone, Default)]
 pub struct KubeletApiConfig {
     /// The port every node listens on; 0 (the default): a free port per node, so that
