@@ -1758,14 +1758,16 @@ async fn owned_load_balancers_are_listed_by_the_cluster_tag_and_deleted_whole() 
         .iter()
         .map(|id| Arc::new(node(id)))
         .collect();
+    // The load balancer's name is "a" + the uid without dashes, cut at 32 characters
+    // (upstream's `GetLoadBalancerName`): the uids differ early, so the names differ.
     let kept = service(
         "kept",
-        "5a1e0000-0000-4000-8000-0000000000a1",
+        "5a1e00a1-0000-4000-8000-000000000000",
         &[("TCP", 80, 30080)],
     );
     let leaked = service(
         "leaked",
-        "5a1e0000-0000-4000-8000-0000000000a2",
+        "5a1e00a2-0000-4000-8000-000000000000",
         &[("TCP", 80, 30081)],
     );
     lbs.ensure_load_balancer(CLUSTER, &kept, &nodes).await?;
