@@ -308,7 +308,10 @@ async fn an_unauthorized_region_is_not_asked_again_and_metadata_still_comes_back
 #[tokio::test]
 async fn a_failure_is_remembered_for_the_backoff_then_asked_again() -> anyhow::Result<()> {
     let id = instance_id(9);
-    let backoff = Duration::from_secs(2);
+    // The fake EC2 answers over a real socket, so this is wall-clock time (paused time cannot
+    // apply): the backoff is long enough that three syncs fit in it on a loaded CI machine,
+    // where 2 s was once too short.
+    let backoff = Duration::from_secs(10);
     let (ec2, cloud) = fake_failing(
         &[(id.clone(), "hpc7g.16xlarge")],
         Some((500, "InternalError")),
