@@ -226,6 +226,54 @@ fn pod() -> TypeNode {
     kind([("spec", pod_spec()), ("status", pod_status())])
 }
 
+/// A `PodTemplateSpec`: the metadata and spec of the pods a workload creates.
+fn pod_template() -> TypeNode {
+    obj([("metadata", object_meta()), ("spec", pod_spec())])
+}
+
+/// A workload kind (Deployment, ReplicaSet, DaemonSet, StatefulSet, Job,
+/// ReplicationController): `spec.template` is a pod template and `status.conditions`
+/// merge by `type`, as their Go types' tags say.
+fn workload(extra_spec: TypeNode) -> TypeNode {
+    let TypeNode::Object(mut spec) = extra_spec else {
+        unreachable!("workload specs are objects")
+    };
+    spec.insert("template", pod_template());
+    kind([
+        ("spec", TypeNode::Object(spec)),
+        ("status", obj([("conditions", conditions())])),
+    ])
+}
+
+fn stateful_set() -> TypeNode {
+    // `volumeClaimTemplates` carries no patch strategy: replaced whole.
+    workload(obj([("volumeClaimTemplates", atomic(TypeNode::Any))]))
+}
+
+fn cron_job() -> TypeNode {
+    kind([
+        (
+            "spec",
+            obj([(
+                "jobTemplate",
+                obj([
+                    ("metadata", object_meta()),
+                    ("spec", obj([("template", pod_template())])),
+                ]),
+            )]),
+        ),
+        ("status", obj([("active", atomic(TypeNode::Any))])),
+    ])
+}
+
+fn pod_template_kind() -> TypeNode {
+    kind([("template", pod_template())])
+}
+
+fn pod_disruption_budget() -> TypeNode {
+    kind([("status", obj([("conditions", conditions())]))])
+}
+
 fn service() -> TypeNode {
     kind([
         (
@@ -312,6 +360,11 @@ static LEASE: LazyLock<TypeNode> = LazyLock::new(lease);
 static ENDPOINT_SLICE: LazyLock<TypeNode> = LazyLock::new(endpoint_slice);
 static EVENTS_EVENT: LazyLock<TypeNode> = LazyLock::new(events_event);
 static GENERIC: LazyLock<TypeNode> = LazyLock::new(generic);
+static WORKLOAD: LazyLock<TypeNode> = LazyLock::new(|| workload(obj([])));
+static STATEFUL_SET: LazyLock<TypeNode> = LazyLock::new(stateful_set);
+static CRON_JOB: LazyLock<TypeNode> = LazyLock::new(cron_job);
+static POD_TEMPLATE: LazyLock<TypeNode> = LazyLock::new(pod_template_kind);
+static POD_DISRUPTION_BUDGET: LazyLock<TypeNode> = LazyLock::new(pod_disruption_budget);
 
 /// The schema of a kind, by API group (`""` for core) and kind name.
 ///
@@ -331,6 +384,13 @@ pub fn schema_for(group: &str, kind: &str) -> &'static TypeNode {
         ("coordination.k8s.io", "Lease") => &LEASE,
         ("discovery.k8s.io", "EndpointSlice") => &ENDPOINT_SLICE,
         ("events.k8s.io", "Event") => &EVENTS_EVENT,
+        ("apps", "Deployment" | "ReplicaSet" | "DaemonSet")
+        | ("batch", "Job")
+        | ("", "ReplicationController") => &WORKLOAD,
+        ("apps", "StatefulSet") => &STATEFUL_SET,
+        ("batch", "CronJob") => &CRON_JOB,
+        ("", "PodTemplate") => &POD_TEMPLATE,
+        ("policy", "PodDisruptionBudget") => &POD_DISRUPTION_BUDGET,
         _ => &GENERIC,
     }
 }

@@ -710,6 +710,83 @@ mod tests {
         );
     }
 
+    /// A `helm upgrade` that changes one env var of a Deployment sends a three-way patch
+    /// with `$setElementOrder` for the containers and their env (helm's
+    /// `CreateThreeWayMergePatch` on the apps/v1 Go type): containers merge by `name`, so
+    /// the container keeps its image. Before workloads had a schema here the containers
+    /// list was replaced whole and the image was lost.
+    #[test]
+    fn a_deployments_pod_template_merges_containers_by_name_as_helm_upgrade_needs() {
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {"template": {"spec": {"containers": [
+            {"name": "web", "image": "nginx:1", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "1"}]}
+        ]}}}});
+        let patch = json!({"spec": {"template": {"spec": {
+            "$setElementOrder/containers": [{"name": "web"}],
+            "containers": [{"$setElementOrder/env": [{"name": "A"}, {"name": "B"}],
+                            "env": [{"name": "A", "value": "2"}], "name": "web"}]
+        }}}});
+        let out = strategic_merge(&deployment, &patch, schema_for("apps", "Deployment"))
+            .expect("patch applies");
+        assert_eq!(
+            out["spec"]["template"]["spec"]["containers"],
+            json!([{"name": "web", "image": "nginx:1",
+                    "env": [{"name": "A", "value": "2"}, {"name": "B", "value": "1"}]}])
+        );
+        for (group, kind) in [
+            ("apps", "ReplicaSet"),
+            ("apps", "DaemonSet"),
+            ("apps", "StatefulSet"),
+            ("batch", "Job"),
+            ("", "ReplicationController"),
+        ] {
+            let mut object = deployment.clone();
+            object["kind"] = json!(kind);
+            let out =
+                strategic_merge(&object, &patch, schema_for(group, kind)).expect("patch applies");
+            assert_eq!(
+                out["spec"]["template"]["spec"]["containers"][0]["image"], "nginx:1",
+                "{group}/{kind}"
+            );
+        }
+        let cron = json!({"kind": "CronJob", "spec": {"jobTemplate": {"spec": {"template":
+            {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}}}}});
+        let out = strategic_merge(
+            &cron,
+            &json!({"spec": {"jobTemplate": {"spec": {"template": {"spec": {"containers":
+                [{"name": "c", "args": ["date"]}]}}}}}}),
+            schema_for("batch", "CronJob"),
+        )
+        .expect("patch applies");
+        assert_eq!(
+            out["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"],
+            json!([{"name": "c", "image": "busybox", "args": ["date"]}])
+        );
+    }
+
+    /// Workload and budget status conditions merge by `type`
+    /// (`DeploymentStatus.Conditions` `patchMergeKey:"type"`).
+    #[test]
+    fn workload_and_budget_conditions_merge_by_type() {
+        for (group, kind) in [("apps", "Deployment"), ("policy", "PodDisruptionBudget")] {
+            let object = json!({"kind": kind, "status": {"conditions": [
+                {"type": "Available", "status": "True"}, {"type": "Progressing", "status": "True"}
+            ]}});
+            let out = strategic_merge(
+                &object,
+                &json!({"status": {"conditions": [{"type": "Available", "status": "False"}]}}),
+                schema_for(group, kind),
+            )
+            .expect("patch applies");
+            assert_eq!(
+                out["status"]["conditions"],
+                json!([{"type": "Available", "status": "False"}, {"type": "Progressing", "status": "True"}]),
+                "{kind}"
+            );
+        }
+    }
+
     #[test]
     fn service_ports_merge_by_port() {
         let svc = json!({"kind": "Service", "spec": {"ports": [{"port": 80, "targetPort": 8080}]}});
