@@ -114,6 +114,16 @@ pub trait CloudProvider: Send + Sync + 'static {
         true
     }
 
+    /// Beyond upstream, optional (the shape of the provisional KEP-5778, several cloud
+    /// controller managers in one cluster): the platforms whose Nodes this provider owns. A
+    /// Node's platform is its `cloudprovider.kubernetes.io/platform` annotation, else its
+    /// provider ID's scheme. The controllers then act only on those Nodes (and never delete
+    /// another platform's). `--cloud-provider-platforms` overrides it. The default, no
+    /// platform, owns every Node, as upstream does.
+    fn supported_platforms(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Load balancers, for the service controller.
     fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
         None

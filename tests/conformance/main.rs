@@ -10,6 +10,7 @@ mod batching;
 mod ccm;
 mod cloud_node;
 mod metrics;
+mod ownership;
 mod provider_kit;
 mod registry;
 mod route;

@@ -16,4 +16,5 @@ mod image;
 mod kubectl;
 mod manage;
 mod nodeipam;
+mod platforms;
 mod support;

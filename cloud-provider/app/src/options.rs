@@ -177,6 +177,14 @@ pub struct CloudControllerManagerOptions {
     /// Path to the provider's configuration file, handed to its factory.
     #[arg(long)]
     pub cloud_config: Option<PathBuf>,
+    /// Beyond upstream (the shape of the provisional KEP-5778, several cloud controller
+    /// managers in one cluster): the platforms whose Nodes this ccm owns, overriding the
+    /// provider's own list. A Node's platform is its `cloudprovider.kubernetes.io/platform`
+    /// annotation, else its provider ID's scheme; every controller acts only on owned Nodes
+    /// and never deletes another's. Default empty: the provider's list, and with none every
+    /// Node, as upstream.
+    #[arg(long, value_delimiter = ',')]
+    pub cloud_provider_platforms: Vec<String>,
     /// Controllers to run: `*` (all on by default), `foo` (enable), `-foo` (disable); the
     /// first mention of a name wins.
     #[arg(long, value_delimiter = ',', default_value = "*")]
@@ -751,6 +759,19 @@ mod tests {
             .err()
             .map(|e| e.0)
             .unwrap_or_default()
+    }
+
+    /// `--cloud-provider-platforms` is a comma-separated list, empty by default (the
+    /// provider's own list, and with none every Node, as upstream).
+    #[test]
+    fn cloud_provider_platforms_is_a_list() {
+        assert!(
+            CloudControllerManagerOptions::default()
+                .cloud_provider_platforms
+                .is_empty()
+        );
+        let o = parse(&["--cloud-provider-platforms", "onprem,edge"]);
+        assert_eq!(o.cloud_provider_platforms, ["onprem", "edge"]);
     }
 
     /// Upstream's defaults (`TestDefaultFlags`).

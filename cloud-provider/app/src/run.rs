@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::{
-    CloudRateLimiter, ControllerContext, ControllerMetrics, EventRecorder, NodeCache,
+    CloudRateLimiter, ControllerContext, ControllerMetrics, EventRecorder, NodeCache, NodeOwnership,
 };
 use crate::delegated::{AccessReviewer, DelegatedAuth, TokenReviewer};
 use crate::kube_client::ControllerClients;
@@ -518,6 +518,15 @@ impl Starter {
         let disabled = self.controllers.disabled_by_default();
         // One Node watch for every controller (upstream's shared informer factory).
         let nodes = NodeCache::new(self.client.clone(), token.clone());
+        // Which Nodes this ccm owns: the flag's platforms, else the provider's.
+        let ownership = if self.options.cloud_provider_platforms.is_empty() {
+            NodeOwnership::of(self.cloud.supported_platforms())
+        } else {
+            NodeOwnership::of(self.options.cloud_provider_platforms.iter().cloned())
+        };
+        if let Some(platforms) = ownership.platforms() {
+            tracing::info!(?platforms, "acting only on the Nodes of these platforms");
+        }
         // Events go through client-go's correlator (spam filter) but, unlike upstream's
         // asynchronous broadcaster, are written inline by the controllers: their writes are
         // not held by --kube-api-qps, so a controller never waits on an Event.
@@ -556,7 +565,8 @@ impl Starter {
             .with_cloud_limiter(self.limiter.clone())
             .with_node_cache(nodes.clone())
             .with_event_recorder(events.clone())
-            .with_metrics(self.controller_metrics.clone());
+            .with_metrics(self.controller_metrics.clone())
+            .with_ownership(ownership.clone());
             match construct(ctx, &self.options) {
                 Err(source) => {
                     return Err(AppError::Controller {

@@ -447,8 +447,22 @@ pub(crate) fn error_code<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse
     }
 }
 
-/// Maps an SDK error to a [`CloudError`] that says which call failed and why: throttling after
-/// the retries becomes a retry-after error, an unreachable endpoint says so.
+/// The delay an HTTP `Retry-After` header asks for, in whole seconds (the only form AWS
+/// endpoints and proxies in front of them send; an HTTP date is ignored).
+fn retry_after_header(response: &HttpResponse) -> Option<Duration> {
+    response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+/// Maps an SDK error to a [`CloudError`] that says which call failed and why. A throttling code
+/// (EC2's `RequestLimitExceeded`, ELBv2's `Throttling`/`ThrottlingException`, …) left after
+/// the SDK's adaptive retries becomes [`CloudError::Throttled`], carrying the response's
+/// `Retry-After` when there is one, so the controller manager's shared cloud limiter lowers its
+/// rate (upstream cloud-provider-aws leaves this to the SDK's retryer alone); an unreachable
+/// endpoint says so.
 pub(crate) fn aws_error<E>(operation: &str, err: SdkError<E, HttpResponse>) -> CloudError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
@@ -459,11 +473,11 @@ where
             let code = se.err().code().unwrap_or("Unknown");
             let message = se.err().message().unwrap_or_default();
             if is_throttling_code(code) {
-                return CloudError::retry_after(
-                    Duration::from_secs(30),
+                return CloudError::throttled(
+                    retry_after_header(se.raw()),
                     format!(
                         "AWS {operation} is throttled ({code}) even after the SDK's adaptive \
-                         retries; backing off: {message}"
+                         retries: {message}"
                     ),
                 );
             }

@@ -9,7 +9,7 @@ use std::{
 
 use async_trait::async_trait;
 use aws_sdk_ec2::types::{Filter, Instance};
-use cloud_provider::{CloudError, CloudResult, InstanceMetadata, InstancesV2};
+use cloud_provider::{CloudError, CloudResult, InstanceMetadata, InstancesV2, ScheduledEvent};
 use futures::{FutureExt, future::BoxFuture, future::Shared};
 use k8s_openapi::api::core::v1::Node;
 use tokio::time::Instant;
@@ -37,14 +37,22 @@ pub(crate) struct Cached {
 
 type BatchOutput = Result<Arc<HashMap<String, Instance>>, Arc<CloudError>>;
 
-/// A copy of an error shared by several callers, keeping its kind and retry delay.
+/// A copy of an error shared by several callers, keeping its kind (throttling included, so the
+/// shared limiter sees it in every caller) and retry delay.
 pub(crate) fn copy_error(err: &CloudError) -> CloudError {
     match err {
         CloudError::RetryAfter {
             retry_after,
             message,
         } => CloudError::retry_after(*retry_after, message.clone()),
+        CloudError::Throttled {
+            retry_after,
+            message,
+        } => CloudError::throttled(*retry_after, message.clone()),
         CloudError::InstanceNotFound => CloudError::InstanceNotFound,
+        other if other.is_throttled() => {
+            CloudError::throttled(other.retry_after_delay(), other.to_string())
+        }
         other => match other.retry_after_delay() {
             Some(delay) => CloudError::retry_after(delay, other.to_string()),
             None => CloudError::message(other.to_string()),
@@ -542,5 +550,11 @@ impl InstancesV2 for AwsCloud {
                 }
             })
             .collect()
+    }
+
+    /// Beyond upstream: EC2's scheduled instance events (DescribeInstanceStatus).
+    #[tracing::instrument(skip_all)]
+    async fn scheduled_events(&self) -> CloudResult<Vec<ScheduledEvent>> {
+        self.inner.scheduled_events().await
     }
 }

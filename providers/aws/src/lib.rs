@@ -16,8 +16,11 @@
 //!   Nodes in a batch; single lookups arriving within 20 ms share one call; a 10 s cache feeds
 //!   load balancers and routes.
 //! - **Throttling**: adaptive retry (client-side rate limiting per service and region), metrics
-//!   of attempts and throttles by operation ([`AwsCloud::metrics`]), and a retry-after error
-//!   once the retries are spent.
+//!   of attempts and throttles by operation ([`AwsCloud::metrics`]), and a
+//!   [`CloudError::Throttled`] error (with the response's `Retry-After`, if any) once the
+//!   retries are spent, so the controller manager's shared cloud limiter lowers its rate.
+//! - **Scheduled events**: `InstancesV2::scheduled_events` from EC2 DescribeInstanceStatus
+//!   events (maintenance, reboots, retirement), for the Node's `MaintenancePlanned` condition.
 //! - **Load balancers**: Network Load Balancers ([`lb`] says what differs from upstream); a
 //!   Classic ELB left by cloud-provider-aws is refused, reported and deleted, never duplicated.
 //! - **Labels**: `topology.k8s.aws/zone-id` from a cached DescribeAvailabilityZones, and
@@ -33,6 +36,7 @@
 
 pub mod client;
 pub mod config;
+mod events;
 pub mod ids;
 mod instances;
 pub mod lb;

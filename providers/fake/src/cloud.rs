@@ -104,6 +104,8 @@ struct Inner {
     batching: bool,
     default_zone: String,
     clusters: BTreeMap<String, String>,
+    /// What `supported_platforms` answers.
+    platforms: Vec<String>,
 }
 
 /// An in-memory cloud of instances, load balancers and routes, registered as `fake`.
@@ -155,6 +157,7 @@ pub struct FakeCloudBuilder {
     routes: Vec<FakeRoute>,
     faults: Vec<FaultRule>,
     quota: Option<(f64, u32)>,
+    platforms: Vec<String>,
 }
 
 impl Default for FakeCloudBuilder {
@@ -170,6 +173,7 @@ impl Default for FakeCloudBuilder {
             routes: Vec::new(),
             faults: Vec::new(),
             quota: None,
+            platforms: Vec::new(),
         }
     }
 }
@@ -237,6 +241,18 @@ impl FakeCloudBuilder {
         self
     }
 
+    /// The platforms whose Nodes this cloud's controller manager owns
+    /// ([`CloudProvider::supported_platforms`]); none (the default) owns every Node. Two fake
+    /// clouds under two platform names stand for two clouds in one cluster.
+    pub fn platforms<I, S>(mut self, platforms: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.platforms = platforms.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Adds a fault rule.
     pub fn fault(mut self, rule: FaultRule) -> Self {
         self.faults.push(rule);
@@ -275,6 +291,7 @@ impl FakeCloudBuilder {
                 batching: self.batching,
                 default_zone: self.default_zone,
                 clusters: self.clusters,
+                platforms: self.platforms,
             }),
         }
     }
@@ -632,6 +649,10 @@ impl Default for FakeCloud {
 impl CloudProvider for FakeCloud {
     fn provider_name(&self) -> &str {
         crate::PROVIDER_NAME
+    }
+
+    fn supported_platforms(&self) -> Vec<String> {
+        self.inner.platforms.clone()
     }
 
     fn load_balancer(&self) -> Option<&dyn LoadBalancer> {

@@ -7,6 +7,7 @@
 //! zone = "fake-zone-a"      # default zone, also what get-zone answers
 //! batching = true           # instance-metadata-batch is one call (false: one per node)
 //! disable = ["routes"]      # parts to report as unsupported
+//! platforms = ["onprem"]    # the Nodes' platforms this cloud's ccm owns (several ccms)
 //!
 //! [[instances]]
 //! id = "i-0001"
@@ -66,6 +67,8 @@ struct ConfigFile {
     batching: bool,
     #[serde(default)]
     disable: Vec<Spanned<String>>,
+    #[serde(default)]
+    platforms: Vec<String>,
     #[serde(default)]
     clusters: BTreeMap<String, String>,
     #[serde(default)]
@@ -205,6 +208,7 @@ pub fn parse(text: &str, path: &str) -> Result<FakeCloud, FakeConfigError> {
     let mut builder = FakeCloud::builder()
         .parts(parts)
         .batching(file.batching)
+        .platforms(file.platforms)
         .clusters(file.clusters);
     if let Some(seed) = file.seed {
         builder = builder.seed(seed);
@@ -362,6 +366,7 @@ pub fn parse(text: &str, path: &str) -> Result<FakeCloud, FakeConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cloud_provider::CloudProvider;
 
     fn err(text: &str) -> FakeConfigError {
         parse(text, "fake.toml").expect_err("config must be rejected")
@@ -463,5 +468,14 @@ times = 1
     fn empty_config_is_an_empty_cloud() {
         let cloud = parse("", "fake.toml").unwrap();
         assert!(cloud.instances().is_empty());
+        assert!(cloud.supported_platforms().is_empty());
+    }
+
+    /// `platforms` is what the provider's `supported_platforms` answers (several ccms in one
+    /// cluster).
+    #[test]
+    fn platforms_are_the_supported_platforms() {
+        let cloud = parse("platforms = [\"onprem\", \"edge\"]\n", "fake.toml").unwrap();
+        assert_eq!(cloud.supported_platforms(), ["onprem", "edge"]);
     }
 }

@@ -170,7 +170,9 @@ impl CloudNodeLifecycleController {
         let names: HashSet<&str> = nodes.iter().map(|n| node_name(n)).collect();
         self.gone_since
             .retain(|name, _| names.contains(name.as_str()));
-        for node in &nodes {
+        // Another ccm's Nodes (several ccms in one cluster) are neither tainted nor deleted.
+        let ctx = self.ctx.clone();
+        for node in nodes.iter().filter(|n| ctx.owns(COMPONENT, n)) {
             let span = info_span!("monitor_node", node = %node_name(node));
             self.monitor_node(node).instrument(span).await;
         }

@@ -20,6 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use tracing::warn;
 
+use super::cloud_node_lifecycle::COMPONENT;
 use super::node::{has_taint, node_name, provider_id_of};
 use super::{CloudPriority, ControllerContext};
 
@@ -114,7 +115,12 @@ pub(crate) async fn pass(
             .or_insert(event);
     }
     let api: Api<Node> = Api::all(ctx.client.clone());
-    for node in ctx.nodes.list() {
+    let owned = ctx
+        .nodes
+        .list()
+        .into_iter()
+        .filter(|n| ctx.owns(COMPONENT, n));
+    for node in owned {
         let event = planned.get(provider_id_of(&node)).copied();
         let name = node_name(&node);
         let (status, reason, message) = match event {

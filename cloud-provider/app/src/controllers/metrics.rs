@@ -52,6 +52,8 @@ pub struct ControllerMetrics {
     pub(crate) node: NodeMetrics,
     pub(crate) route: RouteMetrics,
     pub(crate) service: ServiceMetrics,
+    /// `cloudprovider_node_ownership_skipped_total{controller}` (beyond upstream).
+    pub(crate) ownership_skipped: super::ownership::SkipCounter,
 }
 
 impl fmt::Debug for ControllerMetrics {
@@ -75,13 +77,17 @@ impl ControllerMetrics {
                 taint_removal_delay: node_delay_histogram(),
                 initial_sync_delay: node_delay_histogram(),
             },
-            route: RouteMetrics::default(),
+            route: RouteMetrics {
+                route_sync: Counter::default(),
+                node_routes_delay: node_delay_histogram(),
+            },
             service: ServiceMetrics {
                 loadbalancer_sync: Counter::default(),
                 nodesync_error: Counter::default(),
                 nodesync_latency: service_latency_histogram(),
                 update_loadbalancer_host_latency: service_latency_histogram(),
             },
+            ownership_skipped: Default::default(),
         }
     }
 
@@ -106,6 +112,11 @@ impl ControllerMetrics {
             "A metric counting the amount of times routes have been synced with the cloud provider",
             self.route.route_sync.clone(),
         );
+        registry.register(
+            "route_controller_node_routes_delay_seconds",
+            "Number of seconds after node creation when RouteController had created every route of a single node",
+            self.route.node_routes_delay.clone(),
+        );
 
         let service = &self.service;
         registry.register(
@@ -128,6 +139,18 @@ impl ControllerMetrics {
             "A metric measuring the latency for updating each load balancer hosts",
             service.update_loadbalancer_host_latency.clone(),
         );
+        registry.register(
+            "cloudprovider_node_ownership_skipped",
+            "Nodes a controller left alone because another cloud controller manager's platform owns them",
+            self.ownership_skipped.clone(),
+        );
+    }
+
+    /// How many times `controller` skipped a Node it does not own.
+    pub fn ownership_skips(&self, controller: &'static str) -> u64 {
+        self.ownership_skipped
+            .get_or_create(&[("controller", controller)])
+            .get()
     }
 
     /// The handle of the queue called `name` (one of the `QUEUE_*` names); the same name
@@ -147,10 +170,14 @@ pub(crate) struct NodeMetrics {
 }
 
 /// Upstream's `controllers/route/metrics.go` (subsystem `route_controller`).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct RouteMetrics {
     /// `route_controller_route_sync_total`.
     pub(crate) route_sync: Counter,
+    /// Beyond upstream (the measure KEP-5237's review asks for):
+    /// `route_controller_node_routes_delay_seconds`, from a Node's creation until all its
+    /// routes exist (its `NetworkUnavailable` turned `False`), in the cloud-node buckets.
+    pub(crate) node_routes_delay: Histogram,
 }
 
 /// Upstream's `controllers/service/metrics.go` (subsystem `service_controller`).
@@ -203,12 +230,18 @@ mod tests {
     fn controller_metrics_have_upstream_names_and_buckets() {
         let metrics = ControllerMetrics::new();
         metrics.queue(QUEUE_ROUTES);
+        metrics
+            .ownership_skipped
+            .get_or_create(&[("controller", "service-controller")])
+            .inc();
         let text = scrape(&metrics);
         for line in [
             "# TYPE node_controller_cloud_provider_taint_removal_delay_seconds histogram",
             "node_controller_cloud_provider_taint_removal_delay_seconds_bucket{le=\"1024.0\"} 0",
             "# TYPE node_controller_initial_node_sync_delay_seconds histogram",
             "route_controller_route_sync_total 0",
+            "route_controller_node_routes_delay_seconds_bucket{le=\"1024.0\"} 0",
+            "cloudprovider_node_ownership_skipped_total{controller=\"service-controller\"} 1",
             "service_controller_loadbalancer_sync_total 0",
             "service_controller_nodesync_error_total 0",
             "service_controller_nodesync_latency_seconds_bucket{le=\"16384.0\"} 0",

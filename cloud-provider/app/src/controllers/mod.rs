@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod node;
 mod node_cache;
 mod orphaned_lb;
+pub mod ownership;
 mod rate_limit;
 pub mod route;
 pub mod service;
@@ -19,10 +20,12 @@ use tokio_util::sync::CancellationToken;
 
 use cloud_provider::CloudProvider;
 pub use events::EventRecorder;
+use k8s_openapi::api::core::v1::Node;
 pub use maintenance::MaintenanceConfig;
 pub use metrics::ControllerMetrics;
 pub use node_cache::{NodeCache, NodeEvent, NodeEvents};
 pub use orphaned_lb::OrphanedLbConfig;
+pub use ownership::{NodeOwnership, PLATFORM_ANNOTATION};
 pub use rate_limit::{CloudPriority, CloudRateLimiter};
 
 /// What every controller gets: the cluster, the cloud, and the shared limits.
@@ -45,6 +48,8 @@ pub struct ControllerContext {
     pub events: EventRecorder,
     /// The controllers' metrics (upstream's names), shared by every controller.
     pub metrics: ControllerMetrics,
+    /// Which Nodes this ccm owns (beyond upstream: several ccms in one cluster).
+    pub ownership: NodeOwnership,
 }
 
 impl ControllerContext {
@@ -65,7 +70,27 @@ impl ControllerContext {
             cluster_name: cluster_name.into(),
             cloud_limiter: Arc::new(CloudRateLimiter::unlimited()),
             shutdown,
+            ownership: NodeOwnership::all(),
         }
+    }
+
+    /// Sets which Nodes this ccm owns.
+    pub fn with_ownership(mut self, ownership: NodeOwnership) -> Self {
+        self.ownership = ownership;
+        self
+    }
+
+    /// Whether this ccm owns `node`; a Node it does not own is counted as skipped by
+    /// `controller` (`cloudprovider_node_ownership_skipped_total`).
+    pub fn owns(&self, controller: &'static str, node: &Node) -> bool {
+        let owned = self.ownership.owns(node);
+        if !owned {
+            self.metrics
+                .ownership_skipped
+                .get_or_create(&[("controller", controller)])
+                .inc();
+        }
+        owned
     }
 
     /// Replaces the Node cache, so several controllers share one watch.

@@ -269,6 +269,12 @@ impl CloudNodeController {
                 outcomes.push((name.clone(), Outcome::Synced));
                 continue;
             };
+            // Another ccm's Node (several ccms in one cluster): neither initialized nor
+            // relabelled here.
+            if !self.ctx.owns(COMPONENT, &node) {
+                outcomes.push((name.clone(), Outcome::Synced));
+                continue;
+            }
             if has_taint(&node, TAINT_UNINITIALIZED) {
                 waiting.push(node);
             } else {
@@ -634,7 +640,7 @@ impl CloudNodeController {
             .nodes
             .list()
             .into_iter()
-            .filter(|n| !has_taint(n, TAINT_UNINITIALIZED))
+            .filter(|n| !has_taint(n, TAINT_UNINITIALIZED) && self.ctx.owns(COMPONENT, n))
             .collect();
         if nodes.is_empty() {
             return;

@@ -31,7 +31,7 @@ use tracing::Instrument;
 
 use super::CloudPriority;
 use super::events::EventType;
-use super::metrics::QUEUE_ROUTES;
+use super::metrics::{QUEUE_ROUTES, seconds_since_creation};
 use super::{ControllerContext, NodeEvent, NodeEvents};
 use cloud_provider::{CloudError, Route, Routes};
 
@@ -265,7 +265,15 @@ impl RouteController {
             .map_err(RouteError::ListRoutes)?;
         // The shared Node cache, never a LIST of every Node per reconcile.
         self.ctx.nodes.wait_synced().await;
-        let nodes = self.ctx.nodes.list();
+        // Only this ccm's Nodes get routes (several ccms in one cluster): the route table
+        // is its cloud's.
+        let nodes: Vec<Arc<Node>> = self
+            .ctx
+            .nodes
+            .list()
+            .into_iter()
+            .filter(|n| self.ctx.owns(COMPONENT, n))
+            .collect();
         Ok(self.reconcile_with(&nodes, routes).await)
     }
 
@@ -518,7 +526,17 @@ impl RouteController {
             .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
             .await
         {
-            Ok(_) => true,
+            Ok(_) => {
+                if !unavailable {
+                    // The Node's routes are all in place: how long since it was created.
+                    self.ctx
+                        .metrics
+                        .route
+                        .node_routes_delay
+                        .observe(seconds_since_creation(node));
+                }
+                true
+            }
             Err(err) => {
                 tracing::warn!(node = %name, %err, "could not update the NetworkUnavailable condition");
                 false

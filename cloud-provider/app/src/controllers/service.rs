@@ -526,7 +526,9 @@ impl ServiceController {
             .nodes
             .list()
             .into_iter()
-            .filter(|node| node_eligible(node))
+            // A load balancer of this ccm's cloud serves only this ccm's Nodes (several ccms
+            // in one cluster).
+            .filter(|node| node_eligible(node) && self.ctx.owns(COMPONENT, node))
             .collect();
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         let set = node_set(&nodes);

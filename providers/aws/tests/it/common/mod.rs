@@ -17,6 +17,14 @@ pub(crate) type Answer = (u16, String);
 pub(crate) async fn serve(
     handler: Arc<dyn Fn(&str) -> Answer + Send + Sync>,
 ) -> anyhow::Result<String> {
+    serve_with_headers(handler, "").await
+}
+
+/// As [`serve`], with `headers` (whole `Name: value\r\n` lines) added to every answer.
+pub(crate) async fn serve_with_headers(
+    handler: Arc<dyn Fn(&str) -> Answer + Send + Sync>,
+    headers: &'static str,
+) -> anyhow::Result<String> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
@@ -52,7 +60,7 @@ pub(crate) async fn serve(
                 };
                 let (status, xml) = handler(&body);
                 let resp = format!(
-                    "HTTP/1.1 {status} X\r\nContent-Type: text/xml\r\n\
+                    "HTTP/1.1 {status} X\r\nContent-Type: text/xml\r\n{headers}\
                      Content-Length: {}\r\nConnection: close\r\n\r\n{xml}",
                     xml.len()
                 );
