@@ -177,8 +177,8 @@ impl ApiServer {
         let watchers = Arc::new(watch::Watchers::new(config.watch_limits, &metrics));
         let state = Arc::new(ServerState {
             store,
+            registry: storage.registry.clone(),
             storage,
-            registry: Registry::standard(),
             config,
             metrics,
             openapi: crate::openapi::OpenApiDocuments::new(&crate::openapi::served_resources()),
@@ -196,6 +196,8 @@ impl ApiServer {
     async fn bootstrap(&self) -> Result<(), ApiError> {
         let storage = &self.state.storage;
         quarantine_unreadable(storage).await?;
+        // The custom resources of the stored definitions are served from the start.
+        crate::storage::crd::reconcile(storage).await;
         // Built after the quarantine, from what the server can read.
         self.state.authorizer.load().await?;
         let reader = storage.reader();

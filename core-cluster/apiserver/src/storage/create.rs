@@ -146,6 +146,7 @@ pub(crate) async fn create_object(
     (def.prepare_create)(&mut obj);
     errors.extend(meta::validate_object_meta(&obj));
     errors.extend((def.validate)(&obj, None));
+    errors.extend(super::custom_errors(def, &obj));
     if !errors.is_empty() {
         return Err(invalid(def, &probe_name, errors));
     }

@@ -363,7 +363,16 @@ static CUSTOM: LazyLock<RwLock<HashMap<usize, Arc<Custom>>>> = LazyLock::new(RwL
 
 /// The [`Custom`] of `def` if it is a custom resource's definition.
 pub fn custom(def: &ResourceDef) -> Option<Arc<Custom>> {
+    // Built-in definitions never take the lock.
+    if !is_custom(def) {
+        return None;
+    }
     CUSTOM.read().get(&(def as *const _ as usize)).cloned()
+}
+
+/// Whether `def` is a custom resource's definition (no lock taken).
+pub fn is_custom(def: &ResourceDef) -> bool {
+    std::ptr::fn_addr_eq(def.typed, custom_typed as fn(&Value) -> Result<Value, String>)
 }
 
 /// A custom resource decodes as any JSON object (the schema's work is [`Custom::normalize`]).

@@ -296,6 +296,11 @@ impl Registry {
             .unwrap_or_default()
     }
 
+    /// The names of the custom resource definitions served now.
+    pub fn custom_names(&self) -> Vec<String> {
+        self.custom.read().iter().map(|(n, _)| n.clone()).collect()
+    }
+
     /// The group-versions served, core first.
     pub fn group_versions(&self) -> Vec<(&'static str, &'static str)> {
         let mut out: Vec<(&str, &str)> = Vec::new();
