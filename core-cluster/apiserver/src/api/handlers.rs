@@ -438,7 +438,9 @@ pub(crate) async fn handle(
         .scope(Default::default(), async {
             // A deprecated version of a custom resource: every request says so
             // (upstream's `deprecation.WarningMessage` via the CRD handler).
-            if let Some(warning) = crate::crd::custom(target.def).and_then(|c| c.deprecation.clone()) {
+            if let Some(warning) =
+                crate::crd::custom(target.def).and_then(|c| c.deprecation.clone())
+            {
                 warn(warning);
             }
             let out = handle_inner(state, target, request).await;

@@ -93,29 +93,23 @@ fn requested_names(crd: &Value) -> Value {
 fn conflict(names: &Value, taken: &[Value]) -> Option<(&'static str, String)> {
     let used = |field: &str, value: &str| {
         taken.iter().any(|t| {
-            [
-                "plural",
-                "singular",
-                "kind",
-                "listKind",
-                "shortNames",
-            ]
-            .iter()
-            .any(|f| match &t[*f] {
-                Value::Array(list) => {
-                    (field == "shortNames" || *f == "shortNames")
-                        && list.iter().any(|s| s == value)
-                }
-                Value::String(s) => {
-                    let same_family = matches!(
-                        (field, *f),
-                        ("plural" | "singular" | "shortNames", "plural" | "singular")
-                            | ("kind" | "listKind", "kind" | "listKind")
-                    );
-                    same_family && s == value
-                }
-                _ => false,
-            })
+            ["plural", "singular", "kind", "listKind", "shortNames"]
+                .iter()
+                .any(|f| match &t[*f] {
+                    Value::Array(list) => {
+                        (field == "shortNames" || *f == "shortNames")
+                            && list.iter().any(|s| s == value)
+                    }
+                    Value::String(s) => {
+                        let same_family = matches!(
+                            (field, *f),
+                            ("plural" | "singular" | "shortNames", "plural" | "singular")
+                                | ("kind" | "listKind", "kind" | "listKind")
+                        );
+                        same_family && s == value
+                    }
+                    _ => false,
+                })
         })
     };
     for field in ["plural", "singular"] {
@@ -179,13 +173,33 @@ pub(crate) async fn reconcile(storage: &Arc<Storage>) {
     crds.sort_by(|a, b| {
         let key = |o: &Value| {
             (
-                str_at(o, &["metadata", "creationTimestamp"]).unwrap_or("").to_owned(),
+                str_at(o, &["metadata", "creationTimestamp"])
+                    .unwrap_or("")
+                    .to_owned(),
                 str_at(o, &["metadata", "name"]).unwrap_or("").to_owned(),
             )
         };
         key(a).cmp(&key(b))
     });
-    let mut taken: HashMap<String, Vec<Value>> = HashMap::new();
+    // Each definition's names are checked against the names the others of its group hold
+    // (their `status.acceptedNames`, as updated in this pass), as upstream's controller.
+    let mut accepted: HashMap<String, (String, Value)> = crds
+        .iter()
+        .filter(|c| {
+            c["status"]["acceptedNames"]["kind"]
+                .as_str()
+                .is_some_and(|k| !k.is_empty())
+        })
+        .map(|c| {
+            (
+                str_at(c, &["metadata", "name"]).unwrap_or("").to_owned(),
+                (
+                    c["spec"]["group"].as_str().unwrap_or("").to_owned(),
+                    c["status"]["acceptedNames"].clone(),
+                ),
+            )
+        })
+        .collect();
     let mut present = Vec::new();
     for crd in &crds {
         let name = str_at(crd, &["metadata", "name"]).unwrap_or("").to_owned();
@@ -193,14 +207,24 @@ pub(crate) async fn reconcile(storage: &Arc<Storage>) {
         let group = crd["spec"]["group"].as_str().unwrap_or("").to_owned();
         let names = requested_names(crd);
         let terminating = !crd["metadata"]["deletionTimestamp"].is_null();
-        let clash = conflict(&names, taken.get(&group).map_or(&[][..], Vec::as_slice));
+        let taken: Vec<Value> = accepted
+            .iter()
+            .filter(|(n, (g, _))| **n != name && *g == group)
+            .map(|(_, (_, names))| names.clone())
+            .collect();
+        let clash = conflict(&names, &taken);
         let mut wanted = Vec::new();
         let mut status = crd["status"].clone();
         match &clash {
             None => {
-                taken.entry(group).or_default().push(names.clone());
+                accepted.insert(name.clone(), (group, names.clone()));
                 status["acceptedNames"] = names.clone();
-                wanted.push(condition("NamesAccepted", "True", "NoConflicts", "no conflicts found"));
+                wanted.push(condition(
+                    "NamesAccepted",
+                    "True",
+                    "NoConflicts",
+                    "no conflicts found",
+                ));
                 storage.registry.set_custom(&name, served_defs(crd));
                 wanted.push(condition(
                     "Established",
@@ -210,15 +234,6 @@ pub(crate) async fn reconcile(storage: &Arc<Storage>) {
                 ));
             }
             Some((reason, message)) => {
-                if let Some(accepted) = status["acceptedNames"]
-                    .as_object()
-                    .filter(|a| a.get("kind").is_some_and(|k| k != ""))
-                {
-                    taken
-                        .entry(group)
-                        .or_default()
-                        .push(Value::Object(accepted.clone()));
-                }
                 wanted.push(condition("NamesAccepted", "False", reason, message));
                 if storage.registry.custom(&name).is_empty() {
                     wanted.push(condition(
@@ -256,6 +271,7 @@ pub(crate) async fn reconcile(storage: &Arc<Storage>) {
             storage.registry.remove_custom(&name);
         }
     }
+    super::apiservice::sync(storage).await;
 }
 
 async fn write_status(storage: &Storage, name: &str, status: Value) {
@@ -306,7 +322,9 @@ async fn clean_up(storage: &Arc<Storage>, name: &str) {
                     continue;
                 }
                 let ns = str_at(&item, &["metadata", "namespace"]).map(str::to_owned);
-                let obj_name = str_at(&item, &["metadata", "name"]).unwrap_or("").to_owned();
+                let obj_name = str_at(&item, &["metadata", "name"])
+                    .unwrap_or("")
+                    .to_owned();
                 let key = ObjectKey::new(served, ns.as_deref(), &obj_name);
                 let options = DeleteOptions {
                     grace_period_seconds: Some(0),
@@ -341,8 +359,10 @@ mod tests {
     /// group holds is refused with `"<name>" is already in use`.
     #[test]
     fn a_name_another_definition_holds_is_a_conflict() {
-        let taken = vec![json!({"plural": "widgets", "singular": "widget", "kind": "Widget",
-                                "listKind": "WidgetList", "shortNames": ["wd"]})];
+        let taken = vec![
+            json!({"plural": "widgets", "singular": "widget", "kind": "Widget",
+                                "listKind": "WidgetList", "shortNames": ["wd"]}),
+        ];
         let mine = |plural: &str, kind: &str, short: &str| {
             json!({"plural": plural, "singular": plural.trim_end_matches('s'), "kind": kind,
                    "listKind": format!("{kind}List"), "shortNames": [short]})

@@ -143,6 +143,14 @@ pub(crate) async fn create_object(
     if def.generation {
         meta_mut(&mut obj).insert("generation".into(), json!(1));
     }
+    if def.status
+        && crate::crd::is_custom(def)
+        && let Some(o) = obj.as_object_mut()
+    {
+        // `customresource/strategy.go PrepareForCreate`: with a status subresource, the
+        // status is written through it alone.
+        o.remove("status");
+    }
     (def.prepare_create)(&mut obj);
     errors.extend(meta::validate_object_meta(&obj));
     errors.extend((def.validate)(&obj, None));

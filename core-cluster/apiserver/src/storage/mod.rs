@@ -10,8 +10,9 @@
 //! the [`observe::WriteObserver`]s.
 
 pub(crate) mod admission;
-pub(crate) mod create;
+pub(crate) mod apiservice;
 pub(crate) mod crd;
+pub(crate) mod create;
 pub(crate) mod delete;
 pub(crate) mod eviction;
 pub(crate) mod get_list;

@@ -372,7 +372,10 @@ pub fn custom(def: &ResourceDef) -> Option<Arc<Custom>> {
 
 /// Whether `def` is a custom resource's definition (no lock taken).
 pub fn is_custom(def: &ResourceDef) -> bool {
-    std::ptr::fn_addr_eq(def.typed, custom_typed as fn(&Value) -> Result<Value, String>)
+    std::ptr::fn_addr_eq(
+        def.typed,
+        custom_typed as fn(&Value) -> Result<Value, String>,
+    )
 }
 
 /// A custom resource decodes as any JSON object (the schema's work is [`Custom::normalize`]).
@@ -427,11 +430,14 @@ pub fn served_defs(crd: &Value) -> Vec<&'static ResourceDef> {
         }
         let version = v["name"].as_str().unwrap_or("");
         let subresources = &v["subresources"];
-        let scale = subresources.get("scale").filter(|s| s.is_object()).map(|s| ScalePaths {
-            spec_replicas: s["specReplicasPath"].as_str().unwrap_or("").to_owned(),
-            status_replicas: s["statusReplicasPath"].as_str().unwrap_or("").to_owned(),
-            label_selector: s["labelSelectorPath"].as_str().map(str::to_owned),
-        });
+        let scale = subresources
+            .get("scale")
+            .filter(|s| s.is_object())
+            .map(|s| ScalePaths {
+                spec_replicas: s["specReplicasPath"].as_str().unwrap_or("").to_owned(),
+                status_replicas: s["statusReplicasPath"].as_str().unwrap_or("").to_owned(),
+                label_selector: s["labelSelectorPath"].as_str().map(str::to_owned),
+            });
         let def: &'static ResourceDef = Box::leak(Box::new(ResourceDef {
             group: group_s,
             version: leak(version),
@@ -499,7 +505,11 @@ pub fn served_defs(crd: &Value) -> Vec<&'static ResourceDef> {
 pub fn json_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
     let mut cur = obj;
     let path = path.trim_start_matches('{').trim_end_matches('}');
-    for part in path.trim_start_matches('.').split('.').filter(|p| !p.is_empty()) {
+    for part in path
+        .trim_start_matches('.')
+        .split('.')
+        .filter(|p| !p.is_empty())
+    {
         let (name, index) = match part.split_once('[') {
             Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
             None => (part, None),
@@ -533,7 +543,9 @@ pub fn table_columns(custom: &Custom) -> Vec<Value> {
 
 /// One row's cells (see [`table_columns`]).
 pub fn table_cells(custom: &Custom, obj: &Value, now: i64) -> Vec<Value> {
-    let mut cells = vec![json!(meta::str_at(obj, &["metadata", "name"]).unwrap_or(""))];
+    let mut cells = vec![json!(
+        meta::str_at(obj, &["metadata", "name"]).unwrap_or("")
+    )];
     for c in &custom.columns {
         let v = json_path(obj, &c.json_path).cloned().unwrap_or(Value::Null);
         let cell = match (c.type_.as_str(), &v) {
@@ -577,7 +589,10 @@ mod tests {
         assert!(validate_crd(&crd("example.com", "widgets", "Widget"), None).is_empty());
         let mut bad = crd("example", "widgets", "Widget");
         bad["metadata"]["name"] = json!("widget.example");
-        let errors: Vec<String> = validate_crd(&bad, None).iter().map(FieldError::full).collect();
+        let errors: Vec<String> = validate_crd(&bad, None)
+            .iter()
+            .map(FieldError::full)
+            .collect();
         assert_eq!(
             errors,
             [
@@ -597,7 +612,10 @@ mod tests {
             {"name": "v2", "served": true, "storage": true, "schema": {"openAPIV3Schema": {"type": "object"}}},
         ]);
         two["spec"]["conversion"] = json!({"strategy": "Webhook"});
-        let errors: Vec<String> = validate_crd(&two, None).iter().map(|e| e.field.clone()).collect();
+        let errors: Vec<String> = validate_crd(&two, None)
+            .iter()
+            .map(|e| e.field.clone())
+            .collect();
         assert_eq!(errors, ["spec.versions", "spec.conversion.strategy"]);
     }
 

@@ -85,28 +85,43 @@ fn walk_structural(schema: &Value, path: &str, root: bool, errors: &mut Vec<Fiel
         for (name, child) in props {
             let child_path = format!("{path}.properties[{name}]");
             if !root || name != "metadata" {
-                require_type(child, &child_path, "must not be empty for specified object fields", errors);
+                require_type(
+                    child,
+                    &child_path,
+                    "must not be empty for specified object fields",
+                    errors,
+                );
             }
             walk_structural(child, &child_path, false, errors);
         }
     }
     if let Some(items) = schema.get("items").filter(|i| i.is_object()) {
         let child_path = format!("{path}.items");
-        require_type(items, &child_path, "must not be empty for specified array items", errors);
+        require_type(
+            items,
+            &child_path,
+            "must not be empty for specified array items",
+            errors,
+        );
         walk_structural(items, &child_path, false, errors);
     }
-    if let Some(more) = schema
-        .get("additionalProperties")
-        .filter(|a| a.is_object())
-    {
-        if schema.get("properties").is_some_and(|p| p.as_object().is_some_and(|p| !p.is_empty())) {
+    if let Some(more) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+        if schema
+            .get("properties")
+            .is_some_and(|p| p.as_object().is_some_and(|p| !p.is_empty()))
+        {
             errors.push(FieldError::forbidden(
                 format!("{path}.additionalProperties"),
                 "additionalProperties and properties are mutual exclusive",
             ));
         }
         let child_path = format!("{path}.additionalProperties");
-        require_type(more, &child_path, "must not be empty for specified object fields", errors);
+        require_type(
+            more,
+            &child_path,
+            "must not be empty for specified object fields",
+            errors,
+        );
         walk_structural(more, &child_path, false, errors);
     }
 }
@@ -363,11 +378,21 @@ fn validate_object(
     }
 }
 
-fn validate_number(n: f64, value: &Value, schema: &Value, path: &str, errors: &mut Vec<FieldError>) {
+fn validate_number(
+    n: f64,
+    value: &Value,
+    schema: &Value,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) {
     if let Some(min) = schema["minimum"].as_f64() {
         let exclusive = flag(schema, "exclusiveMinimum");
         if (exclusive && n <= min) || (!exclusive && n < min) {
-            let how = if exclusive { "greater than" } else { "greater than or equal to" };
+            let how = if exclusive {
+                "greater than"
+            } else {
+                "greater than or equal to"
+            };
             errors.push(FieldError::invalid(
                 path,
                 value,
@@ -378,7 +403,11 @@ fn validate_number(n: f64, value: &Value, schema: &Value, path: &str, errors: &m
     if let Some(max) = schema["maximum"].as_f64() {
         let exclusive = flag(schema, "exclusiveMaximum");
         if (exclusive && n >= max) || (!exclusive && n > max) {
-            let how = if exclusive { "less than" } else { "less than or equal to" };
+            let how = if exclusive {
+                "less than"
+            } else {
+                "less than or equal to"
+            };
             errors.push(FieldError::invalid(
                 path,
                 value,
@@ -393,12 +422,21 @@ fn validate_number(n: f64, value: &Value, schema: &Value, path: &str, errors: &m
         errors.push(FieldError::invalid(
             path,
             value,
-            format!("{path} in body should be a multiple of {}", schema["multipleOf"]),
+            format!(
+                "{path} in body should be a multiple of {}",
+                schema["multipleOf"]
+            ),
         ));
     }
 }
 
-fn validate_string(s: &str, value: &Value, schema: &Value, path: &str, errors: &mut Vec<FieldError>) {
+fn validate_string(
+    s: &str,
+    value: &Value,
+    schema: &Value,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) {
     let chars = s.chars().count() as u64;
     if let Some(max) = schema["maxLength"].as_u64()
         && chars > max
@@ -454,7 +492,9 @@ fn format_ok(format: &str, s: &str) -> bool {
             use base64::Engine;
             base64::engine::general_purpose::STANDARD.decode(s).is_ok()
         }
-        "email" => s.split_once('@').is_some_and(|(u, d)| !u.is_empty() && d.contains('.')),
+        "email" => s
+            .split_once('@')
+            .is_some_and(|(u, d)| !u.is_empty() && d.contains('.')),
         _ => true,
     }
 }
@@ -538,7 +578,10 @@ mod tests {
     fn validation_errors_name_the_path_and_rule_as_upstream() {
         let obj = json!({"spec": {"size": "3", "color": "pink", "name": "ABCDEFG",
                                   "port": true, "list": ["a", "b", "c"]}});
-        let errors: Vec<String> = validate(&obj, &schema()).iter().map(FieldError::full).collect();
+        let errors: Vec<String> = validate(&obj, &schema())
+            .iter()
+            .map(FieldError::full)
+            .collect();
         assert_eq!(
             errors,
             [
@@ -577,10 +620,15 @@ mod tests {
         .collect();
         assert_eq!(
             errors,
-            ["spec.versions[0].schema.openAPIV3Schema.properties[spec].type: Required value: must not be empty for specified object fields"]
+            [
+                "spec.versions[0].schema.openAPIV3Schema.properties[spec].type: Required value: must not be empty for specified object fields"
+            ]
         );
         assert!(structural_errors(&schema(), "s").is_empty());
         let errors = structural_errors(&json!({"type": "string"}), "s");
-        assert_eq!(errors[0].full(), "s.type: Invalid value: \"string\": must be object at the root");
+        assert_eq!(
+            errors[0].full(),
+            "s.type: Invalid value: \"string\": must be object at the root"
+        );
     }
 }

@@ -53,6 +53,7 @@ pub static ALL: &[&ResourceDef] = &[
     &workloads::JOBS,
     &policy::POD_DISRUPTION_BUDGETS,
     &crate::crd::CUSTOM_RESOURCE_DEFINITIONS,
+    &crate::apiservice::API_SERVICES,
 ];
 
 pub use meta::NameRule;
@@ -260,7 +261,8 @@ impl Registry {
 
     /// The resource at `group/version/plural`.
     pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
-        let matches = |d: &&ResourceDef| d.group == group && d.version == version && d.plural == plural;
+        let matches =
+            |d: &&ResourceDef| d.group == group && d.version == version && d.plural == plural;
         if let Some(d) = self.defs.iter().copied().find(matches) {
             return Some(d);
         }

@@ -119,7 +119,13 @@ pub fn table(
             .map(|o| json!({"cells": crate::crd::table_cells(&custom, o, now), "object": partial_metadata(o)}))
             .collect();
         let columns = crate::crd::table_columns(&custom);
-        return finish_table(rows, columns, resource_version, continue_token, include_columns);
+        return finish_table(
+            rows,
+            columns,
+            resource_version,
+            continue_token,
+            include_columns,
+        );
     }
     let columns: Vec<Value> = def
         .columns
@@ -138,7 +144,13 @@ pub fn table(
             })
         })
         .collect();
-    finish_table(rows, columns, resource_version, continue_token, include_columns)
+    finish_table(
+        rows,
+        columns,
+        resource_version,
+        continue_token,
+        include_columns,
+    )
 }
 
 fn finish_table(
