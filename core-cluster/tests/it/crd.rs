@@ -210,6 +210,18 @@ async fn custom_resources_are_pruned_defaulted_validated_and_versioned_by_spec()
         .unwrap();
     assert_eq!(applied.data["spec"], json!({"size": 5, "color": "blue"}));
     assert_eq!(api.list(&Default::default()).await.unwrap().items.len(), 1);
+
+    // The scale subresource at the definition's paths (`customresource/etcd.go ScaleREST`).
+    let scale = api.get_scale("a").await.unwrap();
+    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(5));
+    api.patch_scale(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 7}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(api.get("a").await.unwrap().data["spec"]["size"], 7);
     api.delete("a", &DeleteParams::default()).await.unwrap();
     assert!(api.get_opt("a").await.unwrap().is_none());
 }
@@ -334,7 +346,7 @@ spec:
   - name: v1
     served: true
     storage: true
-    subresources: {status: {}}
+    subresources: {status: {}, scale: {specReplicasPath: .spec.size, statusReplicasPath: .status.size}}
     additionalPrinterColumns:
     - {name: Size, type: integer, jsonPath: .spec.size}
     schema:
@@ -356,7 +368,8 @@ spec: {size: 3}
 
 /// kubectl v1.32 against a definition: `apply`, `wait --for condition=established`, then
 /// the custom resource by plural, short name and category, with its printer column
-/// (`tableconvertor`), and a schema violation refused with upstream's message.
+/// (`tableconvertor`), `kubectl scale` through the scale subresource, and a schema
+/// violation refused with upstream's message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_applies_a_definition_and_gets_its_objects_by_every_name() {
     ccm_testkit::kubectl::require_kubectl("it applies a CRD and gets custom resources");
@@ -412,6 +425,16 @@ async fn kubectl_applies_a_definition_and_gets_its_objects_by_every_name() {
         "{}",
         out.stderr
     );
+    let out = run(["scale", "wd", "w1", "--replicas=4"]
+        .map(String::from)
+        .to_vec())
+    .await;
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+    let out = run(["get", "wd", "w1", "-o", "jsonpath={.spec.size}"]
+        .map(String::from)
+        .to_vec())
+    .await;
+    assert_eq!(out.stdout, "4", "{}", out.stderr);
     let out = run(vec!["delete".into(), "wd".into(), "w1".into()]).await;
     assert!(out.success, "{}{}", out.stdout, out.stderr);
     let out = run(vec![
@@ -421,4 +444,106 @@ async fn kubectl_applies_a_definition_and_gets_its_objects_by_every_name() {
     ])
     .await;
     assert!(out.success, "{}{}", out.stdout, out.stderr);
+}
+
+/// `apiextensions-apiserver/pkg/apiserver/conversion` with the `None` strategy: one stored
+/// form served under each version's `apiVersion`; a `deprecated` version answers with a
+/// `Warning` header (`customresource_handler.go` and its `deprecationWarning`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_served_version_reads_the_one_stored_object_and_deprecated_ones_warn() {
+    let server = memory_server().await;
+    let client = Client::new(server.router(), "default");
+    let mut crd = widget_crd();
+    let v1 = crd["spec"]["versions"][0].clone();
+    let mut beta = v1.clone();
+    beta["name"] = json!("v1beta1");
+    beta["storage"] = json!(false);
+    beta["deprecated"] = json!(true);
+    beta["deprecationWarning"] =
+        json!("example.com/v1beta1 Widget is deprecated; use example.com/v1");
+    crd["spec"]["versions"] = json!([beta, v1]);
+    create_established(&client, crd).await;
+    let body = json!({"apiVersion": "example.com/v1beta1", "kind": "Widget",
+                      "metadata": {"name": "old"}, "spec": {"size": 2}});
+    let (code, headers, _) = ccm_testkit::send(
+        &server.router(),
+        "POST",
+        "/apis/example.com/v1beta1/namespaces/default/widgets",
+        &[("content-type", "application/json")],
+        body.to_string(),
+    )
+    .await;
+    assert_eq!(code, 201);
+    let warning = headers
+        .get("warning")
+        .and_then(|w| w.to_str().ok())
+        .unwrap_or("");
+    assert!(
+        warning.contains("example.com/v1beta1 Widget is deprecated; use example.com/v1"),
+        "{warning:?}"
+    );
+    let current = widgets(&client, "default").get("old").await.unwrap();
+    assert_eq!(current.types.unwrap().api_version, "example.com/v1");
+    assert_eq!(current.data["spec"]["size"], 2);
+}
+
+/// kube-aggregator's autoregister controller: a Local APIService, `Available`, for every
+/// served group-version, a custom resource's included; a remote one is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_served_group_version_has_a_local_available_apiservice() {
+    let client = Client::new(memory_server().await.router(), "default");
+    create_established(&client, widget_crd()).await;
+    let gvk = GroupVersionKind::gvk("apiregistration.k8s.io", "v1", "APIService");
+    let api: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, "apiservices"),
+    );
+    let names = eventually(30, "the APIService of example.com/v1", || {
+        let api = api.clone();
+        async move {
+            let list = api.list(&Default::default()).await.ok()?;
+            let names: Vec<String> = list
+                .items
+                .iter()
+                .filter_map(|o| o.metadata.name.clone())
+                .collect();
+            names.iter().any(|n| n == "v1.example.com").then_some(list)
+        }
+    })
+    .await;
+    for want in [
+        "v1",
+        "v1.apps",
+        "v1.apiextensions.k8s.io",
+        "v1.apiregistration.k8s.io",
+    ] {
+        let svc = names
+            .items
+            .iter()
+            .find(|o| o.metadata.name.as_deref() == Some(want))
+            .unwrap_or_else(|| panic!("{want} is listed"));
+        assert!(svc.data["spec"]["service"].is_null(), "{want} is Local");
+        assert_eq!(svc.data["status"]["conditions"][0]["type"], "Available");
+        assert_eq!(svc.data["status"]["conditions"][0]["status"], "True");
+    }
+    let remote: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+        "metadata": {"name": "v1beta1.metrics.k8s.io"},
+        "spec": {"group": "metrics.k8s.io", "version": "v1beta1", "groupPriorityMinimum": 100,
+                 "versionPriority": 100, "service": {"namespace": "kube-system", "name": "metrics-server"}},
+    }))
+    .unwrap();
+    let err = api
+        .create(&PostParams::default(), &remote)
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = err else {
+        panic!("{err}")
+    };
+    assert_eq!(status.code, 422);
+    assert!(
+        status.message.contains("no aggregation proxy"),
+        "{}",
+        status.message
+    );
 }
