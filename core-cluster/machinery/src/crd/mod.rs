@@ -338,6 +338,8 @@ pub struct Custom {
     pub columns: Vec<PrinterColumn>,
     /// The `scale` subresource.
     pub scale: Option<ScalePaths>,
+    /// `selectableFields`: the field-selector paths (`spec.color`) beyond the metadata ones.
+    pub selectable: Vec<String>,
 }
 
 impl Custom {
@@ -490,6 +492,16 @@ pub fn served_defs(crd: &Value) -> Vec<&'static ResourceDef> {
             deprecation,
             columns,
             scale,
+            selectable: v["selectableFields"]
+                .as_array()
+                .map(|fields| {
+                    fields
+                        .iter()
+                        .filter_map(|f| f["jsonPath"].as_str())
+                        .map(|p| p.trim_start_matches('.').to_owned())
+                        .collect()
+                })
+                .unwrap_or_default(),
         };
         CUSTOM
             .write()
@@ -522,6 +534,20 @@ pub fn json_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
         }
     }
     Some(cur)
+}
+
+/// The value of a `selectableFields` path of a custom resource for a field selector
+/// (upstream's `customresource` `GetAttrs`: a string as is, a number or boolean printed,
+/// absent as empty), or `None` if `path` is not selectable.
+pub fn selectable_value(custom: &Custom, obj: &Value, path: &str) -> Option<String> {
+    if !custom.selectable.iter().any(|p| p == path) {
+        return None;
+    }
+    Some(match json_path(obj, path) {
+        Some(Value::String(s)) => s.clone(),
+        Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
+        _ => String::new(),
+    })
 }
 
 /// The Table column definitions and cells of a custom resource with printer columns
@@ -629,5 +655,19 @@ mod tests {
         assert_eq!(a[0].storage, "cache.example.com/gadgets");
         assert_eq!(custom(a[0]).unwrap().crd_name, "gadgets.cache.example.com");
         assert!(custom(&CUSTOM_RESOURCE_DEFINITIONS).is_none());
+    }
+
+    /// `customresource/strategy.go GetAttrs` with `selectableFields`: the declared paths
+    /// are field-selector paths, others are not.
+    #[test]
+    fn selectable_fields_are_field_selector_paths() {
+        let mut c = crd("select.example.com", "tools", "Tool");
+        c["spec"]["versions"][0]["selectableFields"] = json!([{"jsonPath": ".spec.color"}]);
+        let def = served_defs(&c)[0];
+        assert!(def.supports_field("spec.color"));
+        assert!(!def.supports_field("spec.size"));
+        let obj = json!({"spec": {"color": "red", "size": 3}});
+        assert_eq!(def.field_value(&obj, "spec.color").as_deref(), Some("red"));
+        assert_eq!(def.field_value(&obj, "spec.size"), None);
     }
 }

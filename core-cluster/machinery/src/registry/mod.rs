@@ -155,7 +155,10 @@ impl ResourceDef {
                     .unwrap_or("")
                     .to_owned(),
             ),
-            other => (self.field)(obj, other),
+            other => match crate::crd::custom(self) {
+                Some(custom) => crate::crd::selectable_value(&custom, obj, other),
+                None => (self.field)(obj, other),
+            },
         }
     }
 
@@ -167,7 +170,9 @@ impl ResourceDef {
 
     /// Whether a field-selector path is supported.
     pub fn supports_field(&self, path: &str) -> bool {
-        matches!(path, "metadata.name" | "metadata.namespace") || self.field_paths.contains(&path)
+        matches!(path, "metadata.name" | "metadata.namespace")
+            || self.field_paths.contains(&path)
+            || crate::crd::custom(self).is_some_and(|c| c.selectable.iter().any(|p| p == path))
     }
 }
 
@@ -232,8 +237,11 @@ fn collect_unknown(given: &Value, known: &Value, path: String, out: &mut Vec<Str
 #[derive(Debug, Clone)]
 pub struct Registry {
     defs: &'static [&'static ResourceDef],
-    custom: Arc<RwLock<Vec<(String, Vec<&'static ResourceDef>)>>>,
+    custom: Arc<RwLock<Vec<CustomEntry>>>,
 }
+
+/// One custom resource definition's name and the versions it serves.
+type CustomEntry = (String, Vec<&'static ResourceDef>);
 
 impl Registry {
     /// The standard set (see [`ALL`]), with no custom resources yet.
