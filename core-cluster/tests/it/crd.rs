@@ -6,7 +6,8 @@ use ccm_testkit::{TestServer, eventually, kubectl::kubectl, memory_server};
 use kube::{
     Api, Client,
     api::{
-        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+        PostParams,
     },
     discovery::Discovery,
 };
@@ -24,6 +25,7 @@ fn widget_crd() -> Value {
                       "shortNames": ["wd"], "categories": ["gadgetry"]},
             "versions": [{
                 "name": "v1", "served": true, "storage": true,
+                "selectableFields": [{"jsonPath": ".spec.color"}],
                 "subresources": {"status": {},
                                  "scale": {"specReplicasPath": ".spec.size",
                                            "statusReplicasPath": ".status.size"}},
@@ -124,7 +126,7 @@ async fn a_definition_is_established_and_discovered() {
 /// The custom resource strategy (`apiextensions-apiserver/pkg/registry/customresource`):
 /// create, get, list, patch (merge and apply), status written apart from spec, generation
 /// bumped on spec changes only, unknown fields pruned, defaults set, the schema enforced
-/// with upstream's messages, and delete.
+/// with upstream's messages, `selectableFields`, the scale subresource, and delete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn custom_resources_are_pruned_defaulted_validated_and_versioned_by_spec() {
     let client = Client::new(memory_server().await.router(), "default");
@@ -210,6 +212,25 @@ async fn custom_resources_are_pruned_defaulted_validated_and_versioned_by_spec()
         .unwrap();
     assert_eq!(applied.data["spec"], json!({"size": 5, "color": "blue"}));
     assert_eq!(api.list(&Default::default()).await.unwrap().items.len(), 1);
+    // selectableFields (KEP-4358): a declared path selects, an undeclared one is a 400.
+    let blue = api
+        .list(&ListParams::default().fields("spec.color=blue"))
+        .await
+        .unwrap();
+    assert_eq!(blue.items.len(), 1);
+    let red = api
+        .list(&ListParams::default().fields("spec.color=red"))
+        .await
+        .unwrap();
+    assert!(red.items.is_empty());
+    let err = api
+        .list(&ListParams::default().fields("spec.size=5"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 400),
+        "{err}"
+    );
 
     // The scale subresource at the definition's paths (`customresource/etcd.go ScaleREST`).
     let scale = api.get_scale("a").await.unwrap();
