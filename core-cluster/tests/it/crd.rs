@@ -568,3 +568,74 @@ async fn every_served_group_version_has_a_local_available_apiservice() {
         status.message
     );
 }
+
+/// helm v3's chart `crds/` folder (`pkg/action/install.go installCRDs`): helm creates the
+/// definitions, waits for them to be Established through discovery, then installs the
+/// templates that use them. helm comes from PATH (scripts/helm.sh); the test fails, never
+/// skips, without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_helm_chart_with_a_crds_folder_installs() {
+    let version = std::process::Command::new("helm")
+        .args(["version", "--short"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    assert!(
+        version.starts_with("v3."),
+        "helm v3 is required on PATH for this test (scripts/helm.sh installs it); found {version:?}"
+    );
+    ccm_testkit::kubectl::require_kubectl("it reads the chart's custom resource back");
+    let server = TestServer::start(memory_server().await).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("admin");
+    std::fs::write(&config, server.admin_kubeconfig()).unwrap();
+    let chart = dir.path().join("chart");
+    std::fs::create_dir_all(chart.join("crds")).unwrap();
+    std::fs::create_dir_all(chart.join("templates")).unwrap();
+    std::fs::write(
+        chart.join("Chart.yaml"),
+        "apiVersion: v2\nname: widgets\nversion: 0.1.0\n",
+    )
+    .unwrap();
+    std::fs::write(chart.join("crds/widgets.yaml"), CRD_YAML).unwrap();
+    std::fs::write(
+        chart.join("templates/widget.yaml"),
+        WIDGET_YAML.replace("namespace: default", "namespace: {{ .Release.Namespace }}"),
+    )
+    .unwrap();
+    let home = dir.path().to_owned();
+    let (config2, chart2) = (config.clone(), chart.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("helm")
+            .env("HOME", &home)
+            .env("HELM_CONFIG_HOME", home.join("helm-config"))
+            .env("HELM_CACHE_HOME", home.join("helm-cache"))
+            .env("HELM_DATA_HOME", home.join("helm-data"))
+            .env("KUBECONFIG", &config2)
+            .args([
+                "install",
+                "demo",
+                chart2.to_str().unwrap(),
+                "--wait",
+                "--timeout",
+                "120s",
+            ])
+            .output()
+            .expect("run helm")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = kubectl(
+        dir.path(),
+        &config,
+        &["get", "wd", "w1", "-o", "jsonpath={.spec.size}"],
+    )
+    .await;
+    assert_eq!(got.stdout, "3", "{}", got.stderr);
+}
