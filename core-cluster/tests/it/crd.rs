@@ -377,7 +377,7 @@ spec:
           spec:
             type: object
             properties:
-              size: {type: integer, maximum: 10}
+              size: {type: integer, maximum: 10, description: How many widgets there are.}
 "#;
 
 const WIDGET_YAML: &str = r#"
@@ -387,8 +387,8 @@ metadata: {name: w1, namespace: default}
 spec: {size: 3}
 "#;
 
-/// kubectl v1.32 against a definition: `apply`, `wait --for condition=established`, then
-/// the custom resource by plural, short name and category, with its printer column
+/// kubectl v1.32 against a definition: `apply`, `wait --for condition=established`,
+/// `explain` from the definition's OpenAPI v3 document, then the custom resource by plural, short name and category, with its printer column
 /// (`tableconvertor`), `kubectl scale` through the scale subresource, and a schema
 /// violation refused with upstream's message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -424,6 +424,31 @@ async fn kubectl_applies_a_definition_and_gets_its_objects_by_every_name() {
     .to_vec())
     .await;
     assert!(out.success, "{}{}", out.stdout, out.stderr);
+    // `kubectl explain` reads the definition's schema from `/openapi/v3/apis/example.com/v1`
+    // (`controller/openapi/builder/builder.go BuildOpenAPIV3`).
+    let out = run(["explain", "widgets.spec"].map(String::from).to_vec()).await;
+    let explained = out.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+    for want in [
+        "GROUP: example.com",
+        "KIND: Widget",
+        "VERSION: v1",
+        "FIELD: spec <Object>",
+        "size <integer> How many widgets there are.",
+    ] {
+        assert!(
+            explained.contains(want),
+            "explain lacks {want:?}:\n{}",
+            out.stdout
+        );
+    }
+    let out = run(["explain", "wd.metadata.name"].map(String::from).to_vec()).await;
+    assert!(
+        out.success && out.stdout.contains("FIELD: name <string>"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
     let widget_file = file("widget.yaml", WIDGET_YAML);
     let out = run(vec!["apply".into(), "-f".into(), widget_file]).await;
     assert!(out.success, "{}{}", out.stdout, out.stderr);

@@ -753,8 +753,15 @@ async fn metrics_endpoint(State(state): State<Arc<ServerState>>) -> Response {
     response
 }
 
+/// The custom resources served now, whose OpenAPI documents follow their definitions.
+fn custom_resources(state: &ServerState) -> Vec<&'static ResourceDef> {
+    let builtin = state.registry.builtin().len();
+    state.registry.all().split_off(builtin)
+}
+
 async fn openapi_index(State(state): State<Arc<ServerState>>) -> Response {
-    let mut r = (StatusCode::OK, state.openapi.index().to_vec()).into_response();
+    let index = state.openapi.index_with_custom(&custom_resources(&state));
+    let mut r = (StatusCode::OK, index).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -766,9 +773,12 @@ async fn openapi_group_version(
     State(state): State<Arc<ServerState>>,
     axum::extract::Path(path): axum::extract::Path<String>,
 ) -> Response {
-    match state.openapi.group_version(&path) {
+    match state
+        .openapi
+        .group_version_with_custom(&custom_resources(&state), &path)
+    {
         Some(doc) => {
-            let mut r = (StatusCode::OK, doc.to_vec()).into_response();
+            let mut r = (StatusCode::OK, doc).into_response();
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
