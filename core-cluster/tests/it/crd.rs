@@ -293,6 +293,60 @@ async fn deleting_a_definition_deletes_its_objects_first() {
     );
 }
 
+/// `customresource_handler.go serveResource`: while a definition is terminating (here
+/// held by a finalizer of its own after its objects were deleted), a create of its custom
+/// resource is refused with 405 `create not allowed while custom resource definition is
+/// terminating`, while reads still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_custom_resource_is_created_while_its_definition_terminates() {
+    let client = Client::new(memory_server().await.router(), "default");
+    let mut crd = widget_crd();
+    crd["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    create_established(&client, crd).await;
+    let api = widgets(&client, "default");
+    let widget = |name: &str| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": name}, "spec": {"size": 1},
+        }))
+        .unwrap()
+    };
+    api.create(&PostParams::default(), &widget("before"))
+        .await
+        .unwrap();
+    crd_api(&client)
+        .delete("widgets.example.com", &DeleteParams::default())
+        .await
+        .unwrap();
+    let err = api
+        .create(&PostParams::default(), &widget("after"))
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = err else {
+        panic!("{err}")
+    };
+    assert_eq!(status.code, 405);
+    assert_eq!(status.reason, "MethodNotAllowed");
+    assert_eq!(
+        status.message,
+        "create not allowed while custom resource definition is terminating"
+    );
+    // The cleanup still deletes the objects, and the resource is still served meanwhile.
+    eventually(30, "the objects are deleted", || {
+        let api = api.clone();
+        async move {
+            api.list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .is_empty()
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(api.get_opt("after").await.unwrap().is_none());
+}
+
 /// `status/naming_controller.go`: a second definition of the group asking for a plural
 /// the first holds gets `NamesAccepted=False` with `"<plural>" is already in use`, and is
 /// not served.
