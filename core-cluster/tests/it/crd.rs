@@ -347,6 +347,62 @@ async fn no_custom_resource_is_created_while_its_definition_terminates() {
     assert!(api.get_opt("after").await.unwrap().is_none());
 }
 
+/// `x-kubernetes-list-type` for server-side apply (upstream's structural schema →
+/// `managedfields` type converter): two managers applying different elements of a
+/// `map` list (keyed by `x-kubernetes-list-map-keys`) and of a `set` list both keep
+/// theirs, with no conflict, while an `atomic` list another manager owns conflicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_merges_list_type_map_and_set_by_their_elements() {
+    let client = Client::new(memory_server().await.router(), "default");
+    let mut crd = widget_crd();
+    let spec_props = &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["properties"];
+    spec_props["ports"] = json!({"type": "array", "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["name"],
+        "items": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string"}, "port": {"type": "integer"}}}});
+    spec_props["tags"] = json!({"type": "array", "x-kubernetes-list-type": "set",
+        "items": {"type": "string"}});
+    spec_props["owners"] = json!({"type": "array", "x-kubernetes-list-type": "atomic",
+        "items": {"type": "string"}});
+    create_established(&client, crd).await;
+    let api = widgets(&client, "default");
+    let apply = |manager: &'static str, spec: Value| {
+        let api = api.clone();
+        async move {
+            api.patch(
+                "w",
+                &PatchParams::apply(manager),
+                &Patch::Apply(json!({"apiVersion": "example.com/v1", "kind": "Widget",
+                                     "metadata": {"name": "w"}, "spec": spec})),
+            )
+            .await
+        }
+    };
+    apply(
+        "a",
+        json!({"size": 1, "ports": [{"name": "http", "port": 80}], "tags": ["x"], "owners": ["ann"]}),
+    )
+    .await
+    .unwrap();
+    let merged = apply(
+        "b",
+        json!({"ports": [{"name": "metrics", "port": 9090}], "tags": ["y"]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        merged.data["spec"]["ports"],
+        json!([{"name": "http", "port": 80}, {"name": "metrics", "port": 9090}])
+    );
+    assert_eq!(merged.data["spec"]["tags"], json!(["x", "y"]));
+    let err = apply("b", json!({"owners": ["bob"]})).await.unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 409),
+        "{err}"
+    );
+}
+
 /// `status/naming_controller.go`: a second definition of the group asking for a plural
 /// the first holds gets `NamesAccepted=False` with `"<plural>" is already in use`, and is
 /// not served.

@@ -717,7 +717,7 @@ async fn patch_object(scope: &RequestScope) -> Result<(StatusCode, Value), ApiEr
         check_applied_type(def, &patch_doc)?;
     }
     let patch_doc = Arc::new(patch_doc);
-    let schema = patch::schema_for(def.group, def.kind);
+    let schema = crate::crd::merge_schema(def);
     for _ in 0..MAX_WRITE_ATTEMPTS {
         let current = match get_object(&*state.store, def, ns, name).await {
             Ok(found) => Some(found),

@@ -296,7 +296,7 @@ pub(crate) fn record_manager(
     let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()) else {
         return;
     };
-    let schema = patch::schema_for(def.group, def.kind);
+    let schema = crate::crd::merge_schema(def);
     *obj = patch::record_update(old, obj, manager, schema, &meta::now_rfc3339());
 }
 

@@ -22,6 +22,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use parking_lot::{Mutex, RwLock};
 use serde_json::{Value, json};
 
+use crate::patch::{ListStrategy, TypeNode};
 use crate::registry::{
     Column, FieldError, NameRule, ResourceDef, meta, no_defaults,
     table::{AGE, NAME},
@@ -340,6 +341,47 @@ pub struct Custom {
     pub scale: Option<ScalePaths>,
     /// `selectableFields`: the field-selector paths (`spec.color`) beyond the metadata ones.
     pub selectable: Vec<String>,
+    /// The list semantics server-side apply merges by, from the schema's
+    /// `x-kubernetes-list-type` and `x-kubernetes-list-map-keys` (see [`merge_node`]).
+    pub merge: &'static TypeNode,
+}
+
+/// The shape server-side apply merges a custom resource by, from its structural schema
+/// (upstream's `structural` schema → `managedfields` type converter): `properties` are
+/// fields, `additionalProperties` a map, and a list is atomic unless
+/// `x-kubernetes-list-type` says `set` (a set of scalars) or `map` (objects merged by the
+/// value of their `x-kubernetes-list-map-keys`). A map list with several keys is merged
+/// by its first key here (this server's merge identifies an element by one field).
+pub fn merge_node(schema: &Value) -> TypeNode {
+    if let Some(props) = schema["properties"].as_object() {
+        return TypeNode::Object(
+            props
+                .iter()
+                .map(|(k, v)| (leak(k), merge_node(v)))
+                .collect(),
+        );
+    }
+    if schema["additionalProperties"].is_object() {
+        return TypeNode::Map(Box::new(merge_node(&schema["additionalProperties"])));
+    }
+    if schema["type"] == "array" {
+        let strategy = match schema["x-kubernetes-list-type"].as_str() {
+            Some("set") => ListStrategy::Set,
+            Some("map") => match schema["x-kubernetes-list-map-keys"][0].as_str() {
+                Some(key) => ListStrategy::MergeByKey(leak(key)),
+                None => ListStrategy::Replace,
+            },
+            _ => ListStrategy::Replace,
+        };
+        return TypeNode::List {
+            strategy,
+            item: Box::new(merge_node(&schema["items"])),
+        };
+    }
+    match schema["type"].as_str() {
+        Some("object") | None => TypeNode::Any,
+        Some(_) => TypeNode::Scalar,
+    }
 }
 
 impl Custom {
@@ -362,6 +404,16 @@ type Cache = HashMap<String, Vec<&'static ResourceDef>>;
 
 static BUILT: LazyLock<Mutex<Cache>> = LazyLock::new(Mutex::default);
 static CUSTOM: LazyLock<RwLock<HashMap<usize, Arc<Custom>>>> = LazyLock::new(RwLock::default);
+
+/// The shape server-side apply and managed fields merge objects of `def` by: a custom
+/// resource's from its schema ([`merge_node`]), a built-in's from
+/// [`schema_for`](crate::patch::schema_for).
+pub fn merge_schema(def: &ResourceDef) -> &'static TypeNode {
+    match custom(def) {
+        Some(c) => c.merge,
+        None => crate::patch::schema_for(def.group, def.kind),
+    }
+}
 
 /// The [`Custom`] of `def` if it is a custom resource's definition.
 pub fn custom(def: &ResourceDef) -> Option<Arc<Custom>> {
@@ -485,7 +537,10 @@ pub fn served_defs(crd: &Value) -> Vec<&'static ResourceDef> {
                 str::to_owned,
             )
         });
+        let merge: &'static TypeNode =
+            Box::leak(Box::new(merge_node(&v["schema"]["openAPIV3Schema"])));
         let custom = Custom {
+            merge,
             crd_name: crd_name.clone(),
             schema: v["schema"]["openAPIV3Schema"].clone(),
             storage_api_version: format!("{group}/{storage_version}"),
@@ -655,6 +710,21 @@ mod tests {
         assert_eq!(a[0].storage, "cache.example.com/gadgets");
         assert_eq!(custom(a[0]).unwrap().crd_name, "gadgets.cache.example.com");
         assert!(custom(&CUSTOM_RESOURCE_DEFINITIONS).is_none());
+    }
+
+    /// `x-kubernetes-list-type`: `set` and `map` (by the first map key) lists merge by
+    /// element, others (`atomic` or none) are replaced whole.
+    #[test]
+    fn list_types_give_the_merge_strategy() {
+        let node = merge_node(&json!({"type": "object", "properties": {
+            "m": {"type": "array", "x-kubernetes-list-type": "map",
+                  "x-kubernetes-list-map-keys": ["name"], "items": {"type": "object"}},
+            "s": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}},
+            "a": {"type": "array", "items": {"type": "string"}},
+        }}));
+        assert_eq!(node.field("m").list().0, ListStrategy::MergeByKey("name"));
+        assert_eq!(node.field("s").list().0, ListStrategy::Set);
+        assert_eq!(node.field("a").list().0, ListStrategy::Replace);
     }
 
     /// `customresource/strategy.go GetAttrs` with `selectableFields`: the declared paths
