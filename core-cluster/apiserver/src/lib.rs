@@ -11,7 +11,7 @@
 //! the controllers or the simulator: they are clients of this server, never the reverse.
 
 // The lower layers under the paths this code has always used (`crate::registry::…`).
-pub(crate) use core_cluster_machinery::{openapi, patch, registry};
+pub(crate) use core_cluster_machinery::{apiservice, crd, openapi, patch, registry};
 pub(crate) use core_cluster_store as store;
 
 pub mod api;

@@ -6,6 +6,9 @@
 //! - [`registry`]: the served resources, one definition each (scope, subresources,
 //!   defaulting, validation, table columns, field selectors), Service IP/port allocation,
 //!   and [`FieldError`](registry::FieldError), upstream's `field.Error`;
+//! - [`apiservice`]: `apiregistration.k8s.io/v1` APIServices (Local ones only);
+//! - [`crd`]: custom resource definitions, the resources they serve and their structural
+//!   schemas (pruning, defaulting, validation);
 //! - [`patch`]: JSON, merge, strategic-merge patches and server-side apply;
 //! - [`openapi`]: the OpenAPI v3 documents (`/openapi/v3`) kubectl needs for `apply`
 //!   validation and `explain`;
@@ -16,7 +19,9 @@
 //! library (axum, hyper, rusqlite, rustls, tokio-rustls, rcgen, x509-parser); Cargo refuses
 //! a dependency cycle, so nothing here can reach back up.
 
+pub mod apiservice;
 pub mod clock;
+pub mod crd;
 pub mod health;
 pub mod openapi;
 pub mod patch;

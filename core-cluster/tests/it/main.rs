@@ -6,6 +6,7 @@ mod authz;
 mod conformance;
 mod connection_limits;
 mod controllers_ipam_gc;
+mod crd;
 mod disruption;
 mod durability;
 mod endpoints;

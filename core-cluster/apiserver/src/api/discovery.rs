@@ -292,7 +292,9 @@ mod tests {
                 "authorization.k8s.io",
                 "apps",
                 "batch",
-                "policy"
+                "policy",
+                "apiextensions.k8s.io",
+                "apiregistration.k8s.io"
             ]
         );
         assert!(group(&Registry::standard(), "events.k8s.io").is_some());

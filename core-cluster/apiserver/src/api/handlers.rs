@@ -436,6 +436,13 @@ pub(crate) async fn handle(
 ) -> (String, Response) {
     let (warnings, (verb, mut response)) = WARNINGS
         .scope(Default::default(), async {
+            // A deprecated version of a custom resource: every request says so
+            // (upstream's `deprecation.WarningMessage` via the CRD handler).
+            if let Some(warning) =
+                crate::crd::custom(target.def).and_then(|c| c.deprecation.clone())
+            {
+                warn(warning);
+            }
             let out = handle_inner(state, target, request).await;
             (WARNINGS.with(|w| w.take()), out)
         })
@@ -583,14 +590,34 @@ fn field_validation(query: &Query) -> Result<FieldValidation, ApiError> {
 fn check_body(def: &ResourceDef, obj: &mut Value, query: &Query) -> Result<(), ApiError> {
     patch::limits::check_depth(obj).map_err(ApiError::bad_request)?;
     super::type_meta::default_from_path(obj, &def.api_version(), def.kind)?;
+    let validation = field_validation(query)?;
+    if let Some(custom) = crate::crd::custom(def) {
+        // A custom resource: its structural schema prunes and defaults (upstream's
+        // `pruning.PruneWithOptions` and `structuraldefaulting.Default` on decode); the
+        // pruned fields are the unknown ones `fieldValidation` reports.
+        let normalized = custom.normalize(obj);
+        report_unknown(&unknown_fields(obj, &normalized), validation)?;
+        *obj = normalized;
+        return Ok(());
+    }
     let normalized = (def.typed)(obj).map_err(|e| {
         ApiError::bad_request(format!(
             "{} in version \"{}\" cannot be handled as a {}: {e}",
             def.kind, def.version, def.kind
         ))
     })?;
-    let validation = field_validation(query)?;
     let unknown = unknown_fields(obj, &normalized);
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    report_unknown(&unknown, validation)?;
+    prune_unknown(obj, &normalized);
+    Ok(())
+}
+
+/// `fieldValidation` over the unknown fields of a write: `Strict` refuses them (400
+/// "unknown field"), `Warn` warns of each, `Ignore` says nothing.
+fn report_unknown(unknown: &[String], validation: FieldValidation) -> Result<(), ApiError> {
     if unknown.is_empty() {
         return Ok(());
     }
@@ -608,7 +635,6 @@ fn check_body(def: &ResourceDef, obj: &mut Value, query: &Query) -> Result<(), A
         FieldValidation::Warn => list.into_iter().take(MAX_WARNINGS).for_each(warn),
         FieldValidation::Ignore => {}
     }
-    prune_unknown(obj, &normalized);
     Ok(())
 }
 
@@ -691,7 +717,7 @@ async fn patch_object(scope: &RequestScope) -> Result<(StatusCode, Value), ApiEr
         check_applied_type(def, &patch_doc)?;
     }
     let patch_doc = Arc::new(patch_doc);
-    let schema = patch::schema_for(def.group, def.kind);
+    let schema = crate::crd::merge_schema(def);
     for _ in 0..MAX_WRITE_ATTEMPTS {
         let current = match get_object(&*state.store, def, ns, name).await {
             Ok(found) => Some(found),

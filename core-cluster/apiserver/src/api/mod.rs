@@ -177,8 +177,8 @@ impl ApiServer {
         let watchers = Arc::new(watch::Watchers::new(config.watch_limits, &metrics));
         let state = Arc::new(ServerState {
             store,
+            registry: storage.registry.clone(),
             storage,
-            registry: Registry::standard(),
             config,
             metrics,
             openapi: crate::openapi::OpenApiDocuments::new(&crate::openapi::served_resources()),
@@ -196,6 +196,8 @@ impl ApiServer {
     async fn bootstrap(&self) -> Result<(), ApiError> {
         let storage = &self.state.storage;
         quarantine_unreadable(storage).await?;
+        // The custom resources of the stored definitions are served from the start.
+        crate::storage::crd::reconcile(storage).await;
         // Built after the quarantine, from what the server can read.
         self.state.authorizer.load().await?;
         let reader = storage.reader();
@@ -751,8 +753,15 @@ async fn metrics_endpoint(State(state): State<Arc<ServerState>>) -> Response {
     response
 }
 
+/// The custom resources served now, whose OpenAPI documents follow their definitions.
+fn custom_resources(state: &ServerState) -> Vec<&'static ResourceDef> {
+    let builtin = state.registry.builtin().len();
+    state.registry.all().split_off(builtin)
+}
+
 async fn openapi_index(State(state): State<Arc<ServerState>>) -> Response {
-    let mut r = (StatusCode::OK, state.openapi.index().to_vec()).into_response();
+    let index = state.openapi.index_with_custom(&custom_resources(&state));
+    let mut r = (StatusCode::OK, index).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -764,9 +773,12 @@ async fn openapi_group_version(
     State(state): State<Arc<ServerState>>,
     axum::extract::Path(path): axum::extract::Path<String>,
 ) -> Response {
-    match state.openapi.group_version(&path) {
+    match state
+        .openapi
+        .group_version_with_custom(&custom_resources(&state), &path)
+    {
         Some(doc) => {
-            let mut r = (StatusCode::OK, doc.to_vec()).into_response();
+            let mut r = (StatusCode::OK, doc).into_response();
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),

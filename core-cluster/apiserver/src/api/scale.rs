@@ -1,5 +1,8 @@
 //! The `scale` subresource of Deployments and ReplicaSets: an `autoscaling/v1` `Scale`
-//! view of `spec.replicas`, read, replaced and patched (`kubectl scale`, HPA).
+//! view of `spec.replicas`, read, replaced and patched (`kubectl scale`, HPA); and of custom
+//! resources whose definition gives a `scale` subresource, at its `specReplicasPath`,
+//! `statusReplicasPath` and `labelSelectorPath` (upstream's
+//! `apiextensions-apiserver/pkg/registry/customresource/etcd.go ScaleREST`).
 
 use serde_json::{Value, json};
 
@@ -8,8 +11,9 @@ use super::{
     status::{ApiError, FieldError},
 };
 use crate::{
+    crd,
     patch::{self, PatchType},
-    registry::{meta::meta_mut, workloads::selector_string},
+    registry::{ResourceDef, meta::meta_mut, workloads::selector_string},
     storage::{ObjectKey, WriteContext, get_list::get_object, update::update_object},
 };
 
@@ -33,10 +37,52 @@ pub(crate) fn to_scale(obj: &Value) -> Value {
     })
 }
 
+/// The `Scale` of an object of `def`: [`to_scale`], or a custom resource's at its paths.
+fn scale_of(def: &ResourceDef, obj: &Value) -> Value {
+    let Some(paths) = crd::custom(def).and_then(|c| c.scale.clone()) else {
+        return to_scale(obj);
+    };
+    let mut scale = to_scale(obj);
+    let at = |path: &str| crd::json_path(obj, path).cloned().unwrap_or(Value::Null);
+    scale["apiVersion"] = json!("autoscaling/v1");
+    scale["spec"]["replicas"] = json!(at(&paths.spec_replicas).as_i64().unwrap_or(0));
+    scale["status"]["replicas"] = json!(at(&paths.status_replicas).as_i64().unwrap_or(0));
+    scale["status"]["selector"] = json!(
+        paths
+            .label_selector
+            .as_deref()
+            .and_then(|p| at(p).as_str().map(str::to_owned))
+            .unwrap_or_default()
+    );
+    scale
+}
+
+/// Sets `replicas` at the spec path of `def`'s scale (`.spec.replicas` for built-ins).
+fn set_replicas(def: &ResourceDef, obj: &mut Value, replicas: i64) {
+    let path = crd::custom(def)
+        .and_then(|c| c.scale.clone())
+        .map_or_else(|| ".spec.replicas".to_owned(), |p| p.spec_replicas);
+    let mut cur = obj;
+    let parts: Vec<&str> = path.trim_start_matches('.').split('.').collect();
+    for (i, part) in parts.iter().enumerate() {
+        if i + 1 == parts.len() {
+            cur[*part] = json!(replicas);
+        } else {
+            if !cur[*part].is_object() {
+                cur[*part] = json!({});
+            }
+            cur = &mut cur[*part];
+        }
+    }
+}
+
 /// GET of the scale subresource.
 pub(crate) async fn get(state: &ServerState, key: ObjectKey<'_>) -> Result<Value, ApiError> {
     let (def, ns, name) = (key.def, key.namespace, key.name);
-    Ok(to_scale(&get_object(&*state.store, def, ns, name).await?.1))
+    Ok(scale_of(
+        def,
+        &get_object(&*state.store, def, ns, name).await?.1,
+    ))
 }
 
 /// PUT of the scale subresource: `spec.replicas` of the `Scale` becomes the object's (with
@@ -71,7 +117,7 @@ pub(crate) async fn put(
         }
     };
     let mut obj = get_object(&*state.store, def, ns, name).await?.1;
-    obj["spec"]["replicas"] = json!(n);
+    set_replicas(def, &mut obj, n);
     match scale["metadata"]["resourceVersion"].as_str() {
         Some(rv) if !rv.is_empty() => {
             meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv));
@@ -82,7 +128,7 @@ pub(crate) async fn put(
     }
     // The object is the stored one with a new `spec.replicas`: no body to decode.
     let updated = update_object(&state.storage, ctx, key, None, obj).await?;
-    Ok(to_scale(&updated))
+    Ok(scale_of(def, &updated))
 }
 
 /// PATCH of the scale subresource: the patch (JSON, merge or strategic merge) is applied

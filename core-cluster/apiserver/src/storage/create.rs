@@ -49,6 +49,30 @@ pub(crate) async fn check_namespace(
     }
 }
 
+/// `customresource_handler.go serveResource`: no custom resource is created while its
+/// definition is terminating (its objects are being deleted), with upstream's 405
+/// `create not allowed while custom resource definition is terminating`. The definition is
+/// read from the store, so the refusal starts with the deletion's commit.
+async fn refuse_while_definition_terminates(
+    state: &Storage,
+    def: &ResourceDef,
+) -> Result<(), ApiError> {
+    let Some(custom) = crate::crd::custom(def) else {
+        return Ok(());
+    };
+    let crds = &crate::crd::CUSTOM_RESOURCE_DEFINITIONS;
+    match get_object(&*state.store, crds, None, &custom.crd_name).await {
+        Ok((_, crd)) if !crd["metadata"]["deletionTimestamp"].is_null() => {
+            Err(ApiError::method_not_supported(
+                def.group,
+                def.plural,
+                "create not allowed while custom resource definition is terminating",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Creates an object (POST), as kube-apiserver's generic registry does. The body was
 /// decoded and checked against its type by the caller.
 pub(crate) async fn create_object(
@@ -58,6 +82,7 @@ pub(crate) async fn create_object(
     ns: Option<&str>,
     mut obj: Value,
 ) -> Result<Value, ApiError> {
+    refuse_while_definition_terminates(state, def).await?;
     let meta = meta_mut(&mut obj);
     if def.namespaced {
         let ns = ns.ok_or_else(|| {
@@ -143,9 +168,18 @@ pub(crate) async fn create_object(
     if def.generation {
         meta_mut(&mut obj).insert("generation".into(), json!(1));
     }
+    if def.status
+        && crate::crd::is_custom(def)
+        && let Some(o) = obj.as_object_mut()
+    {
+        // `customresource/strategy.go PrepareForCreate`: with a status subresource, the
+        // status is written through it alone.
+        o.remove("status");
+    }
     (def.prepare_create)(&mut obj);
     errors.extend(meta::validate_object_meta(&obj));
     errors.extend((def.validate)(&obj, None));
+    errors.extend(super::custom_errors(def, &obj));
     if !errors.is_empty() {
         return Err(invalid(def, &probe_name, errors));
     }
@@ -262,7 +296,7 @@ pub(crate) fn record_manager(
     let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()) else {
         return;
     };
-    let schema = patch::schema_for(def.group, def.kind);
+    let schema = crate::crd::merge_schema(def);
     *obj = patch::record_update(old, obj, manager, schema, &meta::now_rfc3339());
 }
 

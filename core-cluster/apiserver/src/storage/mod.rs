@@ -10,6 +10,8 @@
 //! the [`observe::WriteObserver`]s.
 
 pub(crate) mod admission;
+pub(crate) mod apiservice;
+pub(crate) mod crd;
 pub(crate) mod create;
 pub(crate) mod delete;
 pub(crate) mod eviction;
@@ -153,6 +155,10 @@ impl Storage {
             let mut observers = observers;
             observers.push(Arc::new(namespace::NamespaceFinalizer {
                 storage: self_ref.clone(),
+            }));
+            observers.push(Arc::new(crd::CrdController {
+                storage: self_ref.clone(),
+                running: Arc::default(),
             }));
             Storage {
                 self_ref: self_ref.clone(),
@@ -366,6 +372,12 @@ pub(crate) const MAX_WRITE_ATTEMPTS: usize = 16;
 /// How many names `generateName` tries before giving up (KEP-4420).
 pub(crate) const GENERATE_NAME_ATTEMPTS: usize = 8;
 
+/// The schema validation of a custom resource (none for built-in resources, whose
+/// strategy validates them).
+pub(crate) fn custom_errors(def: &ResourceDef, obj: &Value) -> Vec<FieldError> {
+    crate::crd::custom(def).map_or_else(Vec::new, |c| c.validate(obj))
+}
+
 pub(crate) fn qualified(def: &ResourceDef, name: &str) -> Qualified {
     Qualified::new(def.group, def.plural, name)
 }
@@ -375,6 +387,12 @@ pub(crate) fn decode(def: &ResourceDef, value: &[u8], revision: u64) -> Result<V
     let stored: Value = serde_json::from_slice(value)
         .map_err(|e| ApiError::internal(format!("stored object is not JSON: {e}")))?;
     let mut obj = (def.from_storage)(stored);
+    if crate::crd::is_custom(def)
+        && let Some(o) = obj.as_object_mut()
+    {
+        // `None` conversion: one stored form, served under each version's apiVersion.
+        o.insert("apiVersion".into(), json!(def.api_version()));
+    }
     meta_mut(&mut obj).insert("resourceVersion".into(), json!(revision.to_string()));
     Ok(obj)
 }
@@ -396,6 +414,11 @@ pub(crate) fn encode(state: &Storage, def: &ResourceDef, obj: &Value) -> Result<
         ));
     }
     let mut stored = (def.to_storage)(obj.clone());
+    if let Some(custom) = crate::crd::custom(def)
+        && let Some(o) = stored.as_object_mut()
+    {
+        o.insert("apiVersion".into(), json!(custom.storage_api_version));
+    }
     meta_mut(&mut stored).remove("resourceVersion");
     let bytes = serde_json::to_vec(&stored)
         .map_err(|e| ApiError::internal(format!("encoding the object: {e}")))?;

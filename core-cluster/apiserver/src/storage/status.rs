@@ -206,6 +206,21 @@ impl ApiError {
         )
     }
 
+    /// 405 with its own message and the resource in the details: upstream's
+    /// `errors.NewMethodNotSupported` with the message replaced, as
+    /// `customresource_handler.go serveResource` answers a create while the definition is
+    /// terminating.
+    pub fn method_not_supported(group: &str, resource: &str, message: impl Into<String>) -> Self {
+        let mut details = json!({ "kind": resource });
+        if !group.is_empty() {
+            details["group"] = json!(group);
+        }
+        ApiError {
+            details: Some(details),
+            ..Self::new(405, "MethodNotAllowed", message)
+        }
+    }
+
     /// 405 for a method a resource's path does not serve at all (a `GET` of a review, which
     /// is create-only): go-restful's 405 as kube-apiserver's `serviceErrorHandler` writes it
     /// (`NewGenericServerResponse`), which `kubectl` shows as "the server does not allow this

@@ -159,7 +159,13 @@ pub(crate) async fn commit_update(
         }
     }
     meta.remove("resourceVersion");
-    if def.generation && sub.is_none() && differs(&new, current, "spec") {
+    let spec_changed = if crate::crd::is_custom(def) {
+        // A custom resource's generation counts every change but metadata and status.
+        crate::crd::schema::spec_changed(current, &new)
+    } else {
+        differs(&new, current, "spec")
+    };
+    if def.generation && sub.is_none() && spec_changed {
         let generation = old_meta["generation"].as_i64().unwrap_or(0) + 1;
         meta_mut(&mut new).insert("generation".into(), json!(generation));
     }
@@ -185,6 +191,7 @@ pub(crate) async fn commit_update(
         }
     }
     errors.extend((def.validate)(&new, Some(current)));
+    errors.extend(super::custom_errors(def, &new));
     if !errors.is_empty() {
         return Err(invalid(def, name, errors));
     }

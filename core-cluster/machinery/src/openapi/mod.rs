@@ -30,6 +30,7 @@
 //!   it under `<reversed group>.<version>.<Kind>` (`io.k8s.api.core` for the core group),
 //!   the naming upstream uses for custom resources.
 
+mod custom;
 mod paths;
 mod served;
 
@@ -100,7 +101,7 @@ pub fn schema_of<T: schemars::JsonSchema>(generator: &mut SchemaGenerator) -> Sc
 }
 
 /// One precomputed group-version document.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Document {
     body: Vec<u8>,
     hash: String,
@@ -110,7 +111,12 @@ struct Document {
 #[derive(Debug)]
 pub struct OpenApiDocuments {
     index: Vec<u8>,
+    /// The index's `paths` of the built-in group-versions.
+    index_paths: Map<String, Value>,
     documents: BTreeMap<String, Document>,
+    /// The custom resources' documents by group-version path, each with the definitions
+    /// it was built from (see [`custom`]).
+    custom: parking_lot::Mutex<BTreeMap<String, custom::Built>>,
 }
 
 impl OpenApiDocuments {
@@ -139,7 +145,12 @@ impl OpenApiDocuments {
         }
         let index = serde_json::to_vec(&json!({ "paths": index_paths }))
             .expect("a JSON value always serializes");
-        Self { index, documents }
+        Self {
+            index,
+            index_paths,
+            documents,
+            custom: parking_lot::Mutex::default(),
+        }
     }
 
     /// The body of `GET /openapi/v3`:
@@ -365,6 +376,11 @@ fn build_document(resources: &[&OpenApiResource]) -> Value {
     for resource in resources {
         paths::add_resource_paths(&mut paths, &mut components, resource);
     }
+    assemble(paths, components)
+}
+
+/// The document of `paths` and the schemas of `components`.
+fn assemble(paths: Map<String, Value>, components: Components) -> Value {
     let mut sorted: Vec<(String, Value)> = paths.into_iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
     let paths: Map<String, Value> = sorted.into_iter().collect();

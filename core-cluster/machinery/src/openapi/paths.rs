@@ -412,19 +412,38 @@ pub(super) fn add_resource_paths(
         group,
         version,
         kind,
-        plural,
-        namespaced,
-        subresources,
         schema,
+        ..
     } = *resource;
-    let names = names(resource);
     let gvk = gvk_value(group, version, kind);
-
     let name = components.add_kind(
         schema,
         fallback_schema_name(group, version, kind),
         gvk.clone(),
     );
+    add_paths_of_kind(paths, components, resource, &name);
+}
+
+/// Adds the paths of `resource`, whose kind's schema is already among the components as
+/// `name` (its [`OpenApiResource::schema`] is not called), and its list's schema.
+pub(super) fn add_paths_of_kind(
+    paths: &mut Map<String, Value>,
+    components: &mut Components,
+    resource: &OpenApiResource,
+    name: &str,
+) {
+    let OpenApiResource {
+        group,
+        version,
+        kind,
+        plural,
+        namespaced,
+        subresources,
+        schema: _,
+    } = *resource;
+    let names = names(resource);
+    let gvk = gvk_value(group, version, kind);
+    let name = name.to_owned();
     let list_name = components.add_list(&name, group, version, kind);
     let object = reference(&name);
     let list = reference(&list_name);

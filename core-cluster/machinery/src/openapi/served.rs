@@ -59,7 +59,8 @@ const fn grouped(
 /// Lease; `discovery.k8s.io/v1` EndpointSlice; `events.k8s.io/v1` Event;
 /// `rbac.authorization.k8s.io/v1` Role, ClusterRole, RoleBinding, ClusterRoleBinding;
 /// `authorization.k8s.io/v1` the four access reviews; `apps/v1` Deployment, ReplicaSet,
-/// DaemonSet; `batch/v1` Job; `policy/v1` PodDisruptionBudget.
+/// DaemonSet; `batch/v1` Job; `policy/v1` PodDisruptionBudget; `apiextensions.k8s.io/v1`
+/// CustomResourceDefinition; `apiregistration.k8s.io/v1` APIService.
 pub fn served_resources() -> Vec<OpenApiResource> {
     vec![
         core(
@@ -216,6 +217,26 @@ pub fn served_resources() -> Vec<OpenApiResource> {
             namespaced: true,
             subresources: &["status"],
             schema: schema_of::<PodDisruptionBudget>,
+        },
+        OpenApiResource {
+            group: "apiextensions.k8s.io",
+            version: "v1",
+            kind: "CustomResourceDefinition",
+            plural: "customresourcedefinitions",
+            namespaced: false,
+            subresources: &["status"],
+            schema: schema_of::<
+                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+            >,
+        },
+        OpenApiResource {
+            group: "apiregistration.k8s.io",
+            version: "v1",
+            kind: "APIService",
+            plural: "apiservices",
+            namespaced: false,
+            subresources: &["status"],
+            schema: schema_of::<k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService>,
         },
     ]
 }

@@ -191,6 +191,8 @@ fn index_links_every_group_version_with_its_hash() {
         keys,
         [
             "api/v1",
+            "apis/apiextensions.k8s.io/v1",
+            "apis/apiregistration.k8s.io/v1",
             "apis/apps/v1",
             "apis/authorization.k8s.io/v1",
             "apis/batch/v1",

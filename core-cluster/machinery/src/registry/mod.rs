@@ -15,6 +15,9 @@ pub mod selectors;
 pub mod table;
 pub mod workloads;
 
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
 
@@ -49,6 +52,8 @@ pub static ALL: &[&ResourceDef] = &[
     &workloads::DAEMON_SETS,
     &workloads::JOBS,
     &policy::POD_DISRUPTION_BUDGETS,
+    &crate::crd::CUSTOM_RESOURCE_DEFINITIONS,
+    &crate::apiservice::API_SERVICES,
 ];
 
 pub use meta::NameRule;
@@ -150,7 +155,10 @@ impl ResourceDef {
                     .unwrap_or("")
                     .to_owned(),
             ),
-            other => (self.field)(obj, other),
+            other => match crate::crd::custom(self) {
+                Some(custom) => crate::crd::selectable_value(&custom, obj, other),
+                None => (self.field)(obj, other),
+            },
         }
     }
 
@@ -162,7 +170,9 @@ impl ResourceDef {
 
     /// Whether a field-selector path is supported.
     pub fn supports_field(&self, path: &str) -> bool {
-        matches!(path, "metadata.name" | "metadata.namespace") || self.field_paths.contains(&path)
+        matches!(path, "metadata.name" | "metadata.namespace")
+            || self.field_paths.contains(&path)
+            || crate::crd::custom(self).is_some_and(|c| c.selectable.iter().any(|p| p == path))
     }
 }
 
@@ -215,35 +225,96 @@ fn collect_unknown(given: &Value, known: &Value, path: String, out: &mut Vec<Str
     }
 }
 
-/// The set of served resources.
-#[derive(Debug)]
+/// The set of served resources: the built-in ones ([`ALL`]) and those that custom resource
+/// definitions add and remove at run time.
+///
+/// How it grows and shrinks: the built-in definitions are a plain slice, searched first
+/// and without a lock, so a request for a built-in resource costs what it did. The custom
+/// ones are a list of `(definition name, served versions)` behind a lock that only the
+/// CRD controller writes (see [`Registry::set_custom`]); a request for a custom resource,
+/// or one that matches nothing built in, takes a short read lock. Clones share the custom
+/// list, so the API server's routing, discovery and its storage layer see one set.
+#[derive(Debug, Clone)]
 pub struct Registry {
-    defs: Vec<&'static ResourceDef>,
+    defs: &'static [&'static ResourceDef],
+    custom: Arc<RwLock<Vec<CustomEntry>>>,
 }
 
+/// One custom resource definition's name and the versions it serves.
+type CustomEntry = (String, Vec<&'static ResourceDef>);
+
 impl Registry {
-    /// The standard set (see [`ALL`]).
+    /// The standard set (see [`ALL`]), with no custom resources yet.
     pub fn standard() -> Self {
-        Registry { defs: ALL.to_vec() }
+        Registry {
+            defs: ALL,
+            custom: Arc::default(),
+        }
     }
 
-    /// Every resource.
-    pub fn all(&self) -> &[&'static ResourceDef] {
-        &self.defs
+    /// Every resource: the built-in ones in discovery order, then the custom ones in the
+    /// order their definitions were established.
+    pub fn all(&self) -> Vec<&'static ResourceDef> {
+        let mut out = self.defs.to_vec();
+        for (_, defs) in self.custom.read().iter() {
+            out.extend(defs.iter().copied());
+        }
+        out
+    }
+
+    /// The built-in resources alone.
+    pub fn builtin(&self) -> &'static [&'static ResourceDef] {
+        self.defs
     }
 
     /// The resource at `group/version/plural`.
     pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
-        self.defs
+        let matches =
+            |d: &&ResourceDef| d.group == group && d.version == version && d.plural == plural;
+        if let Some(d) = self.defs.iter().copied().find(matches) {
+            return Some(d);
+        }
+        self.custom
+            .read()
             .iter()
-            .copied()
-            .find(|d| d.group == group && d.version == version && d.plural == plural)
+            .flat_map(|(_, defs)| defs.iter().copied())
+            .find(matches)
+    }
+
+    /// Serves `defs` (the versions of the custom resource definition `name`), replacing
+    /// what that definition served before.
+    pub fn set_custom(&self, name: &str, defs: Vec<&'static ResourceDef>) {
+        let mut custom = self.custom.write();
+        match custom.iter_mut().find(|(n, _)| n == name) {
+            Some((_, served)) => *served = defs,
+            None => custom.push((name.to_owned(), defs)),
+        }
+    }
+
+    /// Stops serving what the custom resource definition `name` served.
+    pub fn remove_custom(&self, name: &str) {
+        self.custom.write().retain(|(n, _)| n != name);
+    }
+
+    /// The versions the custom resource definition `name` serves now.
+    pub fn custom(&self, name: &str) -> Vec<&'static ResourceDef> {
+        self.custom
+            .read()
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, defs)| defs.clone())
+            .unwrap_or_default()
+    }
+
+    /// The names of the custom resource definitions served now.
+    pub fn custom_names(&self) -> Vec<String> {
+        self.custom.read().iter().map(|(n, _)| n.clone()).collect()
     }
 
     /// The group-versions served, core first.
     pub fn group_versions(&self) -> Vec<(&'static str, &'static str)> {
         let mut out: Vec<(&str, &str)> = Vec::new();
-        for d in &self.defs {
+        for d in self.all() {
             if !out.contains(&(d.group, d.version)) {
                 out.push((d.group, d.version));
             }

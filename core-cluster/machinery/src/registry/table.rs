@@ -113,6 +113,20 @@ pub fn table(
     include_columns: bool,
 ) -> Value {
     let now = jiff::Timestamp::now().as_second();
+    if let Some(custom) = crate::crd::custom(def) {
+        let rows: Vec<Value> = objects
+            .iter()
+            .map(|o| json!({"cells": crate::crd::table_cells(&custom, o, now), "object": partial_metadata(o)}))
+            .collect();
+        let columns = crate::crd::table_columns(&custom);
+        return finish_table(
+            rows,
+            columns,
+            resource_version,
+            continue_token,
+            include_columns,
+        );
+    }
     let columns: Vec<Value> = def
         .columns
         .iter()
@@ -130,6 +144,22 @@ pub fn table(
             })
         })
         .collect();
+    finish_table(
+        rows,
+        columns,
+        resource_version,
+        continue_token,
+        include_columns,
+    )
+}
+
+fn finish_table(
+    rows: Vec<Value>,
+    columns: Vec<Value>,
+    resource_version: &str,
+    continue_token: Option<&str>,
+    include_columns: bool,
+) -> Value {
     let mut metadata = json!({ "resourceVersion": resource_version });
     if let Some(token) = continue_token {
         metadata["continue"] = json!(token);

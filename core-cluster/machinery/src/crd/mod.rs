@@ -1,0 +1,743 @@
+//! CustomResourceDefinitions (`apiextensions.k8s.io/v1`): the definition's own resource
+//! ([`CUSTOM_RESOURCE_DEFINITIONS`]) with upstream's validation
+//! (`apiextensions-apiserver/pkg/apis/apiextensions/validation`), and the
+//! [`ResourceDef`]s a definition serves ([`served_defs`]), one per served version.
+//!
+//! How a custom resource is served: its [`ResourceDef`] is built at run time and leaked, so
+//! it is `&'static` as the built-in ones are and the generic storage layer serves it
+//! unchanged. What the fixed `fn` strategy of a [`ResourceDef`] cannot carry (the schema,
+//! the printer columns, the storage version) is its [`Custom`], found from the definition
+//! with [`custom`]. Definitions are built once per distinct content and cached, so creating
+//! the same definition again (a test, a restarted server) leaks nothing more; only a
+//! changed definition leaks its new, small definitions.
+
+pub mod schema;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, LazyLock},
+};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use parking_lot::{Mutex, RwLock};
+use serde_json::{Value, json};
+
+use crate::patch::{ListStrategy, TypeNode};
+use crate::registry::{
+    Column, FieldError, NameRule, ResourceDef, meta, no_defaults,
+    table::{AGE, NAME},
+    typed,
+};
+
+/// The group of custom resource definitions.
+pub const GROUP: &str = "apiextensions.k8s.io";
+
+/// The finalizer that makes deleting a definition delete its objects first (upstream's
+/// `apiextensionsv1.CustomResourceCleanupFinalizer`).
+pub const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
+
+fn identity(v: Value) -> Value {
+    v
+}
+
+fn no_fields(_: &Value, _: &str) -> Option<String> {
+    None
+}
+
+fn no_rules(_: &Value, _: Option<&Value>) -> Vec<FieldError> {
+    Vec::new()
+}
+
+/// `apiextensions.k8s.io/v1` customresourcedefinitions.
+pub static CUSTOM_RESOURCE_DEFINITIONS: ResourceDef = ResourceDef {
+    group: GROUP,
+    version: "v1",
+    kind: "CustomResourceDefinition",
+    plural: "customresourcedefinitions",
+    singular: "customresourcedefinition",
+    short_names: &["crd", "crds"],
+    categories: &["api-extensions"],
+    namespaced: false,
+    status: true,
+    generation: true,
+    extra_subresources: &[],
+    storage: "apiextensions.k8s.io/customresourcedefinitions",
+    name_rule: NameRule::Subdomain,
+    typed: typed::<CustomResourceDefinition>,
+    columns: &[
+        NAME,
+        Column {
+            name: "Created At",
+            type_: "date",
+            format: "",
+            description: "CreationTimestamp is a timestamp representing the server time when this object was created.",
+            priority: 0,
+            cell: |o, _| o["metadata"]["creationTimestamp"].clone(),
+        },
+    ],
+    field: no_fields,
+    field_paths: &[],
+    prepare_create: prepare_crd,
+    prepare_update: no_defaults,
+    validate: validate_crd,
+    to_storage: identity,
+    from_storage: identity,
+};
+
+/// `customresourcedefinition/strategy.go PrepareForCreate`: the status is the server's
+/// (no conditions yet, the storage version recorded), and the cleanup finalizer is set so
+/// that a deletion removes the objects first.
+fn prepare_crd(o: &mut Value) {
+    let storage = storage_version(o).unwrap_or_default();
+    o["status"] = json!({
+        "conditions": [],
+        "acceptedNames": {"plural": "", "kind": ""},
+        "storedVersions": [storage],
+    });
+    let meta = meta::meta_mut(o);
+    let finalizers = meta.entry("finalizers").or_insert_with(|| json!([]));
+    if let Some(list) = finalizers.as_array_mut()
+        && !list.iter().any(|f| f == CLEANUP_FINALIZER)
+    {
+        list.push(json!(CLEANUP_FINALIZER));
+    }
+}
+
+/// The name of the version marked `storage: true`.
+pub fn storage_version(crd: &Value) -> Option<String> {
+    crd["spec"]["versions"]
+        .as_array()?
+        .iter()
+        .find(|v| v["storage"] == true)
+        .and_then(|v| v["name"].as_str())
+        .map(str::to_owned)
+}
+
+const DNS1035_MESSAGE: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
+
+fn is_dns1035_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_lowercase()
+        && (b[b.len() - 1].is_ascii_lowercase() || b[b.len() - 1].is_ascii_digit())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+fn check_label(field: String, value: &Value, errors: &mut Vec<FieldError>) {
+    let s = value.as_str().unwrap_or("");
+    if !is_dns1035_label(s) {
+        errors.push(FieldError::invalid(field, value, DNS1035_MESSAGE));
+    }
+}
+
+/// `validation.ValidateCustomResourceDefinitionNames`.
+fn validate_names(names: &Value, path: &str, errors: &mut Vec<FieldError>) {
+    let plural = names["plural"].as_str().unwrap_or("");
+    if plural.is_empty() {
+        errors.push(FieldError::required(format!("{path}.plural"), ""));
+    } else {
+        check_label(format!("{path}.plural"), &names["plural"], errors);
+    }
+    if let Some(singular) = names["singular"].as_str().filter(|s| !s.is_empty()) {
+        check_label(format!("{path}.singular"), &json!(singular), errors);
+    }
+    let kind = names["kind"].as_str().unwrap_or("");
+    if kind.is_empty() {
+        errors.push(FieldError::required(format!("{path}.kind"), ""));
+    } else if !is_dns1035_label(&kind.to_lowercase()) {
+        errors.push(FieldError::invalid(
+            format!("{path}.kind"),
+            &names["kind"],
+            "may have mixed case, but should otherwise match: [a-z]([-a-z0-9]*[a-z0-9])?",
+        ));
+    }
+    if let Some(list_kind) = names["listKind"].as_str().filter(|s| !s.is_empty()) {
+        if !is_dns1035_label(&list_kind.to_lowercase()) {
+            errors.push(FieldError::invalid(
+                format!("{path}.listKind"),
+                &names["listKind"],
+                "may have mixed case, but should otherwise match: [a-z]([-a-z0-9]*[a-z0-9])?",
+            ));
+        }
+        if list_kind == kind {
+            errors.push(FieldError::invalid(
+                format!("{path}.listKind"),
+                &names["listKind"],
+                "kind and listKind may not be the same or parsing become ambiguous",
+            ));
+        }
+    }
+    for (key, _) in [("shortNames", ()), ("categories", ())] {
+        if let Some(list) = names[key].as_array() {
+            for (i, s) in list.iter().enumerate() {
+                check_label(format!("{path}.{key}[{i}]"), s, errors);
+            }
+        }
+    }
+}
+
+/// `validation.ValidateCustomResourceDefinition` (and `...Update`): the name is
+/// `<plural>.<group>`, the group has a dot, the names are DNS-1035 labels, the scope is
+/// known, exactly one served version is the storage one, every version has a structural
+/// schema, and the conversion is `None` (a webhook conversion is refused: this server does
+/// not call webhooks).
+pub fn validate_crd(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let spec = &new["spec"];
+    let group = spec["group"].as_str().unwrap_or("");
+    let plural = spec["names"]["plural"].as_str().unwrap_or("");
+    let name = meta::str_at(new, &["metadata", "name"]).unwrap_or("");
+    if name != format!("{plural}.{group}") {
+        errors.push(FieldError::invalid(
+            "metadata.name",
+            &json!(name),
+            "must be spec.names.plural+\".\"+spec.group",
+        ));
+    }
+    if group.is_empty() {
+        errors.push(FieldError::required("spec.group", ""));
+    } else {
+        for e in meta::validate_name(group, NameRule::Subdomain) {
+            errors.push(FieldError::invalid("spec.group", &json!(group), e));
+        }
+        if !group.contains('.') {
+            errors.push(FieldError::invalid(
+                "spec.group",
+                &json!(group),
+                "should be a domain with at least one dot",
+            ));
+        }
+    }
+    validate_names(&spec["names"], "spec.names", &mut errors);
+    match spec["scope"].as_str() {
+        Some("Cluster" | "Namespaced") => {}
+        Some(_) => errors.push(FieldError::not_supported(
+            "spec.scope",
+            &spec["scope"],
+            &["Cluster", "Namespaced"],
+        )),
+        None => errors.push(FieldError::required("spec.scope", "")),
+    }
+    let versions = spec["versions"].as_array().cloned().unwrap_or_default();
+    if versions.is_empty() {
+        errors.push(FieldError::invalid(
+            "spec.versions",
+            &json!(null),
+            "must have exactly one version marked as storage version",
+        ));
+    }
+    let storage = versions.iter().filter(|v| v["storage"] == true).count();
+    if !versions.is_empty() && storage != 1 {
+        errors.push(FieldError::invalid(
+            "spec.versions",
+            &spec["versions"],
+            "must have exactly one version marked as storage version",
+        ));
+    }
+    if !versions.is_empty() && !versions.iter().any(|v| v["served"] == true) {
+        errors.push(FieldError::invalid(
+            "spec.versions",
+            &spec["versions"],
+            "must have at least one version marked as served",
+        ));
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, v) in versions.iter().enumerate() {
+        let path = format!("spec.versions[{i}]");
+        let vname = v["name"].as_str().unwrap_or("");
+        check_label(format!("{path}.name"), &v["name"], &mut errors);
+        if seen.contains(&vname) {
+            errors.push(FieldError::duplicate(format!("{path}.name"), &v["name"]));
+        }
+        seen.push(vname);
+        let schema = &v["schema"]["openAPIV3Schema"];
+        if schema.is_null() {
+            errors.push(FieldError::required(
+                format!("{path}.schema.openAPIV3Schema"),
+                "schemas are required",
+            ));
+        } else {
+            errors.extend(schema::structural_errors(
+                schema,
+                &format!("{path}.schema.openAPIV3Schema"),
+            ));
+        }
+        if let Some(scale) = v["subresources"].get("scale").filter(|s| s.is_object()) {
+            for key in ["specReplicasPath", "statusReplicasPath"] {
+                if scale[key].as_str().is_none_or(|p| !p.starts_with('.')) {
+                    errors.push(FieldError::invalid(
+                        format!("{path}.subresources.scale.{key}"),
+                        &scale[key],
+                        "should be a json path under either .spec or .status",
+                    ));
+                }
+            }
+        }
+    }
+    if spec["conversion"]["strategy"] == "Webhook" {
+        errors.push(FieldError::forbidden(
+            "spec.conversion.strategy",
+            "Webhook conversion is not supported by core-cluster, which does not call webhooks: use None (every version then holds the same fields)",
+        ));
+    }
+    if let Some(old) = old {
+        for field in ["group", "scope"] {
+            if old["spec"][field] != spec[field] {
+                errors.push(FieldError::invalid(
+                    format!("spec.{field}"),
+                    &spec[field],
+                    "field is immutable",
+                ));
+            }
+        }
+    }
+    errors
+}
+
+/// A printer column of a custom resource (`additionalPrinterColumns`).
+#[derive(Debug, Clone)]
+pub struct PrinterColumn {
+    /// The header.
+    pub name: String,
+    /// `string`, `integer`, `number`, `boolean` or `date`.
+    pub type_: String,
+    /// Format hint.
+    pub format: String,
+    /// Description.
+    pub description: String,
+    /// 0 always shown; more only with `-o wide`.
+    pub priority: i64,
+    /// The simple JSONPath of the value (`.spec.replicas`).
+    pub json_path: String,
+}
+
+/// The `scale` subresource's paths.
+#[derive(Debug, Clone)]
+pub struct ScalePaths {
+    /// `.spec.replicas`.
+    pub spec_replicas: String,
+    /// `.status.replicas`.
+    pub status_replicas: String,
+    /// `.status.selector`, if any.
+    pub label_selector: Option<String>,
+}
+
+/// What a served custom resource version carries beyond its [`ResourceDef`].
+#[derive(Debug)]
+pub struct Custom {
+    /// The definition's name (`<plural>.<group>`).
+    pub crd_name: String,
+    /// The version's `openAPIV3Schema`.
+    pub schema: Value,
+    /// The storage version's `apiVersion` (`<group>/<version>`).
+    pub storage_api_version: String,
+    /// The `deprecationWarning`, or upstream's default one, when the version is deprecated.
+    pub deprecation: Option<String>,
+    /// `additionalPrinterColumns`.
+    pub columns: Vec<PrinterColumn>,
+    /// The `scale` subresource.
+    pub scale: Option<ScalePaths>,
+    /// `selectableFields`: the field-selector paths (`spec.color`) beyond the metadata ones.
+    pub selectable: Vec<String>,
+    /// The list semantics server-side apply merges by, from the schema's
+    /// `x-kubernetes-list-type` and `x-kubernetes-list-map-keys` (see [`merge_node`]).
+    pub merge: &'static TypeNode,
+}
+
+/// The shape server-side apply merges a custom resource by, from its structural schema
+/// (upstream's `structural` schema → `managedfields` type converter): `properties` are
+/// fields, `additionalProperties` a map, and a list is atomic unless
+/// `x-kubernetes-list-type` says `set` (a set of scalars) or `map` (objects merged by the
+/// value of their `x-kubernetes-list-map-keys`). A map list with several keys is merged
+/// by its first key here (this server's merge identifies an element by one field).
+pub fn merge_node(schema: &Value) -> TypeNode {
+    if let Some(props) = schema["properties"].as_object() {
+        return TypeNode::Object(
+            props
+                .iter()
+                .map(|(k, v)| (leak(k), merge_node(v)))
+                .collect(),
+        );
+    }
+    if schema["additionalProperties"].is_object() {
+        return TypeNode::Map(Box::new(merge_node(&schema["additionalProperties"])));
+    }
+    if schema["type"] == "array" {
+        let strategy = match schema["x-kubernetes-list-type"].as_str() {
+            Some("set") => ListStrategy::Set,
+            Some("map") => match schema["x-kubernetes-list-map-keys"][0].as_str() {
+                Some(key) => ListStrategy::MergeByKey(leak(key)),
+                None => ListStrategy::Replace,
+            },
+            _ => ListStrategy::Replace,
+        };
+        return TypeNode::List {
+            strategy,
+            item: Box::new(merge_node(&schema["items"])),
+        };
+    }
+    match schema["type"].as_str() {
+        Some("object") | None => TypeNode::Any,
+        Some(_) => TypeNode::Scalar,
+    }
+}
+
+impl Custom {
+    /// A written object's schema work before validation: unknown fields pruned
+    /// (the result is what the object keeps) and defaults set.
+    pub fn normalize(&self, obj: &Value) -> Value {
+        let mut out = obj.clone();
+        schema::prune(&mut out, &self.schema);
+        schema::default(&mut out, &self.schema);
+        out
+    }
+
+    /// The schema's validation errors of `obj`.
+    pub fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        schema::validate(obj, &self.schema)
+    }
+}
+
+type Cache = HashMap<String, Vec<&'static ResourceDef>>;
+
+static BUILT: LazyLock<Mutex<Cache>> = LazyLock::new(Mutex::default);
+static CUSTOM: LazyLock<RwLock<HashMap<usize, Arc<Custom>>>> = LazyLock::new(RwLock::default);
+
+/// The shape server-side apply and managed fields merge objects of `def` by: a custom
+/// resource's from its schema ([`merge_node`]), a built-in's from
+/// [`schema_for`](crate::patch::schema_for).
+pub fn merge_schema(def: &ResourceDef) -> &'static TypeNode {
+    match custom(def) {
+        Some(c) => c.merge,
+        None => crate::patch::schema_for(def.group, def.kind),
+    }
+}
+
+/// The [`Custom`] of `def` if it is a custom resource's definition.
+pub fn custom(def: &ResourceDef) -> Option<Arc<Custom>> {
+    // Built-in definitions never take the lock.
+    if !is_custom(def) {
+        return None;
+    }
+    CUSTOM.read().get(&(def as *const _ as usize)).cloned()
+}
+
+/// Whether `def` is a custom resource's definition (no lock taken).
+pub fn is_custom(def: &ResourceDef) -> bool {
+    std::ptr::fn_addr_eq(
+        def.typed,
+        custom_typed as fn(&Value) -> Result<Value, String>,
+    )
+}
+
+/// A custom resource decodes as any JSON object (the schema's work is [`Custom::normalize`]).
+fn custom_typed(obj: &Value) -> Result<Value, String> {
+    if obj.is_object() {
+        Ok(obj.clone())
+    } else {
+        Err("the object is not a JSON object".to_owned())
+    }
+}
+
+fn leak(s: &str) -> &'static str {
+    Box::leak(s.to_owned().into_boxed_str())
+}
+
+fn leak_list(v: &Value) -> &'static [&'static str] {
+    let list: Vec<&'static str> = v
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).map(leak).collect())
+        .unwrap_or_default();
+    Box::leak(list.into_boxed_slice())
+}
+
+/// The [`ResourceDef`]s the definition `crd` serves, one per served version, in the
+/// definition's version order. Built once per distinct `spec` (see the module docs).
+pub fn served_defs(crd: &Value) -> Vec<&'static ResourceDef> {
+    let spec = &crd["spec"];
+    let key = spec.to_string();
+    let mut built = BUILT.lock();
+    if let Some(defs) = built.get(&key) {
+        return defs.clone();
+    }
+    let group = spec["group"].as_str().unwrap_or("");
+    let names = &spec["names"];
+    let plural = names["plural"].as_str().unwrap_or("");
+    let kind = names["kind"].as_str().unwrap_or("");
+    let singular = names["singular"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map_or_else(|| kind.to_lowercase(), str::to_owned);
+    let storage_version = storage_version(crd).unwrap_or_default();
+    let crd_name = format!("{plural}.{group}");
+    let (group_s, plural_s, kind_s, singular_s) =
+        (leak(group), leak(plural), leak(kind), leak(&singular));
+    let short_names = leak_list(&names["shortNames"]);
+    let categories = leak_list(&names["categories"]);
+    let storage = leak(&format!("{group}/{plural}"));
+    let mut defs = Vec::new();
+    for v in spec["versions"].as_array().into_iter().flatten() {
+        if v["served"] != true {
+            continue;
+        }
+        let version = v["name"].as_str().unwrap_or("");
+        let subresources = &v["subresources"];
+        let scale = subresources
+            .get("scale")
+            .filter(|s| s.is_object())
+            .map(|s| ScalePaths {
+                spec_replicas: s["specReplicasPath"].as_str().unwrap_or("").to_owned(),
+                status_replicas: s["statusReplicasPath"].as_str().unwrap_or("").to_owned(),
+                label_selector: s["labelSelectorPath"].as_str().map(str::to_owned),
+            });
+        let def: &'static ResourceDef = Box::leak(Box::new(ResourceDef {
+            group: group_s,
+            version: leak(version),
+            kind: kind_s,
+            plural: plural_s,
+            singular: singular_s,
+            short_names,
+            categories,
+            namespaced: spec["scope"] == "Namespaced",
+            status: subresources.get("status").is_some_and(|s| s.is_object()),
+            generation: true,
+            extra_subresources: if scale.is_some() { &["scale"] } else { &[] },
+            storage,
+            name_rule: NameRule::Subdomain,
+            typed: custom_typed,
+            columns: &[NAME, AGE],
+            field: no_fields,
+            field_paths: &[],
+            prepare_create: no_defaults,
+            prepare_update: no_defaults,
+            validate: no_rules,
+            to_storage: identity,
+            from_storage: identity,
+        }));
+        let columns = v["additionalPrinterColumns"]
+            .as_array()
+            .map(|cols| {
+                cols.iter()
+                    .map(|c| PrinterColumn {
+                        name: c["name"].as_str().unwrap_or("").to_owned(),
+                        type_: c["type"].as_str().unwrap_or("string").to_owned(),
+                        format: c["format"].as_str().unwrap_or("").to_owned(),
+                        description: c["description"].as_str().unwrap_or("").to_owned(),
+                        priority: c["priority"].as_i64().unwrap_or(0),
+                        json_path: c["jsonPath"].as_str().unwrap_or("").to_owned(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let deprecation = (v["deprecated"] == true).then(|| {
+            v["deprecationWarning"].as_str().map_or_else(
+                || format!("{group}/{version} {kind} is deprecated"),
+                str::to_owned,
+            )
+        });
+        let merge: &'static TypeNode =
+            Box::leak(Box::new(merge_node(&v["schema"]["openAPIV3Schema"])));
+        let custom = Custom {
+            merge,
+            crd_name: crd_name.clone(),
+            schema: v["schema"]["openAPIV3Schema"].clone(),
+            storage_api_version: format!("{group}/{storage_version}"),
+            deprecation,
+            columns,
+            scale,
+            selectable: v["selectableFields"]
+                .as_array()
+                .map(|fields| {
+                    fields
+                        .iter()
+                        .filter_map(|f| f["jsonPath"].as_str())
+                        .map(|p| p.trim_start_matches('.').to_owned())
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        CUSTOM
+            .write()
+            .insert(def as *const _ as usize, Arc::new(custom));
+        defs.push(def);
+    }
+    built.insert(key, defs.clone());
+    defs
+}
+
+/// The value at a simple JSONPath (`.spec.replicas`, `.status.conditions[0].type`,
+/// `.metadata.labels.app`), as printer columns and the scale subresource use them.
+pub fn json_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut cur = obj;
+    let path = path.trim_start_matches('{').trim_end_matches('}');
+    for part in path
+        .trim_start_matches('.')
+        .split('.')
+        .filter(|p| !p.is_empty())
+    {
+        let (name, index) = match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        if !name.is_empty() {
+            cur = cur.get(name)?;
+        }
+        if let Some(i) = index {
+            cur = cur.get(i)?;
+        }
+    }
+    Some(cur)
+}
+
+/// The value of a `selectableFields` path of a custom resource for a field selector
+/// (upstream's `customresource` `GetAttrs`: a string as is, a number or boolean printed,
+/// absent as empty), or `None` if `path` is not selectable.
+pub fn selectable_value(custom: &Custom, obj: &Value, path: &str) -> Option<String> {
+    if !custom.selectable.iter().any(|p| p == path) {
+        return None;
+    }
+    Some(match json_path(obj, path) {
+        Some(Value::String(s)) => s.clone(),
+        Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
+        _ => String::new(),
+    })
+}
+
+/// The Table column definitions and cells of a custom resource with printer columns
+/// (upstream's `tableconvertor.New`): `Name`, then each column, then `Age` if no column
+/// is named `Age`.
+pub fn table_columns(custom: &Custom) -> Vec<Value> {
+    let mut out = vec![json!({"name": "Name", "type": "string", "format": "name",
+        "description": NAME.description, "priority": 0})];
+    for c in &custom.columns {
+        out.push(json!({"name": c.name, "type": c.type_, "format": c.format,
+            "description": c.description, "priority": c.priority}));
+    }
+    if custom.columns.is_empty() {
+        out.push(json!({"name": "Age", "type": "date", "format": "",
+            "description": AGE.description, "priority": 0}));
+    }
+    out
+}
+
+/// One row's cells (see [`table_columns`]).
+pub fn table_cells(custom: &Custom, obj: &Value, now: i64) -> Vec<Value> {
+    let mut cells = vec![json!(
+        meta::str_at(obj, &["metadata", "name"]).unwrap_or("")
+    )];
+    for c in &custom.columns {
+        let v = json_path(obj, &c.json_path).cloned().unwrap_or(Value::Null);
+        let cell = match (c.type_.as_str(), &v) {
+            (_, Value::Null) => Value::Null,
+            ("date", Value::String(_)) => {
+                json!(crate::registry::table::age(&json!({"t": v}), &["t"], now))
+            }
+            (_, Value::Array(_) | Value::Object(_)) => json!(v.to_string()),
+            _ => v,
+        };
+        cells.push(cell);
+    }
+    if custom.columns.is_empty() {
+        cells.push((AGE.cell)(obj, now));
+    }
+    cells
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(super) fn crd(group: &str, plural: &str, kind: &str) -> Value {
+        json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.{group}")},
+            "spec": {
+                "group": group, "scope": "Namespaced",
+                "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind,
+                          "listKind": format!("{kind}List"), "shortNames": ["wd"]},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                              "schema": {"openAPIV3Schema": {"type": "object"}}}],
+            },
+        })
+    }
+
+    /// `validation.ValidateCustomResourceDefinition`: the name must be `<plural>.<group>`
+    /// and the group a domain.
+    #[test]
+    fn a_definition_is_named_plural_dot_group() {
+        assert!(validate_crd(&crd("example.com", "widgets", "Widget"), None).is_empty());
+        let mut bad = crd("example", "widgets", "Widget");
+        bad["metadata"]["name"] = json!("widget.example");
+        let errors: Vec<String> = validate_crd(&bad, None)
+            .iter()
+            .map(FieldError::full)
+            .collect();
+        assert_eq!(
+            errors,
+            [
+                "metadata.name: Invalid value: \"widget.example\": must be spec.names.plural+\".\"+spec.group",
+                "spec.group: Invalid value: \"example\": should be a domain with at least one dot",
+            ]
+        );
+    }
+
+    /// `ValidateCustomResourceDefinitionSpec`: one storage version, and no webhook
+    /// conversion here.
+    #[test]
+    fn one_storage_version_and_no_webhook_conversion() {
+        let mut two = crd("example.com", "widgets", "Widget");
+        two["spec"]["versions"] = json!([
+            {"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {"type": "object"}}},
+            {"name": "v2", "served": true, "storage": true, "schema": {"openAPIV3Schema": {"type": "object"}}},
+        ]);
+        two["spec"]["conversion"] = json!({"strategy": "Webhook"});
+        let errors: Vec<String> = validate_crd(&two, None)
+            .iter()
+            .map(|e| e.field.clone())
+            .collect();
+        assert_eq!(errors, ["spec.versions", "spec.conversion.strategy"]);
+    }
+
+    #[test]
+    fn served_definitions_are_built_once_per_content() {
+        let c = crd("cache.example.com", "gadgets", "Gadget");
+        let a = served_defs(&c);
+        let b = served_defs(&c);
+        assert_eq!(a.len(), 1);
+        assert!(std::ptr::eq(a[0], b[0]));
+        assert_eq!(a[0].storage, "cache.example.com/gadgets");
+        assert_eq!(custom(a[0]).unwrap().crd_name, "gadgets.cache.example.com");
+        assert!(custom(&CUSTOM_RESOURCE_DEFINITIONS).is_none());
+    }
+
+    /// `x-kubernetes-list-type`: `set` and `map` (by the first map key) lists merge by
+    /// element, others (`atomic` or none) are replaced whole.
+    #[test]
+    fn list_types_give_the_merge_strategy() {
+        let node = merge_node(&json!({"type": "object", "properties": {
+            "m": {"type": "array", "x-kubernetes-list-type": "map",
+                  "x-kubernetes-list-map-keys": ["name"], "items": {"type": "object"}},
+            "s": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}},
+            "a": {"type": "array", "items": {"type": "string"}},
+        }}));
+        assert_eq!(node.field("m").list().0, ListStrategy::MergeByKey("name"));
+        assert_eq!(node.field("s").list().0, ListStrategy::Set);
+        assert_eq!(node.field("a").list().0, ListStrategy::Replace);
+    }
+
+    /// `customresource/strategy.go GetAttrs` with `selectableFields`: the declared paths
+    /// are field-selector paths, others are not.
+    #[test]
+    fn selectable_fields_are_field_selector_paths() {
+        let mut c = crd("select.example.com", "tools", "Tool");
+        c["spec"]["versions"][0]["selectableFields"] = json!([{"jsonPath": ".spec.color"}]);
+        let def = served_defs(&c)[0];
+        assert!(def.supports_field("spec.color"));
+        assert!(!def.supports_field("spec.size"));
+        let obj = json!({"spec": {"color": "red", "size": 3}});
+        assert_eq!(def.field_value(&obj, "spec.color").as_deref(), Some("red"));
+        assert_eq!(def.field_value(&obj, "spec.size"), None);
+    }
+}
