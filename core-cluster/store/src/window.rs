@@ -229,6 +229,7 @@ impl WatchWindow {
     /// Ends every watcher with [`StoreError::Closed`] (after what it has buffered), drops
     /// the ring and starts history afresh after `revision`: the feed behind the window lost
     /// events (etcd compacted them before they were delivered), so no watcher may go on.
+    #[cfg(feature = "etcd")]
     pub(crate) fn reset(&self, revision: u64) {
         let mut state = self.state.lock();
         end_all(&mut state.watchers);
