@@ -70,6 +70,7 @@
 //! none of the controls stops them.
 
 mod config;
+mod container_gc;
 mod images;
 mod kubelet_api;
 mod node;
@@ -110,6 +111,7 @@ pub use config::{
     NodeInfo, NodeResources, PROVIDED_NODE_IP_ANNOTATION, SimConfig, SimConfigError,
     UNINITIALIZED_TAINT_KEY, uninitialized_taint,
 };
+pub use container_gc::{ContainerGcConfig, ContainerStore, DeadContainer};
 pub use images::{GcOutcome, ImageGcConfig, ImageStore, NODE_STATUS_MAX_IMAGES, image_size};
 pub use kubelet_api::{
     DEFAULT_KUBELET_PORT, DEFAULT_LOG_INTERVAL, KubeletApiConfig, LOG_INTERVAL_ANNOTATION,
@@ -274,6 +276,8 @@ struct NodeState {
     notify: Notify,
     /// The node's images (when [`SimConfig::image_gc`] is enabled).
     images: Mutex<images::ImageStore>,
+    /// The node's running and dead containers.
+    containers: Mutex<container_gc::ContainerStore>,
 }
 
 impl NodeState {
@@ -496,6 +500,7 @@ impl NodeSimulator {
                 }),
                 notify: Notify::new(),
                 images: Mutex::new(images::ImageStore::default()),
+                containers: Mutex::new(container_gc::ContainerStore::default()),
             });
             map.insert(n.name, state.clone());
             drop(map);
@@ -540,6 +545,13 @@ impl NodeSimulator {
         let n = self.shared.node(node)?;
         let max = self.shared.config.image_gc.node_status_max_images;
         Ok(n.images.lock().status_images(max))
+    }
+
+    /// A node's dead containers (left by restarts, finished and deleted pods), oldest
+    /// first, as container GC has left them.
+    pub fn dead_containers(&self, node: &str) -> Result<Vec<DeadContainer>, SimError> {
+        let n = self.shared.node(node)?;
+        Ok(n.containers.lock().dead())
     }
 
     /// Stops a node's heartbeats (Lease renewals, status posts, pod handling), as if its
@@ -597,6 +609,10 @@ impl NodeSimulator {
         tasks.spawn(watch_configmap(shared.clone(), shutdown.clone()));
         tasks.spawn(pods::run_pods(shared.clone(), resumed, shutdown.clone()));
         tasks.spawn(images::run_image_gc(shared.clone(), shutdown.clone()));
+        tasks.spawn(container_gc::run_container_gc(
+            shared.clone(),
+            shutdown.clone(),
+        ));
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,

@@ -84,6 +84,9 @@ pub(super) async fn run_pods(
                 Some(Ok(watcher::Event::Delete(pod))) => {
                     let uid = pod.uid().unwrap_or_default();
                     release_images(&shared, &pod);
+                    if let Some(node) = node_of(&pod).and_then(|n| shared.node(n).ok()) {
+                        node.containers.lock().pod_deleted(&uid, tokio::time::Instant::now());
+                    }
                     shared.pods.starting.lock().remove(&uid);
                     shared.pods.finishing.lock().remove(&uid);
                 }
@@ -184,6 +187,16 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
     } else {
         running_status(shared, &node, pod)
     };
+    if !shutting_down {
+        let names = pod
+            .spec
+            .iter()
+            .flat_map(|s| &s.containers)
+            .map(|c| c.name.clone());
+        node.containers
+            .lock()
+            .start_pod(&uid, names, tokio::time::Instant::now());
+    }
     if !shutting_down && shared.config.image_gc.enabled {
         let images = pod
             .spec
@@ -369,6 +382,11 @@ async fn run_to_exit(
                 return;
             }
         }
+        node.containers.lock().containers_exited(
+            &pod.uid().unwrap_or_default(),
+            restart,
+            tokio::time::Instant::now(),
+        );
         if !restart {
             release_images(shared, pod);
             return;
@@ -552,7 +570,14 @@ pub(super) async fn graceful_shutdown(
                     .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
                     .await
                 {
-                    Ok(_) => bump(&shared.counters.pods_shut_down),
+                    Ok(_) => {
+                        bump(&shared.counters.pods_shut_down);
+                        node.containers.lock().containers_exited(
+                            &pod.uid().unwrap_or_default(),
+                            false,
+                            tokio::time::Instant::now(),
+                        );
+                    }
                     Err(e) => {
                         tracing::warn!(pod = %name, error = %e, "shutdown: pod status failed")
                     }
