@@ -71,6 +71,7 @@
 
 mod config;
 mod container_gc;
+mod eviction;
 mod images;
 mod kubelet_api;
 mod node;
@@ -112,6 +113,11 @@ pub use config::{
     UNINITIALIZED_TAINT_KEY, uninitialized_taint,
 };
 pub use container_gc::{ContainerGcConfig, ContainerStore, DeadContainer};
+pub use eviction::{
+    ActivePod, DEFAULT_EVICTION_HARD, DISK_USAGE_ANNOTATION, EVICTED_REASON, EvictionConfig,
+    FsObservation, IMAGEFS_FILL_ANNOTATION, NODEFS_FILL_ANNOTATION, Signal, Threshold,
+    ThresholdValue, eviction_message, format_binary_si, parse_eviction_hard, rank_disk_pressure,
+};
 pub use images::{GcOutcome, ImageGcConfig, ImageStore, NODE_STATUS_MAX_IMAGES, image_size};
 pub use kubelet_api::{
     DEFAULT_KUBELET_PORT, DEFAULT_LOG_INTERVAL, KubeletApiConfig, LOG_INTERVAL_ANNOTATION,
@@ -222,6 +228,8 @@ pub struct SimStats {
     pub pods_finished: u64,
     /// Pods set Failed by a graceful node shutdown.
     pub pods_shut_down: u64,
+    /// Pods evicted by the eviction manager.
+    pub pods_evicted: u64,
 }
 
 #[derive(Default)]
@@ -234,6 +242,7 @@ struct Counters {
     pods_started: AtomicU64,
     pods_finished: AtomicU64,
     pods_shut_down: AtomicU64,
+    pods_evicted: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -278,6 +287,8 @@ struct NodeState {
     images: Mutex<images::ImageStore>,
     /// The node's running and dead containers.
     containers: Mutex<container_gc::ContainerStore>,
+    /// The node's eviction manager.
+    eviction: Mutex<eviction::EvictionState>,
 }
 
 impl NodeState {
@@ -501,6 +512,7 @@ impl NodeSimulator {
                 notify: Notify::new(),
                 images: Mutex::new(images::ImageStore::default()),
                 containers: Mutex::new(container_gc::ContainerStore::default()),
+                eviction: Mutex::new(eviction::EvictionState::default()),
             });
             map.insert(n.name, state.clone());
             drop(map);
@@ -526,6 +538,7 @@ impl NodeSimulator {
             pods_started: l(&c.pods_started),
             pods_finished: l(&c.pods_finished),
             pods_shut_down: l(&c.pods_shut_down),
+            pods_evicted: l(&c.pods_evicted),
         }
     }
 
@@ -552,6 +565,18 @@ impl NodeSimulator {
     pub fn dead_containers(&self, node: &str) -> Result<Vec<DeadContainer>, SimError> {
         let n = self.shared.node(node)?;
         Ok(n.containers.lock().dead())
+    }
+
+    /// A node's filesystems as its eviction manager observes them: `[nodefs, imagefs]`.
+    pub fn fs_observations(&self, node: &str) -> Result<[FsObservation; 2], SimError> {
+        let n = self.shared.node(node)?;
+        Ok(eviction::observe(&self.shared, &n))
+    }
+
+    /// Whether a node reports `DiskPressure=True`.
+    pub fn disk_pressure(&self, node: &str) -> Result<bool, SimError> {
+        let n = self.shared.node(node)?;
+        Ok(n.eviction.lock().disk_pressure)
     }
 
     /// Stops a node's heartbeats (Lease renewals, status posts, pod handling), as if its
@@ -609,6 +634,7 @@ impl NodeSimulator {
         tasks.spawn(watch_configmap(shared.clone(), shutdown.clone()));
         tasks.spawn(pods::run_pods(shared.clone(), resumed, shutdown.clone()));
         tasks.spawn(images::run_image_gc(shared.clone(), shutdown.clone()));
+        tasks.spawn(eviction::run_eviction(shared.clone(), shutdown.clone()));
         tasks.spawn(container_gc::run_container_gc(
             shared.clone(),
             shutdown.clone(),
@@ -721,6 +747,12 @@ async fn watch_nodes(shared: Arc<Shared>, shutdown: CancellationToken) {
                     tracing::warn!(node = %state.name, error = %e, "shutdown failed");
                 }
             });
+        }
+        {
+            let fill = |key: &str| node.annotations().get(key).cloned();
+            let mut ev = state.eviction.lock();
+            ev.nodefs_fill = fill(NODEFS_FILL_ANNOTATION);
+            ev.imagefs_fill = fill(IMAGEFS_FILL_ANNOTATION);
         }
         let current = state.ctl.lock().annotation;
         let mode = heartbeat_mode(&node, current);
