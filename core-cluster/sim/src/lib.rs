@@ -76,6 +76,7 @@ mod images;
 mod kubelet_api;
 mod node;
 mod pods;
+mod registration;
 mod shutdown;
 mod stages;
 
@@ -122,6 +123,10 @@ pub use images::{GcOutcome, ImageGcConfig, ImageStore, NODE_STATUS_MAX_IMAGES, i
 pub use kubelet_api::{
     DEFAULT_KUBELET_PORT, DEFAULT_LOG_INTERVAL, KubeletApiConfig, LOG_INTERVAL_ANNOTATION,
     LOG_TEMPLATE_ANNOTATION, ServingCa,
+};
+pub use registration::{
+    KUBELET_LABEL_NAMESPACES, KUBELET_LABELS, allocatable, is_qualified_name, is_valid_label_value,
+    parse_node_labels, parse_register_with_taints, parse_reserved,
 };
 pub use shutdown::{
     SYSTEM_CRITICAL_PRIORITY, ShutdownPriorityGroup, group_by_priority, pod_priority,
