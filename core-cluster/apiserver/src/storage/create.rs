@@ -144,6 +144,7 @@ pub(crate) async fn create_object(
         meta_mut(&mut obj).insert("generation".into(), json!(1));
     }
     (def.prepare_create)(&mut obj);
+    state.mutate(Operation::Create, def, None, &mut obj);
     errors.extend(meta::validate_object_meta(&obj));
     errors.extend((def.validate)(&obj, None));
     if !errors.is_empty() {
