@@ -169,6 +169,10 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
     }
     if phase(pod) != "Pending" {
         shared.pods.starting.lock().remove(&uid);
+        // What the running pod writes may change (its disk-usage annotation).
+        if let Some(active) = node.eviction.lock().pods.get_mut(&uid) {
+            *active = crate::eviction::ActivePod::of(pod);
+        }
         if let Some(since) = ready_to_restore(pod) {
             restore_ready(shared, &node, pod, since);
         }
