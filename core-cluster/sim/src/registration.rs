@@ -129,8 +129,7 @@ pub fn parse_register_with_taints(s: &str) -> Result<Vec<Taint>, String> {
             .any(|t| t.key == taint.key && t.effect == taint.effect)
         {
             return Err(format!(
-                "duplicated taints with the same key and effect: {}",
-                spec
+                "duplicated taints with the same key and effect: {spec}"
             ));
         }
         out.push(taint);

@@ -16,7 +16,7 @@ use super::{
 use crate::registry::{ResourceDef, add_default_tolerations};
 
 /// kube-apiserver's default for both flags.
-pub const DEFAULT_TOLERATION_SECONDS: i64 = 300;
+pub(crate) const DEFAULT_TOLERATION_SECONDS: i64 = 300;
 
 /// The plugin, with its two flags' values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +55,7 @@ impl Admission for DefaultTolerationSeconds {
         object: &mut Value,
     ) {
         if !matches!(operation, Operation::Create | Operation::Update)
-            || resource.group != ""
+            || !resource.group.is_empty()
             || resource.plural != "pods"
             || subresource.is_some()
         {
