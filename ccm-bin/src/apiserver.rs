@@ -45,6 +45,29 @@ pub(crate) struct ApiServerArgs {
     store: crate::flags::StoreArgs,
     #[command(flatten)]
     kubelet: KubeletClientArgs,
+    #[command(flatten)]
+    tolerations: TolerationArgs,
+}
+
+/// kube-apiserver's DefaultTolerationSeconds admission flags.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub(crate) struct TolerationArgs {
+    /// Seconds of the `node.kubernetes.io/not-ready:NoExecute` toleration added to every
+    /// pod that has none: how long its pods stay on a node that is not ready.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(i64).range(0..))]
+    default_not_ready_toleration_seconds: i64,
+    /// Seconds of the `node.kubernetes.io/unreachable:NoExecute` toleration added to every
+    /// pod that has none: how long its pods stay on an unreachable node.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(i64).range(0..))]
+    default_unreachable_toleration_seconds: i64,
+}
+
+impl TolerationArgs {
+    /// Sets the two toleration seconds of `config`.
+    pub(crate) fn apply(&self, config: &mut ApiServerConfig) {
+        config.default_not_ready_toleration_seconds = self.default_not_ready_toleration_seconds;
+        config.default_unreachable_toleration_seconds = self.default_unreachable_toleration_seconds;
+    }
 }
 
 /// How the API server reaches kubelets for logs and the node proxy: kube-apiserver's
@@ -132,6 +155,7 @@ pub(crate) fn parse_config(args: &ApiServerArgs) -> anyhow::Result<ApiServerConf
     config.kubelet = args
         .kubelet
         .config(&DEFAULT_PREFERRED_ADDRESS_TYPES, None)?;
+    args.tolerations.apply(&mut config);
     Ok(config)
 }
 

@@ -85,6 +85,35 @@ pub(crate) struct EmbeddedArgs {
     /// `--sim-shutdown-grace-period` kept for critical pods, stopped last.
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     sim_shutdown_grace_period_critical_pods: Duration,
+    /// The simulated kubelets' `--register-with-taints`: `key=value:Effect`,
+    /// comma-separated, put on each Node at registration (beside the cloud provider's
+    /// uninitialized taint).
+    #[arg(long, default_value = "")]
+    sim_register_with_taints: String,
+    /// The simulated kubelets' `--node-labels`: `key=value`, comma-separated; labels in
+    /// the `kubernetes.io`/`k8s.io` namespaces must be ones kubelet may set.
+    #[arg(long, default_value = "")]
+    sim_node_labels: String,
+    /// The simulated kubelets' `--register-node`: false leaves creating the Nodes to an
+    /// administrator; each simulated kubelet waits for its Node, then heartbeats.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    sim_register_node: bool,
+    /// The simulated kubelets' `--kube-reserved` (`cpu=100m,memory=1Gi,...`), taken from
+    /// allocatable.
+    #[arg(long, default_value = "")]
+    sim_kube_reserved: String,
+    /// The simulated kubelets' `--system-reserved`, taken from allocatable.
+    #[arg(long, default_value = "")]
+    sim_system_reserved: String,
+    /// The simulated kubelets' `--eviction-hard` (`signal<value`, comma-separated):
+    /// `nodefs.available`/`imagefs.available` drive disk-pressure eviction, and
+    /// `memory.available`/`nodefs.available` are taken from allocatable.
+    #[arg(long, default_value = core_cluster::sim::DEFAULT_EVICTION_HARD)]
+    sim_eviction_hard: String,
+    /// The simulated kubelets' `--eviction-pressure-transition-period`: how long
+    /// `DiskPressure` stays True after the last threshold met.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    sim_eviction_pressure_transition_period: Duration,
     /// `--terminated-pod-gc-threshold`: terminated pods kept before pod GC deletes the
     /// oldest (0: keep them all).
     #[arg(long, default_value_t = 12_500)]
@@ -114,6 +143,8 @@ pub(crate) struct EmbeddedArgs {
     sim_kubelet_api: bool,
     #[command(flatten)]
     kubelet: crate::apiserver::KubeletClientArgs,
+    #[command(flatten)]
+    tolerations: crate::apiserver::TolerationArgs,
 }
 
 /// kubeadm's `--kubelet-preferred-address-types`: the embedded default's, since simulated
@@ -421,12 +452,36 @@ fn sim_nodes(args: &EmbeddedArgs, zones: &[String]) -> Vec<SimNode> {
 /// The simulated kubelets' configuration from the `--sim-*` flags, checked as kubelet
 /// checks its own: a bad one stops `ccm` before anything starts.
 fn sim_config(args: &EmbeddedArgs) -> anyhow::Result<SimConfig> {
+    use core_cluster::sim;
+    let flag = |name: &'static str| move |e: String| anyhow::anyhow!("--{name}: {e}");
+    let register_with_taints = sim::parse_register_with_taints(&args.sim_register_with_taints)
+        .map_err(flag("sim-register-with-taints"))?;
+    let node_labels =
+        sim::parse_node_labels(&args.sim_node_labels).map_err(flag("sim-node-labels"))?;
+    let kube_reserved =
+        sim::parse_reserved(&args.sim_kube_reserved).map_err(flag("sim-kube-reserved"))?;
+    let system_reserved =
+        sim::parse_reserved(&args.sim_system_reserved).map_err(flag("sim-system-reserved"))?;
+    let hard =
+        sim::parse_eviction_hard(&args.sim_eviction_hard).map_err(flag("sim-eviction-hard"))?;
+    let defaults = SimConfig::default();
+    let allocatable = sim::allocatable(&defaults.capacity, &kube_reserved, &system_reserved, &hard)
+        .map_err(flag("sim-kube-reserved"))?;
     let config = SimConfig {
         node_lease_duration: args.sim_node_lease_duration,
         node_status_update_frequency: args.sim_node_status_update_frequency,
         shutdown_grace_period: args.sim_shutdown_grace_period,
         shutdown_grace_period_critical_pods: args.sim_shutdown_grace_period_critical_pods,
-        ..SimConfig::default()
+        register_node: args.sim_register_node,
+        register_with_taints,
+        node_labels,
+        allocatable,
+        eviction: sim::EvictionConfig {
+            hard,
+            pressure_transition_period: args.sim_eviction_pressure_transition_period,
+            ..sim::EvictionConfig::default()
+        },
+        ..defaults
     }
     .external_cloud_provider();
     config
@@ -495,6 +550,7 @@ pub(crate) async fn run(
     ccm.validate_with(&cloud_provider_app::default_registry().names())
         .map_err(anyhow::Error::msg)?;
     let mut apiserver_args = crate::apiserver::parse_config_from(&service_range, "30000-32767")?;
+    args.tolerations.apply(&mut apiserver_args);
     let zones: Vec<String> = args
         .sim_zones
         .split(',')
@@ -870,6 +926,67 @@ mod tests {
             text.contains("shutdownGracePeriodCriticalPods") && text.contains("--sim-"),
             "{text}"
         );
+    }
+
+    /// kubelet's registration flags reach the simulator as kubelet parses them
+    /// (`ParseTaints`, `ValidateKubeletFlags`, `GetNodeAllocatableReservation`), and a
+    /// malformed one stops `ccm` at start naming the flag.
+    #[test]
+    fn simulator_registration_flags_are_parsed_as_kubelet_parses_them() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["ccm"];
+            argv.extend_from_slice(extra);
+            <EmbeddedArgsParser as clap::Parser>::parse_from(argv).args
+        };
+        let ok = sim_config(&parse(&[
+            "--sim-register-with-taints",
+            "dedicated=gpu:NoSchedule",
+            "--sim-node-labels",
+            "node.kubernetes.io/instance-type=sim,team=a",
+            "--sim-kube-reserved",
+            "cpu=500m,memory=1Gi",
+            "--sim-register-node=false",
+        ]))
+        .unwrap();
+        let keys: Vec<&str> = ok
+            .register_with_taints
+            .iter()
+            .map(|t| t.key.as_str())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "dedicated",
+                "node.cloudprovider.kubernetes.io/uninitialized"
+            ]
+        );
+        assert_eq!(ok.node_labels.len(), 2);
+        assert!(!ok.register_node);
+        assert_eq!(ok.allocatable.cpu, "3500m");
+        // 16Gi - 1Gi - memory.available's 100Mi.
+        assert_eq!(ok.allocatable.memory, "15260Mi");
+        // 100Gi - nodefs.available's 10 %.
+        assert_eq!(ok.allocatable.ephemeral_storage, "90Gi");
+        for (flag, value, needle) in [
+            (
+                "--sim-register-with-taints",
+                "a=b:Sometimes",
+                "invalid taint effect",
+            ),
+            ("--sim-node-labels", "kubernetes.io/role=x", "unknown"),
+            ("--sim-kube-reserved", "gpu=1", "cannot reserve"),
+            (
+                "--sim-eviction-hard",
+                "disk.available<1Gi",
+                "unsupported eviction signal",
+            ),
+        ] {
+            let text = format!("{:#}", sim_config(&parse(&[flag, value])).unwrap_err());
+            assert!(
+                text.contains(&flag[2..]) && text.contains(needle),
+                "{flag}: {text}"
+            );
+        }
     }
 
     #[derive(clap::Parser)]

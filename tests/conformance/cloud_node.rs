@@ -1282,3 +1282,79 @@ async fn a_scheduled_cloud_event_sets_maintenance_planned_until_it_passes() {
     );
     assert!(cloud.call_count(Method::ScheduledEvents) >= 2);
 }
+
+/// Non-graceful node shutdown opt-in (beyond upstream, where an administrator adds the
+/// taint; pod GC's `gcTerminating` in `pkg/controller/podgc/gc_controller.go` acts on it):
+/// a Node NotReady with its instance stopped gets the shutdown taint at once and
+/// `node.kubernetes.io/out-of-service:NoExecute` only after `out_of_service_after`; both go
+/// when the Node is Ready again. Off (the default), no out-of-service taint is added.
+#[tokio::test(start_paused = true)]
+async fn a_stopped_not_ready_node_gets_the_out_of_service_taint_after_the_configured_time() {
+    const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
+    let client = client().await;
+    let cloud = fake([
+        FakeInstance::new("i-1", "node-1"),
+        FakeInstance::new("i-2", "node-2"),
+    ]);
+    cloud.stop_instance("i-1");
+    cloud.stop_instance("i-2");
+    node_with_ready(&client, "node-1", Some("False"), vec![], Some("fake://i-1")).await;
+    let config = CloudNodeLifecycleConfig::default()
+        .with_out_of_service_after(Some(Duration::from_secs(60)));
+    let _stop = start_lifecycle(&client, cloud.clone(), config);
+    eventually(10, "shutdown taint", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| has_taint(n, TAINT_SHUTDOWN))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(
+        !has_taint(&get(&client, "node-1").await.unwrap(), OUT_OF_SERVICE),
+        "not before the configured time"
+    );
+    let node = eventually(60, "out-of-service taint", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| has_taint(n, OUT_OF_SERVICE))
+    })
+    .await;
+    let taint = node
+        .spec
+        .unwrap()
+        .taints
+        .unwrap()
+        .into_iter()
+        .find(|t| t.key == OUT_OF_SERVICE)
+        .unwrap();
+    assert_eq!(taint.effect, "NoExecute");
+    assert!(has_taint(
+        &get(&client, "node-1").await.unwrap(),
+        TAINT_SHUTDOWN
+    ));
+
+    // Ready again: both taints go.
+    Api::<Node>::all(client.clone())
+        .patch_status(
+            "node-1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"conditions": [
+                {"type": "Ready", "status": "True"}]}})),
+        )
+        .await
+        .unwrap();
+    eventually(20, "taints removed when Ready", || async {
+        get(&client, "node-1")
+            .await
+            .filter(|n| !has_taint(n, OUT_OF_SERVICE) && !has_taint(n, TAINT_SHUTDOWN))
+    })
+    .await;
+
+    // The default leaves the out-of-service taint to an administrator.
+    let client = ccm_testkit::client().await;
+    node_with_ready(&client, "node-2", Some("False"), vec![], Some("fake://i-2")).await;
+    let _stop2 = start_lifecycle(&client, cloud, CloudNodeLifecycleConfig::default());
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let node = get(&client, "node-2").await.unwrap();
+    assert!(has_taint(&node, TAINT_SHUTDOWN) && !has_taint(&node, OUT_OF_SERVICE));
+}

@@ -58,6 +58,9 @@ fn start_cloud_node_lifecycle(
     let config = CloudNodeLifecycleConfig::default()
         .with_node_monitor_period(options.node_monitor_period.value)
         .with_delete_grace_period(options.node_deletion_grace_period.value)
+        .with_out_of_service_after(
+            Some(options.node_out_of_service_after.value).filter(|d| !d.is_zero()),
+        )
         .with_maintenance({
             let period = options.node_maintenance_period.value;
             (!period.is_zero())

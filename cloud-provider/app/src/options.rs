@@ -282,6 +282,13 @@ pub struct CloudControllerManagerOptions {
     /// about an instance that exists (kubernetes#127424); 0 = delete at once, as upstream.
     #[arg(long, default_value = "1m")]
     pub node_deletion_grace_period: GoDuration,
+    /// Beyond upstream: put `node.kubernetes.io/out-of-service:NoExecute` (non-graceful
+    /// node shutdown) on a Node whose instance the cloud reports shut down once it has been
+    /// seen NotReady and shut down for this long, so pod GC force-deletes its terminating
+    /// pods and their workloads start them elsewhere; removed when the Node is Ready again.
+    /// Default 0 = off (upstream leaves the taint to an administrator).
+    #[arg(long, default_value = "0")]
+    pub node_out_of_service_after: GoDuration,
     /// Beyond upstream: reconcile routes on Node changes instead of only periodically.
     /// Default false = upstream (its gate is alpha and off).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -565,6 +572,10 @@ impl CloudControllerManagerOptions {
                 self.node_deletion_grace_period,
             ),
             ("--lb-drift-reensure-period", self.lb_drift_reensure_period),
+            (
+                "--node-out-of-service-after",
+                self.node_out_of_service_after,
+            ),
             ("--orphaned-lb-gc-period", self.orphaned_lb_gc_period),
             ("--node-maintenance-period", self.node_maintenance_period),
             (

@@ -4,7 +4,10 @@ use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::api::core::v1::Taint;
 
-use crate::{images::ImageGcConfig, shutdown::ShutdownPriorityGroup, stages::RunRule};
+use crate::{
+    container_gc::ContainerGcConfig, eviction::EvictionConfig, images::ImageGcConfig,
+    shutdown::ShutdownPriorityGroup, stages::RunRule,
+};
 
 /// The taint kubelet registers with under `--cloud-provider=external`, until the cloud
 /// controller manager has initialised the node.
@@ -110,6 +113,10 @@ pub struct SimConfig {
     pub default_run_duration: Duration,
     /// Simulated images and image garbage collection (off by default).
     pub image_gc: ImageGcConfig,
+    /// Container garbage collection (kubelet's `GCPolicy`; always on, as in kubelet).
+    pub container_gc: ContainerGcConfig,
+    /// The eviction manager (`--eviction-hard`, the pressure transition period).
+    pub eviction: EvictionConfig,
     /// At most this many registrations (Node + Lease creates) in flight at once (64).
     pub max_concurrent_registrations: usize,
     /// At most this many pod status writes and deletions in flight at once (32).
@@ -146,6 +153,8 @@ impl Default for SimConfig {
             wait_pod_grace_period: false,
             run_rules: Vec::new(),
             image_gc: ImageGcConfig::default(),
+            container_gc: ContainerGcConfig::default(),
+            eviction: EvictionConfig::default(),
             default_run_duration: Duration::from_secs(1),
             max_concurrent_registrations: 64,
             max_concurrent_pod_writes: 32,

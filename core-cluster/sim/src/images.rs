@@ -236,6 +236,27 @@ impl ImageStore {
     }
 }
 
+impl ImageStore {
+    /// `DeleteUnusedImages` (the eviction manager's reclaim): every unused image detected
+    /// at least `imageMinimumGCAge` ago goes, whatever the usage.
+    pub fn free_unused(&mut self, config: &ImageGcConfig, now: Instant) -> GcOutcome {
+        let mut out = GcOutcome::default();
+        let unused: Vec<String> = self
+            .images
+            .iter()
+            .filter(|(name, r)| {
+                !self.in_use(name)
+                    && now.saturating_duration_since(r.first_detected) >= config.minimum_gc_age
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in unused {
+            self.remove(&name, &mut out);
+        }
+        out
+    }
+}
+
 /// Runs image GC on every node each period; posts the Events kubelet posts.
 pub(crate) async fn run_image_gc(
     shared: Arc<crate::Shared>,
@@ -276,21 +297,36 @@ pub(crate) async fn run_image_gc(
 
 /// A warning Event about the node, from the kubelet, as its recorder writes them.
 pub(crate) async fn post_event(shared: &crate::Shared, node: &str, reason: &str, message: &str) {
-    use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+    let object = k8s_openapi::api::core::v1::ObjectReference {
+        kind: Some("Node".into()),
+        name: Some(node.into()),
+        uid: Some(node.into()),
+        ..Default::default()
+    };
+    post_object_event(shared, node, object, reason, message).await;
+}
+
+/// A warning Event about `object` (in its namespace, `default` for a Node), from the
+/// kubelet of `node`.
+pub(crate) async fn post_object_event(
+    shared: &crate::Shared,
+    node: &str,
+    object: k8s_openapi::api::core::v1::ObjectReference,
+    reason: &str,
+    message: &str,
+) {
+    use k8s_openapi::api::core::v1::{Event, EventSource};
     use kube::api::{ObjectMeta, PostParams};
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(shared.clock.now());
+    let namespace = object.namespace.clone().unwrap_or_else(|| "default".into());
+    let prefix = object.name.clone().unwrap_or_else(|| node.to_owned());
     let event = Event {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{node}.")),
-            namespace: Some("default".into()),
+            generate_name: Some(format!("{prefix}.")),
+            namespace: Some(namespace.clone()),
             ..Default::default()
         },
-        involved_object: ObjectReference {
-            kind: Some("Node".into()),
-            name: Some(node.into()),
-            uid: Some(node.into()),
-            ..Default::default()
-        },
+        involved_object: object,
         reason: Some(reason.into()),
         message: Some(message.into()),
         type_: Some("Warning".into()),
@@ -303,7 +339,7 @@ pub(crate) async fn post_event(shared: &crate::Shared, node: &str, reason: &str,
         count: Some(1),
         ..Default::default()
     };
-    let api: kube::Api<Event> = kube::Api::namespaced(shared.client.clone(), "default");
+    let api: kube::Api<Event> = kube::Api::namespaced(shared.client.clone(), &namespace);
     if let Err(e) = api.create(&PostParams::default(), &event).await {
         tracing::warn!(node, reason, error = %e, "event not recorded");
     }

@@ -70,10 +70,13 @@
 //! none of the controls stops them.
 
 mod config;
+mod container_gc;
+mod eviction;
 mod images;
 mod kubelet_api;
 mod node;
 mod pods;
+mod registration;
 mod shutdown;
 mod stages;
 
@@ -110,10 +113,20 @@ pub use config::{
     NodeInfo, NodeResources, PROVIDED_NODE_IP_ANNOTATION, SimConfig, SimConfigError,
     UNINITIALIZED_TAINT_KEY, uninitialized_taint,
 };
+pub use container_gc::{ContainerGcConfig, ContainerStore, DeadContainer};
+pub use eviction::{
+    ActivePod, DEFAULT_EVICTION_HARD, DISK_USAGE_ANNOTATION, EVICTED_REASON, EvictionConfig,
+    FsObservation, IMAGEFS_FILL_ANNOTATION, NODEFS_FILL_ANNOTATION, Signal, Threshold,
+    ThresholdValue, eviction_message, format_binary_si, parse_eviction_hard, rank_disk_pressure,
+};
 pub use images::{GcOutcome, ImageGcConfig, ImageStore, NODE_STATUS_MAX_IMAGES, image_size};
 pub use kubelet_api::{
     DEFAULT_KUBELET_PORT, DEFAULT_LOG_INTERVAL, KubeletApiConfig, LOG_INTERVAL_ANNOTATION,
     LOG_TEMPLATE_ANNOTATION, ServingCa,
+};
+pub use registration::{
+    KUBELET_LABEL_NAMESPACES, KUBELET_LABELS, allocatable, is_qualified_name, is_valid_label_value,
+    parse_node_labels, parse_register_with_taints, parse_reserved,
 };
 pub use shutdown::{
     SYSTEM_CRITICAL_PRIORITY, ShutdownPriorityGroup, group_by_priority, pod_priority,
@@ -220,6 +233,8 @@ pub struct SimStats {
     pub pods_finished: u64,
     /// Pods set Failed by a graceful node shutdown.
     pub pods_shut_down: u64,
+    /// Pods evicted by the eviction manager.
+    pub pods_evicted: u64,
 }
 
 #[derive(Default)]
@@ -232,6 +247,7 @@ struct Counters {
     pods_started: AtomicU64,
     pods_finished: AtomicU64,
     pods_shut_down: AtomicU64,
+    pods_evicted: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -274,6 +290,10 @@ struct NodeState {
     notify: Notify,
     /// The node's images (when [`SimConfig::image_gc`] is enabled).
     images: Mutex<images::ImageStore>,
+    /// The node's running and dead containers.
+    containers: Mutex<container_gc::ContainerStore>,
+    /// The node's eviction manager.
+    eviction: Mutex<eviction::EvictionState>,
 }
 
 impl NodeState {
@@ -496,6 +516,8 @@ impl NodeSimulator {
                 }),
                 notify: Notify::new(),
                 images: Mutex::new(images::ImageStore::default()),
+                containers: Mutex::new(container_gc::ContainerStore::default()),
+                eviction: Mutex::new(eviction::EvictionState::default()),
             });
             map.insert(n.name, state.clone());
             drop(map);
@@ -521,6 +543,7 @@ impl NodeSimulator {
             pods_started: l(&c.pods_started),
             pods_finished: l(&c.pods_finished),
             pods_shut_down: l(&c.pods_shut_down),
+            pods_evicted: l(&c.pods_evicted),
         }
     }
 
@@ -540,6 +563,25 @@ impl NodeSimulator {
         let n = self.shared.node(node)?;
         let max = self.shared.config.image_gc.node_status_max_images;
         Ok(n.images.lock().status_images(max))
+    }
+
+    /// A node's dead containers (left by restarts, finished and deleted pods), oldest
+    /// first, as container GC has left them.
+    pub fn dead_containers(&self, node: &str) -> Result<Vec<DeadContainer>, SimError> {
+        let n = self.shared.node(node)?;
+        Ok(n.containers.lock().dead())
+    }
+
+    /// A node's filesystems as its eviction manager observes them: `[nodefs, imagefs]`.
+    pub fn fs_observations(&self, node: &str) -> Result<[FsObservation; 2], SimError> {
+        let n = self.shared.node(node)?;
+        Ok(eviction::observe(&self.shared, &n))
+    }
+
+    /// Whether a node reports `DiskPressure=True`.
+    pub fn disk_pressure(&self, node: &str) -> Result<bool, SimError> {
+        let n = self.shared.node(node)?;
+        Ok(n.eviction.lock().disk_pressure)
     }
 
     /// Stops a node's heartbeats (Lease renewals, status posts, pod handling), as if its
@@ -597,6 +639,11 @@ impl NodeSimulator {
         tasks.spawn(watch_configmap(shared.clone(), shutdown.clone()));
         tasks.spawn(pods::run_pods(shared.clone(), resumed, shutdown.clone()));
         tasks.spawn(images::run_image_gc(shared.clone(), shutdown.clone()));
+        tasks.spawn(eviction::run_eviction(shared.clone(), shutdown.clone()));
+        tasks.spawn(container_gc::run_container_gc(
+            shared.clone(),
+            shutdown.clone(),
+        ));
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -705,6 +752,12 @@ async fn watch_nodes(shared: Arc<Shared>, shutdown: CancellationToken) {
                     tracing::warn!(node = %state.name, error = %e, "shutdown failed");
                 }
             });
+        }
+        {
+            let fill = |key: &str| node.annotations().get(key).cloned();
+            let mut ev = state.eviction.lock();
+            ev.nodefs_fill = fill(NODEFS_FILL_ANNOTATION);
+            ev.imagefs_fill = fill(IMAGEFS_FILL_ANNOTATION);
         }
         let current = state.ctl.lock().annotation;
         let mode = heartbeat_mode(&node, current);

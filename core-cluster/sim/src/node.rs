@@ -62,6 +62,7 @@ pub(super) fn conditions(
     since: jiff::Timestamp,
     ready_since: jiff::Timestamp,
     shutting_down: bool,
+    disk_pressure: bool,
 ) -> Vec<NodeCondition> {
     let c = |type_: &str, status: &str, reason: &str, message: &str, since| NodeCondition {
         type_: type_.into(),
@@ -79,13 +80,23 @@ pub(super) fn conditions(
             "kubelet has sufficient memory available",
             since,
         ),
-        c(
-            "DiskPressure",
-            "False",
-            "KubeletHasNoDiskPressure",
-            "kubelet has no disk pressure",
-            since,
-        ),
+        if disk_pressure {
+            c(
+                "DiskPressure",
+                "True",
+                "KubeletHasDiskPressure",
+                "kubelet has disk pressure",
+                since,
+            )
+        } else {
+            c(
+                "DiskPressure",
+                "False",
+                "KubeletHasNoDiskPressure",
+                "kubelet has no disk pressure",
+                since,
+            )
+        },
         c(
             "PIDPressure",
             "False",
@@ -154,7 +165,7 @@ fn initial_node(config: &SimConfig, node: &NodeState, now: jiff::Timestamp) -> N
         status: Some(NodeStatus {
             capacity: Some(resources(&config.capacity)),
             allocatable: Some(resources(&config.allocatable)),
-            conditions: Some(conditions(now, now, now, false)),
+            conditions: Some(conditions(now, now, now, false, false)),
             addresses: Some(vec![
                 NodeAddress {
                     type_: "InternalIP".into(),
@@ -490,6 +501,7 @@ impl Kubelet {
             let c = self.node.ctl.lock();
             (c.shutting_down, c.observed_conditions.clone())
         };
+        let disk_pressure = self.node.eviction.lock().disk_pressure;
         let now = self.shared.clock.now();
         if shutting_down != self.last_ready_shutting_down {
             self.ready_since = now;
@@ -502,7 +514,13 @@ impl Kubelet {
                 .as_ref()
                 .is_some_and(|obs| !obs.iter().any(|(t, s)| *t == d.type_ && *s == d.status))
         };
-        let draft = conditions(now, self.since, self.ready_since, shutting_down);
+        let draft = conditions(
+            now,
+            self.since,
+            self.ready_since,
+            shutting_down,
+            disk_pressure,
+        );
         let changed = draft.iter().any(differs);
         if draft.iter().any(|d| d.type_ == "Ready" && differs(d)) {
             self.ready_since = now;
@@ -510,7 +528,13 @@ impl Kubelet {
         if draft.iter().any(|d| d.type_ != "Ready" && differs(d)) {
             self.since = now;
         }
-        let desired = conditions(now, self.since, self.ready_since, shutting_down);
+        let desired = conditions(
+            now,
+            self.since,
+            self.ready_since,
+            shutting_down,
+            disk_pressure,
+        );
         let due = self.last_status_post.elapsed() >= self.config().node_status_report_frequency;
         let image_gc = &self.shared.config.image_gc;
         let images = image_gc.enabled.then(|| {

@@ -84,6 +84,10 @@ pub(super) async fn run_pods(
                 Some(Ok(watcher::Event::Delete(pod))) => {
                     let uid = pod.uid().unwrap_or_default();
                     release_images(&shared, &pod);
+                    if let Some(node) = node_of(&pod).and_then(|n| shared.node(n).ok()) {
+                        node.containers.lock().pod_deleted(&uid, tokio::time::Instant::now());
+                        node.eviction.lock().pods.remove(&uid);
+                    }
                     shared.pods.starting.lock().remove(&uid);
                     shared.pods.finishing.lock().remove(&uid);
                 }
@@ -165,6 +169,10 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
     }
     if phase(pod) != "Pending" {
         shared.pods.starting.lock().remove(&uid);
+        // What the running pod writes may change (its disk-usage annotation).
+        if let Some(active) = node.eviction.lock().pods.get_mut(&uid) {
+            *active = crate::eviction::ActivePod::of(pod);
+        }
         if let Some(since) = ready_to_restore(pod) {
             restore_ready(shared, &node, pod, since);
         }
@@ -173,6 +181,11 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
     if !shared.pods.starting.lock().insert(uid.clone()) {
         return;
     }
+    let active = crate::eviction::ActivePod::of(pod);
+    // The eviction manager's admission handler rejects all but critical pods under disk
+    // pressure (`eviction_manager.go` `Admit`).
+    let disk_pressure =
+        node.eviction.lock().disk_pressure && active.priority < shutdown::SYSTEM_CRITICAL_PRIORITY;
     let shutting_down = node.ctl.lock().shutting_down;
     let status = if shutting_down {
         // The shutdown manager's admission handler rejects new pods.
@@ -181,9 +194,29 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
             "reason": "NodeShutdown",
             "message": "Pod was rejected as the node is shutting down.",
         }})
+    } else if disk_pressure {
+        json!({"status": {
+            "phase": "Failed",
+            "reason": crate::eviction::EVICTED_REASON,
+            "message": "The node had condition: [DiskPressure]. ",
+        }})
     } else {
         running_status(shared, &node, pod)
     };
+    let shutting_down = shutting_down || disk_pressure;
+    if !shutting_down {
+        node.eviction.lock().pods.insert(uid.clone(), active);
+    }
+    if !shutting_down {
+        let names = pod
+            .spec
+            .iter()
+            .flat_map(|s| &s.containers)
+            .map(|c| c.name.clone());
+        node.containers
+            .lock()
+            .start_pod(&uid, names, tokio::time::Instant::now());
+    }
     if !shutting_down && shared.config.image_gc.enabled {
         let images = pod
             .spec
@@ -316,6 +349,11 @@ async fn run_to_exit(
         if shared.heartbeat_stopped(node) {
             return;
         }
+        // Killed meanwhile (evicted, shut down, deleted): nothing more runs.
+        let uid = pod.uid().unwrap_or_default();
+        if !node.eviction.lock().pods.contains_key(&uid) {
+            return;
+        }
         let now = shared.clock.now().to_string();
         let terminated = json!({"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
             "startedAt": status["status"]["startTime"], "finishedAt": now});
@@ -368,6 +406,12 @@ async fn run_to_exit(
                 tracing::warn!(pod = %name, error = %e, "pod exit status update failed");
                 return;
             }
+        }
+        node.containers
+            .lock()
+            .containers_exited(&uid, restart, tokio::time::Instant::now());
+        if !restart {
+            node.eviction.lock().pods.remove(&uid);
         }
         if !restart {
             release_images(shared, pod);
@@ -457,6 +501,12 @@ fn running_status(shared: &Shared, node: &NodeState, pod: &Pod) -> Value {
 
 /// The status kubelet's shutdown manager gives a pod it kills.
 fn shutdown_status(shared: &Shared, pod: &Pod) -> Value {
+    killed_status(shared, pod, SHUTDOWN_REASON, SHUTDOWN_MESSAGE)
+}
+
+/// The status of a pod kubelet killed (`killPodFunc` with a status function): `Failed`
+/// with `reason` and `message`, and the `DisruptionTarget` condition.
+fn killed_status(shared: &Shared, pod: &Pod, reason: &str, message: &str) -> Value {
     let now = shared.clock.now().to_string();
     let uid = pod.uid().unwrap_or_default();
     let containers: Vec<Value> = pod
@@ -481,11 +531,11 @@ fn shutdown_status(shared: &Shared, pod: &Pod) -> Value {
     let cond = |t: &str, s: &str| json!({"type": t, "status": s, "lastProbeTime": null, "lastTransitionTime": now});
     let mut disruption = cond("DisruptionTarget", "True");
     disruption["reason"] = json!("TerminationByKubelet");
-    disruption["message"] = json!(SHUTDOWN_MESSAGE);
+    disruption["message"] = json!(message);
     json!({"status": {
         "phase": "Failed",
-        "reason": SHUTDOWN_REASON,
-        "message": SHUTDOWN_MESSAGE,
+        "reason": reason,
+        "message": message,
         "conditions": [
             disruption,
             cond("PodReadyToStartContainers", "False"),
@@ -507,7 +557,13 @@ pub(super) async fn graceful_shutdown(
 ) -> Result<(), SimError> {
     shared.change(node, |c| c.shutting_down = true);
     let now = shared.clock.now();
-    node::post_status(shared, &node.name, node::conditions(now, now, now, true)).await;
+    let disk_pressure = node.eviction.lock().disk_pressure;
+    node::post_status(
+        shared,
+        &node.name,
+        node::conditions(now, now, now, true, disk_pressure),
+    )
+    .await;
 
     let api: Api<Pod> = Api::all(shared.client_for(&node.name));
     let pods = api
@@ -552,7 +608,18 @@ pub(super) async fn graceful_shutdown(
                     .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
                     .await
                 {
-                    Ok(_) => bump(&shared.counters.pods_shut_down),
+                    Ok(_) => {
+                        bump(&shared.counters.pods_shut_down);
+                        node.eviction
+                            .lock()
+                            .pods
+                            .remove(&pod.uid().unwrap_or_default());
+                        node.containers.lock().containers_exited(
+                            &pod.uid().unwrap_or_default(),
+                            false,
+                            tokio::time::Instant::now(),
+                        );
+                    }
                     Err(e) => {
                         tracing::warn!(pod = %name, error = %e, "shutdown: pod status failed")
                     }
@@ -562,4 +629,56 @@ pub(super) async fn graceful_shutdown(
         futures::future::join_all(kills).await;
     }
     Ok(())
+}
+
+/// The eviction manager's `evictPod`: the pod is killed at once (a hard threshold), its
+/// status `Failed` with reason `Evicted` and kubelet's message, and a Warning Event
+/// `Evicted` is recorded on it.
+pub(super) async fn evict(
+    shared: &Arc<Shared>,
+    node: &Arc<NodeState>,
+    uid: &str,
+    victim: &crate::eviction::ActivePod,
+    message: &str,
+) {
+    let now = tokio::time::Instant::now();
+    node.eviction.lock().pods.remove(uid);
+    node.containers.lock().containers_exited(uid, false, now);
+    node.images.lock().stop_pod(uid, now);
+    let api: Api<Pod> = Api::namespaced(shared.client_for(&node.name), &victim.namespace);
+    let Ok(_permit) = shared.pod_writes.acquire().await else {
+        return;
+    };
+    let pod = match api.get_opt(&victim.name).await {
+        Ok(Some(p)) if p.uid().as_deref() == Some(uid) => p,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(pod = %victim.name, error = %e, "eviction: pod lookup failed");
+            return;
+        }
+    };
+    let status = killed_status(shared, &pod, crate::eviction::EVICTED_REASON, message);
+    if let Err(e) = api
+        .patch_status(&victim.name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+    {
+        tracing::warn!(pod = %victim.name, error = %e, "eviction: pod status failed");
+        return;
+    }
+    bump(&shared.counters.pods_evicted);
+    crate::images::post_object_event(
+        shared,
+        &node.name,
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(victim.namespace.clone()),
+            name: Some(victim.name.clone()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        crate::eviction::EVICTED_REASON,
+        message,
+    )
+    .await;
 }

@@ -7,6 +7,8 @@ mod conformance;
 mod connection_limits;
 mod controllers_ipam_gc;
 mod crd;
+
+mod default_toleration_seconds;
 mod disruption;
 mod durability;
 mod endpoints;
@@ -29,6 +31,7 @@ mod rbac_write_path;
 mod request_bodies;
 mod scheduler;
 mod sim;
+mod sim_eviction;
 mod sim_images;
 mod sim_shutdown;
 mod store_failures;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use ccm_testkit::eventually;
 use core_cluster::{
     ApiServer, ApiServerConfig,
-    sim::{ImageGcConfig, NodeSimulator, SimConfig, image_size},
+    sim::{EvictionConfig, ImageGcConfig, NodeSimulator, SimConfig, image_size},
     store::MemoryStore,
 };
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
@@ -87,6 +87,12 @@ async fn image_gc_frees_unused_images_and_reports_when_it_cannot() {
             enabled: true,
             imagefs_capacity: capacity,
             ..ImageGcConfig::default()
+        },
+        // Image GC alone: at 85 % of the image filesystem kubelet's eviction manager
+        // (imagefs.available<15%) would evict pods too (sim_eviction tests that).
+        eviction: EvictionConfig {
+            monitoring_interval: std::time::Duration::ZERO,
+            ..EvictionConfig::default()
         },
         ..SimConfig::default()
     };

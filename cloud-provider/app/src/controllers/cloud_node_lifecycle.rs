@@ -11,6 +11,12 @@
 //!
 //! Beyond upstream:
 //!
+//! - [`CloudNodeLifecycleConfig::out_of_service_after`] (off by default): a Node seen
+//!   NotReady with its instance shut down for that long gets
+//!   `node.kubernetes.io/out-of-service:NoExecute`, the taint of a non-graceful node
+//!   shutdown (upstream `pkg/controller/podgc/gc_controller.go` `gcTerminating` then
+//!   force-deletes its terminating pods); the taint goes when the Node is Ready again;
+//!
 //! - [`CloudError::InstanceNotFound`] from the existence or
 //!   the shutdown check (wrapped or not) counts as gone; upstream treats it as an unknown
 //!   answer and the dead Node lingers;
@@ -57,6 +63,9 @@ pub struct CloudNodeLifecycleConfig {
     pub delete_grace_period: Duration,
     /// Put the cloud's scheduled events on the Nodes (beyond upstream; `None` = never).
     pub maintenance: Option<MaintenanceConfig>,
+    /// Add the out-of-service taint to a Node NotReady and shut down for this long (beyond
+    /// upstream; `None` = never, the default).
+    pub out_of_service_after: Option<Duration>,
 }
 
 impl Default for CloudNodeLifecycleConfig {
@@ -65,6 +74,7 @@ impl Default for CloudNodeLifecycleConfig {
             node_monitor_period: Duration::from_secs(5),
             delete_grace_period: DEFAULT_DELETE_GRACE_PERIOD,
             maintenance: None,
+            out_of_service_after: None,
         }
     }
 }
@@ -79,6 +89,12 @@ impl CloudNodeLifecycleConfig {
     /// Sets [`maintenance`](Self::maintenance).
     pub fn with_maintenance(mut self, maintenance: Option<MaintenanceConfig>) -> Self {
         self.maintenance = maintenance;
+        self
+    }
+
+    /// Sets [`out_of_service_after`](Self::out_of_service_after).
+    pub fn with_out_of_service_after(mut self, after: Option<Duration>) -> Self {
+        self.out_of_service_after = after;
         self
     }
 
@@ -104,6 +120,8 @@ pub struct CloudNodeLifecycleController {
     /// When the cloud first said "gone" for each Node, and how many times since, for the
     /// grace period.
     gone_since: HashMap<String, (Instant, u32)>,
+    /// When each Node was first seen NotReady with its instance shut down.
+    shut_down_since: HashMap<String, Instant>,
 }
 
 impl std::fmt::Debug for CloudNodeLifecycleController {
@@ -134,6 +152,7 @@ impl CloudNodeLifecycleController {
             ctx,
             config,
             gone_since: HashMap::new(),
+            shut_down_since: HashMap::new(),
         }))
     }
 
@@ -170,6 +189,8 @@ impl CloudNodeLifecycleController {
         let names: HashSet<&str> = nodes.iter().map(|n| node_name(n)).collect();
         self.gone_since
             .retain(|name, _| names.contains(name.as_str()));
+        self.shut_down_since
+            .retain(|name, _| names.contains(name.as_str()));
         // Another ccm's Nodes (several ccms in one cluster) are neither tainted nor deleted.
         let ctx = self.ctx.clone();
         for node in nodes.iter().filter(|n| ctx.owns(COMPONENT, n)) {
@@ -183,8 +204,11 @@ impl CloudNodeLifecycleController {
         let api: Api<Node> = Api::all(self.ctx.client.clone());
         if ready_status(node) == "True" {
             self.gone_since.remove(&name);
-            if has_taint(node, TAINT_SHUTDOWN)
-                && let Err(err) = set_shutdown_taint(&api, node, false).await
+            self.shut_down_since.remove(&name);
+            let out_of_service =
+                self.config.out_of_service_after.is_some() && has_taint(node, TAINT_OUT_OF_SERVICE);
+            if (has_taint(node, TAINT_SHUTDOWN) || out_of_service)
+                && let Err(err) = set_shutdown_taint(&api, node, false, false).await
             {
                 warn!(error = %err, "failed to remove the shutdown taint");
             }
@@ -201,8 +225,18 @@ impl CloudNodeLifecycleController {
             match self.shutdown(node).await {
                 Ok(Some(true)) => {
                     self.gone_since.remove(&name);
-                    if !has_taint(node, TAINT_SHUTDOWN)
-                        && let Err(err) = set_shutdown_taint(&api, node, true).await
+                    let since = *self
+                        .shut_down_since
+                        .entry(name.clone())
+                        .or_insert_with(Instant::now);
+                    let out_of_service = self
+                        .config
+                        .out_of_service_after
+                        .is_some_and(|after| since.elapsed() >= after);
+                    let missing = !has_taint(node, TAINT_SHUTDOWN)
+                        || (out_of_service && !has_taint(node, TAINT_OUT_OF_SERVICE));
+                    if missing
+                        && let Err(err) = set_shutdown_taint(&api, node, true, out_of_service).await
                     {
                         warn!(error = %err, "failed to add the shutdown taint");
                     }
@@ -210,6 +244,7 @@ impl CloudNodeLifecycleController {
                 }
                 Ok(Some(false)) => {
                     self.gone_since.remove(&name);
+                    self.shut_down_since.remove(&name);
                     return;
                 }
                 // The shutdown check said "instance not found": gone (beyond upstream).
@@ -353,12 +388,18 @@ fn ready_status(node: &Node) -> &str {
         .map_or("Unknown", |c| c.status.as_str())
 }
 
-/// Adds or removes the shutdown taint with a merge patch of the whole taint list, guarded by
-/// the Node's resourceVersion (a conflict is retried on the next period).
+/// The taint of a non-graceful node shutdown (`v1.TaintNodeOutOfService`).
+pub(crate) const TAINT_OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
+
+/// Adds or removes the shutdown taint (and with `out_of_service` the out-of-service
+/// NoExecute taint, removed whenever `present` is false) with a merge patch of the whole
+/// taint list, guarded by the Node's resourceVersion (a conflict is retried on the next
+/// period).
 async fn set_shutdown_taint(
     api: &Api<Node>,
     node: &Node,
     present: bool,
+    out_of_service: bool,
 ) -> Result<(), kube::Error> {
     let mut taints: Vec<Taint> = node
         .spec
@@ -366,11 +407,24 @@ async fn set_shutdown_taint(
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
     taints.retain(|t| !(t.key == TAINT_SHUTDOWN && t.effect == "NoSchedule"));
+    if !present || out_of_service {
+        taints.retain(|t| !(t.key == TAINT_OUT_OF_SERVICE && t.effect == "NoExecute"));
+    }
     if present {
         taints.push(Taint {
             key: TAINT_SHUTDOWN.to_owned(),
             effect: "NoSchedule".to_owned(),
             ..Default::default()
+        });
+    }
+    if present && out_of_service {
+        taints.push(Taint {
+            key: TAINT_OUT_OF_SERVICE.to_owned(),
+            value: Some("nodeshutdown".to_owned()),
+            effect: "NoExecute".to_owned(),
+            time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                jiff::Timestamp::now(),
+            )),
         });
     }
     let mut patch = Node::default();

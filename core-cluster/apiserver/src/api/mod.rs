@@ -48,8 +48,11 @@ use crate::{
         Registry, ResourceDef, allocator::ServiceAllocator, authorization, meta, resources,
     },
     storage::{
-        ObjectKey, ObjectReader, Storage, WriteContext, admission::Admission,
-        get_list::quarantine_unreadable, namespace::spawn_namespace_cleanup,
+        ObjectKey, ObjectReader, Storage, WriteContext,
+        admission::Admission,
+        default_toleration_seconds::{DEFAULT_TOLERATION_SECONDS, DefaultTolerationSeconds},
+        get_list::quarantine_unreadable,
+        namespace::spawn_namespace_cleanup,
         observe::WriteObserver,
     },
     store::Store,
@@ -83,6 +86,13 @@ pub struct ApiServerConfig {
     pub request_timeout: Duration,
     /// How the server reaches kubelets for logs and the node proxy (`--kubelet-*`).
     pub kubelet: KubeletClientConfig,
+    /// `--default-not-ready-toleration-seconds` (300): the `tolerationSeconds` of the
+    /// `node.kubernetes.io/not-ready:NoExecute` toleration the DefaultTolerationSeconds
+    /// admission plugin adds to pods.
+    pub default_not_ready_toleration_seconds: i64,
+    /// `--default-unreachable-toleration-seconds` (300): likewise for
+    /// `node.kubernetes.io/unreachable:NoExecute`.
+    pub default_unreachable_toleration_seconds: i64,
 }
 
 impl Default for ApiServerConfig {
@@ -97,6 +107,8 @@ impl Default for ApiServerConfig {
             watch_limits: WatchLimits::default(),
             request_timeout: Duration::from_secs(60),
             kubelet: KubeletClientConfig::default(),
+            default_not_ready_toleration_seconds: DEFAULT_TOLERATION_SECONDS,
+            default_unreachable_toleration_seconds: DEFAULT_TOLERATION_SECONDS,
         }
     }
 }
@@ -162,6 +174,10 @@ impl ApiServer {
         let admission: Vec<Arc<dyn Admission>> = vec![
             Arc::new(NodeRestriction::new(reader.clone())),
             Arc::new(RbacEscalation::new(authorizer.clone(), reader)),
+            Arc::new(DefaultTolerationSeconds::new(
+                config.default_not_ready_toleration_seconds,
+                config.default_unreachable_toleration_seconds,
+            )),
         ];
         let observers: Vec<Arc<dyn WriteObserver>> = vec![authorizer.clone()];
         let storage = Storage::new(

@@ -57,4 +57,16 @@ pub(crate) trait Admission: Send + Sync {
         &'a self,
         attrs: &'a AdmissionAttributes<'a>,
     ) -> BoxFuture<'a, Result<(), ApiError>>;
+
+    /// Mutating admission (upstream's `admission.MutationInterface`): changes `object`, the
+    /// object of a create or an update of `resource` (`subresource` none for the object
+    /// itself), after defaulting and before validation. Most plugins only validate.
+    fn mutate(
+        &self,
+        _operation: Operation,
+        _resource: &'static ResourceDef,
+        _subresource: Option<&str>,
+        _object: &mut Value,
+    ) {
+    }
 }

@@ -177,6 +177,7 @@ pub(crate) async fn create_object(
         o.remove("status");
     }
     (def.prepare_create)(&mut obj);
+    state.mutate(Operation::Create, def, None, &mut obj);
     errors.extend(meta::validate_object_meta(&obj));
     errors.extend((def.validate)(&obj, None));
     errors.extend(super::custom_errors(def, &obj));

@@ -13,6 +13,7 @@ pub(crate) mod admission;
 pub(crate) mod apiservice;
 pub(crate) mod crd;
 pub(crate) mod create;
+pub(crate) mod default_toleration_seconds;
 pub(crate) mod delete;
 pub(crate) mod eviction;
 pub(crate) mod get_list;
@@ -175,6 +176,19 @@ impl Storage {
     /// Reads of stored objects.
     pub(crate) fn reader(&self) -> ObjectReader {
         ObjectReader::new(self.store.clone())
+    }
+
+    /// Runs the mutating admission chain on the object of a create or update.
+    pub(crate) fn mutate(
+        &self,
+        operation: admission::Operation,
+        resource: &'static crate::registry::ResourceDef,
+        subresource: Option<&str>,
+        object: &mut Value,
+    ) {
+        for plugin in &self.admission {
+            plugin.mutate(operation, resource, subresource, object);
+        }
     }
 
     /// Runs the admission chain (upstream's validating admission, in the order it was

@@ -172,6 +172,7 @@ pub(crate) async fn commit_update(
     if sub.is_none() {
         (def.prepare_update)(&mut new);
     }
+    state.mutate(Operation::Update, def, sub, &mut new);
     let deleting = !old_meta["deletionTimestamp"].is_null();
     let mut errors = meta::validate_object_meta(&new);
     if deleting {

@@ -57,6 +57,7 @@ pub static ALL: &[&ResourceDef] = &[
 ];
 
 pub use meta::NameRule;
+pub use pod_spec::add_default_tolerations;
 pub use table::Column;
 
 /// A served resource and its strategy.

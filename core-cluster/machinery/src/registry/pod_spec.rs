@@ -7,15 +7,20 @@ use serde_json::{Value, json};
 use super::quantity::quantity_of;
 use crate::registry::FieldError;
 
-/// The tolerations upstream's DefaultTolerationSeconds admission adds to every pod.
-pub(super) fn add_default_tolerations(spec: &mut Value) {
+/// The tolerations upstream's DefaultTolerationSeconds admission
+/// (`plugin/pkg/admission/defaulttolerationseconds`) adds to a pod spec that does not
+/// tolerate the NoExecute taints `node.kubernetes.io/not-ready` and
+/// `node.kubernetes.io/unreachable` already: `Exists` tolerations of these seconds
+/// (`--default-not-ready-toleration-seconds`, `--default-unreachable-toleration-seconds`,
+/// 300 each by default).
+pub fn add_default_tolerations(spec: &mut Value, not_ready_seconds: i64, unreachable_seconds: i64) {
     if !spec["tolerations"].is_array() {
         spec["tolerations"] = json!([]);
     }
     let tolerations = spec["tolerations"].as_array_mut().expect("array");
-    for key in [
-        "node.kubernetes.io/not-ready",
-        "node.kubernetes.io/unreachable",
+    for (key, seconds) in [
+        ("node.kubernetes.io/not-ready", not_ready_seconds),
+        ("node.kubernetes.io/unreachable", unreachable_seconds),
     ] {
         // Upstream: a toleration of this key, or of every key (an empty key), with the
         // NoExecute or every effect (an empty effect) already covers it.
@@ -26,7 +31,7 @@ pub(super) fn add_default_tolerations(spec: &mut Value) {
         });
         if !tolerated {
             tolerations.push(json!({
-                "key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300
+                "key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds
             }));
         }
     }

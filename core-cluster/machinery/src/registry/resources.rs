@@ -18,7 +18,7 @@ use super::{
     events::{identity, to_core, to_events_v1},
     meta::{is_qualified_name, str_at},
     no_defaults,
-    pod_spec::{add_default_tolerations, default_pod_spec, validate_pod_spec},
+    pod_spec::{default_pod_spec, validate_pod_spec},
     quantity::check_pod_spec_quantities,
     table::{AGE, NAME, age, key_values_cell, none_if_empty, s},
     typed,
@@ -342,7 +342,8 @@ fn prepare_pod(o: &mut Value) {
                 spec[field] = value;
             }
         }
-        add_default_tolerations(spec);
+        // The NoExecute tolerations come from the API server's DefaultTolerationSeconds
+        // admission plugin, with its flags' seconds.
     }
     let has_resources = o["spec"]["containers"].as_array().is_some_and(|cs| {
         cs.iter()
@@ -1366,11 +1367,17 @@ mod tests {
         assert_eq!(node_roles(&roles), "control-plane,worker");
     }
 
+    /// Pod defaulting followed by the DefaultTolerationSeconds plugin at its defaults.
+    fn prepare_pod_admitted(pod: &mut Value) {
+        prepare_pod(pod);
+        super::super::add_default_tolerations(&mut pod["spec"], 300, 300);
+    }
+
     #[test]
     fn pods_get_default_tolerations_once() {
         let mut pod = json!({"spec": {"containers": [{"name": "c", "image": "nginx"}],
             "tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10}]}});
-        prepare_pod(&mut pod);
+        prepare_pod_admitted(&mut pod);
         let tolerations = pod["spec"]["tolerations"].as_array().unwrap();
         assert_eq!(tolerations.len(), 2);
         assert_eq!(
@@ -1393,12 +1400,12 @@ mod tests {
         ] {
             let mut pod = json!({"spec": {"containers": [{"name": "c", "image": "nginx"}],
                 "tolerations": [toleration.clone()]}});
-            prepare_pod(&mut pod);
+            prepare_pod_admitted(&mut pod);
             assert_eq!(pod["spec"]["tolerations"], json!([toleration]));
         }
         let mut pod = json!({"spec": {"containers": [{"name": "c", "image": "nginx"}],
             "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]}});
-        prepare_pod(&mut pod);
+        prepare_pod_admitted(&mut pod);
         assert_eq!(pod["spec"]["tolerations"].as_array().unwrap().len(), 3);
     }
 
