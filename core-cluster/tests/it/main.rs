@@ -10,6 +10,7 @@ mod disruption;
 mod durability;
 mod endpoints;
 mod etcd_faults;
+mod etcd_servers;
 mod finished_work;
 mod fuzz_inputs;
 mod hardening;

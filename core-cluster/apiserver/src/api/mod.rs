@@ -295,6 +295,37 @@ impl ApiServer {
         })
     }
 
+    /// Follows the writes that other API servers sharing this server's store (etcd) make:
+    /// the RBAC index and the Node authorizer's graph learn of them from a watch of the
+    /// store, as they learn of this server's own writes, so a Role written through another
+    /// server is enforced here too. Stops when `shutdown` is cancelled.
+    pub fn spawn_store_follower(
+        &self,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        use crate::storage::observe::WriteObserver as _;
+        let authorizer = self.state.authorizer.clone();
+        let defs: Vec<&'static ResourceDef> = self
+            .state
+            .registry
+            .all()
+            .iter()
+            .copied()
+            .filter(|def| authorizer.observes(def))
+            .fold(Vec::new(), |mut defs, def| {
+                if !defs.iter().any(|d: &&ResourceDef| d.storage == def.storage) {
+                    defs.push(def);
+                }
+                defs
+            });
+        tokio::spawn(crate::storage::observe::follow_store(
+            self.state.store.clone(),
+            authorizer,
+            defs,
+            shutdown,
+        ))
+    }
+
     /// Runs upstream's Service IP and port repair loops every `interval` (kube-apiserver:
     /// every 3 minutes, `pkg/registry/core/service/ipallocator/controller/repair.go` and
     /// `portallocator/controller/repair.go`): marks what Services hold and their ranges
