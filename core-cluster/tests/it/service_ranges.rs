@@ -56,9 +56,12 @@ async fn create_concurrently(clients: &[Client], count: usize) -> (Vec<String>, 
     let creates = (0..count).map(|i| {
         let api: Api<Service> = Api::namespaced(clients[i % clients.len()].clone(), "default");
         async move {
-            api.create(&PostParams::default(), &node_port_service(&format!("svc-{i}")))
-                .await
-                .unwrap_or_else(|e| panic!("svc-{i}: {e}"))
+            api.create(
+                &PostParams::default(),
+                &node_port_service(&format!("svc-{i}")),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("svc-{i}: {e}"))
         }
     });
     let created = join_all(creates).await;
@@ -68,14 +71,22 @@ async fn create_concurrently(clients: &[Client], count: usize) -> (Vec<String>, 
         .collect();
     let ports = created
         .iter()
-        .map(|s| s.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].node_port.unwrap())
+        .map(|s| {
+            s.spec.as_ref().unwrap().ports.as_ref().unwrap()[0]
+                .node_port
+                .unwrap()
+        })
         .collect();
     (ips, ports)
 }
 
 fn assert_distinct<T: std::hash::Hash + Eq + std::fmt::Debug>(what: &str, values: &[T]) {
     let unique: HashSet<&T> = values.iter().collect();
-    assert_eq!(unique.len(), values.len(), "{what} handed out twice: {values:?}");
+    assert_eq!(
+        unique.len(),
+        values.len(),
+        "{what} handed out twice: {values:?}"
+    );
 }
 
 async fn etcd_store(etcd: &Etcd) -> Arc<dyn Store> {
@@ -183,7 +194,10 @@ async fn the_repair_marks_what_services_hold_and_releases_leaks_after_three_pass
         config.service_cluster_ip_ranges.clone(),
         config.service_node_port_range.clone(),
     );
-    allocator.restore(RangeId::Ips(0), &RangeSnapshot::from_json(&kv.value).unwrap());
+    allocator.restore(
+        RangeId::Ips(0),
+        &RangeSnapshot::from_json(&kv.value).unwrap(),
+    );
     allocator.unmark(Item::Ip(held_ip));
     allocator.mark(Item::Ip(leaked));
     let bytes = allocator.snapshot(RangeId::Ips(0)).to_json().to_string();
@@ -196,8 +210,14 @@ async fn the_repair_marks_what_services_hold_and_releases_leaks_after_three_pass
         .await
         .unwrap();
     let items = stored_items(&*store).await;
-    assert!(items.contains(&Item::Ip(held_ip)), "the held IP is marked again at startup");
-    assert!(items.contains(&Item::Ip(leaked)), "a leak is kept for a grace period");
+    assert!(
+        items.contains(&Item::Ip(held_ip)),
+        "the held IP is marked again at startup"
+    );
+    assert!(
+        items.contains(&Item::Ip(leaked)),
+        "a leak is kept for a grace period"
+    );
     let services: Api<Service> =
         Api::namespaced(Client::new(restarted.router(), "default"), "default");
     let mut chosen = node_port_service("clash");

@@ -354,7 +354,9 @@ impl ApiServer {
                         released = outcome.released.len(),
                         "repaired the service ranges"
                     ),
-                    Err(e) => tracing::warn!(error = %e.message, "the service range repair failed; it runs again next interval"),
+                    Err(e) => {
+                        tracing::warn!(error = %e.message, "the service range repair failed; it runs again next interval")
+                    }
                 }
             }
         })

@@ -100,7 +100,9 @@ impl std::fmt::Debug for ServiceRanges {
 fn lost_race(e: &StoreError) -> bool {
     matches!(
         e,
-        StoreError::Conflict { .. } | StoreError::AlreadyExists { .. } | StoreError::NotFound { .. }
+        StoreError::Conflict { .. }
+            | StoreError::AlreadyExists { .. }
+            | StoreError::NotFound { .. }
     )
 }
 

@@ -298,7 +298,11 @@ impl ServiceAllocator {
             RangeId::Ips(i) => {
                 let first = self.bounds(i).map_or(0, |(f, _)| f);
                 RangeSnapshot {
-                    range: self.ranges.get(i).map(ToString::to_string).unwrap_or_default(),
+                    range: self
+                        .ranges
+                        .get(i)
+                        .map(ToString::to_string)
+                        .unwrap_or_default(),
                     data: bitmap_from_offsets(
                         self.used_ips
                             .iter()
@@ -1018,8 +1022,12 @@ mod tests {
         a.allocate(&mut two, None).unwrap();
         assert_eq!(a.snapshot(RangeId::Ips(0)).data, vec![0b10_0001]);
         let ports = a.snapshot(RangeId::Ports);
-        assert_eq!((ports.range.as_str(), ports.data.as_slice()), ("30000-30003", &[1u8][..]));
-        let stored = RangeSnapshot::from_json(&serde_json::to_vec(&ips.to_json()).unwrap()).unwrap();
+        assert_eq!(
+            (ports.range.as_str(), ports.data.as_slice()),
+            ("30000-30003", &[1u8][..])
+        );
+        let stored =
+            RangeSnapshot::from_json(&serde_json::to_vec(&ips.to_json()).unwrap()).unwrap();
         assert_eq!(stored, ips);
 
         let mut b = allocator();
@@ -1027,7 +1035,10 @@ mod tests {
         assert!(b.restore(RangeId::Ports, &ports));
         assert_eq!(b.items(), a.items());
         // A bitmap of another range restores nothing.
-        let other = RangeSnapshot { range: "10.0.0.0/24".into(), data: vec![0xff] };
+        let other = RangeSnapshot {
+            range: "10.0.0.0/24".into(),
+            data: vec![0xff],
+        };
         assert!(!b.restore(RangeId::Ips(0), &other));
         assert!(b.items().iter().all(|i| matches!(i, Item::Port(_))));
     }
@@ -1062,8 +1073,14 @@ mod tests {
             first.missing,
             vec![Item::Ip("10.96.0.2".parse().unwrap()), Item::Port(30002)]
         );
-        assert_eq!(first.duplicates, vec![Item::Ip("10.96.0.2".parse().unwrap())]);
-        assert_eq!(first.out_of_range, vec![Item::Ip("192.168.0.1".parse().unwrap())]);
+        assert_eq!(
+            first.duplicates,
+            vec![Item::Ip("10.96.0.2".parse().unwrap())]
+        );
+        assert_eq!(
+            first.out_of_range,
+            vec![Item::Ip("192.168.0.1".parse().unwrap())]
+        );
         assert!(first.released.is_empty(), "leaks get a grace period");
         assert!(first.allocator.items().contains(&Item::Port(30001)));
         let second = repair.run(&first.allocator, &services);
