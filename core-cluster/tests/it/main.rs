@@ -36,4 +36,5 @@ mod store_failures;
 mod tls_auth;
 mod type_meta;
 mod watch_backlogs;
+mod watch_history;
 mod workloads;
