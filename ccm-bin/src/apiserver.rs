@@ -201,6 +201,9 @@ pub(crate) fn parse_config_from(
 }
 
 /// Runs the API server until SIGTERM or Ctrl-C.
+/// How often the Service IP and port ranges are repaired: kube-apiserver's 3 minutes.
+pub(crate) const SERVICE_REPAIR_INTERVAL: std::time::Duration = std::time::Duration::from_secs(180);
+
 pub(crate) async fn run(args: ApiServerArgs) -> anyhow::Result<()> {
     let config = parse_config(&args)?;
     let store: Arc<dyn Store> = match &args.data_dir {
@@ -212,6 +215,11 @@ pub(crate) async fn run(args: ApiServerArgs) -> anyhow::Result<()> {
     let compaction = args.store.etcd_compaction_interval;
     if !compaction.is_zero() {
         server.spawn_compactor(compaction, shutdown.clone());
+    }
+    server.spawn_service_repair(SERVICE_REPAIR_INTERVAL, shutdown.clone());
+    if !args.store.etcd_servers.is_empty() {
+        // Other API servers write to the same etcd: RBAC follows their writes too.
+        server.spawn_store_follower(shutdown.clone());
     }
     // The PKI lives beside the store; an in-memory server gets a throwaway one.
     let temp;

@@ -17,7 +17,9 @@ use std::{
 use crate::nodeipam::NodeIpamArgs;
 use anyhow::{Context, bail};
 use cloud_provider::CloudProvider;
-use cloud_provider_app::{CloudControllerManagerOptions, HealthChecks};
+use cloud_provider_app::{
+    CloudControllerManagerOptions, HealthChecks, LeaderElectionConfig, LeaderElector,
+};
 use cloud_provider_fake::{FakeCloud, FakeInstance};
 use core_cluster::{
     ApiServer,
@@ -234,6 +236,88 @@ pub(crate) fn embedded_only_flags() -> Vec<String> {
 /// Starts one run of a supervised controller (see [`Supervisor::run`]).
 type BoxedStart =
     Box<dyn FnMut(CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send + 'static>;
+
+/// The Lease kube-controller-manager leads by (`cmd/kube-controller-manager/app/options`
+/// `LeaderElection.ResourceName`), in `kube-system`.
+pub(crate) const CONTROLLER_MANAGER_LEASE: &str = "kube-controller-manager";
+/// The Lease kube-scheduler leads by, in `kube-system`.
+pub(crate) const SCHEDULER_LEASE: &str = "kube-scheduler";
+
+/// This control plane's identity in its Leases: `hostname_<random>`, made once and kept in
+/// the data directory, so that a restarted process takes its own Lease back at once
+/// (client-go lets the holder renew) instead of waiting out the lease duration, while
+/// control planes with their own data directories stay distinct.
+fn leader_identity(data_dir: &std::path::Path) -> anyhow::Result<String> {
+    use std::hash::BuildHasher;
+    let path = data_dir.join("leader-identity");
+    if let Ok(saved) = std::fs::read_to_string(&path)
+        && !saved.trim().is_empty()
+    {
+        return Ok(saved.trim().to_owned());
+    }
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    let random = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+    let identity = format!("{host}_{random:016x}");
+    std::fs::write(&path, &identity)
+        .with_context(|| format!("writing the leader identity to {}", path.display()))?;
+    Ok(identity)
+}
+
+/// Runs `group` under `supervisor` while this process holds the Lease `kube-system/<lease>`
+/// (client-go's `leaderelection` with upstream's 15 s lease, 10 s renew deadline and 2 s
+/// retry period): campaigns, starts the group on acquiring, stops it when leadership is
+/// lost and campaigns again, until `shutdown`.
+async fn run_while_leading(
+    client: kube::Client,
+    lease: &'static str,
+    identity: String,
+    supervisor: Supervisor,
+    group: Vec<(&'static str, BoxedStart)>,
+    shutdown: CancellationToken,
+) {
+    type Shared = Arc<tokio::sync::Mutex<BoxedStart>>;
+    let group: Vec<(&'static str, Shared)> = group
+        .into_iter()
+        .map(|(name, start)| (name, Arc::new(tokio::sync::Mutex::new(start))))
+        .collect();
+    loop {
+        let elector = LeaderElector::new(
+            client.clone(),
+            LeaderElectionConfig::new("kube-system", lease).with_identity(identity.clone()),
+        )
+        .with_shutdown(shutdown.clone());
+        let (group, supervisor) = (group.clone(), supervisor.clone());
+        let me = identity.clone();
+        let led = elector
+            .run(move |leading: CancellationToken| async move {
+                eprintln!("leader election: leading kube-system/{lease} as {me}");
+                let mut runs = tokio::task::JoinSet::new();
+                for (name, start) in group {
+                    runs.spawn(supervisor.run(name, leading.clone(), move |t| {
+                        let start = start.clone();
+                        async move {
+                            let run = (start.lock().await)(t);
+                            run.await;
+                        }
+                    }));
+                }
+                while runs.join_next().await.is_some() {}
+                Ok::<(), std::convert::Infallible>(())
+            })
+            .await;
+        if shutdown.is_cancelled() {
+            return;
+        }
+        if let Err(e) = led {
+            eprintln!("leader election: {e}; kube-system/{lease} campaigning again");
+        }
+    }
+}
 
 /// The region of the fake cloud the embedded default builds.
 const FAKE_REGION: &str = "fake-region-1";
@@ -595,6 +679,11 @@ pub(crate) async fn run(
     if !args.store.etcd_compaction_interval.is_zero() {
         server.spawn_compactor(args.store.etcd_compaction_interval, shutdown.clone());
     }
+    server.spawn_service_repair(crate::apiserver::SERVICE_REPAIR_INTERVAL, shutdown.clone());
+    if !args.store.etcd_servers.is_empty() {
+        // Other API servers write to the same etcd: RBAC follows their writes too.
+        server.spawn_store_follower(shutdown.clone());
+    }
     let secure = crate::apiserver::SecureServing::start(
         &server,
         &data_dir,
@@ -623,12 +712,20 @@ pub(crate) async fn run(
     // under the supervisor: a panic restarts it after a backoff and is counted in
     // `controller_panics_total`; one that keeps panicking fails `/livez` (a check named
     // after it, as kube-controller-manager names its controllers' checks).
+    //
+    // They act only while this process leads, as kube-controller-manager and kube-scheduler
+    // do, so that several control planes on one etcd never both act: the controllers under
+    // the Lease `kube-system/kube-controller-manager`, the scheduler under
+    // `kube-system/kube-scheduler`.
     let client = kube::Client::new(server.router(), "default");
     let mut tasks = tokio::task::JoinSet::new();
     let supervisor = Supervisor::default();
     server.register_metric(PANICS_METRIC, PANICS_HELP, supervisor.panics_metric());
-    let mut supervise = |name: &str, start: BoxedStart| {
-        tasks.spawn(supervisor.run(name, shutdown.clone(), start));
+    let mut controller_manager: Vec<(&'static str, BoxedStart)> = Vec::new();
+    let mut scheduler: Vec<(&'static str, BoxedStart)> = Vec::new();
+    let mut supervise = |name: &'static str, start: BoxedStart| {
+        supervisor.register(name);
+        controller_manager.push((name, start));
     };
     supervise("node-lifecycle-controller", {
         let client = client.clone();
@@ -688,12 +785,13 @@ pub(crate) async fn run(
             scheduler::{Scheduler, SchedulerConfig},
         };
         let c = client.clone();
-        supervise(
+        supervisor.register("scheduler");
+        scheduler.push((
             "scheduler",
             Box::new(move |s| {
                 Box::pin(Scheduler::new(c.clone(), SchedulerConfig::default()).run(s))
             }),
-        );
+        ));
         let c = client.clone();
         supervise(
             "replicaset-controller",
@@ -739,6 +837,20 @@ pub(crate) async fn run(
         );
     }
     server.add_livez_checks(supervisor.health_checks());
+    let identity = leader_identity(&data_dir)?;
+    for (lease, group) in [
+        (CONTROLLER_MANAGER_LEASE, controller_manager),
+        (SCHEDULER_LEASE, scheduler),
+    ] {
+        tasks.spawn(run_while_leading(
+            client.clone(),
+            lease,
+            identity.clone(),
+            supervisor.clone(),
+            group,
+            shutdown.clone(),
+        ));
+    }
 
     // The cloud-controller-manager, exactly as against any cluster.
     say(format_args!(

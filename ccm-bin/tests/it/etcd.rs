@@ -201,3 +201,147 @@ where
         }
     }
 }
+
+/// One of two API servers on one etcd is killed (SIGKILL) in the middle of a burst of
+/// writes: every write it acknowledged reads back through the other (etcd commits before
+/// kube-apiserver answers, `etcd3/store.go` `Create`), and the other keeps taking writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_one_of_two_api_servers_mid_burst_loses_no_acknowledged_write() {
+    let etcd = Etcd::start().await;
+    let servers = format!("--etcd-servers={}", etcd.servers_flag());
+    let dir_a = tempfile::tempdir().unwrap();
+    let mut a = ApiServerProcess::start_with(dir_a.path(), &[&servers]);
+    let dir_b = tempfile::tempdir().unwrap();
+    let b = ApiServerProcess::start_sharing(dir_b.path(), &a, &[&servers]);
+    let on_a: Api<ConfigMap> = Api::namespaced(client(&a).await, "default");
+    let on_b: Api<ConfigMap> = Api::namespaced(client(&b).await, "default");
+
+    let acknowledged = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let writers: Vec<_> = (0..8)
+        .map(|writer| {
+            let (api, acknowledged) = (on_a.clone(), acknowledged.clone());
+            tokio::spawn(async move {
+                for i in 0.. {
+                    let name = format!("burst-{writer}-{i}");
+                    match api
+                        .create(&PostParams::default(), &config_map(&name, "x"))
+                        .await
+                    {
+                        Ok(_) => acknowledged.lock().push(name),
+                        Err(_) => return,
+                    }
+                }
+            })
+        })
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(60), || acknowledged.lock().len() >= 100),
+        "the burst got going"
+    );
+    a.kill();
+    for writer in writers {
+        tokio::time::timeout(Duration::from_secs(60), writer)
+            .await
+            .expect("every writer sees the server go")
+            .unwrap();
+    }
+    let acknowledged = acknowledged.lock().clone();
+    let listed: std::collections::HashSet<String> = on_b
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|cm| cm.metadata.name)
+        .collect();
+    let lost: Vec<&String> = acknowledged
+        .iter()
+        .filter(|n| !listed.contains(*n))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "acknowledged through A, missing on B: {lost:?}"
+    );
+    on_b.create(&PostParams::default(), &config_map("after", "1"))
+        .await
+        .expect("B keeps taking writes");
+}
+
+/// The holder of the Lease `kube-system/<lease>` as `embedded`'s API server reports it.
+fn lease_holder(embedded: &crate::embedded::Embedded, lease: &str) -> String {
+    embedded.kubectl(&[
+        "get",
+        "lease",
+        "-n",
+        "kube-system",
+        lease,
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ])
+}
+
+fn identity(embedded: &crate::embedded::Embedded) -> String {
+    std::fs::read_to_string(embedded.dir.path().join("data").join("leader-identity"))
+        .expect("the leader identity is kept in the data directory")
+}
+
+fn log_says(log: &std::path::Path, line: &str) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|l| l.contains(line))
+}
+
+/// Two embedded control planes on one etcd: only the holder of kube-controller-manager's
+/// and kube-scheduler's Leases runs the node-side controllers and the scheduler (client-go
+/// `tools/leaderelection`, upstream's 15 s lease, 10 s renew deadline, 2 s retry), and when
+/// it is killed the other takes both Leases over once they expire and starts acting.
+/// Wall-clock bounds are generous (the lease alone takes 15 s to expire).
+#[test]
+fn two_embedded_control_planes_on_one_etcd_elect_one_leader_and_fail_over() {
+    crate::support::require_kubectl("the leader-election test reads Leases with kubectl");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let etcd = runtime.block_on(Etcd::start());
+    let servers = format!("--etcd-servers={}", etcd.servers_flag());
+    let logs = tempfile::tempdir().unwrap();
+    let (log_a, log_b) = (logs.path().join("a.log"), logs.path().join("b.log"));
+    let a = crate::embedded::Embedded::start_logging_to(&log_a, &[&servers]);
+    let leases = ["kube-controller-manager", "kube-scheduler"];
+    for lease in leases {
+        assert!(
+            wait_until(Duration::from_secs(60), || lease_holder(&a, lease)
+                == identity(&a)),
+            "A leads {lease}"
+        );
+    }
+    let b = crate::embedded::Embedded::start_logging_to(
+        &log_b,
+        &[&servers, "--sim-node-names", "b-node"],
+    );
+    // B campaigns for well over a lease duration and never leads while A renews.
+    assert!(
+        !wait_until(Duration::from_secs(25), || log_says(
+            &log_b,
+            "leader election: leading"
+        )),
+        "B must not lead while A renews: {}",
+        std::fs::read_to_string(&log_b).unwrap_or_default()
+    );
+    for lease in leases {
+        assert_eq!(lease_holder(&b, lease), identity(&a), "{lease}");
+        let leading = format!("leading kube-system/{lease}");
+        assert!(log_says(&log_a, &leading), "A acts as {lease}");
+        assert!(!log_says(&log_b, &leading), "B must not act as {lease}");
+    }
+
+    let b_identity = identity(&b);
+    drop(a);
+    for lease in leases {
+        let leading = format!("leading kube-system/{lease} as {b_identity}");
+        assert!(
+            wait_until(Duration::from_secs(90), || log_says(&log_b, &leading)),
+            "B takes {lease} over after A is killed: {}",
+            std::fs::read_to_string(&log_b).unwrap_or_default()
+        );
+        assert_eq!(lease_holder(&b, lease), b_identity);
+    }
+    drop(b);
+    drop(etcd);
+}

@@ -183,6 +183,16 @@ impl Supervisor {
         self.inner.records.lock().get(name).map_or(0, |r| r.panics)
     }
 
+    /// Makes `name` known to [`Supervisor::health_checks`] before it first runs (a
+    /// controller that runs only while its process leads).
+    pub fn register(&self, name: &str) {
+        self.inner
+            .records
+            .lock()
+            .entry(name.to_owned())
+            .or_default();
+    }
+
     /// One `/livez` check per controller supervised so far, named after it.
     pub fn health_checks(&self) -> Vec<Arc<dyn HealthChecker>> {
         self.inner

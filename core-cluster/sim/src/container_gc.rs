@@ -198,7 +198,7 @@ impl ContainerStore {
             if left > max {
                 let mut flattened: Vec<DeadContainer> =
                     units.drain().flat_map(|(_, u)| u).collect();
-                flattened.sort_by(|a, b| b.created.cmp(&a.created));
+                flattened.sort_by_key(|b| std::cmp::Reverse(b.created));
                 removed.extend(flattened.split_off(max));
                 keep.extend(flattened);
             }

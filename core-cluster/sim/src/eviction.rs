@@ -291,7 +291,7 @@ pub fn format_binary_si(bytes: u64) -> String {
     let mut value = bytes;
     let mut suffix = "";
     for s in SUFFIXES {
-        if value % 1024 != 0 {
+        if !value.is_multiple_of(1024) {
             break;
         }
         value /= 1024;

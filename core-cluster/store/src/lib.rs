@@ -46,8 +46,9 @@
 //! of them (see the watch window in the source), so
 //! watching from a revision older than the ring yields [`StoreError::Expired`]
 //! (Kubernetes: "410 Gone, too old resource version"; the client relists and watches
-//! from the list's revision). A durable backend starts with an empty ring after a
-//! restart, so after a restart only watches from the current revision onwards succeed.
+//! from the list's revision). After a restart the SQLite store refills the ring from its
+//! table, which keeps every version since the last compaction (kine's model: the table is
+//! the event log), so a watch resumed from a recent revision replays every event since.
 //! On etcd ([`EtcdStore`]) the window is fed by an etcd watch, so it holds the writes of
 //! every API server sharing that etcd.
 //!

@@ -235,7 +235,10 @@ impl SqliteStore {
             .map_err(io(format!("syncing {}", dir.display())))?;
         tracing::info!(path = %path.display(), revision, compacted, "opened sqlite store");
 
-        let window = Arc::new(WatchWindow::new(options.watch, revision));
+        let window = Arc::new(
+            recover_window(&conn, options.watch, revision, compacted)
+                .map_err(|e| backend("reading the event log", e))?,
+        );
         let shared_revision = Arc::new(AtomicU64::new(revision));
         let (tx, rx) = mpsc::channel(options.max_batch.max(1) * 4);
         let failure = Arc::new(WriterFailure::default());
@@ -354,6 +357,62 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     conn.busy_timeout(READER_BUSY_TIMEOUT)?;
     conn.pragma_update(None, "query_only", true)?;
     Ok(conn)
+}
+
+/// The watch window of a store reopened at `revision`: its last events read back from the
+/// `kv` table, which is the event log (kine's model, `pkg/logstructured/sqllog`: every
+/// version since the last compaction is a row, a deletion a row with no value), so a watch
+/// resumed after a restart from a recent revision replays every event since, and one from
+/// behind the compaction (or beyond the window's capacity) gets [`StoreError::Expired`].
+fn recover_window(
+    conn: &Connection,
+    config: WatchConfig,
+    revision: u64,
+    compacted: u64,
+) -> rusqlite::Result<WatchWindow> {
+    let from = compacted.max(revision.saturating_sub(config.window_capacity as u64));
+    // Each version with the one before it of the same key (the previous value of the event).
+    let mut statement = conn.prepare(
+        "SELECT c.key, c.mod_revision, c.create_revision, c.value,
+                p.mod_revision, p.create_revision, p.value
+           FROM kv c
+           LEFT JOIN kv p ON p.key = c.key AND p.mod_revision =
+                (SELECT MAX(q.mod_revision) FROM kv q
+                  WHERE q.key = c.key AND q.mod_revision < c.mod_revision)
+          WHERE c.mod_revision > ?1
+          ORDER BY c.mod_revision",
+    )?;
+    let events = statement
+        .query_map([from], |row| {
+            let key = String::from_utf8_lossy(&row.get::<_, Vec<u8>>(0)?).into_owned();
+            let value: Option<Vec<u8>> = row.get(3)?;
+            let prev_value: Option<Vec<u8>> = row.get(6)?;
+            let prev = match (prev_value, row.get::<_, Option<u64>>(4)?) {
+                (Some(value), Some(mod_revision)) => Some(KeyValue {
+                    key: key.clone(),
+                    value: Bytes::from(value),
+                    create_revision: row.get(5)?,
+                    mod_revision,
+                }),
+                _ => None,
+            };
+            Ok(WatchEvent {
+                kind: if value.is_some() {
+                    EventKind::Put
+                } else {
+                    EventKind::Delete
+                },
+                key,
+                value: value.map(Bytes::from),
+                prev_value: prev,
+                create_revision: row.get(2)?,
+                revision: row.get(1)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let window = WatchWindow::new(config, from);
+    window.publish(events);
+    Ok(window)
 }
 
 fn init_schema(conn: &mut Connection) -> rusqlite::Result<(u64, u64)> {
@@ -931,6 +990,73 @@ mod tests {
             })
         ));
         assert!(store.watch("/", 3).await.is_ok());
+        store.close().await.unwrap();
+    }
+
+    /// kine's model (`pkg/logstructured/sqllog`): the table is the event log, so a watch
+    /// resumed after a restart from a recent revision replays every event since (puts,
+    /// modifications and deletions, with their previous values), and one from behind the
+    /// compaction gets 410 (`Expired`).
+    #[tokio::test]
+    async fn a_watch_resumed_after_a_restart_replays_every_event_since() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path(), SqliteOptions::default())
+            .await
+            .unwrap();
+        store.create("/a", value("1")).await.unwrap(); // 1
+        store.create("/b", value("1")).await.unwrap(); // 2
+        store.compact(2).await.unwrap();
+        store.update("/a", value("2"), Some(1)).await.unwrap(); // 3
+        store.delete("/b", None).await.unwrap(); // 4
+        store.create("/b", value("3")).await.unwrap(); // 5
+        store.create("/c", value("1")).await.unwrap(); // 6
+        store.close().await.unwrap();
+
+        let store = SqliteStore::open(dir.path(), SqliteOptions::default())
+            .await
+            .unwrap();
+        let mut watch = store.watch("/", 2).await.unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let event = futures::StreamExt::next(&mut watch).await.unwrap().unwrap();
+            seen.push(event);
+        }
+        let summary: Vec<(EventKind, &str, u64, u64, Option<u64>)> = seen
+            .iter()
+            .map(|e| {
+                (
+                    e.kind,
+                    e.key.as_str(),
+                    e.revision,
+                    e.create_revision,
+                    e.prev_value.as_ref().map(|p| p.mod_revision),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (EventKind::Put, "/a", 3, 1, Some(1)),
+                (EventKind::Delete, "/b", 4, 2, Some(2)),
+                (EventKind::Put, "/b", 5, 5, None),
+                (EventKind::Put, "/c", 6, 6, None),
+            ]
+        );
+        assert_eq!(seen[0].value.as_deref(), Some(&b"2"[..]));
+        assert_eq!(seen[0].prev_value.as_ref().unwrap().value, value("1"));
+        assert!(seen[2].is_create());
+        // Live events follow the replay.
+        store.update("/c", value("2"), Some(6)).await.unwrap();
+        let live = futures::StreamExt::next(&mut watch).await.unwrap().unwrap();
+        assert_eq!((live.key.as_str(), live.revision), ("/c", 7));
+        // Behind the compaction: 410.
+        assert!(matches!(
+            store.watch("/", 1).await,
+            Err(StoreError::Expired {
+                requested: 1,
+                oldest_available: 2
+            })
+        ));
         store.close().await.unwrap();
     }
 

@@ -218,12 +218,16 @@ impl ApiServer {
         self.state.authorizer.load().await?;
         let reader = storage.reader();
         let services = self.def("", "services");
-        let listed = reader.list(services, None).await?;
-        {
-            let mut allocator = storage.allocator.lock();
-            for svc in &listed {
-                allocator.recover(svc);
+        // The Service ranges in the store, created or repaired from the stored Services
+        // before anything allocates (upstream runs the repair once before serving). Another
+        // server writing a range meanwhile makes a pass fail: it is redone.
+        let mut attempts = 0;
+        while let Err(e) = storage.ranges.repair(&reader, services).await {
+            attempts += 1;
+            if attempts >= 10 {
+                return Err(e);
             }
+            tracing::debug!(error = %e.message, "repairing the service ranges again");
         }
         let ctx = WriteContext::server();
         let namespaces = self.def("", "namespaces");
@@ -248,7 +252,7 @@ impl ApiServer {
                 spawn_namespace_cleanup(storage, name.to_owned());
             }
         }
-        let first_ip: Option<IpAddr> = storage.allocator.lock().first_ip();
+        let first_ip: Option<IpAddr> = storage.ranges.first_ip();
         if let Some(ip) = first_ip {
             let body = json!({
                 "apiVersion": "v1", "kind": "Service",
@@ -305,6 +309,73 @@ impl ApiServer {
                     }
                 }
                 previous = Some(current);
+            }
+        })
+    }
+
+    /// Follows the writes that other API servers sharing this server's store (etcd) make:
+    /// the RBAC index and the Node authorizer's graph learn of them from a watch of the
+    /// store, as they learn of this server's own writes, so a Role written through another
+    /// server is enforced here too. Stops when `shutdown` is cancelled.
+    pub fn spawn_store_follower(
+        &self,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        use crate::storage::observe::WriteObserver as _;
+        let authorizer = self.state.authorizer.clone();
+        let defs: Vec<&'static ResourceDef> = self
+            .state
+            .registry
+            .all()
+            .iter()
+            .copied()
+            .filter(|def| authorizer.observes(def))
+            .fold(Vec::new(), |mut defs, def| {
+                if !defs.iter().any(|d: &&ResourceDef| d.storage == def.storage) {
+                    defs.push(def);
+                }
+                defs
+            });
+        tokio::spawn(crate::storage::observe::follow_store(
+            self.state.store.clone(),
+            authorizer,
+            defs,
+            shutdown,
+        ))
+    }
+
+    /// Runs upstream's Service IP and port repair loops every `interval` (kube-apiserver:
+    /// every 3 minutes, `pkg/registry/core/service/ipallocator/controller/repair.go` and
+    /// `portallocator/controller/repair.go`): marks what Services hold and their ranges
+    /// lack, and releases what no Service has held for three passes (left by a crash
+    /// between an allocation and its Service's write, or a deletion and its release).
+    /// Stops when `shutdown` is cancelled.
+    pub fn spawn_service_repair(
+        &self,
+        interval: Duration,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let storage = self.state.storage.clone();
+        let services = self.def("", "services");
+        tokio::spawn(async move {
+            let reader = storage.reader();
+            let mut ticker = tokio::time::interval(interval);
+            ticker.tick().await;
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = ticker.tick() => {}
+                }
+                match storage.ranges.repair(&reader, services).await {
+                    Ok(outcome) => tracing::debug!(
+                        missing = outcome.missing.len(),
+                        released = outcome.released.len(),
+                        "repaired the service ranges"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e.message, "the service range repair failed; it runs again next interval")
+                    }
+                }
             }
         })
     }

@@ -196,7 +196,7 @@ pub(crate) async fn create_object(
             old_object: None,
         })
         .await?;
-    let allocation = allocate(state, def, &mut obj, None, &probe_name)?;
+    let allocation = allocate(state, def, &mut obj, None, &probe_name).await?;
     let dry_run = ctx.dry_run();
     record_manager(def, &mut obj, None, &ctx.query);
     for attempt in 0..GENERATE_NAME_ATTEMPTS {
@@ -213,12 +213,12 @@ pub(crate) async fn create_object(
         let bytes = match encode(state, def, &obj) {
             Ok(bytes) => bytes,
             Err(e) => {
-                rollback(state, &allocation);
+                rollback(state, &allocation).await;
                 return Err(e);
             }
         };
         if dry_run {
-            rollback(state, &allocation);
+            rollback(state, &allocation).await;
             return Ok(obj);
         }
         match state
@@ -235,7 +235,7 @@ pub(crate) async fn create_object(
                 continue;
             }
             Err(StoreError::AlreadyExists { .. }) => {
-                rollback(state, &allocation);
+                rollback(state, &allocation).await;
                 let mut e = ApiError::already_exists(&qualified(def, &name));
                 if given_name.is_empty() {
                     e.message.push_str(
@@ -248,7 +248,7 @@ pub(crate) async fn create_object(
                 return Err(e);
             }
             Err(other) => {
-                rollback(state, &allocation);
+                rollback(state, &allocation).await;
                 return Err(ApiError::from_store(&qualified(def, &name), other));
             }
         }
@@ -256,8 +256,8 @@ pub(crate) async fn create_object(
     unreachable!("the loop returns on its last attempt")
 }
 
-/// Service admission: ClusterIP and NodePort allocation.
-pub(crate) fn allocate(
+/// Service admission: ClusterIP and NodePort allocation, recorded in the store's ranges.
+pub(crate) async fn allocate(
     state: &Storage,
     def: &ResourceDef,
     obj: &mut Value,
@@ -268,22 +268,24 @@ pub(crate) fn allocate(
         return Ok(None);
     }
     state
-        .allocator
-        .lock()
+        .ranges
         .allocate(obj, old)
+        .await
         .map(Some)
-        .map_err(|errors| invalid(def, name, errors))
+        .map_err(|e| e.into_api(def, name))
 }
 
-pub(crate) fn rollback(state: &Storage, allocation: &Option<Allocation>) {
+/// The Service was not written: gives back what its allocation took.
+pub(crate) async fn rollback(state: &Storage, allocation: &Option<Allocation>) {
     if let Some(a) = allocation {
-        state.allocator.lock().rollback(a);
+        state.ranges.rollback(a).await;
     }
 }
 
-pub(crate) fn commit(state: &Storage, allocation: &Option<Allocation>) {
+/// The Service was written: gives back what its old state held and the new does not.
+pub(crate) async fn commit(state: &Storage, allocation: &Option<Allocation>) {
     if let Some(a) = allocation {
-        state.allocator.lock().commit(a);
+        state.ranges.commit(a).await;
     }
 }
 
@@ -302,8 +304,11 @@ pub(crate) fn record_manager(
 }
 
 /// Frees what a deleted object held (Service IPs and ports).
-pub(crate) fn released(state: &Storage, def: &ResourceDef, obj: &Value) {
+pub(crate) async fn released(state: &Storage, def: &ResourceDef, obj: &Value) {
     if def.group.is_empty() && def.plural == "services" {
-        state.allocator.lock().release(obj);
+        state
+            .ranges
+            .release(&crate::registry::allocator::service_items(obj))
+            .await;
     }
 }

@@ -203,7 +203,7 @@ pub(crate) async fn delete_object(
         if finalizers.is_empty() && grace == 0 && !namespace_pending {
             match state.delete_key(key, &current, kv.mod_revision).await {
                 Ok((revision, _)) => {
-                    released(state, def, &current);
+                    released(state, def, &current).await;
                     let mut deleted = current.clone();
                     meta_mut(&mut deleted)
                         .insert("resourceVersion".into(), json!(revision.to_string()));

@@ -20,6 +20,7 @@ pub(crate) mod get_list;
 pub(crate) mod namespace;
 pub(crate) mod observe;
 pub(crate) mod pods;
+pub(crate) mod ranges;
 pub(crate) mod status;
 pub(crate) mod update;
 pub(crate) mod user;
@@ -30,7 +31,6 @@ use std::{
 };
 
 use bytes::Bytes;
-use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::{
@@ -126,7 +126,8 @@ pub(crate) struct Storage {
     self_ref: Weak<Storage>,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) registry: Registry,
-    pub(crate) allocator: Mutex<ServiceAllocator>,
+    /// The Service ClusterIP and NodePort ranges, kept in the store.
+    pub(crate) ranges: ranges::ServiceRanges,
     max_object_bytes: usize,
     admission: Vec<Arc<dyn Admission>>,
     observers: Vec<Arc<dyn WriteObserver>>,
@@ -163,9 +164,9 @@ impl Storage {
             }));
             Storage {
                 self_ref: self_ref.clone(),
+                ranges: ranges::ServiceRanges::new(store.clone(), allocator),
                 store,
                 registry: Registry::standard(),
-                allocator: Mutex::new(allocator),
                 max_object_bytes,
                 admission,
                 observers,

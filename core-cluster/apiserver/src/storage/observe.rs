@@ -38,3 +38,109 @@ pub(crate) trait WriteObserver: Send + Sync {
     /// a watch missed changes: what the observer holds of `def` must be read again.
     fn lost<'a>(&'a self, def: &'a ResourceDef) -> BoxFuture<'a, ()>;
 }
+
+/// Tells `observer` of every committed write of the resources in `defs` read from a watch
+/// of `store`, so that what other API servers sharing the store write (etcd) reaches it as
+/// this server's own writes do (kube-apiserver's informers on its watch cache). This
+/// server's writes are told a second time; observers read the store back, so that is
+/// harmless. Whenever a watch (re)starts, the observer is told it may have missed writes
+/// ([`WriteObserver::lost`]) and reads its resource again. Runs until `shutdown`.
+pub(crate) async fn follow_store(
+    store: std::sync::Arc<dyn crate::store::Store>,
+    observer: std::sync::Arc<dyn WriteObserver>,
+    defs: Vec<&'static ResourceDef>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let mut followers = tokio::task::JoinSet::new();
+    for def in defs {
+        followers.spawn(follow_resource(
+            store.clone(),
+            observer.clone(),
+            def,
+            shutdown.clone(),
+        ));
+    }
+    while followers.join_next().await.is_some() {}
+}
+
+/// The namespace and name of the object stored at `key` under `def`.
+fn object_of<'k>(def: &ResourceDef, key: &'k str) -> Option<(Option<&'k str>, &'k str)> {
+    let rest = key.strip_prefix(def.key_prefix(None).as_str())?;
+    if def.namespaced {
+        let (ns, name) = rest.split_once('/')?;
+        Some((Some(ns), name))
+    } else {
+        Some((None, rest))
+    }
+}
+
+async fn follow_resource(
+    store: std::sync::Arc<dyn crate::store::Store>,
+    observer: std::sync::Arc<dyn WriteObserver>,
+    def: &'static ResourceDef,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    use futures::StreamExt;
+    let prefix = def.key_prefix(None);
+    let pause = std::time::Duration::from_secs(1);
+    loop {
+        let watch = match store.current_revision().await {
+            Ok(from) => store.watch(&prefix, from).await,
+            Err(e) => Err(e),
+        };
+        match watch {
+            Ok(mut watch) => {
+                // What was written before the watch began is read again.
+                observer.lost(def).await;
+                loop {
+                    let event = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        event = watch.next() => event,
+                    };
+                    let event = match event {
+                        Some(Ok(event)) => event,
+                        Some(Err(e)) => {
+                            tracing::debug!(resource = def.plural, error = %e, "the store watch ended: watching again");
+                            break;
+                        }
+                        None => break,
+                    };
+                    let Some((namespace, name)) = object_of(def, &event.key) else {
+                        continue;
+                    };
+                    let new = event
+                        .value
+                        .as_ref()
+                        .map(|v| super::decode(def, v, event.revision))
+                        .transpose();
+                    let old = event
+                        .prev_value
+                        .as_ref()
+                        .map(|kv| super::decode_kv(def, kv))
+                        .transpose();
+                    let (Ok(new), Ok(old)) = (new, old) else {
+                        observer.lost(def).await;
+                        continue;
+                    };
+                    observer
+                        .changed(&ObjectChange {
+                            def,
+                            namespace,
+                            name,
+                            old: old.as_ref(),
+                            new: new.as_ref(),
+                            revision: event.revision,
+                        })
+                        .await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(resource = def.plural, error = %e, "watching the store failed: retrying");
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}

@@ -209,7 +209,7 @@ pub(crate) async fn commit_update(
         })
         .await?;
     let allocation = if sub.is_none() {
-        allocate(state, def, &mut new, Some(current), name)?
+        allocate(state, def, &mut new, Some(current), name).await?
     } else {
         None
     };
@@ -217,11 +217,11 @@ pub(crate) async fn commit_update(
     let mut unchanged = current.clone();
     meta_mut(&mut unchanged).remove("resourceVersion");
     if new == unchanged {
-        rollback(state, &allocation);
+        rollback(state, &allocation).await;
         return Ok(current.clone());
     }
     if ctx.dry_run() {
-        rollback(state, &allocation);
+        rollback(state, &allocation).await;
         return Ok(new);
     }
     let finalizers_empty = new["metadata"]["finalizers"]
@@ -240,19 +240,19 @@ pub(crate) async fn commit_update(
         // new object is never stored, so what this update allocated (a NodePort for a type
         // change, say) goes back at once; the stored object's allocations are released
         // below once the delete is done.
-        rollback(state, &allocation);
+        rollback(state, &allocation).await;
         let (revision, _) = state
             .delete_key(key, current, kv.mod_revision)
             .await
             .map_err(|e| ApiError::from_store(&q, e))?;
-        released(state, def, current);
+        released(state, def, current).await;
         meta_mut(&mut new).insert("resourceVersion".into(), json!(revision.to_string()));
         return Ok(new);
     }
     let bytes = match encode(state, def, &new) {
         Ok(bytes) => bytes,
         Err(e) => {
-            rollback(state, &allocation);
+            rollback(state, &allocation).await;
             return Err(e);
         }
     };
@@ -261,12 +261,12 @@ pub(crate) async fn commit_update(
         .await
     {
         Ok(revision) => {
-            commit(state, &allocation);
+            commit(state, &allocation).await;
             meta_mut(&mut new).insert("resourceVersion".into(), json!(revision.to_string()));
             Ok(new)
         }
         Err(e) => {
-            rollback(state, &allocation);
+            rollback(state, &allocation).await;
             Err(ApiError::from_store(&q, e))
         }
     }

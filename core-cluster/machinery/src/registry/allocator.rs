@@ -1,10 +1,23 @@
 //! Service allocation as kube-apiserver does it: a ClusterIP from `--service-cluster-ip-range`,
 //! NodePorts from `--service-node-port-range` for NodePort and LoadBalancer Services, and a
 //! `healthCheckNodePort` for LoadBalancer Services with `externalTrafficPolicy: Local`.
-//! Never two alike; released on delete; recovered from the stored Services at startup.
+//! Never two alike; released on delete.
+//!
+//! The allocator itself does no I/O. The API server keeps its state in the store as
+//! upstream's RangeAllocation objects (`pkg/registry/core/service/allocator/storage`): one
+//! bitmap per range ([`ServiceAllocator::snapshot`], [`ServiceAllocator::restore`]), changed
+//! under compare-and-swap, so that API servers sharing a store never hand out one IP or port
+//! twice. [`Repair`] is upstream's repair loop (`ipallocator/controller/repair.go`,
+//! `portallocator/controller/repair.go`) as a pure function of the stored bitmaps and the
+//! stored Services.
 
-use std::{collections::HashSet, net::IpAddr, ops::RangeInclusive};
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+    ops::RangeInclusive,
+};
 
+use base64::Engine as _;
 use ipnet::IpNet;
 use serde_json::{Value, json};
 
@@ -24,8 +37,119 @@ pub struct Allocation {
     pub released_ports: Vec<u16>,
 }
 
+/// The most addresses one Service CIDR allocates from: kube-apiserver refuses a
+/// `--service-cluster-ip-range` with more than 20 host bits (`cmd/kube-apiserver/app/options/
+/// validation.go` `validateClusterIPFlags`), and the bitmap covers no more.
+pub const MAX_RANGE_ADDRESSES: u128 = 1 << 20;
+
+/// One thing a Service holds: a ClusterIP or a NodePort (health check ports included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Item {
+    /// A ClusterIP.
+    Ip(IpAddr),
+    /// A NodePort.
+    Port(u16),
+}
+
+impl std::fmt::Display for Item {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Item::Ip(ip) => write!(f, "ClusterIP {ip}"),
+            Item::Port(port) => write!(f, "NodePort {port}"),
+        }
+    }
+}
+
+/// Which stored bitmap an [`Item`] lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RangeId {
+    /// The IPs of the `n`th Service CIDR (0: `serviceips`, 1: `secondaryserviceips`).
+    Ips(usize),
+    /// The NodePorts (`servicenodeports`).
+    Ports,
+}
+
+impl RangeId {
+    /// The name of its RangeAllocation under `/registry/ranges/`, as kube-apiserver names
+    /// them (`pkg/registry/core/rest/storage_core.go`).
+    pub fn name(self) -> &'static str {
+        match self {
+            RangeId::Ips(0) => "serviceips",
+            RangeId::Ips(_) => "secondaryserviceips",
+            RangeId::Ports => "servicenodeports",
+        }
+    }
+}
+
+/// A RangeAllocation object (`api/core/v1` RangeAllocation): the range it covers and the
+/// bitmap of allocated offsets, a big-endian integer whose bit `n` is offset `n`, as
+/// upstream's `allocator.AllocationBitmap.Snapshot` writes it (`big.Int.Bytes`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RangeSnapshot {
+    /// The range: a CIDR, or `first-last` for ports.
+    pub range: String,
+    /// The bitmap.
+    pub data: Vec<u8>,
+}
+
+/// A stored RangeAllocation that cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("unreadable RangeAllocation: {0}")]
+pub struct RangeDecodeError(String);
+
+impl RangeSnapshot {
+    /// The object as stored (JSON, `data` in base64 as the API encodes bytes).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "RangeAllocation",
+            "metadata": {},
+            "range": self.range,
+            "data": base64::engine::general_purpose::STANDARD.encode(&self.data),
+        })
+    }
+
+    /// Reads a stored object.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, RangeDecodeError> {
+        let value: Value =
+            serde_json::from_slice(bytes).map_err(|e| RangeDecodeError(e.to_string()))?;
+        let range = value["range"]
+            .as_str()
+            .ok_or_else(|| RangeDecodeError("no range".into()))?
+            .to_owned();
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(value["data"].as_str().unwrap_or(""))
+            .map_err(|e| RangeDecodeError(e.to_string()))?;
+        Ok(RangeSnapshot { range, data })
+    }
+}
+
+/// Sets bit `offset` of a big-endian bitmap.
+fn bitmap_from_offsets(offsets: impl Iterator<Item = u128>) -> Vec<u8> {
+    let offsets: Vec<u128> = offsets.collect();
+    let Some(max) = offsets.iter().max() else {
+        return Vec::new();
+    };
+    let len = usize::try_from(max / 8 + 1).unwrap_or(0);
+    let mut data = vec![0u8; len];
+    for offset in offsets {
+        let byte = usize::try_from(offset / 8).unwrap_or(0);
+        data[len - 1 - byte] |= 1 << (offset % 8);
+    }
+    data
+}
+
+/// The offsets set in a big-endian bitmap.
+fn offsets_of_bitmap(data: &[u8]) -> impl Iterator<Item = u128> + '_ {
+    data.iter().rev().enumerate().flat_map(|(byte, bits)| {
+        (0..8u128)
+            .filter(move |bit| bits & (1 << bit) != 0)
+            .map(move |bit| byte as u128 * 8 + bit)
+    })
+}
+
 /// The ClusterIP and NodePort allocator.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ServiceAllocator {
     ranges: Vec<IpNet>,
     used_ips: HashSet<IpAddr>,
@@ -82,6 +206,16 @@ fn cluster_ips(spec: &Value) -> Vec<IpAddr> {
         .unwrap_or_default()
 }
 
+/// Everything a stored Service holds: its ClusterIPs and NodePorts.
+pub fn service_items(service: &Value) -> Vec<Item> {
+    let spec = &service["spec"];
+    cluster_ips(spec)
+        .into_iter()
+        .map(Item::Ip)
+        .chain(node_ports(spec).into_iter().map(Item::Port))
+        .collect()
+}
+
 fn node_ports(spec: &Value) -> Vec<u16> {
     let mut ports: Vec<u16> = spec
         .get("ports")
@@ -119,6 +253,141 @@ impl ServiceAllocator {
         self.ranges
             .first()
             .map(|r| u128_to_ip(ip_to_u128(r.network()) + 1, r.addr().is_ipv6()))
+    }
+
+    /// The first and last allocatable address of IP range `index` as numbers: the network
+    /// and (IPv4) broadcast addresses are never handed out, and at most
+    /// [`MAX_RANGE_ADDRESSES`] are.
+    fn bounds(&self, index: usize) -> Option<(u128, u128)> {
+        let range = self.ranges.get(index)?;
+        let v6 = range.addr().is_ipv6();
+        let first = ip_to_u128(range.network()) + 1;
+        let last = ip_to_u128(range.broadcast())
+            .saturating_sub(if v6 { 0 } else { 1 })
+            .min(first + MAX_RANGE_ADDRESSES - 1);
+        (last >= first).then_some((first, last))
+    }
+
+    /// Which range `item` belongs to, or `None` when it is outside every range.
+    pub fn range_of(&self, item: Item) -> Option<RangeId> {
+        match item {
+            Item::Ip(ip) => {
+                let n = ip_to_u128(ip);
+                (0..self.ranges.len())
+                    .find(|&i| {
+                        self.ranges[i].addr().is_ipv6() == ip.is_ipv6()
+                            && self.bounds(i).is_some_and(|(f, l)| (f..=l).contains(&n))
+                    })
+                    .map(RangeId::Ips)
+            }
+            Item::Port(port) => self.ports.contains(&port).then_some(RangeId::Ports),
+        }
+    }
+
+    /// Every range this allocator keeps a bitmap for.
+    pub fn range_ids(&self) -> Vec<RangeId> {
+        (0..self.ranges.len())
+            .map(RangeId::Ips)
+            .chain([RangeId::Ports])
+            .collect()
+    }
+
+    /// The RangeAllocation of `id`: its range and the bitmap of what is used in it.
+    pub fn snapshot(&self, id: RangeId) -> RangeSnapshot {
+        match id {
+            RangeId::Ips(i) => {
+                let first = self.bounds(i).map_or(0, |(f, _)| f);
+                RangeSnapshot {
+                    range: self
+                        .ranges
+                        .get(i)
+                        .map(ToString::to_string)
+                        .unwrap_or_default(),
+                    data: bitmap_from_offsets(
+                        self.used_ips
+                            .iter()
+                            .filter(|ip| self.range_of(Item::Ip(**ip)) == Some(id))
+                            .map(|ip| ip_to_u128(*ip) - first),
+                    ),
+                }
+            }
+            RangeId::Ports => RangeSnapshot {
+                range: format!("{}-{}", self.ports.start(), self.ports.end()),
+                data: bitmap_from_offsets(
+                    self.used_ports
+                        .iter()
+                        .filter(|p| self.ports.contains(p))
+                        .map(|p| u128::from(*p - self.ports.start())),
+                ),
+            },
+        }
+    }
+
+    /// Replaces what is used in range `id` by a stored RangeAllocation. A snapshot of another
+    /// range (the flags changed) restores nothing and returns `false`: the repair rebuilds it
+    /// from the Services, as upstream's repair does on `ErrMismatchedNetwork`.
+    pub fn restore(&mut self, id: RangeId, snapshot: &RangeSnapshot) -> bool {
+        let mine = self.snapshot(id).range;
+        let items: Vec<Item> = self.items().into_iter().collect();
+        for item in items {
+            if self.range_of(item) == Some(id) {
+                self.unmark(item);
+            }
+        }
+        if snapshot.range != mine {
+            return false;
+        }
+        match id {
+            RangeId::Ips(i) => {
+                let Some((first, last)) = self.bounds(i) else {
+                    return true;
+                };
+                let v6 = self.ranges[i].addr().is_ipv6();
+                for offset in offsets_of_bitmap(&snapshot.data) {
+                    if first + offset <= last {
+                        self.used_ips.insert(u128_to_ip(first + offset, v6));
+                    }
+                }
+            }
+            RangeId::Ports => {
+                let start = *self.ports.start();
+                for offset in offsets_of_bitmap(&snapshot.data) {
+                    if let Some(port) = u16::try_from(offset)
+                        .ok()
+                        .and_then(|o| start.checked_add(o))
+                        .filter(|p| self.ports.contains(p))
+                    {
+                        self.used_ports.insert(port);
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Everything in use.
+    pub fn items(&self) -> HashSet<Item> {
+        self.used_ips
+            .iter()
+            .map(|ip| Item::Ip(*ip))
+            .chain(self.used_ports.iter().map(|p| Item::Port(*p)))
+            .collect()
+    }
+
+    /// Marks `item` used; `false` if it already was.
+    pub fn mark(&mut self, item: Item) -> bool {
+        match item {
+            Item::Ip(ip) => self.used_ips.insert(ip),
+            Item::Port(port) => self.used_ports.insert(port),
+        }
+    }
+
+    /// Marks `item` free.
+    pub fn unmark(&mut self, item: Item) {
+        match item {
+            Item::Ip(ip) => self.used_ips.remove(&ip),
+            Item::Port(port) => self.used_ports.remove(&port),
+        };
     }
 
     /// Marks a stored Service's IPs and ports as used (startup recovery).
@@ -160,13 +429,8 @@ impl ServiceAllocator {
     }
 
     fn take_ip(&mut self, range_index: usize) -> Option<IpAddr> {
-        let range = self.ranges[range_index];
-        let v6 = range.addr().is_ipv6();
-        let first = ip_to_u128(range.network()) + 1;
-        let last = ip_to_u128(range.broadcast()).saturating_sub(if v6 { 0 } else { 1 });
-        if last < first {
-            return None;
-        }
+        let v6 = self.ranges[range_index].addr().is_ipv6();
+        let (first, last) = self.bounds(range_index)?;
         let size = last - first + 1;
         let mut candidate = self.ip_cursor[range_index].clamp(first, last);
         for _ in 0..size.min(1 << 24) {
@@ -329,7 +593,7 @@ impl ServiceAllocator {
                             "may not change once set",
                         )]);
                     }
-                    if !self.ranges.iter().any(|r| r.contains(&ip)) {
+                    if self.range_of(Item::Ip(ip)).is_none() {
                         return Err(vec![FieldError::invalid(
                             "spec.clusterIPs",
                             &json!(requested_ips),
@@ -542,6 +806,84 @@ impl ServiceAllocator {
     }
 }
 
+/// How many repair passes an allocation no Service holds survives before it is released:
+/// upstream's `numRepairsBeforeLeakCleanup`, so that an allocation whose Service is still
+/// being written (allocated, not yet stored) is not taken back.
+pub const REPAIRS_BEFORE_LEAK_CLEANUP: u32 = 3;
+
+/// What one repair pass found and what the stored bitmaps should become.
+#[derive(Debug, Clone)]
+pub struct RepairOutcome {
+    /// The repaired state: every item a Service holds, plus leaks still in their grace.
+    pub allocator: ServiceAllocator,
+    /// Items a Service holds that the bitmaps did not have (now marked).
+    pub missing: Vec<Item>,
+    /// Items no Service held for [`REPAIRS_BEFORE_LEAK_CLEANUP`] passes (now released).
+    pub released: Vec<Item>,
+    /// Items held by more than one Service (left alone, reported: upstream's
+    /// `ClusterIPAlreadyAllocated` / `PortAlreadyAllocated` events).
+    pub duplicates: Vec<Item>,
+    /// Items a Service holds outside every configured range (upstream's
+    /// `ClusterIPOutOfRange` / `PortOutOfRange`).
+    pub out_of_range: Vec<Item>,
+}
+
+/// Upstream's repair loops (`pkg/registry/core/service/ipallocator/controller/repair.go`
+/// and `portallocator/controller/repair.go` `runOnce`): rebuilds the bitmaps from the
+/// stored Services, keeping an allocation no Service holds for a few passes before
+/// releasing it. One per API server; it remembers the leaks it has seen.
+#[derive(Debug, Default)]
+pub struct Repair {
+    leaks: HashMap<Item, u32>,
+}
+
+impl Repair {
+    /// One pass: `stored` is the state read from the store (read *before* listing the
+    /// Services, so an allocation made in between is kept as a leak, not lost), `services`
+    /// the stored Services.
+    pub fn run(&mut self, stored: &ServiceAllocator, services: &[Value]) -> RepairOutcome {
+        let mut rebuilt = stored.clone();
+        for item in stored.items() {
+            rebuilt.unmark(item);
+        }
+        let mut duplicates = Vec::new();
+        let mut out_of_range = Vec::new();
+        for service in services {
+            for item in service_items(service) {
+                if rebuilt.range_of(item).is_none() {
+                    out_of_range.push(item);
+                } else if !rebuilt.mark(item) {
+                    duplicates.push(item);
+                }
+            }
+        }
+        let held = rebuilt.items();
+        let stored_items = stored.items();
+        let mut missing: Vec<Item> = held.difference(&stored_items).copied().collect();
+        missing.sort();
+        let mut released = Vec::new();
+        let mut leaks = HashMap::new();
+        for item in stored_items.difference(&held) {
+            let seen = self.leaks.get(item).copied().unwrap_or(0) + 1;
+            if seen >= REPAIRS_BEFORE_LEAK_CLEANUP {
+                released.push(*item);
+            } else {
+                rebuilt.mark(*item);
+                leaks.insert(*item, seen);
+            }
+        }
+        released.sort();
+        self.leaks = leaks;
+        RepairOutcome {
+            allocator: rebuilt,
+            missing,
+            released,
+            duplicates,
+            out_of_range,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -662,6 +1004,95 @@ mod tests {
             a.allocate(&mut changed, Some(&old)).unwrap_err()[0]
                 .message
                 .contains("may not change")
+        );
+    }
+
+    #[test]
+    fn snapshots_are_upstream_bitmaps_and_restore() {
+        let mut a = allocator();
+        let mut lb = svc("NodePort", &[80]);
+        a.allocate(&mut lb, None).unwrap();
+        // 10.96.0.1 is offset 0, port 30000 offset 0: bit 0 of a one-byte bitmap.
+        assert_eq!(lb["spec"]["clusterIP"], "10.96.0.1");
+        let ips = a.snapshot(RangeId::Ips(0));
+        assert_eq!(ips.range, "10.96.0.0/29");
+        assert_eq!(ips.data, vec![0b1]);
+        let mut two = svc("ClusterIP", &[80]);
+        two["spec"]["clusterIP"] = json!("10.96.0.6");
+        a.allocate(&mut two, None).unwrap();
+        assert_eq!(a.snapshot(RangeId::Ips(0)).data, vec![0b10_0001]);
+        let ports = a.snapshot(RangeId::Ports);
+        assert_eq!(
+            (ports.range.as_str(), ports.data.as_slice()),
+            ("30000-30003", &[1u8][..])
+        );
+        let stored =
+            RangeSnapshot::from_json(&serde_json::to_vec(&ips.to_json()).unwrap()).unwrap();
+        assert_eq!(stored, ips);
+
+        let mut b = allocator();
+        assert!(b.restore(RangeId::Ips(0), &a.snapshot(RangeId::Ips(0))));
+        assert!(b.restore(RangeId::Ports, &ports));
+        assert_eq!(b.items(), a.items());
+        // A bitmap of another range restores nothing.
+        let other = RangeSnapshot {
+            range: "10.0.0.0/24".into(),
+            data: vec![0xff],
+        };
+        assert!(!b.restore(RangeId::Ips(0), &other));
+        assert!(b.items().iter().all(|i| matches!(i, Item::Port(_))));
+    }
+
+    #[test]
+    fn bitmaps_span_many_bytes_big_endian() {
+        let mut a = ServiceAllocator::new(vec!["10.96.0.0/12".parse().unwrap()], 30000..=32767);
+        a.mark(Item::Ip("10.96.1.1".parse().unwrap())); // offset 256
+        let data = a.snapshot(RangeId::Ips(0)).data;
+        assert_eq!(data.len(), 33);
+        assert_eq!(data[0], 1);
+        assert!(data[1..].iter().all(|b| *b == 0));
+        // The broadcast address of the range is never allocated.
+        let mut s = svc("ClusterIP", &[80]);
+        s["spec"]["clusterIP"] = json!("10.111.255.255");
+        assert!(a.allocate(&mut s, None).is_err(), "broadcast address");
+    }
+
+    #[test]
+    fn repair_marks_missing_reports_duplicates_and_releases_leaks_after_three_passes() {
+        let mut stored = allocator();
+        stored.mark(Item::Ip("10.96.0.4".parse().unwrap())); // leaked: no Service has it
+        stored.mark(Item::Port(30001));
+        let services = vec![
+            json!({"spec": {"clusterIPs": ["10.96.0.2"], "ports": [{"port": 80, "nodePort": 30002}]}}),
+            json!({"spec": {"clusterIPs": ["10.96.0.2"]}}),
+            json!({"spec": {"clusterIPs": ["192.168.0.1"]}}),
+        ];
+        let mut repair = Repair::default();
+        let first = repair.run(&stored, &services);
+        assert_eq!(
+            first.missing,
+            vec![Item::Ip("10.96.0.2".parse().unwrap()), Item::Port(30002)]
+        );
+        assert_eq!(
+            first.duplicates,
+            vec![Item::Ip("10.96.0.2".parse().unwrap())]
+        );
+        assert_eq!(
+            first.out_of_range,
+            vec![Item::Ip("192.168.0.1".parse().unwrap())]
+        );
+        assert!(first.released.is_empty(), "leaks get a grace period");
+        assert!(first.allocator.items().contains(&Item::Port(30001)));
+        let second = repair.run(&first.allocator, &services);
+        assert!(second.released.is_empty());
+        let third = repair.run(&second.allocator, &services);
+        assert_eq!(
+            third.released,
+            vec![Item::Ip("10.96.0.4".parse().unwrap()), Item::Port(30001)]
+        );
+        assert_eq!(
+            third.allocator.items(),
+            [Item::Ip("10.96.0.2".parse().unwrap()), Item::Port(30002)].into()
         );
     }
 }
