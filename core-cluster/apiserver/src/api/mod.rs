@@ -50,7 +50,7 @@ use crate::{
     storage::{
         ObjectKey, ObjectReader, Storage, WriteContext, admission::Admission,
         get_list::quarantine_unreadable, namespace::spawn_namespace_cleanup,
-        observe::WriteObserver,
+        observe::WriteObserver, service_account::ServiceAccountAdmission,
     },
     store::Store,
 };
@@ -83,6 +83,13 @@ pub struct ApiServerConfig {
     pub request_timeout: Duration,
     /// How the server reaches kubelets for logs and the node proxy (`--kubelet-*`).
     pub kubelet: KubeletClientConfig,
+    /// Whether the ServiceAccount admission plugin runs (kube-apiserver's
+    /// `--enable-admission-plugins=ServiceAccount`, on upstream by default): pods get the
+    /// `default` service account and a projected token volume, and are refused when their
+    /// account does not exist. Off by default here, since an API server without the
+    /// serviceaccounts controller beside it (a bare in-process server) has no `default`
+    /// accounts; the embedded cluster, which runs that controller, turns it on.
+    pub service_account_admission: bool,
 }
 
 impl Default for ApiServerConfig {
@@ -97,6 +104,7 @@ impl Default for ApiServerConfig {
             watch_limits: WatchLimits::default(),
             request_timeout: Duration::from_secs(60),
             kubelet: KubeletClientConfig::default(),
+            service_account_admission: false,
         }
     }
 }
@@ -159,10 +167,12 @@ impl ApiServer {
         // tells the authorizers (RBAC index, Node graph) of every committed one.
         let reader = ObjectReader::new(store.clone());
         let authorizer = Arc::new(Authorizer::new(reader.clone()));
-        let admission: Vec<Arc<dyn Admission>> = vec![
-            Arc::new(NodeRestriction::new(reader.clone())),
-            Arc::new(RbacEscalation::new(authorizer.clone(), reader)),
-        ];
+        let mut admission: Vec<Arc<dyn Admission>> = Vec::new();
+        if config.service_account_admission {
+            admission.push(Arc::new(ServiceAccountAdmission::new(reader.clone())));
+        }
+        admission.push(Arc::new(NodeRestriction::new(reader.clone())));
+        admission.push(Arc::new(RbacEscalation::new(authorizer.clone(), reader)));
         let observers: Vec<Arc<dyn WriteObserver>> = vec![authorizer.clone()];
         let storage = Storage::new(
             store.clone(),

@@ -144,6 +144,21 @@ pub(crate) async fn create_object(
         meta_mut(&mut obj).insert("generation".into(), json!(1));
     }
     (def.prepare_create)(&mut obj);
+    state
+        .mutate(
+            &AdmissionAttributes {
+                user: &ctx.user,
+                operation: Operation::Create,
+                resource: def,
+                subresource: None,
+                namespace: ns,
+                name: &probe_name,
+                object: None,
+                old_object: None,
+            },
+            &mut obj,
+        )
+        .await?;
     errors.extend(meta::validate_object_meta(&obj));
     errors.extend((def.validate)(&obj, None));
     if !errors.is_empty() {

@@ -17,6 +17,7 @@ pub(crate) mod get_list;
 pub(crate) mod namespace;
 pub(crate) mod observe;
 pub(crate) mod pods;
+pub(crate) mod service_account;
 pub(crate) mod status;
 pub(crate) mod update;
 pub(crate) mod user;
@@ -182,6 +183,28 @@ impl Storage {
                     resource = attrs.resource.plural,
                     name = attrs.name,
                     "admission refused the write"
+                );
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the mutating admission chain on `object` (upstream's mutating admission, in
+    /// the order the chain was built, before validation): the first refusal is the answer.
+    pub(crate) async fn mutate(
+        &self,
+        attrs: &AdmissionAttributes<'_>,
+        object: &mut Value,
+    ) -> Result<(), ApiError> {
+        for plugin in &self.admission {
+            if let Err(e) = plugin.mutate(attrs, object).await {
+                tracing::debug!(
+                    plugin = plugin.name(),
+                    user = %attrs.user.name,
+                    resource = attrs.resource.plural,
+                    name = attrs.name,
+                    "mutating admission refused the write"
                 );
                 return Err(e);
             }
