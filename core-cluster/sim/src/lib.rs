@@ -70,6 +70,7 @@
 //! none of the controls stops them.
 
 mod config;
+mod identity;
 mod images;
 mod kubelet_api;
 mod node;
@@ -325,6 +326,8 @@ struct Shared {
     pods: pods::PodTracker,
     /// The nodes' kubelet API (see [`NodeSimulator::with_kubelet_api`]).
     kubelet_api: kubelet_api::KubeletApi,
+    /// The service-account tokens of the pods' projected volumes.
+    tokens: identity::TokenCache,
 }
 
 impl Shared {
@@ -423,6 +426,7 @@ impl NodeSimulator {
                 pod_seq: AtomicU64::new(0),
                 pods: pods::PodTracker::default(),
                 kubelet_api: kubelet_api::KubeletApi::default(),
+                tokens: identity::TokenCache::default(),
             }),
         }
     }
