@@ -27,6 +27,7 @@ mod rbac_escalation;
 mod rbac_write_path;
 mod request_bodies;
 mod scheduler;
+mod service_account_identity;
 mod sim;
 mod sim_images;
 mod sim_shutdown;
