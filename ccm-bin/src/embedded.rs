@@ -28,6 +28,8 @@ use core_cluster::{
         garbage_collector::GarbageCollector,
         node_lifecycle::{NodeLifecycleConfig, NodeLifecycleController},
         pod_gc::{PodGcConfig, PodGcController},
+        root_ca_publisher::RootCaPublisher,
+        serviceaccounts::ServiceAccountsController,
         supervisor::{PANICS_HELP, PANICS_METRIC, Supervisor},
         taint_eviction::TaintEvictionController,
         ttl_after_finished::TtlAfterFinishedController,
@@ -666,6 +668,9 @@ pub(crate) async fn run(
         &EMBEDDED_ADDRESS_TYPES,
         serving_ca.as_ref().map(|ca| ca.cert_pem.clone()),
     )?;
+    // Pods get their service account's identity (the serviceaccounts controller below
+    // makes the `default` accounts the plugin needs).
+    apiserver_args.service_account_admission = true;
     let server = ApiServer::new(store, apiserver_args).await?;
     // The ccm's RBAC, exactly as deployed: the cluster enforces Node,RBAC and the ccm runs
     // under its service account with the least-privilege role and nothing more.
@@ -753,6 +758,19 @@ pub(crate) async fn run(
             ..PodGcConfig::default()
         };
         Box::new(move |s| Box::pin(PodGcController::new(client.clone(), config.clone()).run(s)))
+    });
+    // A pod's identity: the `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap
+    // (the CA the API server's serving certificate chains to) in every namespace.
+    supervise("serviceaccount-controller", {
+        let client = client.clone();
+        Box::new(move |s| Box::pin(ServiceAccountsController::new(client.clone()).run(s)))
+    });
+    let ca_path = data_dir.join("pki").join("ca.crt");
+    let root_ca = std::fs::read_to_string(&ca_path)
+        .with_context(|| format!("reading the cluster CA {}", ca_path.display()))?;
+    supervise("root-ca-cert-publisher", {
+        let client = client.clone();
+        Box::new(move |s| Box::pin(RootCaPublisher::new(client.clone(), root_ca.clone()).run(s)))
     });
     supervise("ttl-after-finished-controller", {
         let client = client.clone();
@@ -882,9 +900,18 @@ pub(crate) async fn run(
     }
     // Each kubelet acts as its own node (`system:node:<name>`), under the Node authorizer
     // and NodeRestriction; the simulator's fleet-wide watches use the loopback client.
+    // They mint their pods' projected tokens through TokenRequest, which needs the token
+    // authenticator in process as on the network.
     let per_node = server.clone();
+    let node_tokens = secure.tokens.clone();
     let mut simulator = NodeSimulator::new(client.clone(), sim_config).with_node_clients(Arc::new(
-        move |name: &str| kube::Client::new(per_node.router_as(node_user(name)), "default"),
+        move |name: &str| {
+            let mut router = per_node.router_as(node_user(name));
+            if let Some(tokens) = node_tokens.clone() {
+                router = router.layer(axum::Extension(tokens));
+            }
+            kube::Client::new(router, "default")
+        },
     ));
     if let Some(ca) = serving_ca {
         simulator = simulator.with_kubelet_api(KubeletApiConfig {

@@ -12,6 +12,7 @@ mod embedded;
 mod endpoints;
 mod etcd;
 mod helm;
+mod identity;
 mod image;
 mod kubectl;
 mod manage;

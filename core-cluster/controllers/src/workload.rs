@@ -76,8 +76,21 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
+    watch_with(api, watcher::Config::default(), to_keys)
+}
+
+/// [`watch`] of the objects `config` selects (a field selector on the name, say).
+pub(crate) fn watch_with<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    to_keys: impl Fn(&K) -> Vec<String> + Send + 'static,
+) -> (Store<K>, BoxStream<'static, Trigger>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
     let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+    let stream = reflector::reflector(writer, watcher(api, config))
         .default_backoff()
         .filter_map(move |event| {
             let trigger = match event {

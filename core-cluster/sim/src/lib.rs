@@ -72,6 +72,7 @@
 mod config;
 mod container_gc;
 mod eviction;
+mod identity;
 mod images;
 mod kubelet_api;
 mod node;
@@ -345,6 +346,8 @@ struct Shared {
     pods: pods::PodTracker,
     /// The nodes' kubelet API (see [`NodeSimulator::with_kubelet_api`]).
     kubelet_api: kubelet_api::KubeletApi,
+    /// The service-account tokens of the pods' projected volumes.
+    tokens: identity::TokenCache,
 }
 
 impl Shared {
@@ -443,6 +446,7 @@ impl NodeSimulator {
                 pod_seq: AtomicU64::new(0),
                 pods: pods::PodTracker::default(),
                 kubelet_api: kubelet_api::KubeletApi::default(),
+                tokens: identity::TokenCache::default(),
             }),
         }
     }

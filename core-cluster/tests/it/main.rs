@@ -32,6 +32,8 @@ mod rbac_write_path;
 mod request_bodies;
 mod scheduler;
 mod service_ranges;
+
+mod service_account_identity;
 mod sim;
 mod sim_eviction;
 mod sim_images;

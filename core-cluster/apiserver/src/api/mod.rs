@@ -54,6 +54,7 @@ use crate::{
         get_list::quarantine_unreadable,
         namespace::spawn_namespace_cleanup,
         observe::WriteObserver,
+        service_account::ServiceAccountAdmission,
     },
     store::Store,
 };
@@ -93,6 +94,13 @@ pub struct ApiServerConfig {
     /// `--default-unreachable-toleration-seconds` (300): likewise for
     /// `node.kubernetes.io/unreachable:NoExecute`.
     pub default_unreachable_toleration_seconds: i64,
+    /// Whether the ServiceAccount admission plugin runs (kube-apiserver's
+    /// `--enable-admission-plugins=ServiceAccount`, on upstream by default): pods get the
+    /// `default` service account and a projected token volume, and are refused when their
+    /// account does not exist. Off by default here, since an API server without the
+    /// serviceaccounts controller beside it (a bare in-process server) has no `default`
+    /// accounts; the embedded cluster, which runs that controller, turns it on.
+    pub service_account_admission: bool,
 }
 
 impl Default for ApiServerConfig {
@@ -109,6 +117,7 @@ impl Default for ApiServerConfig {
             kubelet: KubeletClientConfig::default(),
             default_not_ready_toleration_seconds: DEFAULT_TOLERATION_SECONDS,
             default_unreachable_toleration_seconds: DEFAULT_TOLERATION_SECONDS,
+            service_account_admission: false,
         }
     }
 }
@@ -171,14 +180,18 @@ impl ApiServer {
         // tells the authorizers (RBAC index, Node graph) of every committed one.
         let reader = ObjectReader::new(store.clone());
         let authorizer = Arc::new(Authorizer::new(reader.clone()));
-        let admission: Vec<Arc<dyn Admission>> = vec![
-            Arc::new(NodeRestriction::new(reader.clone())),
-            Arc::new(RbacEscalation::new(authorizer.clone(), reader)),
-            Arc::new(DefaultTolerationSeconds::new(
-                config.default_not_ready_toleration_seconds,
-                config.default_unreachable_toleration_seconds,
-            )),
-        ];
+        // Upstream's order (`AllOrderedPlugins`): ServiceAccount, NodeRestriction, …,
+        // DefaultTolerationSeconds.
+        let mut admission: Vec<Arc<dyn Admission>> = Vec::new();
+        if config.service_account_admission {
+            admission.push(Arc::new(ServiceAccountAdmission::new(reader.clone())));
+        }
+        admission.push(Arc::new(NodeRestriction::new(reader.clone())));
+        admission.push(Arc::new(RbacEscalation::new(authorizer.clone(), reader)));
+        admission.push(Arc::new(DefaultTolerationSeconds::new(
+            config.default_not_ready_toleration_seconds,
+            config.default_unreachable_toleration_seconds,
+        )));
         let observers: Vec<Arc<dyn WriteObserver>> = vec![authorizer.clone()];
         let storage = Storage::new(
             store.clone(),

@@ -6,7 +6,9 @@
 //! `system:serviceaccounts:<ns>` and `system:authenticated`, only while its service account
 //! (and bound pod) still exists with the UID the token names: a deleted or recreated
 //! account's tokens are refused, as kube-apiserver's legacy-lookup-free bound-token
-//! validator does.
+//! validator does (`pkg/serviceaccount/claims.go`); one being deleted still backs them
+//! until a minute past its deletion time (the JWT leeway), so a terminating pod keeps its
+//! identity through its grace period.
 
 use std::sync::Arc;
 
@@ -37,6 +39,10 @@ pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 /// The `extra` key holding the token's ID.
 pub const EXTRA_CREDENTIAL_ID: &str = "authentication.kubernetes.io/credential-id";
+
+/// How long after its deletion time an account or bound pod still backs its tokens
+/// (`jwt.DefaultLeeway`, which `pkg/serviceaccount/claims.go` uses).
+pub const DELETION_LEEWAY_SECONDS: i64 = 60;
 
 /// The clock tokens are checked against, in Unix seconds (tests move it).
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -333,8 +339,19 @@ impl TokenAuthenticator {
                 "{what} UID ({actual}) does not match claim ({uid})"
             )));
         }
-        if !obj["metadata"]["deletionTimestamp"].is_null() {
-            return Err(TokenError::Revoked(format!("{what} is being deleted")));
+        // `claims.go`: things deleted before now minus the JWT leeway (1 min) are invalid,
+        // so a pod's own token works through its graceful termination and a minute more
+        // (its `deletionTimestamp` is the end of its grace period).
+        if let Some(deleted) = obj["metadata"]["deletionTimestamp"].as_str() {
+            let deleted_at = deleted
+                .parse::<jiff::Timestamp>()
+                .map(|t| t.as_second())
+                .unwrap_or(i64::MIN);
+            if deleted_at < self.now() - DELETION_LEEWAY_SECONDS {
+                return Err(TokenError::Revoked(
+                    "service account token has been invalidated".into(),
+                ));
+            }
         }
         Ok(())
     }
@@ -405,6 +422,56 @@ mod tests {
         assert_eq!(
             tokens.authenticate(&token, None).await.unwrap_err(),
             TokenError::Expired
+        );
+    }
+
+    /// `claims.go`: a token bound to a pod being deleted works until a minute past the
+    /// pod's deletion time (`jwt.DefaultLeeway`), then says it has been invalidated; once
+    /// the pod is gone, it is refused.
+    #[tokio::test]
+    async fn a_bound_token_outlives_its_pods_deletion_time_by_the_leeway_only() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        account(&store, "u1").await;
+        let now = Arc::new(AtomicI64::new(1_800_000_000));
+        let clock = now.clone();
+        let tokens = TokenAuthenticator::new(&key_pem(), store.clone())
+            .unwrap()
+            .with_clock(Arc::new(move || clock.load(Ordering::SeqCst)));
+        let key = resources::PODS.key(Some("ns"), "p");
+        let deleting_at = jiff::Timestamp::from_second(1_800_000_030).unwrap();
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "pod-1",
+                         "deletionTimestamp": deleting_at.to_string()}});
+        store
+            .create(&key, Bytes::from(serde_json::to_vec(&pod).unwrap()))
+            .await
+            .unwrap();
+        let bound = ObjectRef {
+            name: "p".into(),
+            uid: "pod-1".into(),
+        };
+        let (token, _) = tokens
+            .issue(
+                "ns",
+                sa("u1"),
+                Some(bound),
+                vec![DEFAULT_ISSUER.into()],
+                3600,
+            )
+            .unwrap();
+        let (user, _) = tokens.authenticate(&token, None).await.unwrap();
+        assert_eq!(user.extra[EXTRA_POD_NAME], ["p"]);
+        now.store(1_800_000_090, Ordering::SeqCst);
+        assert!(tokens.authenticate(&token, None).await.is_ok());
+        now.store(1_800_000_091, Ordering::SeqCst);
+        assert_eq!(
+            tokens.authenticate(&token, None).await.unwrap_err(),
+            TokenError::Revoked("service account token has been invalidated".into())
+        );
+        store.delete(&key, None).await.unwrap();
+        assert_eq!(
+            tokens.authenticate(&token, None).await.unwrap_err(),
+            TokenError::Revoked("pod ns/p has been deleted".into())
         );
     }
 

@@ -3,7 +3,9 @@
 //! plugins (NodeRestriction, RBAC's escalation check) live in [`crate::auth`] and are wired
 //! where the server is built; [`super::Storage`] runs them on every create, update and
 //! delete, and the handlers of subresources that are not stored (a service account's
-//! `token`) run them too.
+//! `token`) run them too. A plugin may also change what is written
+//! ([`Admission::mutate`], upstream's mutating admission, as the ServiceAccount plugin in
+//! [`super::service_account`] does), before the object is validated.
 
 use futures::future::BoxFuture;
 use serde_json::Value;
@@ -58,15 +60,18 @@ pub(crate) trait Admission: Send + Sync {
         attrs: &'a AdmissionAttributes<'a>,
     ) -> BoxFuture<'a, Result<(), ApiError>>;
 
-    /// Mutating admission (upstream's `admission.MutationInterface`): changes `object`, the
-    /// object of a create or an update of `resource` (`subresource` none for the object
-    /// itself), after defaulting and before validation. Most plugins only validate.
-    fn mutate(
-        &self,
-        _operation: Operation,
-        _resource: &'static ResourceDef,
-        _subresource: Option<&str>,
-        _object: &mut Value,
-    ) {
+    /// Mutating admission (upstream's `admission.MutationInterface`): may change `object`,
+    /// the object of a create or update, before the resource's validation and [`admit`]
+    /// see it; `Err` refuses the write. `attrs.object` is `None` here (the object is
+    /// `object`). The default changes nothing.
+    ///
+    /// [`admit`]: Admission::admit
+    fn mutate<'a>(
+        &'a self,
+        attrs: &'a AdmissionAttributes<'a>,
+        object: &'a mut Value,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        let _ = (attrs, object);
+        Box::pin(async { Ok(()) })
     }
 }

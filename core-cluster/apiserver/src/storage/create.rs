@@ -177,7 +177,21 @@ pub(crate) async fn create_object(
         o.remove("status");
     }
     (def.prepare_create)(&mut obj);
-    state.mutate(Operation::Create, def, None, &mut obj);
+    state
+        .mutate(
+            &AdmissionAttributes {
+                user: &ctx.user,
+                operation: Operation::Create,
+                resource: def,
+                subresource: None,
+                namespace: ns,
+                name: &probe_name,
+                object: None,
+                old_object: None,
+            },
+            &mut obj,
+        )
+        .await?;
     errors.extend(meta::validate_object_meta(&obj));
     errors.extend((def.validate)(&obj, None));
     errors.extend(super::custom_errors(def, &obj));

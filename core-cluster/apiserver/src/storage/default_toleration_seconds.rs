@@ -47,26 +47,26 @@ impl Admission for DefaultTolerationSeconds {
         Box::pin(async { Ok(()) })
     }
 
-    fn mutate(
-        &self,
-        operation: Operation,
-        resource: &'static ResourceDef,
-        subresource: Option<&str>,
-        object: &mut Value,
-    ) {
-        if !matches!(operation, Operation::Create | Operation::Update)
-            || !resource.group.is_empty()
-            || resource.plural != "pods"
-            || subresource.is_some()
+    fn mutate<'a>(
+        &'a self,
+        attrs: &'a AdmissionAttributes<'a>,
+        object: &'a mut Value,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        if matches!(attrs.operation, Operation::Create | Operation::Update)
+            && is_pod(attrs.resource)
+            && attrs.subresource.is_none()
+            && object["spec"].is_object()
         {
-            return;
-        }
-        if object["spec"].is_object() {
             add_default_tolerations(
                 &mut object["spec"],
                 self.not_ready_seconds,
                 self.unreachable_seconds,
             );
         }
+        Box::pin(async { Ok(()) })
     }
+}
+
+fn is_pod(resource: &ResourceDef) -> bool {
+    resource.group.is_empty() && resource.plural == "pods"
 }

@@ -21,6 +21,7 @@ pub(crate) mod namespace;
 pub(crate) mod observe;
 pub(crate) mod pods;
 pub(crate) mod ranges;
+pub(crate) mod service_account;
 pub(crate) mod status;
 pub(crate) mod update;
 pub(crate) mod user;
@@ -179,19 +180,6 @@ impl Storage {
         ObjectReader::new(self.store.clone())
     }
 
-    /// Runs the mutating admission chain on the object of a create or update.
-    pub(crate) fn mutate(
-        &self,
-        operation: admission::Operation,
-        resource: &'static crate::registry::ResourceDef,
-        subresource: Option<&str>,
-        object: &mut Value,
-    ) {
-        for plugin in &self.admission {
-            plugin.mutate(operation, resource, subresource, object);
-        }
-    }
-
     /// Runs the admission chain (upstream's validating admission, in the order it was
     /// built): the first refusal is the answer.
     pub(crate) async fn admit(&self, attrs: &AdmissionAttributes<'_>) -> Result<(), ApiError> {
@@ -203,6 +191,28 @@ impl Storage {
                     resource = attrs.resource.plural,
                     name = attrs.name,
                     "admission refused the write"
+                );
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the mutating admission chain on `object` (upstream's mutating admission, in
+    /// the order the chain was built, before validation): the first refusal is the answer.
+    pub(crate) async fn mutate(
+        &self,
+        attrs: &AdmissionAttributes<'_>,
+        object: &mut Value,
+    ) -> Result<(), ApiError> {
+        for plugin in &self.admission {
+            if let Err(e) = plugin.mutate(attrs, object).await {
+                tracing::debug!(
+                    plugin = plugin.name(),
+                    user = %attrs.user.name,
+                    resource = attrs.resource.plural,
+                    name = attrs.name,
+                    "mutating admission refused the write"
                 );
                 return Err(e);
             }

@@ -172,7 +172,21 @@ pub(crate) async fn commit_update(
     if sub.is_none() {
         (def.prepare_update)(&mut new);
     }
-    state.mutate(Operation::Update, def, sub, &mut new);
+    state
+        .mutate(
+            &AdmissionAttributes {
+                user: &ctx.user,
+                operation: Operation::Update,
+                resource: def,
+                subresource: sub,
+                namespace: ns,
+                name,
+                object: None,
+                old_object: Some(current),
+            },
+            &mut new,
+        )
+        .await?;
     let deleting = !old_meta["deletionTimestamp"].is_null();
     let mut errors = meta::validate_object_meta(&new);
     if deleting {

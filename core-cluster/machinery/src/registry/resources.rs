@@ -362,12 +362,29 @@ fn typed_pod(o: &Value) -> Result<Value, String> {
     typed::<Pod>(o)
 }
 
+/// Upstream `ValidatePodUpdate`'s refusal of a change to the pod's spec.
+const POD_SPEC_IMMUTABLE: &str = "pod updates may not change fields other than `spec.containers[*].image`, `spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing tolerations), `spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)";
+
 fn validate_pod(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
     let mut errors = validate_pod_spec(&new["spec"], "spec");
     if let Some(old) = old {
         let old_node = old["spec"]["nodeName"].as_str().unwrap_or("");
         if !old_node.is_empty() && new["spec"]["nodeName"].as_str().unwrap_or("") != old_node {
-            errors.push(FieldError::forbidden("spec.nodeName", "pod updates may not change fields other than `spec.containers[*].image`, `spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing tolerations), `spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)"));
+            errors.push(FieldError::forbidden("spec.nodeName", POD_SPEC_IMMUTABLE));
+        }
+        // `ValidatePodUpdate`: the pod's identity and what it mounts (the service
+        // account's token volume among them) are fixed once it exists.
+        for field in [
+            "serviceAccountName",
+            "serviceAccount",
+            "automountServiceAccountToken",
+            "volumes",
+        ] {
+            let (was, is) = (&old["spec"][field], &new["spec"][field]);
+            if was != is {
+                errors.push(FieldError::forbidden("spec", POD_SPEC_IMMUTABLE));
+                break;
+            }
         }
     }
     errors

@@ -39,6 +39,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub(crate) use exec::Container;
 pub use logs::{DEFAULT_LOG_INTERVAL, LOG_INTERVAL_ANNOTATION, LOG_TEMPLATE_ANNOTATION};
 
 use self::logs::{ContainerLog, LogOptions};
@@ -577,7 +578,17 @@ async fn exec_handler(
         );
     };
     let on_upgrade = hyper::upgrade::on(&mut request);
-    let container_view = exec::Container::of(&pod, &container);
+    let mut container_view = exec::Container::of(&pod, &container);
+    // The pod's identity: service env vars and its projected volumes (token, root CA).
+    let client = ctx.shared.client_for(&ctx.node.name);
+    crate::identity::extend(
+        &client,
+        &ctx.shared.tokens,
+        &pod,
+        &container,
+        &mut container_view,
+    )
+    .await;
     let streams = exec::Streams {
         stdin,
         stdout,
