@@ -15,6 +15,7 @@ mod fuzz_inputs;
 mod hardening;
 mod hostile_numbers;
 mod kubelet_api;
+mod kubelet_metrics;
 mod node_authorizer;
 mod node_graph_cost;
 mod node_lifecycle;
