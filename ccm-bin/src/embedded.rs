@@ -152,7 +152,11 @@ fn kubelet_client_identity(data_dir: &std::path::Path) -> anyhow::Result<(String
     let cert = pki
         .issue_client(core_cluster::KUBELET_CLIENT_USER, &[])
         .context("issuing the API server's kubelet client certificate")?;
-    Ok((cert.cert_pem.clone(), cert.key_pem.clone(), pki.ca_pem().to_owned()))
+    Ok((
+        cert.cert_pem.clone(),
+        cert.key_pem.clone(),
+        pki.ca_pem().to_owned(),
+    ))
 }
 
 /// Writes a private key readable by its owner only.

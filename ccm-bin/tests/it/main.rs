@@ -14,6 +14,7 @@ mod etcd;
 mod helm;
 mod image;
 mod kubectl;
+mod kubelet_api;
 mod manage;
 mod nodeipam;
 mod support;

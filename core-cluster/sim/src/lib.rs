@@ -112,8 +112,9 @@ pub use config::{
 };
 pub use images::{GcOutcome, ImageGcConfig, ImageStore, NODE_STATUS_MAX_IMAGES, image_size};
 pub use kubelet_api::{
-    CPU_USAGE_ANNOTATION, MEMORY_USAGE_ANNOTATION, DEFAULT_KUBELET_PORT, DEFAULT_LOG_INTERVAL, KubeletApiConfig, KubeletAuthConfig,
-    KubeletAuthorizationMode, LOG_INTERVAL_ANNOTATION, LOG_TEMPLATE_ANNOTATION, ServingCa,
+    CPU_USAGE_ANNOTATION, DEFAULT_KUBELET_PORT, DEFAULT_LOG_INTERVAL, KubeletApiConfig,
+    KubeletAuthConfig, KubeletAuthorizationMode, LOG_INTERVAL_ANNOTATION, LOG_TEMPLATE_ANNOTATION,
+    MEMORY_USAGE_ANNOTATION, ServingCa,
 };
 pub use shutdown::{
     SYSTEM_CRITICAL_PRIORITY, ShutdownPriorityGroup, group_by_priority, pod_priority,

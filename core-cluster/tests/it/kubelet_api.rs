@@ -681,7 +681,13 @@ pub(crate) async fn service_account_token(client: &Client, name: &str) -> String
 
 /// Binds a new ClusterRole allowing `verbs` on the `nodes` subresource `resource` to
 /// `subject` (a `User` or a `ServiceAccount` of `default`).
-pub(crate) async fn grant_nodes(client: &Client, name: &str, resource: &str, verbs: &[&str], subject: serde_json::Value) {
+pub(crate) async fn grant_nodes(
+    client: &Client,
+    name: &str,
+    resource: &str,
+    verbs: &[&str],
+    subject: serde_json::Value,
+) {
     let roles: Api<ClusterRole> = Api::all(client.clone());
     let role: ClusterRole = serde_json::from_value(json!({"metadata": {"name": name},
         "rules": [{"apiGroups": [""], "resources": [resource], "verbs": verbs}]}))
@@ -718,9 +724,9 @@ async fn the_kubelet_authenticates_and_authorizes_every_request_by_webhook() {
     )
     .await;
     let addr = c.sim.kubelet_endpoint("kl-auth").unwrap();
-    let get = |client: Option<CertAndKey>, token: Option<String>, method: &'static str, path: &'static str| {
+    let get = |cert: Option<CertAndKey>, tok: Option<String>, method, path| {
         let ca = ca.cert_pem.clone();
-        async move { kubelet_request(addr, &ca, client.as_ref(), token.as_deref(), method, path).await }
+        async move { kubelet_request(addr, &ca, cert.as_ref(), tok.as_deref(), method, path).await }
     };
 
     // No credentials, or a token that does not authenticate: 401.
@@ -736,7 +742,10 @@ async fn the_kubelet_authenticates_and_authorizes_every_request_by_webhook() {
     // A service account's token authenticates, but it may not use the node: 403.
     let viewer = service_account_token(&c.client, "viewer").await;
     let forbidden = |verb: &str, sub: &str| {
-        format!("Forbidden (user=system:serviceaccount:default:viewer, verb={verb}, resource=nodes, subresource={sub})")
+        format!(
+            "Forbidden (user=system:serviceaccount:default:viewer, verb={verb}, \
+             resource=nodes, subresource={sub})"
+        )
     };
     assert_eq!(
         get(None, Some(viewer.clone()), "GET", "/healthz").await,

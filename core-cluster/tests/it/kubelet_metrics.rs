@@ -116,7 +116,11 @@ async fn kubectl_top_shows_the_usage_of_nodes_and_pods() {
     assert_eq!((row[1], row[3]), ("300m", "320Mi"), "{nodes:?}");
 
     let one: Value = serde_json::from_str(
-        &raw(&c, "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/web").await,
+        &raw(
+            &c,
+            "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/web",
+        )
+        .await,
     )
     .unwrap();
     assert_eq!(one["kind"], "PodMetrics");
@@ -125,20 +129,32 @@ async fn kubectl_top_shows_the_usage_of_nodes_and_pods() {
         json!({"cpu": "250000000n", "memory": "65536Ki"})
     );
     let by_label: Value = serde_json::from_str(
-        &raw(&c, "/apis/metrics.k8s.io/v1beta1/pods?labelSelector=app%3Dother").await,
+        &raw(
+            &c,
+            "/apis/metrics.k8s.io/v1beta1/pods?labelSelector=app%3Dother",
+        )
+        .await,
     )
     .unwrap();
     assert_eq!(by_label["items"], json!([]));
     let missing = kubectl(
         c.dir.path(),
         &c.kubeconfig,
-        &["get", "--raw", "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/nope"],
+        &[
+            "get",
+            "--raw",
+            "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/nope",
+        ],
     )
     .await;
     assert!(!missing.success);
     assert!(
-        missing.stderr.contains("podmetrics.metrics.k8s.io \\\"default/nope\\\" not found")
-            || missing.stderr.contains("podmetrics.metrics.k8s.io \"default/nope\" not found"),
+        missing
+            .stderr
+            .contains("podmetrics.metrics.k8s.io \\\"default/nope\\\" not found")
+            || missing
+                .stderr
+                .contains("podmetrics.metrics.k8s.io \"default/nope\" not found"),
         "{missing:?}"
     );
 }

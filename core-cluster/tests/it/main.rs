@@ -16,6 +16,7 @@ mod hardening;
 mod hostile_numbers;
 mod kubelet_api;
 mod kubelet_metrics;
+mod kubelet_proxy;
 mod node_authorizer;
 mod node_graph_cost;
 mod node_lifecycle;

@@ -117,7 +117,10 @@ pub(crate) async fn serve(state: &Arc<ServerState>, request: Request<Body>) -> R
     }
 }
 
-async fn serve_inner(state: &Arc<ServerState>, request: Request<Body>) -> Result<Response, ApiError> {
+async fn serve_inner(
+    state: &Arc<ServerState>,
+    request: Request<Body>,
+) -> Result<Response, ApiError> {
     let path = request.uri().path().to_owned();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let rest = match segments.as_slice() {
@@ -201,7 +204,7 @@ fn cpu(nanocores: &Value) -> String {
 /// A memory quantity from bytes (binary SI: `Ki` when whole).
 fn memory(bytes: &Value) -> String {
     let bytes = bytes.as_u64().unwrap_or(0);
-    if bytes % 1024 == 0 {
+    if bytes.is_multiple_of(1024) {
         format!("{}Ki", bytes / 1024)
     } else {
         bytes.to_string()
@@ -344,7 +347,13 @@ async fn pod_list(
 }
 
 async fn pod_get(state: &ServerState, ns: &str, name: &str) -> Result<Response, ApiError> {
-    let not_found = || ApiError::not_found(&Qualified::new(GROUP, "podmetrics", &format!("{ns}/{name}")));
+    let not_found = || {
+        ApiError::not_found(&Qualified::new(
+            GROUP,
+            "podmetrics",
+            &format!("{ns}/{name}"),
+        ))
+    };
     let pod = match get_object(&*state.store, &resources::PODS, Some(ns), name).await {
         Ok((_, pod)) => pod,
         Err(e) if e.code == 404 => return Err(not_found()),
@@ -386,7 +395,10 @@ mod tests {
              "containers": [{"name": "app", "cpu": {"usageNanoCores": 5}, "memory": {"workingSetBytes": 4096}}]},
         ]});
         let m = pod_metrics(&pod, &summary).unwrap();
-        assert_eq!(m["containers"][0]["usage"], json!({"cpu": "5n", "memory": "4Ki"}));
+        assert_eq!(
+            m["containers"][0]["usage"],
+            json!({"cpu": "5n", "memory": "4Ki"})
+        );
         assert_eq!(m["metadata"]["namespace"], "default");
         let other = json!({"metadata": {"name": "db", "namespace": "default", "uid": "u3"}});
         assert!(pod_metrics(&other, &summary).is_none());

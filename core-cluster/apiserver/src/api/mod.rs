@@ -11,6 +11,7 @@ pub mod metrics;
 mod metrics_api;
 pub mod negotiate;
 mod node_proxy;
+mod pod_proxy;
 pub mod protobuf;
 mod scale;
 pub mod status;
@@ -888,6 +889,11 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
     let method = request.method().clone();
     if let Some((node, tail)) = node_proxy::node_proxy_path(&path) {
         let response = node_proxy::node_proxy(&state, node, tail, request).await;
+        tracing::debug!(%method, %path, code = response.status().as_u16(), "request");
+        return response;
+    }
+    if let Some(target) = pod_proxy::proxy_path(&path) {
+        let response = pod_proxy::proxy(&state, target, request).await;
         tracing::debug!(%method, %path, code = response.status().as_u16(), "request");
         return response;
     }

@@ -359,7 +359,10 @@ async fn backend_error(response: hyper::Response<hyper::body::Incoming>) -> ApiE
 }
 
 /// A streamed answer: the kubelet's body handed on as it comes.
-fn streamed(response: hyper::Response<hyper::body::Incoming>, default_type: &str) -> Response {
+pub(crate) fn streamed(
+    response: hyper::Response<hyper::body::Incoming>,
+    default_type: &str,
+) -> Response {
     let (parts, body) = response.into_parts();
     let mut out = Response::new(Body::new(body));
     *out.status_mut() = parts.status;
@@ -732,6 +735,23 @@ pub(crate) fn node_proxy_path(path: &str) -> Option<(&str, &str)> {
     Some((name, tail))
 }
 
+/// The path stays under its target: no dot segments, no encoded slashes, dots or
+/// backslashes that the target would decode into some other path.
+pub(crate) fn check_proxied_path(tail: &str) -> Result<(), ApiError> {
+    let lowered = tail.to_ascii_lowercase();
+    if tail.split('/').any(|s| s == ".." || s == ".")
+        || lowered.contains("%2f")
+        || lowered.contains("%2e")
+        || lowered.contains("%5c")
+        || tail.contains('\\')
+    {
+        return Err(ApiError::bad_request(format!(
+            "the proxied path {tail:?} may not hold dot segments or encoded separators"
+        )));
+    }
+    Ok(())
+}
+
 /// `…/nodes/{name}/proxy/{path}`: the request handed to the node's kubelet, its answer
 /// streamed back (`pkg/registry/core/node/rest/proxy.go`, `node.ResourceLocation`).
 pub(crate) async fn node_proxy(
@@ -774,19 +794,7 @@ async fn node_proxy_inner(
             kubelet_port.map(|p| format!(" ({p})")).unwrap_or_default()
         )));
     }
-    // The path stays under the node's kubelet: no dot segments, no encoded slashes or
-    // dots that the kubelet would decode into some other path.
-    let lowered = tail.to_ascii_lowercase();
-    if tail.split('/').any(|s| s == ".." || s == ".")
-        || lowered.contains("%2f")
-        || lowered.contains("%2e")
-        || lowered.contains("%5c")
-        || tail.contains('\\')
-    {
-        return Err(ApiError::bad_request(format!(
-            "the proxied path {tail:?} may not hold dot segments or encoded separators"
-        )));
-    }
+    check_proxied_path(tail)?;
     let mut path = if tail.is_empty() {
         "/".to_owned()
     } else {

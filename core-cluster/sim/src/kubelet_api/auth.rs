@@ -275,10 +275,11 @@ impl KubeletAuth {
         };
         self.count_review();
         let api: Api<TokenReview> = Api::all(self.client.clone());
-        let answer = tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), &review))
-            .await
-            .map_err(|_| format!("TokenReview timed out after {REVIEW_TIMEOUT:?}"))?
-            .map_err(|e| format!("TokenReview failed: {e}"))?;
+        let answer =
+            tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), &review))
+                .await
+                .map_err(|_| format!("TokenReview timed out after {REVIEW_TIMEOUT:?}"))?
+                .map_err(|e| format!("TokenReview failed: {e}"))?;
         let status = answer.status.unwrap_or_default();
         let result = match (status.authenticated, status.user) {
             (Some(true), Some(user)) => Ok(User {
@@ -338,10 +339,11 @@ impl KubeletAuth {
         };
         self.count_review();
         let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
-        let answer = tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), &review))
-            .await
-            .map_err(|_| format!("SubjectAccessReview timed out after {REVIEW_TIMEOUT:?}"))?
-            .map_err(|e| format!("SubjectAccessReview failed: {e}"))?;
+        let answer =
+            tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), &review))
+                .await
+                .map_err(|_| format!("SubjectAccessReview timed out after {REVIEW_TIMEOUT:?}"))?
+                .map_err(|e| format!("SubjectAccessReview failed: {e}"))?;
         let allowed = answer.status.is_some_and(|s| s.allowed);
         let ttl = if allowed {
             self.config.authorized_cache_ttl
@@ -369,7 +371,10 @@ pub(crate) fn verb_of(method: &Method) -> &'static str {
 /// `isSubpath`: `path` is `prefix` or under it.
 fn is_subpath(path: &str, prefix: &str) -> bool {
     let prefix = prefix.trim_end_matches('/');
-    path == prefix || path.strip_prefix(prefix).is_some_and(|r| r.starts_with('/'))
+    path == prefix
+        || path
+            .strip_prefix(prefix)
+            .is_some_and(|r| r.starts_with('/'))
 }
 
 /// The `nodes` subresource a kubelet path is authorized as (`NodeAuthorizerAttributesGetter`
@@ -444,13 +449,11 @@ pub(crate) fn client_verifier(
     if roots.is_empty() {
         return Err("client CA: no certificate found".into());
     }
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots),
-        provider,
-    )
-    .allow_unauthenticated()
-    .build()
-    .map_err(|e| format!("client CA: {e}"))?;
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| format!("client CA: {e}"))?;
     Ok(Some(verifier))
 }
 

@@ -219,7 +219,10 @@ impl Proc<'_> {
     }
 
     /// The main process of an attach session; ends when its stdin closes.
-    async fn main_process(&mut self, output: Option<futures::stream::BoxStream<'static, Bytes>>) -> i32 {
+    async fn main_process(
+        &mut self,
+        output: Option<futures::stream::BoxStream<'static, Bytes>>,
+    ) -> i32 {
         use futures::StreamExt as _;
         if self.stdin.is_some() {
             while let Some(data) = self.read_stdin().await {

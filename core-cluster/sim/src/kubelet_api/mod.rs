@@ -12,6 +12,7 @@
 mod auth;
 mod exec;
 mod logs;
+mod responder;
 mod stats;
 mod websocket;
 
@@ -27,7 +28,7 @@ use axum::{
     extract::{Path, Query, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
-    routing::get,
+    routing::{any, get},
 };
 use ccm_serving::{HandshakeLimit, Timeouts};
 use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod};
@@ -42,8 +43,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{KubeletAuthConfig, KubeletAuthorizationMode};
-pub use stats::{CPU_USAGE_ANNOTATION, MEMORY_USAGE_ANNOTATION};
 pub use logs::{DEFAULT_LOG_INTERVAL, LOG_INTERVAL_ANNOTATION, LOG_TEMPLATE_ANNOTATION};
+pub use stats::{CPU_USAGE_ANNOTATION, MEMORY_USAGE_ANNOTATION};
 
 use self::logs::{ContainerLog, LogOptions};
 use super::{NodeState, Shared};
@@ -353,9 +354,24 @@ fn router(ctx: NodeCtx) -> Router {
             "/attach/{namespace}/{pod}/{container}",
             get(attach_handler).post(attach_handler),
         )
+        .route(
+            "/podPort/{namespace}/{pod}/{port}",
+            any(responder::pod_port),
+        )
+        .route(
+            "/podPort/{namespace}/{pod}/{port}/",
+            any(responder::pod_port),
+        )
+        .route(
+            "/podPort/{namespace}/{pod}/{port}/{*rest}",
+            any(responder::pod_port),
+        )
         // Unknown paths too: a 404 only once authorized, as kubelet's filter runs first.
         .fallback(|| async { text_error(StatusCode::NOT_FOUND, "404 page not found") })
-        .layer(axum::middleware::from_fn_with_state(ctx.clone(), auth::filter))
+        .layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            auth::filter,
+        ))
         .with_state(ctx)
 }
 
@@ -417,7 +433,10 @@ async fn resource_metrics(State(ctx): State<NodeCtx>) -> Response {
     match usage_here(&ctx).await {
         Ok(pods) => (
             StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
             stats::resource_metrics(ctx.started, &pods, ctx.shared.clock.now()),
         )
             .into_response(),

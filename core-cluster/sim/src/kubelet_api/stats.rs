@@ -92,7 +92,11 @@ fn request_of(container: &Container, resource: &str) -> Option<u64> {
 
 fn annotation_of(pod: &Pod, key: &str, cpu: bool) -> Option<u64> {
     let q = parse_quantity(pod.annotations().get(key)?).ok()?;
-    let v = if cpu { q.nanos() } else { i128::from(q.value()) };
+    let v = if cpu {
+        q.nanos()
+    } else {
+        i128::from(q.value())
+    };
     u64::try_from(v).ok()
 }
 
@@ -124,11 +128,7 @@ pub(crate) fn pod_usage(pod: &Pod, now: Timestamp) -> Option<PodUsage> {
             })
         })
         .collect();
-    let started = status
-        .start_time
-        .as_ref()
-        .map(|t| t.0)
-        .unwrap_or(now);
+    let started = status.start_time.as_ref().map(|t| t.0).unwrap_or(now);
     Some(PodUsage {
         name: pod.name_any(),
         namespace: pod.namespace().unwrap_or_default(),
@@ -153,15 +153,17 @@ fn node_usage(pods: &[PodUsage], node_started: Timestamp, now: Timestamp) -> (u6
     let nanocores = NODE_CPU_NANOCORES + pods.iter().map(PodUsage::nanocores).sum::<u64>();
     let memory = NODE_MEMORY_BYTES + pods.iter().map(PodUsage::memory).sum::<u64>();
     let cumulative = core_nano_seconds(NODE_CPU_NANOCORES, node_started, now)
-        + pods
-            .iter()
-            .map(|p| p.core_nano_seconds(now))
-            .sum::<u64>();
+        + pods.iter().map(|p| p.core_nano_seconds(now)).sum::<u64>();
     (nanocores, memory, cumulative)
 }
 
 /// `/stats/summary`: the `Summary` of the node and its running pods.
-pub(crate) fn summary(node: &str, node_started: Timestamp, pods: &[PodUsage], now: Timestamp) -> Value {
+pub(crate) fn summary(
+    node: &str,
+    node_started: Timestamp,
+    pods: &[PodUsage],
+    now: Timestamp,
+) -> Value {
     let (nanocores, memory, cumulative) = node_usage(pods, node_started, now);
     let pods: Vec<Value> = pods
         .iter()
@@ -208,7 +210,11 @@ fn label(value: &str) -> String {
 
 /// `/metrics/resource`: kubelet's resource metrics in the Prometheus text format, each
 /// sample stamped (milliseconds), as metrics-server reads them.
-pub(crate) fn resource_metrics(node_started: Timestamp, pods: &[PodUsage], now: Timestamp) -> String {
+pub(crate) fn resource_metrics(
+    node_started: Timestamp,
+    pods: &[PodUsage],
+    now: Timestamp,
+) -> String {
     let ms = now.as_millisecond();
     let secs = |ns: u64| ns as f64 / 1e9;
     let (_, memory, cumulative) = node_usage(pods, node_started, now);
@@ -228,8 +234,13 @@ pub(crate) fn resource_metrics(node_started: Timestamp, pods: &[PodUsage], now: 
             label(&p.name)
         )
     };
-    let pod_labels =
-        |p: &PodUsage| format!("{{namespace=\"{}\",pod=\"{}\"}}", label(&p.namespace), label(&p.name));
+    let pod_labels = |p: &PodUsage| {
+        format!(
+            "{{namespace=\"{}\",pod=\"{}\"}}",
+            label(&p.namespace),
+            label(&p.name)
+        )
+    };
     let each_container = |f: &dyn Fn(&PodUsage, &ContainerUsage) -> f64| -> Vec<(String, f64)> {
         pods.iter()
             .flat_map(|p| p.containers.iter().map(move |c| (p, c)))
@@ -278,7 +289,9 @@ pub(crate) fn resource_metrics(node_started: Timestamp, pods: &[PodUsage], now: 
         "pod_memory_working_set_bytes",
         "gauge",
         "Current working set of the pod in bytes",
-        pods.iter().map(|p| (pod_labels(p), p.memory() as f64)).collect(),
+        pods.iter()
+            .map(|p| (pod_labels(p), p.memory() as f64))
+            .collect(),
     );
     family(
         "resource_scrape_error",
@@ -313,15 +326,22 @@ mod tests {
     /// CPU time accumulates at that rate from the container's start.
     #[test]
     fn usage_follows_the_annotations_then_half_the_requests() {
-        let p = pod_usage(&pod(json!({}), json!({"cpu": "500m", "memory": "128Mi"})), Timestamp::UNIX_EPOCH).unwrap();
+        let p = pod_usage(
+            &pod(json!({}), json!({"cpu": "500m", "memory": "128Mi"})),
+            Timestamp::UNIX_EPOCH,
+        )
+        .unwrap();
         assert_eq!(p.containers[0].nanocores, 250_000_000);
         assert_eq!(p.containers[0].memory, 64 << 20);
         assert_eq!(p.containers[1].nanocores, DEFAULT_CPU_NANOCORES);
         assert_eq!(p.containers[1].memory, DEFAULT_MEMORY_BYTES);
-        let annotated = pod_usage(&pod(
-            json!({CPU_USAGE_ANNOTATION: "2", MEMORY_USAGE_ANNOTATION: "1Gi"}),
-            json!({"cpu": "500m"}),
-        ), Timestamp::UNIX_EPOCH)
+        let annotated = pod_usage(
+            &pod(
+                json!({CPU_USAGE_ANNOTATION: "2", MEMORY_USAGE_ANNOTATION: "1Gi"}),
+                json!({"cpu": "500m"}),
+            ),
+            Timestamp::UNIX_EPOCH,
+        )
         .unwrap();
         assert_eq!(annotated.containers[0].nanocores, 2_000_000_000);
         assert_eq!(annotated.containers[1].memory, 1 << 30);
@@ -346,7 +366,11 @@ mod tests {
     /// container, with the pod's labels.
     #[test]
     fn resource_metrics_name_each_container_with_its_pod() {
-        let p = pod_usage(&pod(json!({MEMORY_USAGE_ANNOTATION: "10Mi"}), json!({})), Timestamp::UNIX_EPOCH).unwrap();
+        let p = pod_usage(
+            &pod(json!({MEMORY_USAGE_ANNOTATION: "10Mi"}), json!({})),
+            Timestamp::UNIX_EPOCH,
+        )
+        .unwrap();
         let now: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
         let text = resource_metrics("2026-01-01T00:00:00Z".parse().unwrap(), &[p], now);
         let ms = now.as_millisecond();
@@ -356,7 +380,13 @@ mod tests {
             )),
             "{text}"
         );
-        assert!(text.contains("# TYPE node_cpu_usage_seconds_total counter"), "{text}");
-        assert!(text.contains(&format!("resource_scrape_error 0 {ms}")), "{text}");
+        assert!(
+            text.contains("# TYPE node_cpu_usage_seconds_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("resource_scrape_error 0 {ms}")),
+            "{text}"
+        );
     }
 }
