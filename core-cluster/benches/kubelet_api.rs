@@ -187,6 +187,18 @@ async fn main() -> anyhow::Result<()> {
         "spec": {"nodeName": "bench-node", "containers": [{"name": "app", "image": "nginx"}]},
     }))?;
     pods.create(&PostParams::default(), &pod).await?;
+    // The node advertises its kubelet's port once that listens.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    loop {
+        let node = nodes.get_opt("bench-node").await?;
+        let port = node
+            .and_then(|n| n.status?.daemon_endpoints?.kubelet_endpoint?.port.into())
+            .unwrap_or(0);
+        if port > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     loop {
         let p = pods.get("web").await?;
         if p.status.and_then(|s| s.phase).as_deref() == Some("Running") {
