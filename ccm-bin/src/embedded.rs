@@ -35,7 +35,8 @@ use core_cluster::{
         ttl_after_finished::TtlAfterFinishedController,
     },
     sim::{
-        KubeletApiConfig, NodeSimulator, ServingCa, SimConfig, SimNode, UNINITIALIZED_TAINT_KEY,
+        KubeletApiConfig, KubeletAuthConfig, NodeSimulator, ServingCa, SimConfig, SimNode,
+        UNINITIALIZED_TAINT_KEY,
     },
     store::Store,
 };
@@ -174,6 +175,23 @@ fn kubelet_serving_ca(data_dir: &std::path::Path) -> anyhow::Result<ServingCa> {
     std::fs::write(&cert, &ca.cert_pem).with_context(|| format!("writing {}", cert.display()))?;
     write_private(&key, &ca.key_pem)?;
     Ok(ca)
+}
+
+/// The API server's identity towards the simulated kubelets, as kubeadm sets it up: a
+/// client certificate from the cluster CA for `kube-apiserver-kubelet-client` (re-issued at
+/// each start), and the cluster CA the kubelets verify client certificates against (their
+/// `clientCAFile`). Returns (certificate, key, CA), in PEM.
+fn kubelet_client_identity(data_dir: &std::path::Path) -> anyhow::Result<(String, String, String)> {
+    let pki = core_cluster::auth::pki::Pki::load_or_create(data_dir, &[])
+        .with_context(|| format!("setting up the PKI in {}", data_dir.display()))?;
+    let cert = pki
+        .issue_client(core_cluster::KUBELET_CLIENT_USER, &[])
+        .context("issuing the API server's kubelet client certificate")?;
+    Ok((
+        cert.cert_pem.clone(),
+        cert.key_pem.clone(),
+        pki.ca_pem().to_owned(),
+    ))
 }
 
 /// Writes a private key readable by its owner only.
@@ -671,7 +689,30 @@ pub(crate) async fn run(
     // Pods get their service account's identity (the serviceaccounts controller below
     // makes the `default` accounts the plugin needs).
     apiserver_args.service_account_admission = true;
+
+    // The kubelets authenticate every request (client certificates from the cluster CA,
+    // tokens by TokenReview) and authorize it by SubjectAccessReview: the API server
+    // presents kubeadm's kubelet client certificate unless given its own.
+    let kubelet_client_ca = if args.sim_kubelet_api {
+        let (cert, key, ca) = kubelet_client_identity(&data_dir)?;
+        if apiserver_args.kubelet.client_certificate.is_none() {
+            apiserver_args.kubelet.client_certificate = Some(cert);
+            apiserver_args.kubelet.client_key = Some(key);
+        }
+        Some(ca)
+    } else {
+        None
+    };
     let server = ApiServer::new(store, apiserver_args).await?;
+    if args.sim_kubelet_api {
+        server
+            .apply_manifest(
+                &core_cluster::kubelet_api_admin_binding(core_cluster::KUBELET_CLIENT_USER),
+                &["ClusterRoleBinding"],
+            )
+            .await
+            .context("binding system:kubelet-api-admin to the API server's kubelet client")?;
+    }
     // The ccm's RBAC, exactly as deployed: the cluster enforces Node,RBAC and the ccm runs
     // under its service account with the least-privilege role and nothing more.
     for (path, manifest) in CCM_MANIFESTS {
@@ -916,6 +957,10 @@ pub(crate) async fn run(
     if let Some(ca) = serving_ca {
         simulator = simulator.with_kubelet_api(KubeletApiConfig {
             serving_ca: Some(ca),
+            auth: KubeletAuthConfig {
+                client_ca: kubelet_client_ca,
+                ..KubeletAuthConfig::default()
+            },
             ..KubeletApiConfig::default()
         });
     }

@@ -12,8 +12,11 @@ use std::{sync::Arc, time::Duration};
 use anyhow::Context;
 use ccm_testkit::{TestServer, bench};
 use core_cluster::{
-    ApiServer, ApiServerConfig, KubeletClientConfig,
-    sim::{KubeletApiConfig, NodeSimulator, SimConfig},
+    ApiServer, ApiServerConfig, KUBELET_CLIENT_USER, KubeletClientConfig,
+    auth::pki::Pki,
+    kubelet_api_admin_binding,
+    serve::{Security, ServeOptions},
+    sim::{KubeletApiConfig, KubeletAuthConfig, NodeSimulator, SimConfig},
     store::MemoryStore,
 };
 use futures::{AsyncBufReadExt, StreamExt};
@@ -38,6 +41,96 @@ fn rss_bytes() -> anyhow::Result<u64> {
     Ok(kib * 1024)
 }
 
+/// One `exec -- echo hi` through the API server: TLS with the admin's certificate, the
+/// WebSocket upgrade (`v5.channel.k8s.io`), the command's output and its exit status on the
+/// error channel; the time from connecting to reading that status.
+async fn exec_round_trip(server: &TestServer) -> anyhow::Result<Duration> {
+    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pki = &server.security().pki;
+    let mut roots = rustls::RootCertStore::empty();
+    for der in CertificateDer::pem_slice_iter(pki.ca_pem().as_bytes()) {
+        roots.add(der?)?;
+    }
+    let admin = pki.admin();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_client_auth_cert(admin.cert_der()?, admin.key_der()?)?;
+    let started = tokio::time::Instant::now();
+    let tcp = tokio::net::TcpStream::connect(server.addr()).await?;
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::from(server.addr().ip()), tcp)
+        .await?;
+    let request = format!(
+        "GET /api/v1/namespaces/default/pods/web/exec?command=echo&command=hi&stdout=true HTTP/1.1\r\n\
+         Host: {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: v5.channel.k8s.io\r\n\r\n",
+        server.addr()
+    );
+    tls.write_all(request.as_bytes()).await?;
+    let mut buf = Vec::new();
+    let head_end = loop {
+        let mut chunk = [0u8; 4096];
+        let n = tls.read(&mut chunk).await?;
+        anyhow::ensure!(n > 0, "connection closed before the upgrade");
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    anyhow::ensure!(head.starts_with("HTTP/1.1 101"), "no upgrade: {head}");
+    let mut rest = buf.split_off(head_end);
+    let mut output = Vec::new();
+    // Server frames are unmasked: opcode, length (7, 16 or 64 bits), payload.
+    loop {
+        while rest.len() < 2 {
+            let mut chunk = [0u8; 4096];
+            let n = tls.read(&mut chunk).await?;
+            anyhow::ensure!(n > 0, "connection closed before the status");
+            rest.extend_from_slice(&chunk[..n]);
+        }
+        let (opcode, short) = (rest[0] & 0x0f, usize::from(rest[1] & 0x7f));
+        let (len, offset) = match short {
+            126 if rest.len() >= 4 => (usize::from(u16::from_be_bytes([rest[2], rest[3]])), 4),
+            127 if rest.len() >= 10 => (
+                usize::try_from(u64::from_be_bytes(rest[2..10].try_into()?))?,
+                10,
+            ),
+            126 | 127 => (usize::MAX, 0),
+            n => (n, 2),
+        };
+        if len == usize::MAX || rest.len() < offset + len {
+            let mut chunk = [0u8; 4096];
+            let n = tls.read(&mut chunk).await?;
+            anyhow::ensure!(n > 0, "connection closed mid-frame");
+            rest.extend_from_slice(&chunk[..n]);
+            continue;
+        }
+        let payload: Vec<u8> = rest[offset..offset + len].to_vec();
+        rest.drain(..offset + len);
+        match (opcode, payload.first()) {
+            (8, _) => anyhow::bail!("closed before the status"),
+            (_, Some(1)) => output.extend_from_slice(&payload[1..]),
+            (_, Some(3)) => {
+                let elapsed = started.elapsed();
+                anyhow::ensure!(
+                    output == b"hi\n",
+                    "output {:?}",
+                    String::from_utf8_lossy(&output)
+                );
+                let status = String::from_utf8_lossy(&payload[1..]).into_owned();
+                anyhow::ensure!(status.contains("Success"), "status {status}");
+                return Ok(elapsed);
+            }
+            _ => {}
+        }
+    }
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -48,18 +141,39 @@ async fn main() -> anyhow::Result<()> {
     let full = bench::full_run();
     let streams: usize = bench::arg("streams", if full { 1000 } else { 10 });
     let lines: usize = if full { 50 } else { 5 };
+    // As kubeadm: the API server presents a kubelet client certificate of the cluster CA
+    // (bound to system:kubelet-api-admin), which the kubelets trust.
+    let dir = tempfile::tempdir()?;
+    let pki = Pki::load_or_create(dir.path(), &[])?;
+    let identity = pki.issue_client(KUBELET_CLIENT_USER, &[])?;
     let config = ApiServerConfig {
         kubelet: KubeletClientConfig {
             preferred_address_types: vec!["InternalIP".into()],
+            client_certificate: Some(identity.cert_pem.clone()),
+            client_key: Some(identity.key_pem.clone()),
             ..KubeletClientConfig::default()
         },
         ..ApiServerConfig::default()
     };
     let api = ApiServer::new(Arc::new(MemoryStore::new()), config).await?;
-    let server = TestServer::start(api).await?;
+    api.apply_manifest(
+        &kubelet_api_admin_binding(KUBELET_CLIENT_USER),
+        &["ClusterRoleBinding"],
+    )
+    .await?;
+    let client_ca = pki.ca_pem().to_owned();
+    let security = Security::from_pki(&api, pki)?;
+    let server = TestServer::start_secured(api, security, ServeOptions::default(), dir).await?;
     let client = server.admin_client().await?;
-    let sim = NodeSimulator::new(client.clone(), SimConfig::default())
-        .with_kubelet_api(KubeletApiConfig::default());
+    let sim = NodeSimulator::new(client.clone(), SimConfig::default()).with_kubelet_api(
+        KubeletApiConfig {
+            auth: KubeletAuthConfig {
+                client_ca: Some(client_ca),
+                ..KubeletAuthConfig::default()
+            },
+            ..KubeletApiConfig::default()
+        },
+    );
     sim.add_nodes(["bench-node"]);
     let stop = CancellationToken::new();
     tokio::spawn({
@@ -73,6 +187,18 @@ async fn main() -> anyhow::Result<()> {
         "spec": {"nodeName": "bench-node", "containers": [{"name": "app", "image": "nginx"}]},
     }))?;
     pods.create(&PostParams::default(), &pod).await?;
+    // The node advertises its kubelet's port once that listens.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    loop {
+        let node = nodes.get_opt("bench-node").await?;
+        let port = node
+            .and_then(|n| n.status?.daemon_endpoints?.kubelet_endpoint?.port.into())
+            .unwrap_or(0);
+        if port > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     loop {
         let p = pods.get("web").await?;
         if p.status.and_then(|s| s.phase).as_deref() == Some("Running") {
@@ -105,7 +231,29 @@ async fn main() -> anyhow::Result<()> {
         latencies.len()
     );
 
-    // 2. Many followers at once.
+    // 2. exec round trips, and the kubelet's reviews they cost (its webhook caches).
+    let rounds = if full { 3 } else { 1 };
+    let per_round = if full { 50 } else { 5 };
+    exec_round_trip(&server).await?;
+    let reviews_before = sim.kubelet_reviews("bench-node").unwrap_or(0);
+    for round in 1..=rounds {
+        let mut trips = Vec::new();
+        for _ in 0..per_round {
+            trips.push(exec_round_trip(&server).await?);
+        }
+        println!(
+            "exec round trip (connect, upgrade, `echo hi`, exit status) round {round}: median {:?}, max {:?} over {per_round}",
+            median(trips.clone()),
+            trips.iter().max().copied().unwrap_or_default()
+        );
+    }
+    println!(
+        "kubelet TokenReviews + SubjectAccessReviews for {} execs after the first: {}",
+        rounds * per_round,
+        sim.kubelet_reviews("bench-node").unwrap_or(0) - reviews_before
+    );
+
+    // 3. Many followers at once.
     let readyz = |client: kube::Client| async move {
         let started = tokio::time::Instant::now();
         let request = axum::http::Request::get("/readyz").body(Vec::new())?;

@@ -33,8 +33,9 @@
 //!   machinery only: they talk to the server over its API, like any client.
 
 pub use core_cluster_apiserver::{
-    ApiServer, ApiServerConfig, DEFAULT_PREFERRED_ADDRESS_TYPES, KubeletClientConfig, WatchLimits,
-    api, auth, serve,
+    ApiServer, ApiServerConfig, DEFAULT_PREFERRED_ADDRESS_TYPES, KUBELET_API_ADMIN_ROLE,
+    KUBELET_CLIENT_USER, KubeletClientConfig, WatchLimits, api, auth, kubelet_api_admin_binding,
+    serve,
 };
 pub use core_cluster_controllers as controllers;
 pub use core_cluster_machinery::{clock, openapi, patch, registry};

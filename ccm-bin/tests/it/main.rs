@@ -15,6 +15,7 @@ mod helm;
 mod identity;
 mod image;
 mod kubectl;
+mod kubelet_api;
 mod manage;
 mod nodeipam;
 mod platforms;

@@ -24,5 +24,6 @@ mod layering;
 
 pub use api::{
     ApiServer, ApiServerConfig, DEFAULT_KUBELET_PORT, DEFAULT_PREFERRED_ADDRESS_TYPES,
-    KubeletClientConfig, WatchLimits,
+    KUBELET_API_ADMIN_ROLE, KUBELET_CLIENT_USER, KubeletClientConfig, WatchLimits,
+    kubelet_api_admin_binding,
 };

@@ -122,8 +122,9 @@ pub use eviction::{
 };
 pub use images::{GcOutcome, ImageGcConfig, ImageStore, NODE_STATUS_MAX_IMAGES, image_size};
 pub use kubelet_api::{
-    DEFAULT_KUBELET_PORT, DEFAULT_LOG_INTERVAL, KubeletApiConfig, LOG_INTERVAL_ANNOTATION,
-    LOG_TEMPLATE_ANNOTATION, ServingCa,
+    CPU_USAGE_ANNOTATION, DEFAULT_KUBELET_PORT, DEFAULT_LOG_INTERVAL, KubeletApiConfig,
+    KubeletAuthConfig, KubeletAuthorizationMode, LOG_INTERVAL_ANNOTATION, LOG_TEMPLATE_ANNOTATION,
+    MEMORY_USAGE_ANNOTATION, ServingCa,
 };
 pub use registration::{
     KUBELET_LABEL_NAMESPACES, KUBELET_LABELS, allocatable, is_qualified_name, is_valid_label_value,
@@ -476,6 +477,12 @@ impl NodeSimulator {
     /// Where a node's kubelet API listens, once it does.
     pub fn kubelet_endpoint(&self, node: &str) -> Option<std::net::SocketAddr> {
         self.shared.kubelet_api.endpoint(node)
+    }
+
+    /// The TokenReviews and SubjectAccessReviews a node's kubelet API has sent to the API
+    /// server (answers are cached, see [`KubeletAuthConfig`]); `None` before it serves.
+    pub fn kubelet_reviews(&self, node: &str) -> Option<u64> {
+        self.shared.kubelet_api.reviews(node)
     }
 
     /// Container log streams the kubelet APIs hold open now (a stream ends when its

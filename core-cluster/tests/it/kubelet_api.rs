@@ -12,14 +12,21 @@ use std::{
 
 use ccm_testkit::{TestServer, eventually, free_port, kubectl::require_kubectl};
 use core_cluster::{
-    ApiServer, ApiServerConfig, KubeletClientConfig,
+    ApiServer, ApiServerConfig, KUBELET_CLIENT_USER, KubeletClientConfig,
+    auth::pki::{CertAndKey, Pki},
+    kubelet_api_admin_binding,
+    serve::{Security, ServeOptions},
     sim::{
         KubeletApiConfig, LOG_INTERVAL_ANNOTATION, LOG_TEMPLATE_ANNOTATION, NodeSimulator,
         ServingCa, SimConfig,
     },
     store::MemoryStore,
 };
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::{
+    authentication::v1::TokenRequest,
+    core::v1::{Node, Pod, ServiceAccount},
+    rbac::v1::{ClusterRole, ClusterRoleBinding},
+};
 use kube::{
     Api, Client,
     api::{LogParams, Patch, PatchParams, PostParams},
@@ -27,13 +34,13 @@ use kube::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-struct Cluster {
-    server: TestServer,
-    client: Client,
-    sim: NodeSimulator,
-    stop: CancellationToken,
-    dir: tempfile::TempDir,
-    kubeconfig: std::path::PathBuf,
+pub(crate) struct Cluster {
+    pub(crate) server: TestServer,
+    pub(crate) client: Client,
+    pub(crate) sim: NodeSimulator,
+    pub(crate) stop: CancellationToken,
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) kubeconfig: std::path::PathBuf,
 }
 
 impl Drop for Cluster {
@@ -44,7 +51,34 @@ impl Drop for Cluster {
 
 /// The API server over TLS (dialling kubelets by InternalIP, as kubeadm configures
 /// `--kubelet-preferred-address-types`) and a simulator whose nodes serve the kubelet API.
-async fn start(kubelet: KubeletClientConfig, sim_api: KubeletApiConfig, nodes: &[&str]) -> Cluster {
+/// As kubeadm sets it up, the API server presents a client certificate of the cluster CA for
+/// `kube-apiserver-kubelet-client` (bound to `system:kubelet-api-admin`) and the kubelets
+/// trust that CA for client certificates, unless the settings name others.
+pub(crate) async fn start(
+    kubelet: KubeletClientConfig,
+    sim_api: KubeletApiConfig,
+    nodes: &[&str],
+) -> Cluster {
+    start_with(kubelet, sim_api, nodes, true).await
+}
+
+/// [`start`], the API server presenting no client certificate unless `identity`.
+pub(crate) async fn start_with(
+    mut kubelet: KubeletClientConfig,
+    mut sim_api: KubeletApiConfig,
+    nodes: &[&str],
+    identity: bool,
+) -> Cluster {
+    let pki_dir = tempfile::tempdir().unwrap();
+    let pki = Pki::load_or_create(pki_dir.path(), &[]).unwrap();
+    if identity && kubelet.client_certificate.is_none() {
+        let cert = pki.issue_client(KUBELET_CLIENT_USER, &[]).unwrap();
+        kubelet.client_certificate = Some(cert.cert_pem.clone());
+        kubelet.client_key = Some(cert.key_pem.clone());
+    }
+    if sim_api.auth.client_ca.is_none() {
+        sim_api.auth.client_ca = Some(pki.ca_pem().to_owned());
+    }
     let config = ApiServerConfig {
         kubelet,
         ..ApiServerConfig::default()
@@ -52,7 +86,16 @@ async fn start(kubelet: KubeletClientConfig, sim_api: KubeletApiConfig, nodes: &
     let api = ApiServer::new(Arc::new(MemoryStore::new()), config)
         .await
         .unwrap();
-    let server = TestServer::start(api).await.unwrap();
+    api.apply_manifest(
+        &kubelet_api_admin_binding(KUBELET_CLIENT_USER),
+        &["ClusterRoleBinding"],
+    )
+    .await
+    .unwrap();
+    let security = Security::from_pki(&api, pki).unwrap();
+    let server = TestServer::start_secured(api, security, ServeOptions::default(), pki_dir)
+        .await
+        .unwrap();
     let client = server.admin_client().await.unwrap();
     let sim = NodeSimulator::new(client.clone(), SimConfig::default()).with_kubelet_api(sim_api);
     sim.add_nodes(nodes.iter().copied());
@@ -86,7 +129,7 @@ async fn start(kubelet: KubeletClientConfig, sim_api: KubeletApiConfig, nodes: &
     }
 }
 
-fn internal_ip_first() -> KubeletClientConfig {
+pub(crate) fn internal_ip_first() -> KubeletClientConfig {
     KubeletClientConfig {
         preferred_address_types: vec!["InternalIP".into(), "Hostname".into()],
         timeout: Duration::from_secs(2),
@@ -95,7 +138,7 @@ fn internal_ip_first() -> KubeletClientConfig {
 }
 
 /// Creates a pod bound to `node` writing `tick {n}` every 100 ms, and waits until it runs.
-async fn running_pod(client: &Client, name: &str, node: &str) {
+pub(crate) async fn running_pod(client: &Client, name: &str, node: &str) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name, "annotations": {
@@ -569,4 +612,274 @@ async fn kubectl_exec_runs_built_in_commands_over_websocket() {
         err.contains("cannot create resource \"pods/exec\""),
         "{err}"
     );
+}
+
+/// One HTTP/1.1 request straight to a kubelet at `addr`, its serving certificate verified
+/// against `serving_ca`, presenting `client` and `token` when given: (status, body).
+pub(crate) async fn kubelet_request(
+    addr: std::net::SocketAddr,
+    serving_ca: &str,
+    client: Option<&CertAndKey>,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+) -> (u16, String) {
+    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for der in CertificateDer::pem_slice_iter(serving_ca.as_bytes()) {
+        roots.add(der.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match client {
+        Some(c) => builder
+            .with_client_auth_cert(c.cert_der().unwrap(), c.key_der().unwrap())
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::from(addr.ip()), tcp)
+        .await
+        .unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(token) = token {
+        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    head.push_str("Content-Length: 0\r\n\r\n");
+    tls.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let _ = tls.read_to_end(&mut raw).await;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, body.to_owned())
+}
+
+/// A token of the service account `default/<name>` (created), from a TokenRequest.
+pub(crate) async fn service_account_token(client: &Client, name: &str) -> String {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+    let request: TokenRequest = serde_json::from_value(json!({"spec": {"audiences": []}})).unwrap();
+    accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token
+}
+
+/// Binds a new ClusterRole allowing `verbs` on the `nodes` subresource `resource` to
+/// `subject` (a `User` or a `ServiceAccount` of `default`).
+pub(crate) async fn grant_nodes(
+    client: &Client,
+    name: &str,
+    resource: &str,
+    verbs: &[&str],
+    subject: serde_json::Value,
+) {
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let role: ClusterRole = serde_json::from_value(json!({"metadata": {"name": name},
+        "rules": [{"apiGroups": [""], "resources": [resource], "verbs": verbs}]}))
+    .unwrap();
+    roles.create(&PostParams::default(), &role).await.unwrap();
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [subject]}))
+    .unwrap();
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
+
+/// kubelet's `InstallAuthFilter` (`pkg/kubelet/server/server.go`) with
+/// `--anonymous-auth=false --authorization-mode=Webhook --client-ca-file`: a request
+/// without credentials is a 401; a bearer token is reviewed by TokenReview and a client
+/// certificate verified against the client CA; each request is then a SubjectAccessReview
+/// on `nodes/<subresource>` of the node (`auth.go GetRequestAttributes`: `/stats` → stats,
+/// everything else → proxy; the verb from the method), a denial being a 403 with kubelet's
+/// text; the answers are cached (`webhook.cacheTTL`, `cacheAuthorizedTTL`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelet_authenticates_and_authorizes_every_request_by_webhook() {
+    let ca = ServingCa::generate("kubelet-serving-ca").unwrap();
+    let c = start(
+        internal_ip_first(),
+        KubeletApiConfig {
+            serving_ca: Some(ca.clone()),
+            ..KubeletApiConfig::default()
+        },
+        &["kl-auth"],
+    )
+    .await;
+    let addr = c.sim.kubelet_endpoint("kl-auth").unwrap();
+    let get = |cert: Option<CertAndKey>, tok: Option<String>, method, path| {
+        let ca = ca.cert_pem.clone();
+        async move { kubelet_request(addr, &ca, cert.as_ref(), tok.as_deref(), method, path).await }
+    };
+
+    // No credentials, or a token that does not authenticate: 401.
+    assert_eq!(
+        get(None, None, "GET", "/healthz").await,
+        (401, "Unauthorized".into())
+    );
+    assert_eq!(
+        get(None, Some("not-a-token".into()), "GET", "/pods").await,
+        (401, "Unauthorized".into())
+    );
+
+    // A service account's token authenticates, but it may not use the node: 403.
+    let viewer = service_account_token(&c.client, "viewer").await;
+    let forbidden = |verb: &str, sub: &str| {
+        format!(
+            "Forbidden (user=system:serviceaccount:default:viewer, verb={verb}, \
+             resource=nodes, subresource={sub})"
+        )
+    };
+    assert_eq!(
+        get(None, Some(viewer.clone()), "GET", "/healthz").await,
+        (403, forbidden("get", "proxy"))
+    );
+    assert_eq!(
+        get(None, Some(viewer.clone()), "GET", "/stats/summary").await,
+        (403, forbidden("get", "stats"))
+    );
+    assert_eq!(
+        get(None, Some(viewer.clone()), "POST", "/exec/default/x/y").await,
+        (403, forbidden("create", "proxy"))
+    );
+
+    // A user of the client CA with `get nodes/proxy` reaches the kubelet directly, for
+    // `get` only.
+    let carol = c.server.security().pki.issue_client("carol", &[]).unwrap();
+    grant_nodes(
+        &c.client,
+        "carol-nodes-proxy",
+        "nodes/proxy",
+        &["get"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "carol"}),
+    )
+    .await;
+    assert_eq!(
+        get(Some(carol.clone()), None, "GET", "/healthz").await,
+        (200, "ok".into())
+    );
+    let (code, body) = get(Some(carol.clone()), None, "POST", "/healthz").await;
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("user=carol, verb=create"), "{body}");
+
+    // A token allowed `get nodes/proxy`: the TokenReview and the SubjectAccessReview are
+    // made once, then answered from the kubelet's caches.
+    let prober = service_account_token(&c.client, "prober").await;
+    grant_nodes(
+        &c.client,
+        "prober-nodes-proxy",
+        "nodes/proxy",
+        &["get"],
+        json!({"kind": "ServiceAccount", "name": "prober", "namespace": "default"}),
+    )
+    .await;
+    let before = c.sim.kubelet_reviews("kl-auth").unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            get(None, Some(prober.clone()), "GET", "/healthz").await,
+            (200, "ok".into())
+        );
+    }
+    assert_eq!(c.sim.kubelet_reviews("kl-auth").unwrap() - before, 2);
+
+    // The API server's own path, with its kubelet client certificate, still works.
+    let out = ccm_testkit::kubectl::kubectl(
+        c.dir.path(),
+        &c.kubeconfig,
+        &["get", "--raw", "/api/v1/nodes/kl-auth/proxy/healthz"],
+    )
+    .await;
+    assert_eq!(out.stdout, "ok", "{out:?}");
+}
+
+/// `--kubelet-client-certificate` is how the API server authenticates to kubelets that,
+/// as upstream's defaults, take no anonymous requests: without it, the kubelet's 401
+/// comes back through `nodes/proxy` and `pods/log` (`GenericHttpResponseChecker`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_without_a_kubelet_client_certificate_is_refused_by_the_kubelet() {
+    let c = start_with(
+        internal_ip_first(),
+        KubeletApiConfig::default(),
+        &["kl-noid"],
+        false,
+    )
+    .await;
+    let request = axum::http::Request::get("/api/v1/nodes/kl-noid/proxy/healthz")
+        .body(Vec::new())
+        .unwrap();
+    match c.client.request_text(request).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 401, "{s:?}"),
+        other => panic!("{other:?}"),
+    }
+    running_pod(&c.client, "web", "kl-noid").await;
+    let s = log_error(&c.client, "web", &LogParams::default()).await;
+    assert_eq!(s.code, 401, "{s:?}");
+}
+
+/// kubectl v1.32 `attach` (`staging/src/k8s.io/kubectl/pkg/cmd/attach`, the API server's
+/// `AttachLocation` and kubelet's `getAttach`, over WebSocket `v5.channel.k8s.io`): with
+/// `-i` what is typed reaches the container's main process, which echoes it; without, the
+/// process's output from now on (its log lines as written) streams until the client
+/// detaches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_attach_joins_the_containers_main_process() {
+    require_kubectl("it runs `kubectl attach`");
+    let c = start(internal_ip_first(), KubeletApiConfig::default(), &["kl-at"]).await;
+    running_pod(&c.client, "web", "kl-at").await;
+    let (code, out, err) = kubectl_with_input(
+        &c,
+        &c.kubeconfig,
+        &["attach", "-i", "web", "-c", "app"],
+        "hello\nworld\n",
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (0, "hello\nworld\n"), "{err}");
+
+    let mut child = ccm_testkit::kubectl::command(c.dir.path(), &c.kubeconfig)
+        .args(["attach", "web"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let lines = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .take(2)
+            .collect::<Result<Vec<String>, _>>()
+    });
+    let lines = tokio::time::timeout(Duration::from_secs(20), lines)
+        .await
+        .expect("attach shows the process's output")
+        .unwrap()
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for line in &lines {
+        assert!(
+            line.starts_with("tick ") && line.ends_with(" from web on kl-at"),
+            "{lines:?}"
+        );
+    }
+    eventually(10, "the kubelet frees the attached output", || async {
+        (c.sim.open_log_streams() == 0).then_some(())
+    })
+    .await;
 }

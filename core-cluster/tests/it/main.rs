@@ -19,6 +19,8 @@ mod fuzz_inputs;
 mod hardening;
 mod hostile_numbers;
 mod kubelet_api;
+mod kubelet_metrics;
+mod kubelet_proxy;
 mod node_authorizer;
 mod node_graph_cost;
 mod node_lifecycle;

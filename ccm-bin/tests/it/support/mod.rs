@@ -165,7 +165,17 @@ pub fn https_get_anonymous(port: u16, path: &str) -> Option<(u16, String)> {
     https_get_as(port, path, yaml)
 }
 
+/// [`https_get_anonymous`] to any `host:port` (a simulated kubelet's endpoint).
+pub fn https_get_anonymous_at(authority: &str, path: &str) -> Option<(u16, String)> {
+    let yaml = "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: https://127.0.0.1}}]\nusers: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n";
+    https_get_at(&format!("https://{authority}"), path, yaml)
+}
+
 fn https_get_as(port: u16, path: &str, kubeconfig_yaml: &str) -> Option<(u16, String)> {
+    https_get_at(&format!("https://127.0.0.1:{port}"), path, kubeconfig_yaml)
+}
+
+fn https_get_at(url: &str, path: &str, kubeconfig_yaml: &str) -> Option<(u16, String)> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -175,7 +185,7 @@ fn https_get_as(port: u16, path: &str, kubeconfig_yaml: &str) -> Option<(u16, St
         let mut config = kube::Config::from_custom_kubeconfig(file, &Default::default())
             .await
             .ok()?;
-        config.cluster_url = format!("https://127.0.0.1:{port}").parse().ok()?;
+        config.cluster_url = url.parse().ok()?;
         config.root_cert = None;
         config.accept_invalid_certs = true;
         let client = kube::Client::try_from(config).ok()?;

@@ -8,8 +8,10 @@ pub mod discovery;
 pub mod endpoint_reconciler;
 mod handlers;
 pub mod metrics;
+mod metrics_api;
 pub mod negotiate;
 mod node_proxy;
+mod pod_proxy;
 pub mod protobuf;
 mod scale;
 pub mod status;
@@ -59,7 +61,10 @@ use crate::{
     store::Store,
 };
 pub use core_cluster_machinery::health::HealthChecker;
-pub use node_proxy::{DEFAULT_KUBELET_PORT, DEFAULT_PREFERRED_ADDRESS_TYPES, KubeletClientConfig};
+pub use node_proxy::{
+    DEFAULT_KUBELET_PORT, DEFAULT_PREFERRED_ADDRESS_TYPES, KUBELET_API_ADMIN_ROLE,
+    KUBELET_CLIENT_USER, KubeletClientConfig, kubelet_api_admin_binding,
+};
 use status::ApiError;
 pub use watch::WatchLimits;
 
@@ -907,17 +912,17 @@ async fn api_root(State(state): State<Arc<ServerState>>, request: Request) -> Re
 
 async fn apis_root(State(state): State<Arc<ServerState>>, request: Request) -> Response {
     if negotiate::wants_aggregated_discovery(request.headers()) {
+        let mut body = discovery::aggregated(&state.registry, false);
+        metrics_api::add_to_aggregated(&mut body);
         json_response(
             StatusCode::OK,
-            &discovery::aggregated(&state.registry, false),
+            &body,
             negotiate::AGGREGATED_DISCOVERY_CONTENT_TYPE,
         )
     } else {
-        json_response(
-            StatusCode::OK,
-            &discovery::group_list(&state.registry),
-            "application/json",
-        )
+        let mut body = discovery::group_list(&state.registry);
+        metrics_api::add_to_group_list(&mut body);
+        json_response(StatusCode::OK, &body, "application/json")
     }
 }
 
@@ -999,6 +1004,16 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
         tracing::debug!(%method, %path, code = response.status().as_u16(), "request");
         return response;
     }
+    if let Some(target) = pod_proxy::proxy_path(&path) {
+        let response = pod_proxy::proxy(&state, target, request).await;
+        tracing::debug!(%method, %path, code = response.status().as_u16(), "request");
+        return response;
+    }
+    if metrics_api::serves(&path) {
+        let response = metrics_api::serve(&state, request).await;
+        tracing::debug!(%method, %path, code = response.status().as_u16(), "request");
+        return response;
+    }
     let (verb, resource, response) = match parse_path(&state.registry, &path) {
         Parsed::Discovery(body) if method == Method::GET => (
             "GET".to_owned(),
@@ -1030,6 +1045,13 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
                 && target.subresource.as_deref() == Some("exec") =>
         {
             let response = node_proxy::pod_exec(&state, &target, request).await;
+            ("CONNECT".to_owned(), "pods".to_owned(), response)
+        }
+        Parsed::Resource(target)
+            if std::ptr::eq(target.def, &resources::PODS)
+                && target.subresource.as_deref() == Some("attach") =>
+        {
+            let response = node_proxy::pod_attach(&state, &target, request).await;
             ("CONNECT".to_owned(), "pods".to_owned(), response)
         }
         Parsed::Resource(target) => {

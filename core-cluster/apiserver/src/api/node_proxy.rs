@@ -1,4 +1,5 @@
-//! The API server → kubelet paths: `pods/{name}/log` and `nodes/{name}/proxy/…`, as
+//! The API server → kubelet paths: `pods/{name}/log`, `pods/{name}/exec`,
+//! `pods/{name}/attach` and `nodes/{name}/proxy/…`, as
 //! kube-apiserver serves them (`pkg/registry/core/pod/rest/log.go`,
 //! `pkg/registry/core/pod/strategy.go LogLocation`, `pkg/registry/core/node/rest/proxy.go`).
 //!
@@ -43,6 +44,28 @@ pub const DEFAULT_PREFERRED_ADDRESS_TYPES: [&str; 5] = [
     "ExternalDNS",
     "ExternalIP",
 ];
+/// The user of the client certificate kubeadm issues for kube-apiserver's
+/// `--kubelet-client-certificate` (`apiserver-kubelet-client.crt`).
+pub const KUBELET_CLIENT_USER: &str = "kube-apiserver-kubelet-client";
+/// Upstream's bootstrap ClusterRole for full use of the kubelet API (`nodes/proxy`,
+/// `nodes/stats`, `nodes/metrics`, `nodes/log`).
+pub const KUBELET_API_ADMIN_ROLE: &str = "system:kubelet-api-admin";
+
+/// A ClusterRoleBinding (JSON, which is YAML) of [`KUBELET_API_ADMIN_ROLE`] to the user
+/// `user`, named after it: how an installer lets the API server's kubelet client
+/// certificate through the kubelets' SubjectAccessReviews.
+pub fn kubelet_api_admin_binding(user: &str) -> String {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": user},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": KUBELET_API_ADMIN_ROLE},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    })
+    .to_string()
+}
+
 /// kube-apiserver's `--kubelet-port`: the port dialled when a Node advertises none.
 pub const DEFAULT_KUBELET_PORT: u16 = 10250;
 /// How much of a kubelet's error answer is read into the Status message (upstream's
@@ -216,6 +239,11 @@ impl KubeletClient {
         })
     }
 
+    /// `--kubelet-timeout`.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.config.timeout
+    }
+
     /// Where `node`'s kubelet listens: host and port, as `NodeConnectionInfoGetter`.
     fn endpoint(&self, node: &Value) -> Result<(String, u16), String> {
         let addresses = node["status"]["addresses"].as_array();
@@ -253,7 +281,7 @@ impl KubeletClient {
 
     /// Sends one request to `node`'s kubelet; the answer's headers within the timeout, or
     /// the error as Go's HTTP client words it (`Get "https://…": …`).
-    async fn send(
+    pub(crate) async fn send(
         &self,
         node: &Value,
         method: Method,
@@ -331,7 +359,10 @@ async fn backend_error(response: hyper::Response<hyper::body::Incoming>) -> ApiE
 }
 
 /// A streamed answer: the kubelet's body handed on as it comes.
-fn streamed(response: hyper::Response<hyper::body::Incoming>, default_type: &str) -> Response {
+pub(crate) fn streamed(
+    response: hyper::Response<hyper::body::Incoming>,
+    default_type: &str,
+) -> Response {
     let (parts, body) = response.into_parts();
     let mut out = Response::new(Body::new(body));
     *out.status_mut() = parts.status;
@@ -544,16 +575,31 @@ pub(crate) async fn pod_exec(
     target: &Target,
     request: Request<Body>,
 ) -> Response {
-    match pod_exec_inner(state, target, request).await {
+    match pod_stream(state, target, request, "exec").await {
         Ok(response) => response,
         Err(e) => e.into_response(),
     }
 }
 
-async fn pod_exec_inner(
+/// `…/pods/{name}/attach`: as [`pod_exec`], to kubelet's `/attach/{namespace}/{pod}/
+/// {container}` (`strategy.go AttachLocation`), joining the container's main process.
+pub(crate) async fn pod_attach(
+    state: &Arc<ServerState>,
+    target: &Target,
+    request: Request<Body>,
+) -> Response {
+    match pod_stream(state, target, request, "attach").await {
+        Ok(response) => response,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// An exec or attach (`kind`) session handed to the kubelet.
+async fn pod_stream(
     state: &Arc<ServerState>,
     target: &Target,
     mut request: Request<Body>,
+    kind: &'static str,
 ) -> Result<Response, ApiError> {
     if !matches!(*request.method(), Method::GET | Method::POST) {
         return Err(ApiError::method_not_served());
@@ -579,7 +625,12 @@ async fn pod_exec_inner(
     }
     if let Some(phase @ ("Succeeded" | "Failed")) = pod["status"]["phase"].as_str() {
         return Err(ApiError::bad_request(format!(
-            "cannot exec into a container in a completed pod; current phase is {phase}"
+            "{} a container in a completed pod; current phase is {phase}",
+            if kind == "exec" {
+                "cannot exec into"
+            } else {
+                "cannot attach to"
+            }
         )));
     }
     let is_upgrade = request
@@ -596,7 +647,7 @@ async fn pod_exec_inner(
     let mut query: Vec<(&str, &str)> = Vec::new();
     for (k, v) in &pairs {
         let kubelet_name = match k.as_str() {
-            "command" => "command",
+            "command" if kind == "exec" => "command",
             "stdin" => "input",
             "stdout" => "output",
             "stderr" => "error",
@@ -613,7 +664,7 @@ async fn pod_exec_inner(
         query.push((kubelet_name, value));
     }
     let path = format!(
-        "/exec/{ns}/{name}/{container}?{}",
+        "/{kind}/{ns}/{name}/{container}?{}",
         serde_urlencoded::to_string(&query).unwrap_or_default()
     );
     let mut headers = vec![
@@ -646,14 +697,15 @@ async fn pod_exec_inner(
                 tracing::debug!(
                     client = c.is_ok(),
                     kubelet = k.is_ok(),
-                    "exec upgrade failed"
+                    kind,
+                    "upgrade failed"
                 );
                 return;
             }
         };
         let (mut client, mut kubelet) = (TokioIo::new(client), TokioIo::new(kubelet));
         if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut kubelet).await {
-            tracing::debug!(%error, "exec stream ended");
+            tracing::debug!(%error, kind, "stream ended");
         }
     });
     let mut out = Response::new(Body::empty());
@@ -681,6 +733,23 @@ pub(crate) fn node_proxy_path(path: &str) -> Option<(&str, &str)> {
         return None;
     }
     Some((name, tail))
+}
+
+/// The path stays under its target: no dot segments, no encoded slashes, dots or
+/// backslashes that the target would decode into some other path.
+pub(crate) fn check_proxied_path(tail: &str) -> Result<(), ApiError> {
+    let lowered = tail.to_ascii_lowercase();
+    if tail.split('/').any(|s| s == ".." || s == ".")
+        || lowered.contains("%2f")
+        || lowered.contains("%2e")
+        || lowered.contains("%5c")
+        || tail.contains('\\')
+    {
+        return Err(ApiError::bad_request(format!(
+            "the proxied path {tail:?} may not hold dot segments or encoded separators"
+        )));
+    }
+    Ok(())
 }
 
 /// `…/nodes/{name}/proxy/{path}`: the request handed to the node's kubelet, its answer
@@ -725,19 +794,7 @@ async fn node_proxy_inner(
             kubelet_port.map(|p| format!(" ({p})")).unwrap_or_default()
         )));
     }
-    // The path stays under the node's kubelet: no dot segments, no encoded slashes or
-    // dots that the kubelet would decode into some other path.
-    let lowered = tail.to_ascii_lowercase();
-    if tail.split('/').any(|s| s == ".." || s == ".")
-        || lowered.contains("%2f")
-        || lowered.contains("%2e")
-        || lowered.contains("%5c")
-        || tail.contains('\\')
-    {
-        return Err(ApiError::bad_request(format!(
-            "the proxied path {tail:?} may not hold dot segments or encoded separators"
-        )));
-    }
+    check_proxied_path(tail)?;
     let mut path = if tail.is_empty() {
         "/".to_owned()
     } else {

@@ -128,7 +128,8 @@ fn admin_rules() -> Vec<Value> {
 }
 
 /// The default ClusterRoles (cluster-admin, admin, edit, view, system:basic-user,
-/// system:discovery, system:public-info-viewer, system:node) and ClusterRoleBindings.
+/// system:discovery, system:public-info-viewer, system:node, system:kubelet-api-admin) and
+/// ClusterRoleBindings.
 pub fn default_policy() -> Vec<(&'static ResourceDef, Value)> {
     let node_rules: Vec<Value> = node_rules().iter().map(Rule::to_json).collect();
     let roles = [
@@ -181,6 +182,21 @@ pub fn default_policy() -> Vec<(&'static ResourceDef, Value)> {
             )],
         ),
         cluster_role("system:node", node_rules),
+        // Full use of the kubelet API: the role an API server's
+        // `--kubelet-client-certificate` identity is bound to (bound by the installer, not
+        // by default).
+        cluster_role(
+            "system:kubelet-api-admin",
+            vec![
+                rule(&["get", "list", "watch"], &[""], &["nodes"]),
+                rule(&["proxy"], &[""], &["nodes"]),
+                rule(
+                    &["*"],
+                    &[""],
+                    &["nodes/proxy", "nodes/metrics", "nodes/stats", "nodes/log"],
+                ),
+            ],
+        ),
     ];
     let bindings = [
         binding_to_groups("cluster-admin", &[GROUP_MASTERS]),
@@ -273,6 +289,7 @@ mod tests {
             "system:discovery",
             "system:public-info-viewer",
             "system:node",
+            "system:kubelet-api-admin",
         ] {
             assert!(names.contains(&want), "{want} missing");
         }

@@ -96,6 +96,16 @@ impl Container {
     }
 }
 
+/// What a session runs.
+pub(crate) enum Program {
+    /// A command of the built-in set (`/exec`).
+    Command(Vec<String>),
+    /// The container's main process (`/attach`): what is typed on its stdin comes back on
+    /// its stdout (the process is a `cat`); without stdin, its output from now on (the
+    /// container's log lines as they are written) until the client detaches.
+    Main(Option<futures::stream::BoxStream<'static, Bytes>>),
+}
+
 /// Output of a running command, to the writer task.
 enum Out {
     Data(u8, Bytes),
@@ -206,6 +216,30 @@ impl Proc<'_> {
                 127
             }
         }
+    }
+
+    /// The main process of an attach session; ends when its stdin closes.
+    async fn main_process(
+        &mut self,
+        output: Option<futures::stream::BoxStream<'static, Bytes>>,
+    ) -> i32 {
+        use futures::StreamExt as _;
+        if self.stdin.is_some() {
+            while let Some(data) = self.read_stdin().await {
+                let text = String::from_utf8_lossy(&data).replace('\r', "\n");
+                self.write(STDOUT, &text).await;
+            }
+            return 0;
+        }
+        if let Some(mut output) = output {
+            while let Some(chunk) = output.next().await {
+                self.write(STDOUT, &String::from_utf8_lossy(&chunk)).await;
+            }
+            return 0;
+        }
+        // Nothing to say until the client detaches.
+        std::future::pending::<()>().await;
+        0
     }
 
     /// `sh -c`: commands separated by `;` and `&&`; `exit` ends the script. The exit code,
@@ -344,7 +378,7 @@ fn exit_status(protocol: &str, argv: &[String], code: i32) -> Option<Vec<u8>> {
 
 /// Runs `argv` in `container` over an upgraded connection until the command exits (its
 /// status written, the connection closed) or the client goes away.
-pub(crate) async fn session<IO>(io: IO, streams: Streams, container: Container, argv: Vec<String>)
+pub(crate) async fn session<IO>(io: IO, streams: Streams, container: Container, program: Program)
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
@@ -406,8 +440,18 @@ where
         stdin: streams.stdin.then_some(stdin_rx),
     };
     let gone = proc.out.clone();
+    let (argv, main) = match program {
+        Program::Command(argv) => (argv, None),
+        Program::Main(output) => (Vec::new(), Some(output)),
+    };
+    let run = async {
+        match main {
+            Some(output) => proc.main_process(output).await,
+            None => proc.run(&argv).await,
+        }
+    };
     let code = tokio::select! {
-        code = proc.run(&argv) => code,
+        code = run => code,
         // The client went away (the writer stopped): the command is abandoned.
         () = gone.closed() => {
             reader.abort();

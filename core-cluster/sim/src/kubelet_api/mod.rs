@@ -9,8 +9,11 @@
 //! serving certificate is self-signed per node (kubelet without `serverTLSBootstrap`
 //! generates one in `--cert-dir` the same way: a CA and a leaf for the node's name and IPs).
 
+mod auth;
 mod exec;
 mod logs;
+mod responder;
+mod stats;
 mod websocket;
 
 use std::{
@@ -25,7 +28,7 @@ use axum::{
     extract::{Path, Query, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
-    routing::get,
+    routing::{any, get},
 };
 use ccm_serving::{HandshakeLimit, Timeouts};
 use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod};
@@ -40,7 +43,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use exec::Container;
+
+pub use auth::{KubeletAuthConfig, KubeletAuthorizationMode};
 pub use logs::{DEFAULT_LOG_INTERVAL, LOG_INTERVAL_ANNOTATION, LOG_TEMPLATE_ANNOTATION};
+pub use stats::{CPU_USAGE_ANNOTATION, MEMORY_USAGE_ANNOTATION};
 
 use self::logs::{ContainerLog, LogOptions};
 use super::{NodeState, Shared};
@@ -61,6 +67,9 @@ pub struct KubeletApiConfig {
     /// the `kubernetes.io/kubelet-serving` signer issues them); `None`: each node signs
     /// its own, as kubelet does without `serverTLSBootstrap`.
     pub serving_ca: Option<ServingCa>,
+    /// Who may use the API: client certificates, bearer tokens by TokenReview, each
+    /// request authorized by SubjectAccessReview (see [`KubeletAuthConfig`]).
+    pub auth: KubeletAuthConfig,
 }
 
 /// A CA certificate and its key, in PEM.
@@ -116,6 +125,8 @@ impl std::fmt::Debug for ServingCa {
 pub(crate) struct KubeletApi {
     config: std::sync::OnceLock<KubeletApiConfig>,
     endpoints: RwLock<HashMap<String, SocketAddr>>,
+    /// Each node's authenticator and authorizer.
+    auths: RwLock<HashMap<String, Arc<auth::KubeletAuth>>>,
     /// Log streams open now, all nodes together.
     open_log_streams: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -135,6 +146,11 @@ impl KubeletApi {
     pub(crate) fn open_log_streams(&self) -> usize {
         self.open_log_streams
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The TokenReviews and SubjectAccessReviews `node`'s kubelet has sent.
+    pub(crate) fn reviews(&self, node: &str) -> Option<u64> {
+        self.auths.read().get(node).map(|a| a.reviews())
     }
 
     /// Where `node`'s kubelet API listens, once it does.
@@ -175,8 +191,28 @@ pub(crate) async fn start(
     let local = listener
         .local_addr()
         .map_err(|source| KubeletApiError::Bind { addr, source })?;
-    let tls = serving_config(&node.name, node.ip, config.serving_ca.as_ref())?;
-    let router = router(shared.clone(), node.clone());
+    let tls = serving_config(
+        &node.name,
+        node.ip,
+        config.serving_ca.as_ref(),
+        config.auth.client_ca.as_deref(),
+    )?;
+    let auth = Arc::new(auth::KubeletAuth::new(
+        config.auth.clone(),
+        node.name.clone(),
+        shared.client_for(&node.name),
+    ));
+    shared
+        .kubelet_api
+        .auths
+        .write()
+        .insert(node.name.clone(), auth.clone());
+    let router = router(NodeCtx {
+        shared: shared.clone(),
+        node: node.clone(),
+        auth,
+        started: shared.clock.now(),
+    });
     tokio::spawn(ccm_serving::serve(
         router,
         listener,
@@ -262,6 +298,7 @@ fn serving_config(
     name: &str,
     ip: IpAddr,
     ca: Option<&ServingCa>,
+    client_ca: Option<&str>,
 ) -> Result<Arc<rustls::ServerConfig>, KubeletApiError> {
     let cert = match ca {
         Some(ca) => issued_by(ca, name, ip).map_err(KubeletApiError::Certificate)?,
@@ -275,10 +312,16 @@ fn serving_config(
     let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes())
         .map_err(|e| KubeletApiError::Certificate(e.to_string()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let verifier =
+        auth::client_verifier(client_ca, provider.clone()).map_err(KubeletApiError::Certificate)?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| KubeletApiError::Certificate(e.to_string()))?
-        .with_no_client_auth()
+        .map_err(|e| KubeletApiError::Certificate(e.to_string()))?;
+    let builder = match verifier {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
         .with_single_cert(chain, key)
         .map_err(|e| KubeletApiError::Certificate(e.to_string()))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
@@ -289,13 +332,18 @@ fn serving_config(
 struct NodeCtx {
     shared: Arc<Shared>,
     node: Arc<NodeState>,
+    auth: Arc<auth::KubeletAuth>,
+    /// When this kubelet started serving (the node's `startTime` in its stats).
+    started: jiff::Timestamp,
 }
 
-fn router(shared: Arc<Shared>, node: Arc<NodeState>) -> Router {
+fn router(ctx: NodeCtx) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
+        .route("/stats/summary", get(stats_summary))
+        .route("/metrics/resource", get(resource_metrics))
         .route(
             "/containerLogs/{namespace}/{pod}/{container}",
             get(container_logs),
@@ -304,7 +352,29 @@ fn router(shared: Arc<Shared>, node: Arc<NodeState>) -> Router {
             "/exec/{namespace}/{pod}/{container}",
             get(exec_handler).post(exec_handler),
         )
-        .with_state(NodeCtx { shared, node })
+        .route(
+            "/attach/{namespace}/{pod}/{container}",
+            get(attach_handler).post(attach_handler),
+        )
+        .route(
+            "/podPort/{namespace}/{pod}/{port}",
+            any(responder::pod_port),
+        )
+        .route(
+            "/podPort/{namespace}/{pod}/{port}/",
+            any(responder::pod_port),
+        )
+        .route(
+            "/podPort/{namespace}/{pod}/{port}/{*rest}",
+            any(responder::pod_port),
+        )
+        // Unknown paths too: a 404 only once authorized, as kubelet's filter runs first.
+        .fallback(|| async { text_error(StatusCode::NOT_FOUND, "404 page not found") })
+        .layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            auth::filter,
+        ))
+        .with_state(ctx)
 }
 
 /// kubelet's plain-text error answer (`response.WriteError`).
@@ -328,6 +398,51 @@ async fn pods(State(ctx): State<NodeCtx>) -> Response {
             axum::Json(body).into_response()
         }
         Err(e) => text_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// The usage of the pods running on this node.
+async fn usage_here(ctx: &NodeCtx) -> Result<Vec<stats::PodUsage>, Response> {
+    let api: Api<Pod> = Api::all(ctx.shared.client.clone());
+    let params = ListParams::default().fields(&format!("spec.nodeName={}", ctx.node.name));
+    let now = ctx.shared.clock.now();
+    match api.list(&params).await {
+        Ok(list) => Ok(list
+            .items
+            .iter()
+            .filter_map(|p| stats::pod_usage(p, now))
+            .collect()),
+        Err(e) => Err(text_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+    }
+}
+
+/// `/stats/summary`: the Summary API of the node and its pods ([`stats`]).
+async fn stats_summary(State(ctx): State<NodeCtx>) -> Response {
+    match usage_here(&ctx).await {
+        Ok(pods) => axum::Json(stats::summary(
+            &ctx.node.name,
+            ctx.started,
+            &pods,
+            ctx.shared.clock.now(),
+        ))
+        .into_response(),
+        Err(r) => r,
+    }
+}
+
+/// `/metrics/resource`: the resource metrics in the Prometheus text format ([`stats`]).
+async fn resource_metrics(State(ctx): State<NodeCtx>) -> Response {
+    match usage_here(&ctx).await {
+        Ok(pods) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            stats::resource_metrics(ctx.started, &pods, ctx.shared.clock.now()),
+        )
+            .into_response(),
+        Err(r) => r,
     }
 }
 
@@ -496,6 +611,35 @@ async fn pod_here(ctx: &NodeCtx, namespace: &str, name: &str) -> Result<Pod, Res
     }
 }
 
+/// The log lines `container` writes from now on, followed, as its main process's output.
+fn main_output(
+    ctx: &NodeCtx,
+    pod: &Pod,
+    container: &str,
+    status: Option<&ContainerStatus>,
+) -> Option<futures::stream::BoxStream<'static, bytes::Bytes>> {
+    use futures::StreamExt as _;
+    let image = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == container))
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default();
+    let log = instance(ctx, pod, container, &image, status, false).ok()?;
+    let options = LogOptions {
+        follow: true,
+        tail_lines: Some(0),
+        ..LogOptions::default()
+    };
+    let now = ctx.shared.clock.now();
+    let guard = logs::StreamGuard::new(&ctx.shared.kubelet_api.open_log_streams);
+    Some(
+        log.stream(&options, now, ctx.shared.clock, guard)
+            .map(|chunk| chunk.unwrap_or_default())
+            .boxed(),
+    )
+}
+
 /// `/exec/{namespace}/{pod}/{container}?command=…&input=1&output=1&error=1&tty=1`: a
 /// WebSocket upgrade (the channel protocols of [`websocket::PROTOCOLS`]) running the
 /// command in the simulated container ([`exec`]).
@@ -503,7 +647,32 @@ async fn exec_handler(
     State(ctx): State<NodeCtx>,
     Path((namespace, pod_name, container)): Path<(String, String, String)>,
     Query(query): Query<Vec<(String, String)>>,
+    request: axum::extract::Request,
+) -> Response {
+    streaming(ctx, namespace, pod_name, container, query, request, false).await
+}
+
+/// `/attach/{namespace}/{pod}/{container}?input=1&output=1&error=1&tty=1`: a WebSocket
+/// upgrade attached to the container's simulated main process ([`exec::Program::Main`]).
+async fn attach_handler(
+    State(ctx): State<NodeCtx>,
+    Path((namespace, pod_name, container)): Path<(String, String, String)>,
+    Query(query): Query<Vec<(String, String)>>,
+    request: axum::extract::Request,
+) -> Response {
+    streaming(ctx, namespace, pod_name, container, query, request, true).await
+}
+
+/// An exec or attach session (kubelet's `getExec`/`getAttach` through the streaming
+/// server's `remotecommand` handlers).
+async fn streaming(
+    ctx: NodeCtx,
+    namespace: String,
+    pod_name: String,
+    container: String,
+    query: Vec<(String, String)>,
     mut request: axum::extract::Request,
+    attach: bool,
 ) -> Response {
     let flag = |names: &[&str]| {
         query
@@ -521,7 +690,7 @@ async fn exec_handler(
         flag(&["error", "stderr"]),
         flag(&["tty"]),
     );
-    if argv.is_empty() {
+    if argv.is_empty() && !attach {
         return text_error(
             StatusCode::BAD_REQUEST,
             "you must specify at least 1 command",
@@ -537,12 +706,16 @@ async fn exec_handler(
         Ok(p) => p,
         Err(r) => return r,
     };
-    let running = pod.status.as_ref().is_some_and(|s| {
+    let status = pod.status.as_ref().and_then(|s| {
         s.container_statuses
             .iter()
             .flatten()
-            .any(|c| c.name == container && c.state.as_ref().is_some_and(|st| st.running.is_some()))
+            .find(|c| c.name == container)
+            .cloned()
     });
+    let running = status
+        .as_ref()
+        .is_some_and(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()));
     if !running {
         return text_error(
             StatusCode::BAD_REQUEST,
@@ -577,6 +750,15 @@ async fn exec_handler(
             ),
         );
     };
+    let program = if attach {
+        // Without stdin, the main process's output from now on: its log lines as written.
+        let output = (!stdin && stdout)
+            .then(|| main_output(&ctx, &pod, &container, status.as_ref()))
+            .flatten();
+        exec::Program::Main(output)
+    } else {
+        exec::Program::Command(argv)
+    };
     let on_upgrade = hyper::upgrade::on(&mut request);
     let mut container_view = exec::Container::of(&pod, &container);
     // The pod's identity: service env vars and its projected volumes (token, root CA).
@@ -603,11 +785,11 @@ async fn exec_handler(
                     hyper_util::rt::TokioIo::new(upgraded),
                     streams,
                     container_view,
-                    argv,
+                    program,
                 )
                 .await
             }
-            Err(error) => tracing::debug!(%error, "exec upgrade failed"),
+            Err(error) => tracing::debug!(%error, attach, "exec or attach upgrade failed"),
         }
     });
     Response::builder()

@@ -49,6 +49,7 @@ fn rule(verbs: &[&str], group: &str, resources: &[&str]) -> Rule {
 pub fn node_rules() -> Vec<Rule> {
     const READ: &[&str] = &["get", "list", "watch"];
     vec![
+        rule(&["create"], "authentication.k8s.io", &["tokenreviews"]),
         rule(
             &["create"],
             "authorization.k8s.io",
