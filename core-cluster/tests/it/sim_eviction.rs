@@ -24,8 +24,6 @@ use kube::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-const GI: u64 = 1 << 30;
-
 async fn start(config: SimConfig) -> (Client, NodeSimulator, CancellationToken) {
     let server = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
         .await
