@@ -10,8 +10,11 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use ccm_testkit::{TestServer, eventually, kubectl::require_kubectl};
 use core_cluster::{
-    ApiServer, ApiServerConfig, KubeletClientConfig,
+    ApiServer, ApiServerConfig, KUBELET_CLIENT_USER, KubeletClientConfig,
+    auth::pki::Pki,
     controllers::{root_ca_publisher::RootCaPublisher, serviceaccounts::ServiceAccountsController},
+    kubelet_api_admin_binding,
+    serve::{Security, ServeOptions},
     sim::{KubeletApiConfig, NodeSimulator, SimConfig},
     store::MemoryStore,
 };
@@ -40,11 +43,21 @@ impl Drop for Cluster {
 /// The API server with ServiceAccount admission over TLS, the two controllers, and a
 /// simulated node serving the kubelet API.
 async fn start(node: &str) -> Cluster {
+    // As kubeadm sets it up: the API server presents a cluster-CA client certificate for
+    // `kube-apiserver-kubelet-client` (bound to `system:kubelet-api-admin`), which the
+    // kubelets, trusting that CA, authenticate and authorize for `exec`.
+    let pki_dir = tempfile::tempdir().unwrap();
+    let pki = Pki::load_or_create(pki_dir.path(), &[]).unwrap();
+    let kubelet_client = pki.issue_client(KUBELET_CLIENT_USER, &[]).unwrap();
+    let mut kubelet_api = KubeletApiConfig::default();
+    kubelet_api.auth.client_ca = Some(pki.ca_pem().to_owned());
     let config = ApiServerConfig {
         service_account_admission: true,
         kubelet: KubeletClientConfig {
             preferred_address_types: vec!["InternalIP".into(), "Hostname".into()],
             timeout: Duration::from_secs(5),
+            client_certificate: Some(kubelet_client.cert_pem.clone()),
+            client_key: Some(kubelet_client.key_pem.clone()),
             ..KubeletClientConfig::default()
         },
         ..ApiServerConfig::default()
@@ -52,14 +65,23 @@ async fn start(node: &str) -> Cluster {
     let api = ApiServer::new(Arc::new(MemoryStore::new()), config)
         .await
         .unwrap();
-    let server = TestServer::start(api).await.unwrap();
+    api.apply_manifest(
+        &kubelet_api_admin_binding(KUBELET_CLIENT_USER),
+        &["ClusterRoleBinding"],
+    )
+    .await
+    .unwrap();
+    let security = Security::from_pki(&api, pki).unwrap();
+    let server = TestServer::start_secured(api, security, ServeOptions::default(), pki_dir)
+        .await
+        .unwrap();
     let client = server.admin_client().await.unwrap();
     let stop = CancellationToken::new();
     let root_ca = server.security().pki.ca_pem().to_owned();
     tokio::spawn(ServiceAccountsController::new(client.clone()).run(stop.clone()));
     tokio::spawn(RootCaPublisher::new(client.clone(), root_ca).run(stop.clone()));
-    let sim = NodeSimulator::new(client.clone(), SimConfig::default())
-        .with_kubelet_api(KubeletApiConfig::default());
+    let sim =
+        NodeSimulator::new(client.clone(), SimConfig::default()).with_kubelet_api(kubelet_api);
     sim.add_nodes([node]);
     tokio::spawn({
         let stop = stop.clone();
