@@ -81,6 +81,17 @@ fn backend(context: &str, error: etcd_client::Error) -> StoreError {
     StoreError::backend(format!("etcd: {context}"), error)
 }
 
+/// Whether the member asked could not be reached (refused, reset, down): a read can go to
+/// another member.
+fn is_unavailable(error: &etcd_client::Error) -> bool {
+    matches!(error, etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::Unavailable)
+}
+
+/// How many times a read is asked again when the member asked is unavailable, and the
+/// pause before each new attempt (times the attempt's number).
+const READ_RETRIES: u32 = 4;
+const READ_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 fn is_compacted(error: &etcd_client::Error) -> bool {
     error
         .to_string()
@@ -219,12 +230,38 @@ impl Inner {
         self.key(COMPACT_KEY)
     }
 
+    /// A Range request, asked again (after a pause) when the member it went to is
+    /// unavailable, as etcd's clientv3 retry interceptor repeats Range, a repeatable
+    /// request, on another endpoint: with one member of three down, reads still succeed.
+    /// Writes are not repeated here, since one that reached etcd before the connection
+    /// failed may have been applied.
+    async fn range(
+        &self,
+        key: Vec<u8>,
+        options: Option<GetOptions>,
+    ) -> Result<etcd_client::GetResponse, etcd_client::Error> {
+        let mut attempt = 0;
+        loop {
+            match self
+                .client
+                .kv_client()
+                .get(key.clone(), options.clone())
+                .await
+            {
+                Err(error) if is_unavailable(&error) && attempt < READ_RETRIES => {
+                    attempt += 1;
+                    tracing::debug!(%error, attempt, "etcd: a member is unavailable; reading again");
+                    tokio::time::sleep(READ_RETRY_PAUSE * attempt).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// etcd's current revision (a linearizable read).
     async fn etcd_revision(&self) -> Result<u64, StoreError> {
         let response = self
-            .client
-            .kv_client()
-            .get(
+            .range(
                 self.compact_key(),
                 Some(GetOptions::new().with_count_only()),
             )
@@ -466,9 +503,7 @@ impl Store for EtcdStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         let inner = &self.inner;
         let response = inner
-            .client
-            .kv_client()
-            .get(inner.key(key), None)
+            .range(inner.key(key), None)
             .await
             .map_err(|e| backend("get", e))?;
         Ok(response.kvs().first().and_then(|kv| inner.kv(kv)))
@@ -501,7 +536,7 @@ impl Store for EtcdStore {
         }
         // etcd refuses an empty key; "\0" up to "\0" means every key.
         let start = if start.is_empty() { vec![0] } else { start };
-        let response = match inner.client.kv_client().get(start, Some(options)).await {
+        let response = match inner.range(start, Some(options)).await {
             Ok(response) => response,
             Err(error) if is_compacted(&error) => {
                 return Err(inner.expired(at_revision.unwrap_or(0)).await);
