@@ -795,14 +795,24 @@ async fn node_proxy_inner(
         )));
     }
     check_proxied_path(tail)?;
-    let mut path = if tail.is_empty() {
-        "/".to_owned()
-    } else {
-        tail.to_owned()
+    let path = if tail.is_empty() { "/" } else { tail };
+    let response = forward_to_kubelet(state, &node, path, request).await?;
+    Ok(streamed(response, "application/octet-stream"))
+}
+
+/// Sends `request` to `path` on `node`'s kubelet, as the node, pod and service proxies do:
+/// its method, query, `Accept` and `Content-Type`, and its body up to the server's limit. A
+/// kubelet that cannot be reached is a 503 with the proxy's wording.
+pub(crate) async fn forward_to_kubelet(
+    state: &Arc<ServerState>,
+    node: &Value,
+    path: &str,
+    request: Request<Body>,
+) -> Result<hyper::Response<hyper::body::Incoming>, ApiError> {
+    let path = match request.uri().query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
     };
-    if let Some(q) = request.uri().query() {
-        path = format!("{path}?{q}");
-    }
     let method = request.method().clone();
     let mut headers = Vec::new();
     for name in [header::ACCEPT, header::CONTENT_TYPE] {
@@ -814,14 +824,11 @@ async fn node_proxy_inner(
     let body = axum::body::to_bytes(request.into_body(), limit)
         .await
         .map_err(|_| ApiError::too_large(limit))?;
-    let response = state
+    state
         .kubelet
-        .send(&node, method, &path, &headers, Body::from(body))
+        .send(node, method, &path, &headers, Body::from(body))
         .await
-        .map_err(|e| {
-            ApiError::service_unavailable(format!("error trying to reach service: {e}"))
-        })?;
-    Ok(streamed(response, "application/octet-stream"))
+        .map_err(|e| ApiError::service_unavailable(format!("error trying to reach service: {e}")))
 }
 
 #[cfg(test)]

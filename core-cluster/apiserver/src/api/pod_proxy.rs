@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use super::{
     ServerState,
-    node_proxy::{check_proxied_path, streamed},
+    node_proxy::{check_proxied_path, forward_to_kubelet, streamed},
     status::ApiError,
 };
 use crate::{
@@ -138,27 +138,7 @@ async fn proxy_inner(
     if p.tail.is_empty() {
         path.push('/');
     }
-    if let Some(q) = request.uri().query() {
-        path = format!("{path}?{q}");
-    }
-    let method = request.method().clone();
-    let mut headers = Vec::new();
-    for h in [header::ACCEPT, header::CONTENT_TYPE] {
-        if let Some(v) = request.headers().get(&h) {
-            headers.push((h, v.clone()));
-        }
-    }
-    let limit = state.config.max_request_bytes;
-    let body = axum::body::to_bytes(request.into_body(), limit)
-        .await
-        .map_err(|_| ApiError::too_large(limit))?;
-    let response = state
-        .kubelet
-        .send(&node, method, &path, &headers, Body::from(body))
-        .await
-        .map_err(|e| {
-            ApiError::service_unavailable(format!("error trying to reach service: {e}"))
-        })?;
+    let response = forward_to_kubelet(state, &node, &path, request).await?;
     // The target's headers too, as a reverse proxy hands them on, but the hop-by-hop ones.
     let headers = response.headers().clone();
     let mut out = streamed(response, "application/octet-stream");
