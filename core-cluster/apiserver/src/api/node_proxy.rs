@@ -772,17 +772,10 @@ async fn node_proxy_inner(
     tail: &str,
     request: Request<Body>,
 ) -> Result<Response, ApiError> {
-    // `utilnet.SplitSchemeNamePort`: name, name:port or scheme:name:port.
-    let parts: Vec<&str> = id.split(':').collect();
-    let (scheme, name, port) = match parts.as_slice() {
-        [name] => ("", *name, ""),
-        [name, port] => ("", *name, *port),
-        [scheme, name, port] if matches!(*scheme, "http" | "https") => (*scheme, *name, *port),
-        _ => {
-            return Err(ApiError::bad_request(format!(
-                "invalid node request {id:?}"
-            )));
-        }
+    let Some((scheme, name, port)) = split_scheme_name_port(id) else {
+        return Err(ApiError::bad_request(format!(
+            "invalid node request {id:?}"
+        )));
     };
     let node = get_object(&*state.store, &resources::NODES, None, name)
         .await?
@@ -798,6 +791,22 @@ async fn node_proxy_inner(
     let path = if tail.is_empty() { "/" } else { tail };
     let response = forward_to_kubelet(state, &node, path, request).await?;
     Ok(streamed(response, "application/octet-stream"))
+}
+
+/// `utilnet.SplitSchemeNamePort`: `name`, `name:port` or `scheme:name:port` as (scheme,
+/// name, port); `None` for an empty name or a scheme other than http or https.
+pub(crate) fn split_scheme_name_port(id: &str) -> Option<(&str, &str, &str)> {
+    let parts: Vec<&str> = id.split(':').collect();
+    let (scheme, name, port) = match parts.as_slice() {
+        [name] => ("", *name, ""),
+        [name, port] => ("", *name, *port),
+        [scheme, name, port] => (*scheme, *name, *port),
+        _ => return None,
+    };
+    if name.is_empty() || !matches!(scheme, "" | "http" | "https") {
+        return None;
+    }
+    Some((scheme, name, port))
 }
 
 /// Sends `request` to `path` on `node`'s kubelet, as the node, pod and service proxies do:

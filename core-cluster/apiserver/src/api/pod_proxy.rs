@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use super::{
     ServerState,
-    node_proxy::{check_proxied_path, forward_to_kubelet, streamed},
+    node_proxy::{check_proxied_path, forward_to_kubelet, split_scheme_name_port, streamed},
     status::ApiError,
 };
 use crate::{
@@ -63,21 +63,6 @@ pub(crate) fn proxy_path(path: &str) -> Option<ProxyPath<'_>> {
         id,
         tail,
     })
-}
-
-/// `utilnet.SplitSchemeNamePort`: (scheme, name, port).
-fn split_scheme_name_port(id: &str) -> Option<(&str, &str, &str)> {
-    let parts: Vec<&str> = id.split(':').collect();
-    let (scheme, name, port) = match parts.as_slice() {
-        [name] => ("", *name, ""),
-        [name, port] => ("", *name, *port),
-        [scheme, name, port] => (*scheme, *name, *port),
-        _ => return None,
-    };
-    if name.is_empty() || !matches!(scheme, "" | "http" | "https") {
-        return None;
-    }
-    Some((scheme, name, port))
 }
 
 /// A `pods/…/proxy` or `services/…/proxy` request.
