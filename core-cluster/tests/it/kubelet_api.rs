@@ -62,27 +62,25 @@ pub(crate) async fn start(
     start_with(kubelet, sim_api, nodes, true).await
 }
 
-/// [`start`], the API server presenting no client certificate unless `identity`.
-pub(crate) async fn start_with(
-    mut kubelet: KubeletClientConfig,
-    mut sim_api: KubeletApiConfig,
-    nodes: &[&str],
+/// The API server of `config` over TLS on a memory store, set up for its kubelets as kubeadm
+/// does: when `identity` and `config` names no kubelet client certificate, it presents one of
+/// the cluster CA for `kube-apiserver-kubelet-client` (bound to `system:kubelet-api-admin`),
+/// and `sim_api`'s kubelets trust that CA for client certificates unless they name another.
+pub(crate) async fn serve_with_kubelet_identity(
+    mut config: ApiServerConfig,
+    sim_api: &mut KubeletApiConfig,
     identity: bool,
-) -> Cluster {
+) -> TestServer {
     let pki_dir = tempfile::tempdir().unwrap();
     let pki = Pki::load_or_create(pki_dir.path(), &[]).unwrap();
-    if identity && kubelet.client_certificate.is_none() {
+    if identity && config.kubelet.client_certificate.is_none() {
         let cert = pki.issue_client(KUBELET_CLIENT_USER, &[]).unwrap();
-        kubelet.client_certificate = Some(cert.cert_pem.clone());
-        kubelet.client_key = Some(cert.key_pem.clone());
+        config.kubelet.client_certificate = Some(cert.cert_pem.clone());
+        config.kubelet.client_key = Some(cert.key_pem.clone());
     }
     if sim_api.auth.client_ca.is_none() {
         sim_api.auth.client_ca = Some(pki.ca_pem().to_owned());
     }
-    let config = ApiServerConfig {
-        kubelet,
-        ..ApiServerConfig::default()
-    };
     let api = ApiServer::new(Arc::new(MemoryStore::new()), config)
         .await
         .unwrap();
@@ -93,9 +91,23 @@ pub(crate) async fn start_with(
     .await
     .unwrap();
     let security = Security::from_pki(&api, pki).unwrap();
-    let server = TestServer::start_secured(api, security, ServeOptions::default(), pki_dir)
+    TestServer::start_secured(api, security, ServeOptions::default(), pki_dir)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// [`start`], the API server presenting no client certificate unless `identity`.
+pub(crate) async fn start_with(
+    kubelet: KubeletClientConfig,
+    mut sim_api: KubeletApiConfig,
+    nodes: &[&str],
+    identity: bool,
+) -> Cluster {
+    let config = ApiServerConfig {
+        kubelet,
+        ..ApiServerConfig::default()
+    };
+    let server = serve_with_kubelet_identity(config, &mut sim_api, identity).await;
     let client = server.admin_client().await.unwrap();
     let sim = NodeSimulator::new(client.clone(), SimConfig::default()).with_kubelet_api(sim_api);
     sim.add_nodes(nodes.iter().copied());

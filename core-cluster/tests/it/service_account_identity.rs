@@ -6,17 +6,13 @@
 //! `pkg/kubelet/kubelet_pods.go` `getServiceEnvVarMap`) and the bound token's validation
 //! (`pkg/serviceaccount/claims.go`), over TLS with kubectl v1.32 and kube-rs.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use ccm_testkit::{TestServer, eventually, kubectl::require_kubectl};
 use core_cluster::{
-    ApiServer, ApiServerConfig, KUBELET_CLIENT_USER, KubeletClientConfig,
-    auth::pki::Pki,
+    ApiServerConfig, KubeletClientConfig,
     controllers::{root_ca_publisher::RootCaPublisher, serviceaccounts::ServiceAccountsController},
-    kubelet_api_admin_binding,
-    serve::{Security, ServeOptions},
     sim::{KubeletApiConfig, NodeSimulator, SimConfig},
-    store::MemoryStore,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use kube::{
@@ -43,38 +39,20 @@ impl Drop for Cluster {
 /// The API server with ServiceAccount admission over TLS, the two controllers, and a
 /// simulated node serving the kubelet API.
 async fn start(node: &str) -> Cluster {
-    // As kubeadm sets it up: the API server presents a cluster-CA client certificate for
-    // `kube-apiserver-kubelet-client` (bound to `system:kubelet-api-admin`), which the
-    // kubelets, trusting that CA, authenticate and authorize for `exec`.
-    let pki_dir = tempfile::tempdir().unwrap();
-    let pki = Pki::load_or_create(pki_dir.path(), &[]).unwrap();
-    let kubelet_client = pki.issue_client(KUBELET_CLIENT_USER, &[]).unwrap();
+    // As kubeadm sets it up: the API server presents a cluster-CA client certificate that
+    // the kubelets authenticate and authorize for `exec`.
     let mut kubelet_api = KubeletApiConfig::default();
-    kubelet_api.auth.client_ca = Some(pki.ca_pem().to_owned());
     let config = ApiServerConfig {
         service_account_admission: true,
         kubelet: KubeletClientConfig {
             preferred_address_types: vec!["InternalIP".into(), "Hostname".into()],
             timeout: Duration::from_secs(5),
-            client_certificate: Some(kubelet_client.cert_pem.clone()),
-            client_key: Some(kubelet_client.key_pem.clone()),
             ..KubeletClientConfig::default()
         },
         ..ApiServerConfig::default()
     };
-    let api = ApiServer::new(Arc::new(MemoryStore::new()), config)
-        .await
-        .unwrap();
-    api.apply_manifest(
-        &kubelet_api_admin_binding(KUBELET_CLIENT_USER),
-        &["ClusterRoleBinding"],
-    )
-    .await
-    .unwrap();
-    let security = Security::from_pki(&api, pki).unwrap();
-    let server = TestServer::start_secured(api, security, ServeOptions::default(), pki_dir)
-        .await
-        .unwrap();
+    let server =
+        crate::kubelet_api::serve_with_kubelet_identity(config, &mut kubelet_api, true).await;
     let client = server.admin_client().await.unwrap();
     let stop = CancellationToken::new();
     let root_ca = server.security().pki.ca_pem().to_owned();
