@@ -11,6 +11,7 @@
 //! the same definition again (a test, a restarted server) leaks nothing more; only a
 //! changed definition leaks its new, small definitions.
 
+pub mod cel;
 pub mod schema;
 
 use std::{
@@ -259,10 +260,13 @@ pub fn validate_crd(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
                 "schemas are required",
             ));
         } else {
-            errors.extend(schema::structural_errors(
-                schema,
-                &format!("{path}.schema.openAPIV3Schema"),
-            ));
+            let schema_path = format!("{path}.schema.openAPIV3Schema");
+            let structural = schema::structural_errors(schema, &schema_path);
+            // As upstream, the rules are checked only on a structural schema.
+            if structural.is_empty() {
+                errors.extend(cel::definition_errors(schema, &schema_path));
+            }
+            errors.extend(structural);
         }
         if let Some(scale) = v["subresources"].get("scale").filter(|s| s.is_object()) {
             for key in ["specReplicasPath", "statusReplicasPath"] {
@@ -344,6 +348,8 @@ pub struct Custom {
     /// The list semantics server-side apply merges by, from the schema's
     /// `x-kubernetes-list-type` and `x-kubernetes-list-map-keys` (see [`merge_node`]).
     pub merge: &'static TypeNode,
+    /// The schema's compiled `x-kubernetes-validations` rules, if it has any.
+    pub rules: Option<cel::Rules>,
 }
 
 /// The shape server-side apply merges a custom resource by, from its structural schema
@@ -394,9 +400,15 @@ impl Custom {
         out
     }
 
-    /// The schema's validation errors of `obj`.
-    pub fn validate(&self, obj: &Value) -> Vec<FieldError> {
-        schema::validate(obj, &self.schema)
+    /// The schema's validation errors of `obj`, then its rules' (an update's `old` enables
+    /// the transition rules). As upstream's custom resource strategy, the rules run only
+    /// on an object the schema accepts.
+    pub fn validate(&self, obj: &Value, old: Option<&Value>) -> Vec<FieldError> {
+        let errors = schema::validate(obj, &self.schema);
+        match &self.rules {
+            Some(rules) if errors.is_empty() => rules.validate(obj, old),
+            _ => errors,
+        }
     }
 }
 
@@ -541,6 +553,7 @@ pub fn served_defs(crd: &Value) -> Vec<&'static ResourceDef> {
             Box::leak(Box::new(merge_node(&v["schema"]["openAPIV3Schema"])));
         let custom = Custom {
             merge,
+            rules: cel::Rules::build(&v["schema"]["openAPIV3Schema"]),
             crd_name: crd_name.clone(),
             schema: v["schema"]["openAPIV3Schema"].clone(),
             storage_api_version: format!("{group}/{storage_version}"),
