@@ -774,3 +774,109 @@ async fn a_helm_chart_with_a_crds_folder_installs() {
     .await;
     assert_eq!(got.stdout, "3", "{}", got.stderr);
 }
+
+const RULED_CRD_YAML: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: ranges.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: ranges, singular: range, kind: Range}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            x-kubernetes-validations:
+            - {rule: "self.min <= self.max", messageExpression: "'min (' + string(self.min) + ') exceeds max (' + string(self.max) + ')'"}
+            properties:
+              min: {type: integer}
+              max: {type: integer}
+              zone:
+                type: string
+                x-kubernetes-validations:
+                - {rule: "self == oldSelf", message: zone is immutable}
+"#;
+
+const RANGE_YAML: &str = r#"
+apiVersion: example.com/v1
+kind: Range
+metadata: {name: r1, namespace: default}
+spec: {min: 1, max: 5, zone: a}
+"#;
+
+/// `apiserver/schema/cel/validation.go` through kubectl v1.32: a definition whose rule does
+/// not compile is refused (`apis/apiextensions/validation` with cel's `ERROR: <input>:l:c:`);
+/// on its objects a rule fails with its `messageExpression` as
+/// `spec: Invalid value: "object": ...`, and the transition rule (`oldSelf`) lets the
+/// create through and refuses the change on update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_meets_the_validation_rules_of_a_definition() {
+    ccm_testkit::kubectl::require_kubectl("it applies CRDs with CEL rules");
+    let server = TestServer::start(memory_server().await).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("admin");
+    std::fs::write(&config, server.admin_kubeconfig()).unwrap();
+    let apply = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let (dir, config) = (dir.path().to_owned(), config.clone());
+        async move {
+            let path = path.display().to_string();
+            kubectl(&dir, &config, &["apply", "-f", &path]).await
+        }
+    };
+    let broken = RULED_CRD_YAML.replace("self.min <= self.max", "self.min <=");
+    let out = apply("broken.yaml", &broken).await;
+    assert!(!out.success, "{}", out.stdout);
+    assert!(
+        out.stderr.contains("spec.versions[0].schema.openAPIV3Schema.properties[spec].x-kubernetes-validations[0].rule: Invalid value:")
+            && out.stderr.contains("compilation failed: ERROR: <input>:1:"),
+        "{}",
+        out.stderr
+    );
+    let out = apply("crd.yaml", RULED_CRD_YAML).await;
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+    let out = kubectl(
+        dir.path(),
+        &config,
+        &[
+            "wait",
+            "--for",
+            "condition=established",
+            "--timeout=60s",
+            "crd/ranges.example.com",
+        ],
+    )
+    .await;
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+
+    let out = apply("inverted.yaml", &RANGE_YAML.replace("min: 1", "min: 9")).await;
+    assert!(!out.success, "{}", out.stdout);
+    assert!(
+        out.stderr
+            .contains(r#"spec: Invalid value: "object": min (9) exceeds max (5)"#),
+        "{}",
+        out.stderr
+    );
+    // The transition rule is skipped on create, and holds on update.
+    let out = apply("range.yaml", RANGE_YAML).await;
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+    let out = apply("moved.yaml", &RANGE_YAML.replace("zone: a", "zone: b")).await;
+    assert!(!out.success, "{}", out.stdout);
+    assert!(
+        out.stderr
+            .contains(r#"spec.zone: Invalid value: "string": zone is immutable"#),
+        "{}",
+        out.stderr
+    );
+    let out = apply("widened.yaml", &RANGE_YAML.replace("max: 5", "max: 7")).await;
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+}

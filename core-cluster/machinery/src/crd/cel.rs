@@ -208,7 +208,8 @@ fn without_nested_rules(schema: &Value) -> Value {
 /// One rule, compiled alone at its node.
 #[derive(Debug)]
 struct Rule {
-    text: String,
+    /// Upstream's `ruleErrorString`: the rule's message if it has one, else the rule.
+    error_string: String,
     compiled: CompiledSchema,
     shape: Shape,
 }
@@ -241,8 +242,13 @@ impl Node {
             };
             let mut alone = here.clone();
             alone[KEY] = json!([raw]);
+            let message = raw["message"].as_str().map(str::trim).unwrap_or("");
             node.rules.push(Rule {
-                text: text.to_owned(),
+                error_string: if message.is_empty() {
+                    text.trim().to_owned()
+                } else {
+                    message.to_owned()
+                },
                 compiled: compile_schema(&alone),
                 shape: Shape::of(&program),
             });
@@ -312,7 +318,9 @@ impl Rules {
 }
 
 fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
+    if key.is_empty() {
+        path.to_owned()
+    } else if path.is_empty() {
         key.to_owned()
     } else {
         format!("{path}.{key}")
@@ -330,15 +338,19 @@ fn walk(node: &Node, value: &Value, old: Option<&Value>, path: &str, run: &mut R
             let cost = rule.shape.cost(n);
             if cost > PER_CALL_LIMIT {
                 run.errors.push(FieldError::invalid(
-                    path,
+                    at(path),
                     &json!(node.type_),
-                    format!("call cost exceeds limit for rule: {}", rule.text),
+                    format!(
+                        "'operation cancelled: actual cost limit exceeded': no further validation rules will be run due to call cost exceeds limit for rule: {}",
+                        rule.error_string
+                    ),
                 ));
-                continue;
+                run.exhausted = true;
+                return;
             }
             if cost > run.budget {
                 run.errors.push(FieldError::invalid(
-                    path,
+                    at(path),
                     &json!(node.type_),
                     "validation failed due to running out of cost budget, no further validation rules will be run",
                 ));
@@ -347,8 +359,11 @@ fn walk(node: &Node, value: &Value, old: Option<&Value>, path: &str, run: &mut R
             }
             run.budget -= cost;
             if let Err(errors) = kube_cel::validate_compiled(&rule.compiled, value, old) {
-                run.errors
-                    .extend(errors.iter().map(|e| field_error(e, path, &node.type_)));
+                run.errors.extend(
+                    errors
+                        .iter()
+                        .map(|e| field_error(e, rule, path, &node.type_)),
+                );
             }
         }
     }
@@ -391,32 +406,41 @@ fn walk(node: &Node, value: &Value, old: Option<&Value>, path: &str, run: &mut R
     }
 }
 
-/// A failed rule as upstream reports it (`validation.go fieldErrorForReason`), at the
-/// rule's node (`path`) or its `fieldPath` below it.
-fn field_error(e: &ValidationError, path: &str, type_: &str) -> FieldError {
-    let relative = e.field_path.trim_start_matches('.');
-    let field = if relative.is_empty() {
-        path.to_owned()
+/// The field of an error at `path`: upstream validates from a nil `field.Path`, which a
+/// rule at the root reports as `<nil>`.
+fn at(path: &str) -> String {
+    if path.is_empty() {
+        "<nil>".to_owned()
     } else {
-        join(path, relative)
-    };
+        path.to_owned()
+    }
+}
+
+/// A failed rule as upstream reports it (`validation.go validateExpressions` and
+/// `fieldErrorForReason`), at the rule's node (`path`) or its `fieldPath` below it.
+fn field_error(e: &ValidationError, rule: &Rule, path: &str, type_: &str) -> FieldError {
+    let relative = e.field_path.trim_start_matches('.');
     let value = json!(type_);
     match e.kind {
-        ErrorKind::ValidationFailure => match e.reason.as_deref() {
-            Some("FieldValueForbidden") => FieldError::forbidden(field, &e.message),
-            Some("FieldValueRequired") => FieldError::required(field, &e.message),
-            Some("FieldValueDuplicate") => FieldError::duplicate(field, &value),
-            _ => FieldError::invalid(field, &value, &e.message),
-        },
-        ErrorKind::UnsupportedReference => FieldError::invalid(
-            field,
-            &value,
-            format!(
-                "rule evaluation error: {}: this server's CEL does not support it",
-                std::error::Error::source(e).map_or_else(|| e.rule.clone(), |s| s.to_string())
-            ),
-        ),
-        _ => FieldError::invalid(field, &value, &e.message),
+        ErrorKind::ValidationFailure => {
+            let field = at(&join(path, relative));
+            match e.reason.as_deref() {
+                Some("FieldValueForbidden") => FieldError::forbidden(field, &e.message),
+                Some("FieldValueRequired") => FieldError::required(field, &e.message),
+                Some("FieldValueDuplicate") => FieldError::duplicate(field, &value),
+                _ => FieldError::invalid(field, &value, &e.message),
+            }
+        }
+        // `no such key: x evaluating rule: ...`, as upstream words a runtime error.
+        _ => {
+            let cause =
+                std::error::Error::source(e).map_or_else(|| e.message.clone(), |s| s.to_string());
+            FieldError::invalid(
+                at(path),
+                &value,
+                format!("{cause} evaluating rule: {}", rule.error_string),
+            )
+        }
     }
 }
 
@@ -793,6 +817,31 @@ mod tests {
                 "spec.memory: Invalid value: \"string\": at most 1Gi",
             ]
         );
+    }
+
+    /// `validateExpressions`: a rule that fails to evaluate is an error naming the rule; a
+    /// rule at the root reports upstream's nil path.
+    #[test]
+    fn an_evaluation_error_and_a_root_rule_are_reported_as_upstream() {
+        let r = rules(json!({"type": "object",
+            "x-kubernetes-validations": [{"rule": "has(self.spec)", "message": "spec is required"}],
+            "properties": {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                "x-kubernetes-validations": [{"rule": "self.count > 0"}]}}}));
+        assert_eq!(
+            messages(&r.validate(&json!({}), None)),
+            ["<nil>: Invalid value: \"object\": spec is required"]
+        );
+        let errors = r.validate(&json!({"spec": {}}), None);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].message.starts_with("Invalid value: \"object\": ")
+                && errors[0]
+                    .message
+                    .ends_with(" evaluating rule: self.count > 0"),
+            "{}",
+            errors[0].message
+        );
+        assert_eq!(errors[0].field, "spec");
     }
 
     /// A schema without rules builds nothing: no cost on writes.
