@@ -403,6 +403,77 @@ async fn apply_merges_list_type_map_and_set_by_their_elements() {
     );
 }
 
+/// structured-merge-diff's associative lists with several keys
+/// (`typed/helpers.go keyedAssociativeListItemToPathElement`): a `map` list keyed by
+/// `port` and `protocol` keeps one port's TCP and UDP entries apart when two managers
+/// apply them, each owning its own (`k:{"port":53,"protocol":"UDP"}`), and a change to
+/// one by its manager leaves the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_keys_a_map_list_by_all_its_keys() {
+    let client = Client::new(memory_server().await.router(), "default");
+    let mut crd = widget_crd();
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["ports"] = json!({"type": "array", "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["port", "protocol"],
+        "items": {"type": "object", "required": ["port", "protocol"], "properties": {
+            "port": {"type": "integer"}, "protocol": {"type": "string"},
+            "name": {"type": "string"}}}});
+    create_established(&client, crd).await;
+    let api = widgets(&client, "default");
+    let apply = |manager: &'static str, spec: Value| {
+        let api = api.clone();
+        async move {
+            api.patch(
+                "w",
+                &PatchParams::apply(manager),
+                &Patch::Apply(json!({"apiVersion": "example.com/v1", "kind": "Widget",
+                                     "metadata": {"name": "w"}, "spec": spec})),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    apply(
+        "tcp",
+        json!({"size": 1, "ports": [{"port": 53, "protocol": "TCP", "name": "dns-tcp"}]}),
+    )
+    .await;
+    let both = apply(
+        "udp",
+        json!({"ports": [{"port": 53, "protocol": "UDP", "name": "dns-udp"}]}),
+    )
+    .await;
+    assert_eq!(
+        both.data["spec"]["ports"],
+        json!([{"port": 53, "protocol": "TCP", "name": "dns-tcp"},
+               {"port": 53, "protocol": "UDP", "name": "dns-udp"}])
+    );
+    let udp = both
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .find(|e| e.manager.as_deref() == Some("udp"))
+        .and_then(|e| e.fields_v1.as_ref())
+        .map(|f| f.0.clone())
+        .expect("the udp manager's fields");
+    assert!(
+        udp["f:spec"]["f:ports"]
+            .get(r#"k:{"port":53,"protocol":"UDP"}"#)
+            .is_some(),
+        "{udp}"
+    );
+    let renamed = apply(
+        "udp",
+        json!({"ports": [{"port": 53, "protocol": "UDP", "name": "dns"}]}),
+    )
+    .await;
+    assert_eq!(
+        renamed.data["spec"]["ports"],
+        json!([{"port": 53, "protocol": "TCP", "name": "dns-tcp"},
+               {"port": 53, "protocol": "UDP", "name": "dns"}])
+    );
+}
+
 /// `status/naming_controller.go`: a second definition of the group asking for a plural
 /// the first holds gets `NamesAccepted=False` with `"<plural>" is already in use`, and is
 /// not served.

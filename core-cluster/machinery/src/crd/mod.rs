@@ -375,7 +375,7 @@ pub fn merge_node(schema: &Value) -> TypeNode {
             Some("set") => ListStrategy::Set,
             Some("map") => match leak_list(&schema["x-kubernetes-list-map-keys"]) {
                 [] => ListStrategy::Replace,
-                [key] => ListStrategy::MergeByKey(*key),
+                [key] => ListStrategy::MergeByKey(key),
                 keys => ListStrategy::MergeByKeys(keys),
             },
             _ => ListStrategy::Replace,
