@@ -1,7 +1,8 @@
 //! A kube-rs `#[derive(CustomResource)]` type end to end, as a controller written with
 //! kube-rs installs and uses its own resource: `CustomResourceExt::crd()` posted as
 //! generated, `await_condition(is_crd_established())`, CRUD through `Api<Gizmo>`,
-//! `patch_status`, the `scale` subresource and `kube::runtime::watcher`. Upstream serves the
+//! `patch_status`, the `scale` subresource and `kube::runtime::watcher`; and the CEL rules
+//! its `#[derive(KubeSchema)]` writes into the schema. Upstream serves the
 //! generated definition through `apiextensions-apiserver/pkg/apiserver/customresource_handler.go`
 //! (and validates it with `pkg/apis/apiextensions/validation`).
 
@@ -13,7 +14,7 @@ use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{
-    Api, Client, CustomResource, CustomResourceExt, ResourceExt,
+    Api, Client, CustomResource, CustomResourceExt, KubeSchema, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     runtime::{conditions, wait::await_condition, watcher, watcher::Event as WatchEvent},
 };
@@ -298,4 +299,94 @@ async fn next_event(
             return event;
         }
     }
+}
+
+/// A range whose rules kube-rs' `KubeSchema` derive writes into the generated schema.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug)]
+#[kube(
+    group = "derive.example.com",
+    version = "v1",
+    kind = "Span",
+    namespaced
+)]
+#[x_kube(validation = Rule::new("self.min <= self.max").message("min must not exceed max"))]
+struct SpanSpec {
+    min: i32,
+    max: i32,
+    #[x_kube(validation = Rule::new("self == oldSelf").message("zone is immutable"))]
+    zone: String,
+}
+
+/// `apiserver/schema/cel/validation.go` with the rules kube-rs' `#[derive(KubeSchema)]`
+/// generates (`#[x_kube(validation = ...)]`): the definition is accepted, a spec breaking
+/// its rule is refused with `spec: Invalid value: "object": <message>`, and the field's
+/// transition rule lets the create through and refuses the change on update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validation_rules_from_the_kube_schema_derive_are_enforced() {
+    let client = Client::new(memory_server().await.router(), "default");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = Span::crd();
+    assert!(
+        serde_json::to_string(&crd)
+            .unwrap()
+            .contains("x-kubernetes-validations")
+    );
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        await_condition(
+            crds.clone(),
+            "spans.derive.example.com",
+            conditions::is_crd_established(),
+        ),
+    )
+    .await
+    .expect("the definition is Established within 30 s")
+    .unwrap();
+    let spans: Api<Span> = Api::namespaced(client, "default");
+    let refused = |err: kube::Error| match err {
+        kube::Error::Api(status) => {
+            assert_eq!(status.code, 422, "{status:?}");
+            status.message
+        }
+        other => panic!("expected a 422, got {other:?}"),
+    };
+    let spec = |min, max, zone: &str| SpanSpec {
+        min,
+        max,
+        zone: zone.into(),
+    };
+    let message = refused(
+        spans
+            .create(&PostParams::default(), &Span::new("s", spec(5, 1, "a")))
+            .await
+            .unwrap_err(),
+    );
+    assert!(
+        message.contains(r#"spec: Invalid value: "object": min must not exceed max"#),
+        "{message}"
+    );
+    let created = spans
+        .create(&PostParams::default(), &Span::new("s", spec(1, 5, "a")))
+        .await
+        .unwrap();
+    let mut moved = created.clone();
+    moved.spec.zone = "b".into();
+    let message = refused(
+        spans
+            .replace("s", &PostParams::default(), &moved)
+            .await
+            .unwrap_err(),
+    );
+    assert!(
+        message.contains(r#"spec.zone: Invalid value: "string": zone is immutable"#),
+        "{message}"
+    );
+    let mut widened = created;
+    widened.spec.max = 9;
+    let replaced = spans
+        .replace("s", &PostParams::default(), &widened)
+        .await
+        .unwrap();
+    assert_eq!(replaced.spec.max, 9);
 }
