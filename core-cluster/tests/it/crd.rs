@@ -403,6 +403,77 @@ async fn apply_merges_list_type_map_and_set_by_their_elements() {
     );
 }
 
+/// structured-merge-diff's associative lists with several keys
+/// (`typed/helpers.go keyedAssociativeListItemToPathElement`): a `map` list keyed by
+/// `port` and `protocol` keeps one port's TCP and UDP entries apart when two managers
+/// apply them, each owning its own (`k:{"port":53,"protocol":"UDP"}`), and a change to
+/// one by its manager leaves the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_keys_a_map_list_by_all_its_keys() {
+    let client = Client::new(memory_server().await.router(), "default");
+    let mut crd = widget_crd();
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["ports"] = json!({"type": "array", "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["port", "protocol"],
+        "items": {"type": "object", "required": ["port", "protocol"], "properties": {
+            "port": {"type": "integer"}, "protocol": {"type": "string"},
+            "name": {"type": "string"}}}});
+    create_established(&client, crd).await;
+    let api = widgets(&client, "default");
+    let apply = |manager: &'static str, spec: Value| {
+        let api = api.clone();
+        async move {
+            api.patch(
+                "w",
+                &PatchParams::apply(manager),
+                &Patch::Apply(json!({"apiVersion": "example.com/v1", "kind": "Widget",
+                                     "metadata": {"name": "w"}, "spec": spec})),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    apply(
+        "tcp",
+        json!({"size": 1, "ports": [{"port": 53, "protocol": "TCP", "name": "dns-tcp"}]}),
+    )
+    .await;
+    let both = apply(
+        "udp",
+        json!({"ports": [{"port": 53, "protocol": "UDP", "name": "dns-udp"}]}),
+    )
+    .await;
+    assert_eq!(
+        both.data["spec"]["ports"],
+        json!([{"port": 53, "protocol": "TCP", "name": "dns-tcp"},
+               {"port": 53, "protocol": "UDP", "name": "dns-udp"}])
+    );
+    let udp = both
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .find(|e| e.manager.as_deref() == Some("udp"))
+        .and_then(|e| e.fields_v1.as_ref())
+        .map(|f| f.0.clone())
+        .expect("the udp manager's fields");
+    assert!(
+        udp["f:spec"]["f:ports"]
+            .get(r#"k:{"port":53,"protocol":"UDP"}"#)
+            .is_some(),
+        "{udp}"
+    );
+    let renamed = apply(
+        "udp",
+        json!({"ports": [{"port": 53, "protocol": "UDP", "name": "dns"}]}),
+    )
+    .await;
+    assert_eq!(
+        renamed.data["spec"]["ports"],
+        json!([{"port": 53, "protocol": "TCP", "name": "dns-tcp"},
+               {"port": 53, "protocol": "UDP", "name": "dns"}])
+    );
+}
+
 /// `status/naming_controller.go`: a second definition of the group asking for a plural
 /// the first holds gets `NamesAccepted=False` with `"<plural>" is already in use`, and is
 /// not served.
@@ -773,4 +844,110 @@ async fn a_helm_chart_with_a_crds_folder_installs() {
     )
     .await;
     assert_eq!(got.stdout, "3", "{}", got.stderr);
+}
+
+const RULED_CRD_YAML: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: ranges.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: ranges, singular: range, kind: Range}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            x-kubernetes-validations:
+            - {rule: "self.min <= self.max", messageExpression: "'min (' + string(self.min) + ') exceeds max (' + string(self.max) + ')'"}
+            properties:
+              min: {type: integer}
+              max: {type: integer}
+              zone:
+                type: string
+                x-kubernetes-validations:
+                - {rule: "self == oldSelf", message: zone is immutable}
+"#;
+
+const RANGE_YAML: &str = r#"
+apiVersion: example.com/v1
+kind: Range
+metadata: {name: r1, namespace: default}
+spec: {min: 1, max: 5, zone: a}
+"#;
+
+/// `apiserver/schema/cel/validation.go` through kubectl v1.32: a definition whose rule does
+/// not compile is refused (`apis/apiextensions/validation` with cel's `ERROR: <input>:l:c:`);
+/// on its objects a rule fails with its `messageExpression` as
+/// `spec: Invalid value: "object": ...`, and the transition rule (`oldSelf`) lets the
+/// create through and refuses the change on update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_meets_the_validation_rules_of_a_definition() {
+    ccm_testkit::kubectl::require_kubectl("it applies CRDs with CEL rules");
+    let server = TestServer::start(memory_server().await).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("admin");
+    std::fs::write(&config, server.admin_kubeconfig()).unwrap();
+    let apply = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let (dir, config) = (dir.path().to_owned(), config.clone());
+        async move {
+            let path = path.display().to_string();
+            kubectl(&dir, &config, &["apply", "-f", &path]).await
+        }
+    };
+    let broken = RULED_CRD_YAML.replace("self.min <= self.max", "self.min <=");
+    let out = apply("broken.yaml", &broken).await;
+    assert!(!out.success, "{}", out.stdout);
+    assert!(
+        out.stderr.contains("spec.versions[0].schema.openAPIV3Schema.properties[spec].x-kubernetes-validations[0].rule: Invalid value:")
+            && out.stderr.contains("compilation failed: ERROR: <input>:1:"),
+        "{}",
+        out.stderr
+    );
+    let out = apply("crd.yaml", RULED_CRD_YAML).await;
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+    let out = kubectl(
+        dir.path(),
+        &config,
+        &[
+            "wait",
+            "--for",
+            "condition=established",
+            "--timeout=60s",
+            "crd/ranges.example.com",
+        ],
+    )
+    .await;
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+
+    let out = apply("inverted.yaml", &RANGE_YAML.replace("min: 1", "min: 9")).await;
+    assert!(!out.success, "{}", out.stdout);
+    assert!(
+        out.stderr
+            .contains(r#"spec: Invalid value: "object": min (9) exceeds max (5)"#),
+        "{}",
+        out.stderr
+    );
+    // The transition rule is skipped on create, and holds on update.
+    let out = apply("range.yaml", RANGE_YAML).await;
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+    let out = apply("moved.yaml", &RANGE_YAML.replace("zone: a", "zone: b")).await;
+    assert!(!out.success, "{}", out.stdout);
+    assert!(
+        out.stderr
+            .contains(r#"spec.zone: Invalid value: "string": zone is immutable"#),
+        "{}",
+        out.stderr
+    );
+    let out = apply("widened.yaml", &RANGE_YAML.replace("max: 5", "max: 7")).await;
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
 }

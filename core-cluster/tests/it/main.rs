@@ -7,6 +7,7 @@ mod conformance;
 mod connection_limits;
 mod controllers_ipam_gc;
 mod crd;
+mod crd_kube_derive;
 
 mod default_toleration_seconds;
 mod disruption;

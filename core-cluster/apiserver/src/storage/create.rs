@@ -194,7 +194,7 @@ pub(crate) async fn create_object(
         .await?;
     errors.extend(meta::validate_object_meta(&obj));
     errors.extend((def.validate)(&obj, None));
-    errors.extend(super::custom_errors(def, &obj));
+    errors.extend(super::custom_errors(def, &obj, None));
     if !errors.is_empty() {
         return Err(invalid(def, &probe_name, errors));
     }

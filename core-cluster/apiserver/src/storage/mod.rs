@@ -397,10 +397,14 @@ pub(crate) const MAX_WRITE_ATTEMPTS: usize = 16;
 /// How many names `generateName` tries before giving up (KEP-4420).
 pub(crate) const GENERATE_NAME_ATTEMPTS: usize = 8;
 
-/// The schema validation of a custom resource (none for built-in resources, whose
-/// strategy validates them).
-pub(crate) fn custom_errors(def: &ResourceDef, obj: &Value) -> Vec<FieldError> {
-    crate::crd::custom(def).map_or_else(Vec::new, |c| c.validate(obj))
+/// The schema validation of a custom resource, its `x-kubernetes-validations` rules with
+/// an update's `old` object (none for built-in resources, whose strategy validates them).
+pub(crate) fn custom_errors(
+    def: &ResourceDef,
+    obj: &Value,
+    old: Option<&Value>,
+) -> Vec<FieldError> {
+    crate::crd::custom(def).map_or_else(Vec::new, |c| c.validate(obj, old))
 }
 
 pub(crate) fn qualified(def: &ResourceDef, name: &str) -> Qualified {

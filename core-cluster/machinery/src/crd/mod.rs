@@ -11,6 +11,7 @@
 //! the same definition again (a test, a restarted server) leaks nothing more; only a
 //! changed definition leaks its new, small definitions.
 
+pub mod cel;
 pub mod schema;
 
 use std::{
@@ -259,10 +260,13 @@ pub fn validate_crd(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
                 "schemas are required",
             ));
         } else {
-            errors.extend(schema::structural_errors(
-                schema,
-                &format!("{path}.schema.openAPIV3Schema"),
-            ));
+            let schema_path = format!("{path}.schema.openAPIV3Schema");
+            let structural = schema::structural_errors(schema, &schema_path);
+            // As upstream, the rules are checked only on a structural schema.
+            if structural.is_empty() {
+                errors.extend(cel::definition_errors(schema, &schema_path));
+            }
+            errors.extend(structural);
         }
         if let Some(scale) = v["subresources"].get("scale").filter(|s| s.is_object()) {
             for key in ["specReplicasPath", "statusReplicasPath"] {
@@ -344,14 +348,16 @@ pub struct Custom {
     /// The list semantics server-side apply merges by, from the schema's
     /// `x-kubernetes-list-type` and `x-kubernetes-list-map-keys` (see [`merge_node`]).
     pub merge: &'static TypeNode,
+    /// The schema's compiled `x-kubernetes-validations` rules, if it has any.
+    pub rules: Option<cel::Rules>,
 }
 
 /// The shape server-side apply merges a custom resource by, from its structural schema
 /// (upstream's `structural` schema → `managedfields` type converter): `properties` are
 /// fields, `additionalProperties` a map, and a list is atomic unless
 /// `x-kubernetes-list-type` says `set` (a set of scalars) or `map` (objects merged by the
-/// value of their `x-kubernetes-list-map-keys`). A map list with several keys is merged
-/// by its first key here (this server's merge identifies an element by one field).
+/// values of all their `x-kubernetes-list-map-keys`, as structured-merge-diff keys an
+/// associative list).
 pub fn merge_node(schema: &Value) -> TypeNode {
     if let Some(props) = schema["properties"].as_object() {
         return TypeNode::Object(
@@ -367,9 +373,10 @@ pub fn merge_node(schema: &Value) -> TypeNode {
     if schema["type"] == "array" {
         let strategy = match schema["x-kubernetes-list-type"].as_str() {
             Some("set") => ListStrategy::Set,
-            Some("map") => match schema["x-kubernetes-list-map-keys"][0].as_str() {
-                Some(key) => ListStrategy::MergeByKey(leak(key)),
-                None => ListStrategy::Replace,
+            Some("map") => match leak_list(&schema["x-kubernetes-list-map-keys"]) {
+                [] => ListStrategy::Replace,
+                [key] => ListStrategy::MergeByKey(key),
+                keys => ListStrategy::MergeByKeys(keys),
             },
             _ => ListStrategy::Replace,
         };
@@ -394,9 +401,15 @@ impl Custom {
         out
     }
 
-    /// The schema's validation errors of `obj`.
-    pub fn validate(&self, obj: &Value) -> Vec<FieldError> {
-        schema::validate(obj, &self.schema)
+    /// The schema's validation errors of `obj`, then its rules' (an update's `old` enables
+    /// the transition rules). As upstream's custom resource strategy, the rules run only
+    /// on an object the schema accepts.
+    pub fn validate(&self, obj: &Value, old: Option<&Value>) -> Vec<FieldError> {
+        let errors = schema::validate(obj, &self.schema);
+        match &self.rules {
+            Some(rules) if errors.is_empty() => rules.validate(obj, old),
+            _ => errors,
+        }
     }
 }
 
@@ -541,6 +554,7 @@ pub fn served_defs(crd: &Value) -> Vec<&'static ResourceDef> {
             Box::leak(Box::new(merge_node(&v["schema"]["openAPIV3Schema"])));
         let custom = Custom {
             merge,
+            rules: cel::Rules::build(&v["schema"]["openAPIV3Schema"]),
             crd_name: crd_name.clone(),
             schema: v["schema"]["openAPIV3Schema"].clone(),
             storage_api_version: format!("{group}/{storage_version}"),
@@ -729,6 +743,83 @@ mod tests {
 
     /// `customresource/strategy.go GetAttrs` with `selectableFields`: the declared paths
     /// are field-selector paths, others are not.
+    /// structured-merge-diff's associative lists (`typed/helpers.go
+    /// keyedAssociativeListItemToPathElement`): a `map` list with two keys identifies an
+    /// element by both, in server-side apply (and its managed fields) and in a strategic
+    /// merge patch.
+    #[test]
+    fn a_map_list_with_two_keys_merges_by_both() {
+        use crate::patch::{PatchType, apply, patch_object};
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object",
+            "properties": {"ports": {"type": "array", "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["port", "protocol"],
+                "items": {"type": "object", "properties": {"port": {"type": "integer"},
+                    "protocol": {"type": "string"}, "name": {"type": "string"}}}}}}}});
+        let node: &'static TypeNode = Box::leak(Box::new(merge_node(&schema)));
+        assert_eq!(
+            node.field("spec").field("ports").list().0,
+            ListStrategy::MergeByKeys(&["port", "protocol"])
+        );
+        let doc = |ports: Value| {
+            json!({"apiVersion": "example.com/v1", "kind": "Svc", "metadata": {"name": "a"},
+                   "spec": {"ports": ports}})
+        };
+        let now = "2026-01-01T00:00:00Z";
+        let live = apply(
+            None,
+            &doc(json!([{"port": 53, "protocol": "TCP", "name": "dns-tcp"}])),
+            "a",
+            false,
+            node,
+            now,
+        )
+        .unwrap();
+        // Same port, other protocol: another element, owned by its applier.
+        let udp = json!([{"port": 53, "protocol": "UDP", "name": "dns-udp"}]);
+        let both = apply(Some(&live), &doc(udp), "b", false, node, now).unwrap();
+        assert_eq!(
+            both["spec"]["ports"],
+            json!([{"port": 53, "protocol": "TCP", "name": "dns-tcp"},
+                   {"port": 53, "protocol": "UDP", "name": "dns-udp"}])
+        );
+        let b = both["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["manager"] == "b")
+            .unwrap();
+        assert!(
+            b["fieldsV1"]["f:spec"]["f:ports"]
+                .get(r#"k:{"port":53,"protocol":"UDP"}"#)
+                .is_some(),
+            "{b}"
+        );
+        // A strategic merge patch names one element by both keys and leaves the other.
+        let patched = patch_object(
+            &both,
+            PatchType::StrategicMergePatch,
+            &json!({"spec": {"ports": [{"port": 53, "protocol": "TCP", "name": "dns"}]}}),
+            node,
+        )
+        .unwrap();
+        assert_eq!(
+            patched["spec"]["ports"],
+            json!([{"port": 53, "protocol": "TCP", "name": "dns"},
+                   {"port": 53, "protocol": "UDP", "name": "dns-udp"}])
+        );
+        // An element without one of its keys is refused.
+        let err = apply(
+            Some(&both),
+            &doc(json!([{"port": 80, "name": "http"}])),
+            "c",
+            false,
+            node,
+            now,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("port, protocol"), "{err}");
+    }
+
     #[test]
     fn selectable_fields_are_field_selector_paths() {
         let mut c = crd("select.example.com", "tools", "Tool");

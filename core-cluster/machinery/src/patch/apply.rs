@@ -199,10 +199,15 @@ fn is_server_field(path: &[String]) -> bool {
         .any(|s| path.len() >= s.len() && s.iter().zip(path).all(|(a, b)| a == b))
 }
 
-fn key_segment(element: &Value, key: &str) -> Option<String> {
-    let id = element.get(key).filter(|v| !v.is_null())?;
+/// The managed-fields segment of a keyed list's element: `k:{"name":"a"}`, or with
+/// several keys all of them (`k:{"name":"a","protocol":"TCP"}`, in key order as
+/// structured-merge-diff writes them).
+fn key_segment(element: &Value, keys: &[&str]) -> Option<String> {
     let mut m = Map::new();
-    m.insert(key.to_owned(), id.clone());
+    for key in keys {
+        let id = element.get(*key).filter(|v| !v.is_null())?;
+        m.insert((*key).to_owned(), id.clone());
+    }
     Some(format!("k:{}", Value::Object(m)))
 }
 
@@ -234,20 +239,20 @@ fn collect(
                 return Ok(());
             }
             for element in items {
-                let seg = match strategy {
-                    ListStrategy::MergeByKey(key) => {
-                        key_segment(element, key).ok_or_else(|| {
-                            ApplyError::Invalid(format!(
-                                "element {element} of {} lacks its key field {key:?}",
-                                render_path(path)
-                            ))
-                        })?
-                    }
-                    _ => format!("v:{element}"),
+                let seg = if strategy.is_keyed() {
+                    key_segment(element, strategy.keys()).ok_or_else(|| {
+                        ApplyError::Invalid(format!(
+                            "element {element} of {} lacks its key field {:?}",
+                            render_path(path),
+                            strategy.keys().join(", ")
+                        ))
+                    })?
+                } else {
+                    format!("v:{element}")
                 };
                 path.push(seg);
                 out.insert(path.clone());
-                if let ListStrategy::MergeByKey(_) = strategy {
+                if strategy.is_keyed() {
                     collect(element, item, path, out)?;
                 }
                 path.pop();
@@ -502,9 +507,12 @@ fn merge_applied(live: &mut Value, applied: &Value, schema: &TypeNode) {
             let (strategy, item) = schema.list();
             // Elements by merge key (or value, for sets) in a map: the first of equal
             // identities, as a scan would find it.
-            let identity = |e: &Value| match strategy {
-                ListStrategy::MergeByKey(key) => e.get(key).map(id_key),
-                _ => Some(id_key(e)),
+            let identity = |e: &Value| {
+                if strategy.is_keyed() {
+                    strategy.element_key(e).map(|id| id_key(&id))
+                } else {
+                    Some(id_key(e))
+                }
             };
             let mut positions: HashMap<Option<String>, usize> = HashMap::with_capacity(l.len());
             for (i, e) in l.iter().enumerate() {

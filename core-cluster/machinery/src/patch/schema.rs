@@ -24,8 +24,48 @@ pub enum ListStrategy {
     /// `patchStrategy:"merge"` with `patchMergeKey`: elements are objects identified by
     /// the value of this field and merged one by one.
     MergeByKey(&'static str),
+    /// A custom resource's `x-kubernetes-list-type: map` with several
+    /// `x-kubernetes-list-map-keys`: elements are objects identified by the values of all
+    /// these fields together (structured-merge-diff's associative list keys).
+    MergeByKeys(&'static [&'static str]),
     /// `patchStrategy:"merge"` on a list of primitives: the list behaves as a set.
     Set,
+}
+
+impl ListStrategy {
+    /// Whether elements are objects merged one by one by their key fields.
+    pub fn is_keyed(&self) -> bool {
+        matches!(
+            self,
+            ListStrategy::MergeByKey(_) | ListStrategy::MergeByKeys(_)
+        )
+    }
+
+    /// The key fields of a keyed list (none for the others).
+    pub fn keys(&self) -> &[&'static str] {
+        match self {
+            ListStrategy::MergeByKey(key) => std::slice::from_ref(key),
+            ListStrategy::MergeByKeys(keys) => keys,
+            _ => &[],
+        }
+    }
+
+    /// What identifies `element` in a keyed list: the value of its key, or with several
+    /// keys the object of their values; `None` if a key is missing (or null).
+    pub fn element_key(&self, element: &serde_json::Value) -> Option<serde_json::Value> {
+        match self {
+            ListStrategy::MergeByKey(key) => element.get(key).cloned(),
+            ListStrategy::MergeByKeys(keys) => {
+                let mut id = serde_json::Map::new();
+                for key in keys.iter() {
+                    let v = element.get(key).filter(|v| !v.is_null())?;
+                    id.insert((*key).to_owned(), v.clone());
+                }
+                Some(serde_json::Value::Object(id))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The shape of a value, as far as merging is concerned.

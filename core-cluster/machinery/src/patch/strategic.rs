@@ -215,26 +215,33 @@ fn merge_list(
             let order: Vec<Value> = rest.into_iter().cloned().collect();
             Ok(normalize_order(out, &order, &server, ListStrategy::Set))
         }
-        ListStrategy::MergeByKey(key) => {
+        ListStrategy::MergeByKey(_) | ListStrategy::MergeByKeys(_) => {
+            let key = strategy.keys().join(", ");
             let (replace, rest) = special_elements(patch, true)?;
             let mut out = if replace { Vec::new() } else { original };
             // Deletions first, so that the server order is that of what remains.
             let mut deleted = HashSet::new();
             for element in &rest {
                 if element.get(PATCH).is_some() && !replace {
-                    let id = element.get(key).ok_or_else(|| missing_key(element, key))?;
-                    deleted.insert(id_key(id));
+                    let id = strategy
+                        .element_key(element)
+                        .ok_or_else(|| missing_key(element, &key))?;
+                    deleted.insert(id_key(&id));
                 }
             }
             if !deleted.is_empty() {
-                out.retain(|o| o.get(key).is_none_or(|id| !deleted.contains(&id_key(id))));
+                out.retain(|o| {
+                    strategy
+                        .element_key(o)
+                        .is_none_or(|id| !deleted.contains(&id_key(&id)))
+                });
             }
-            let server: Vec<Value> = out.iter().filter_map(|v| v.get(key).cloned()).collect();
+            let server: Vec<Value> = out.iter().filter_map(|v| strategy.element_key(v)).collect();
             // Elements by merge key (the first of equal keys, as a scan would find).
             let mut positions: HashMap<String, usize> = HashMap::with_capacity(out.len());
             for (i, o) in out.iter().enumerate() {
-                if let Some(id) = o.get(key) {
-                    positions.entry(id_key(id)).or_insert(i);
+                if let Some(id) = strategy.element_key(o) {
+                    positions.entry(id_key(&id)).or_insert(i);
                 }
             }
             let mut order = Vec::new();
@@ -249,11 +256,11 @@ fn merge_list(
                     // done above.
                     continue;
                 }
-                let Some(id) = element.get(key) else {
-                    return Err(missing_key(&Value::Object(element.clone()), key));
+                let Some(id) = strategy.element_key(&Value::Object(element.clone())) else {
+                    return Err(missing_key(&Value::Object(element.clone()), &key));
                 };
                 order.push(id.clone());
-                match positions.get(&id_key(id)) {
+                match positions.get(&id_key(&id)) {
                     Some(&i) => {
                         let existing = match std::mem::take(&mut out[i]) {
                             Value::Object(m) => m,
@@ -262,7 +269,7 @@ fn merge_list(
                         out[i] = Value::Object(merge_map(existing, element, item)?);
                     }
                     None => {
-                        positions.insert(id_key(id), out.len());
+                        positions.insert(id_key(&id), out.len());
                         out.push(Value::Object(merge_map(Map::new(), element, item)?));
                     }
                 }
@@ -282,7 +289,7 @@ fn missing_key(element: &Value, key: &str) -> PatchError {
 /// the element itself.
 fn identity(element: &Value, strategy: ListStrategy) -> Option<Value> {
     match strategy {
-        ListStrategy::MergeByKey(key) => element.get(key).cloned(),
+        ListStrategy::MergeByKey(_) | ListStrategy::MergeByKeys(_) => strategy.element_key(element),
         _ => Some(element.clone()),
     }
 }
