@@ -570,8 +570,9 @@ spec: {size: 3}
 
 /// kubectl v1.32 against a definition: `apply`, `wait --for condition=established`,
 /// `explain` from the definition's OpenAPI v3 document, then the custom resource by plural, short name and category, with its printer column
-/// (`tableconvertor`), `kubectl scale` through the scale subresource, and a schema
-/// violation refused with upstream's message.
+/// (`tableconvertor`), `kubectl scale` through the scale subresource, a schema violation
+/// refused with upstream's message, and a strategic merge patch refused as upstream does for
+/// custom resources.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_applies_a_definition_and_gets_its_objects_by_every_name() {
     ccm_testkit::kubectl::require_kubectl("it applies a CRD and gets custom resources");
@@ -662,6 +663,37 @@ async fn kubectl_applies_a_definition_and_gets_its_objects_by_every_name() {
         .to_vec())
     .await;
     assert_eq!(out.stdout, "4", "{}", out.stderr);
+    // A custom resource takes JSON, merge and apply patches, not strategic merge
+    // (`customresource_handler.go` supportedTypes): kubectl's default patch type gets 415.
+    let out = run(["patch", "wd", "w1", "-p", r#"{"spec":{"size":5}}"#]
+        .map(String::from)
+        .to_vec())
+    .await;
+    assert!(!out.success, "{}", out.stdout);
+    assert!(
+        out.stderr.contains(
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+        ),
+        "{}",
+        out.stderr
+    );
+    let out = run([
+        "patch",
+        "wd",
+        "w1",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"size":5}}"#,
+    ]
+    .map(String::from)
+    .to_vec())
+    .await;
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+    let out = run(["get", "wd", "w1", "-o", "jsonpath={.spec.size}"]
+        .map(String::from)
+        .to_vec())
+    .await;
+    assert_eq!(out.stdout, "5", "{}", out.stderr);
     let out = run(vec!["delete".into(), "wd".into(), "w1".into()]).await;
     assert!(out.success, "{}{}", out.stdout, out.stderr);
     let out = run(vec![

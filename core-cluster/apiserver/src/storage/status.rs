@@ -297,6 +297,19 @@ impl ApiError {
         )
     }
 
+    /// 415 for a content type the resource does not take, naming those it does, worded as
+    /// upstream's `negotiation.NewUnsupportedMediaTypeError`.
+    pub fn unsupported_media_type_of(accepted: &[&str]) -> Self {
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: {}",
+                accepted.join(", ")
+            ),
+        )
+    }
+
     /// 406 for an Accept header we cannot serve.
     pub fn not_acceptable(accept: &str) -> Self {
         Self::new(
