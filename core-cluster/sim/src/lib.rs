@@ -551,8 +551,8 @@ impl NodeSimulator {
             let config = n.config.unwrap_or_else(|| self.shared.node_config.clone());
             let numa = topology::NumaState::new(
                 config.topology.numa_nodes,
-                quantity_of(&config.capacity.cpu) / 1_000_000,
-                quantity_of(&config.capacity.memory) / 1_000_000_000,
+                quantity_in(&config.capacity.cpu, 1_000_000),
+                quantity_in(&config.capacity.memory, 1_000_000_000),
             );
             let state = Arc::new(NodeState {
                 name: n.name.clone(),
@@ -747,10 +747,11 @@ async fn shutdown_node(shared: &Arc<Shared>, node: &Arc<NodeState>) -> Result<()
     result
 }
 
-/// A quantity's nanos (0 when it does not parse: the loader has checked it).
-fn quantity_of(s: &str) -> i64 {
+/// A quantity in units of `unit` nanos (1e6: millis; 1e9: whole units, bytes), 0 when it
+/// does not parse (the loader has checked it).
+fn quantity_in(s: &str, unit: i128) -> i64 {
     core_cluster_machinery::registry::quantity::parse_quantity(s)
-        .map_or(0, |q| i64::try_from(q.nanos()).unwrap_or(i64::MAX))
+        .map_or(0, |q| i64::try_from(q.nanos() / unit).unwrap_or(i64::MAX))
 }
 
 fn heartbeat_mode(node: &Node, current: HeartbeatMode) -> HeartbeatMode {

@@ -228,7 +228,7 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
     let swap_annotation = if shutting_down {
         None
     } else {
-        let memory = crate::quantity_of(&node.config.capacity.memory) / 1_000_000_000;
+        let memory = crate::quantity_in(&node.config.capacity.memory, 1_000_000_000);
         crate::swap::limit_annotation(&crate::swap::container_limits(
             &node.config.swap,
             u64::try_from(memory).unwrap_or(0),
