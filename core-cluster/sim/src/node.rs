@@ -193,7 +193,6 @@ fn initial_node(config: &SimConfig, node: &NodeState, now: jiff::Timestamp) -> N
                 swap: Some(NodeSwapStatus {
                     capacity: Some(i64::try_from(config.swap.capacity).unwrap_or(i64::MAX)),
                 }),
-                ..Default::default()
             }),
             ..Default::default()
         }),
