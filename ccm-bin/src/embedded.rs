@@ -119,6 +119,14 @@ pub(crate) struct EmbeddedArgs {
     /// `DiskPressure` stays True after the last threshold met.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     sim_eviction_pressure_transition_period: Duration,
+    /// A simulator config file (YAML, `kind: NodeSimulatorConfiguration`): each node's or
+    /// group's KubeletConfiguration (failSwapOn, memorySwap, topologyManagerPolicy, image GC
+    /// thresholds, reservations, taints...) over the `--sim-*` flags, its machine (CPUs,
+    /// memory, swap, NUMA nodes) and the per-node flags `--node-ip`, `--hostname-override`
+    /// and `--node-labels`. Nodes it names beyond `--sim-nodes` are added. A malformed file
+    /// stops `ccm` at start, naming the node and the field.
+    #[arg(long = "sim-config", value_name = "FILE")]
+    sim_config_file: Option<PathBuf>,
     /// `--terminated-pod-gc-threshold`: terminated pods kept before pod GC deletes the
     /// oldest (0: keep them all).
     #[arg(long, default_value_t = 12_500)]
@@ -572,6 +580,8 @@ fn sim_config(args: &EmbeddedArgs) -> anyhow::Result<SimConfig> {
     let allocatable = sim::allocatable(&defaults.capacity, &kube_reserved, &system_reserved, &hard)
         .map_err(flag("sim-kube-reserved"))?;
     let config = SimConfig {
+        kube_reserved,
+        system_reserved,
         node_lease_duration: args.sim_node_lease_duration,
         node_status_update_frequency: args.sim_node_status_update_frequency,
         shutdown_grace_period: args.sim_shutdown_grace_period,
@@ -592,6 +602,34 @@ fn sim_config(args: &EmbeddedArgs) -> anyhow::Result<SimConfig> {
         .validate()
         .context("the simulated kubelets' configuration (--sim-* flags)")?;
     Ok(config)
+}
+
+/// The simulated nodes and the simulator's configuration: the flags', then the simulator
+/// config file's (`--sim-config`) over them, per node. Nodes the file adds get a zone of
+/// `--sim-zones` and an address (as `sim-node-<i>`s do) unless it gives theirs.
+fn sim_fleet(args: &EmbeddedArgs, zones: &[String]) -> anyhow::Result<(SimConfig, Vec<SimNode>)> {
+    let nodes = sim_nodes(args, zones);
+    let config = sim_config(args)?;
+    let Some(path) = &args.sim_config_file else {
+        return Ok((config, nodes));
+    };
+    let context = || format!("--sim-config {}", path.display());
+    let text = std::fs::read_to_string(path).with_context(context)?;
+    let file = core_cluster::sim::NodeConfigFile::parse(&text).with_context(context)?;
+    let (config, mut nodes) = file.apply(&config, nodes).with_context(context)?;
+    for (i, node) in nodes.iter_mut().enumerate() {
+        if node.zone.is_none() {
+            node.zone = Some(zones[i % zones.len()].clone());
+        }
+        if node.ip.is_none() && args.sim_node_names.is_empty() {
+            node.ip = Some(IpAddr::V4(if args.sim_kubelet_api {
+                Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 1, 0, 1)) + (i as u32 & 0xfe_ffff))
+            } else {
+                Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 1)) + (i as u32 & 0x7f_ffff))
+            }));
+        }
+    }
+    Ok((config, nodes))
 }
 
 /// The fake cloud of the embedded default: one running instance per simulated node, in the
@@ -664,8 +702,7 @@ pub(crate) async fn run(
     if zones.is_empty() {
         bail!("--sim-zones must name at least one zone");
     }
-    let nodes = sim_nodes(&args, &zones);
-    let sim_config = sim_config(&args)?;
+    let (sim_config, nodes) = sim_fleet(&args, &zones)?;
     let cloud = embedded_cloud(&ccm, &nodes)?;
 
     let temp;
@@ -1171,6 +1208,54 @@ mod tests {
                 "{flag}: {text}"
             );
         }
+    }
+
+    /// The simulator config file reaches each node over the flags, adds the nodes it names,
+    /// and a malformed one stops `ccm` at start naming the file, the node and the field
+    /// (kubelet's `ValidateKubeletConfiguration` and `--node-ip` checks).
+    #[test]
+    fn a_simulator_config_file_configures_each_node_and_a_bad_one_stops_ccm() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sim.yaml");
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["ccm", "--sim-nodes", "2", "--sim-config"];
+            argv.push(path.to_str().unwrap());
+            argv.extend_from_slice(extra);
+            <EmbeddedArgsParser as clap::Parser>::parse_from(argv).args
+        };
+        std::fs::write(
+            &path,
+            "apiVersion: sim.ccm-rs.io/v1alpha1\nkind: NodeSimulatorConfiguration\nnodes:\n  - name: sim-node-1\n    machine: {swap: 2Gi}\n    kubelet: {failSwapOn: false, memorySwap: {swapBehavior: LimitedSwap}}\n  - name: extra\n    kubelet: {topologyManagerPolicy: single-numa-node}\n",
+        )
+        .unwrap();
+        let zones = ["zone-a".to_owned(), "zone-b".to_owned()];
+        let (config, nodes) = sim_fleet(&parse(&["--sim-kube-reserved", "cpu=1"]), &zones).unwrap();
+        assert_eq!(config.allocatable.cpu, "3");
+        let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["sim-node-0", "sim-node-1", "extra"]);
+        assert!(nodes[0].config.is_none());
+        let own = nodes[1].config.as_ref().unwrap();
+        assert_eq!(own.swap.capacity, 2 << 30);
+        assert_eq!(own.allocatable.cpu, "3", "the flags' reservation stays");
+        assert_eq!(nodes[2].zone.as_deref(), Some("zone-a"));
+        assert_eq!(nodes[2].ip, Some("127.1.0.3".parse().unwrap()));
+        assert!(
+            own.register_with_taints
+                .iter()
+                .any(|t| t.key == "node.cloudprovider.kubernetes.io/uninitialized")
+        );
+
+        std::fs::write(
+            &path,
+            "apiVersion: sim.ccm-rs.io/v1alpha1\nkind: NodeSimulatorConfiguration\nnodes:\n  - name: sim-node-1\n    kubelet: {evictionHard: {disk.available: 1Gi}}\n",
+        )
+        .unwrap();
+        let text = format!("{:#}", sim_fleet(&parse(&[]), &zones).unwrap_err());
+        assert!(
+            text.contains("--sim-config")
+                && text.contains("node \"sim-node-1\": evictionHard: unsupported eviction signal"),
+            "{text}"
+        );
     }
 
     #[derive(clap::Parser)]

@@ -7,7 +7,11 @@
 //! window, and peak RSS (`VmHWM`).
 //!
 //! `cargo bench -p core-cluster --bench simulator` (optionally
-//! `-- --nodes 10000 --seconds 60`).
+//! `-- --nodes 10000 --seconds 60`). With `--images`, the nodes simulate images and image GC
+//! (every `--image-gc-period` seconds, 30 by default so that passes fall in the window; kubelet's
+//! is 5 minutes) and container GC runs (every minute, as kubelet's); `--pods-per-node N`
+//! (1 with `--images`, else 0) pods bound to each node, each with one of 20 images, are
+//! started before the window.
 
 #![allow(missing_docs, clippy::disallowed_types)]
 
@@ -25,7 +29,9 @@ use core_cluster::{
 use kube::Client;
 use tokio_util::sync::CancellationToken;
 
-use ccm_testkit::bench::arg;
+use ccm_testkit::bench::{arg, flag};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
 
 fn clock_ticks() -> f64 {
     // USER_HZ; 100 on every Linux this runs on.
@@ -80,6 +86,9 @@ fn vm_hwm() -> String {
 fn main() {
     let nodes: usize = arg("--nodes", 10_000);
     let seconds: u64 = arg("--seconds", 60);
+    let images = flag("--images");
+    let image_gc_period: u64 = arg("--image-gc-period", 30);
+    let pods_per_node: usize = arg("--pods-per-node", usize::from(images));
     let server_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("apisrv")
@@ -111,7 +120,12 @@ fn main() {
         let client =
             Client::try_from(core_cluster::serve::client_config(&kubeconfig).await.unwrap())
                 .unwrap();
-        let sim = NodeSimulator::new(client, SimConfig::default().external_cloud_provider());
+        let mut config = SimConfig::default().external_cloud_provider();
+        if images {
+            config.image_gc.enabled = true;
+            config.image_gc.period = Duration::from_secs(image_gc_period);
+        }
+        let sim = NodeSimulator::new(client.clone(), config);
         sim.add_nodes((0..nodes).map(|i| {
             SimNode::new(format!("sim-{i:05}")).zone(["zone-a", "zone-b", "zone-c"][i % 3])
         }));
@@ -133,6 +147,36 @@ fn main() {
             registration.as_secs_f64(),
             nodes as f64 / registration.as_secs_f64()
         );
+        if pods_per_node > 0 {
+            let start = Instant::now();
+            let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), "default");
+            let total = nodes * pods_per_node;
+            futures::stream::iter(0..total)
+                .map(|i| {
+                    let pods = pods.clone();
+                    async move {
+                        let pod: Pod = serde_json::from_value(serde_json::json!({
+                            "metadata": {"name": format!("app-{i:06}")},
+                            "spec": {
+                                "nodeName": format!("sim-{:05}", i % nodes),
+                                "containers": [{"name": "app", "image": format!("registry.example/app-{}:v1", i % 20)}],
+                            },
+                        }))
+                        .unwrap();
+                        pods.create(&Default::default(), &pod).await.unwrap();
+                    }
+                })
+                .buffer_unordered(64)
+                .collect::<Vec<()>>()
+                .await;
+            while (sim.stats().pods_started as usize) < total {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            println!(
+                "pods: {total} created and Running in {:.2} s (images: {images}, image GC every {image_gc_period} s)",
+                start.elapsed().as_secs_f64()
+            );
+        }
         // Let the renewal phases settle past the first interval.
         tokio::time::sleep(Duration::from_secs(10)).await;
 

@@ -19,4 +19,5 @@ mod kubelet_api;
 mod manage;
 mod nodeipam;
 mod platforms;
+mod sim_config;
 mod support;

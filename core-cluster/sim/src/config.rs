@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Taint;
 
 use crate::{
     container_gc::ContainerGcConfig, eviction::EvictionConfig, images::ImageGcConfig,
-    shutdown::ShutdownPriorityGroup, stages::RunRule,
+    shutdown::ShutdownPriorityGroup, stages::RunRule, swap::SwapConfig, topology::TopologyConfig,
 };
 
 /// The taint kubelet registers with under `--cloud-provider=external`, until the cloud
@@ -59,8 +59,10 @@ impl Default for NodeInfo {
     }
 }
 
-/// The flags of the simulated kubelets (the same for every node of a simulator), with
-/// kubelet's defaults (`pkg/kubelet/apis/config/v1beta1/defaults.go`).
+/// The flags and configuration of a simulated kubelet, with kubelet's defaults
+/// (`pkg/kubelet/apis/config/v1beta1/defaults.go`): the simulator's default for every
+/// node, which a node may replace with its own ([`SimNode::config`](super::SimNode::config),
+/// from a simulator config file, [`NodeConfigFile`](super::NodeConfigFile)).
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     /// `--register-node` (true): create the Node object. When false the Node must already
@@ -78,6 +80,11 @@ pub struct SimConfig {
     /// `--provider-id` prefix: when set, `spec.providerID` = prefix + node name (kwok
     /// advises a dummy one, e.g. `kwok://`, so cloud controllers leave the node alone).
     pub provider_id_prefix: Option<String>,
+    /// `kubeReserved` (`--kube-reserved`), already taken from [`allocatable`](Self::allocatable).
+    pub kube_reserved: BTreeMap<String, String>,
+    /// `systemReserved` (`--system-reserved`), already taken from
+    /// [`allocatable`](Self::allocatable).
+    pub system_reserved: BTreeMap<String, String>,
     /// Capacity, reported in `status.capacity`.
     pub capacity: NodeResources,
     /// Allocatable, reported in `status.allocatable`.
@@ -117,6 +124,10 @@ pub struct SimConfig {
     pub container_gc: ContainerGcConfig,
     /// The eviction manager (`--eviction-hard`, the pressure transition period).
     pub eviction: EvictionConfig,
+    /// Swap: the machine's swap, `failSwapOn` and `memorySwap.swapBehavior`.
+    pub swap: SwapConfig,
+    /// The TopologyManager: policy, scope and the machine's NUMA nodes.
+    pub topology: TopologyConfig,
     /// At most this many registrations (Node + Lease creates) in flight at once (64).
     pub max_concurrent_registrations: usize,
     /// At most this many pod status writes and deletions in flight at once (32).
@@ -139,6 +150,8 @@ impl Default for SimConfig {
             register_node: true,
             register_with_taints: Vec::new(),
             node_labels: BTreeMap::new(),
+            kube_reserved: BTreeMap::new(),
+            system_reserved: BTreeMap::new(),
             external_cloud_provider: false,
             provider_id_prefix: None,
             capacity: resources.clone(),
@@ -155,6 +168,8 @@ impl Default for SimConfig {
             image_gc: ImageGcConfig::default(),
             container_gc: ContainerGcConfig::default(),
             eviction: EvictionConfig::default(),
+            swap: SwapConfig::default(),
+            topology: TopologyConfig::default(),
             default_run_duration: Duration::from_secs(1),
             max_concurrent_registrations: 64,
             max_concurrent_pod_writes: 32,
@@ -236,6 +251,23 @@ impl SimConfig {
         if self.node_lease_duration.is_zero() {
             return err("nodeLeaseDurationSeconds", "must be greater than 0".into());
         }
+        self.topology.validate()?;
+        Ok(())
+    }
+
+    /// Recomputes [`allocatable`](Self::allocatable) from capacity, the reservations and the
+    /// hard eviction thresholds (`GetNodeAllocatableReservation`).
+    pub fn recompute_allocatable(&mut self) -> Result<(), SimConfigError> {
+        self.allocatable = crate::registration::allocatable(
+            &self.capacity,
+            &self.kube_reserved,
+            &self.system_reserved,
+            &self.eviction.hard,
+        )
+        .map_err(|message| SimConfigError {
+            field: "kubeReserved",
+            message,
+        })?;
         Ok(())
     }
 

@@ -360,9 +360,9 @@ fn fill_bytes(value: Option<&str>, capacity: u64) -> u64 {
 
 /// The filesystems of a node: (nodefs, imagefs).
 pub(crate) fn observe(shared: &crate::Shared, node: &crate::NodeState) -> [FsObservation; 2] {
-    let nodefs_capacity = parse_quantity(&shared.config.capacity.ephemeral_storage)
+    let nodefs_capacity = parse_quantity(&node.config.capacity.ephemeral_storage)
         .map_or(0, |q| q.value().max(0) as u64);
-    let imagefs_capacity = shared.config.image_gc.imagefs_capacity;
+    let imagefs_capacity = node.config.image_gc.imagefs_capacity;
     let (nodefs_fill, imagefs_fill, pods_usage) = {
         let st = node.eviction.lock();
         (
@@ -438,7 +438,7 @@ pub(crate) async fn run_eviction(
 
 /// One `synchronize` of a node's eviction manager.
 async fn synchronize(shared: &Arc<crate::Shared>, node: &Arc<crate::NodeState>) {
-    let config = &shared.config.eviction;
+    let config = &node.config.eviction;
     let now = Instant::now();
     let met = thresholds_met(config, &observe(shared, node));
     let changed = {
@@ -466,7 +466,7 @@ async fn synchronize(shared: &Arc<crate::Shared>, node: &Arc<crate::NodeState>) 
         .collect(&shared.config.container_gc, true, now);
     let mut images_freed = 0;
     if signal == Signal::ImageFsAvailable {
-        let out = node.images.lock().free_unused(&shared.config.image_gc, now);
+        let out = node.images.lock().free_unused(&node.config.image_gc, now);
         images_freed = out.freed;
         if !out.removed.is_empty() {
             node.notify.notify_one();

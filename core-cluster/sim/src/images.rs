@@ -279,7 +279,11 @@ pub(crate) async fn run_image_gc(
             if shared.heartbeat_stopped(&node) {
                 continue;
             }
-            let outcome = node.images.lock().collect(&config, Instant::now());
+            // The node's own thresholds and ages (the period is the simulator's).
+            let outcome = node
+                .images
+                .lock()
+                .collect(&node.config.image_gc, Instant::now());
             if !outcome.removed.is_empty() {
                 tracing::info!(node = %node.name, removed = ?outcome.removed, freed = outcome.freed, "image GC");
                 node.notify.notify_one();

@@ -76,10 +76,13 @@ mod identity;
 mod images;
 mod kubelet_api;
 mod node;
+mod node_config;
 mod pods;
 mod registration;
 mod shutdown;
 mod stages;
+mod swap;
+mod topology;
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -126,6 +129,11 @@ pub use kubelet_api::{
     KubeletAuthConfig, KubeletAuthorizationMode, LOG_INTERVAL_ANNOTATION, LOG_TEMPLATE_ANNOTATION,
     MEMORY_USAGE_ANNOTATION, ServingCa,
 };
+pub use node_config::{
+    KUBELET_CONFIG_API_VERSION, KubeletConfiguration, MachineSpec, MemorySwap,
+    NODE_CONFIG_API_VERSION, NODE_CONFIG_KIND, NodeConfigError, NodeConfigFile, NodeEntry,
+    PriorityGracePeriod, parse_go_duration, parse_node_ip,
+};
 pub use registration::{
     KUBELET_LABEL_NAMESPACES, KUBELET_LABELS, allocatable, is_qualified_name, is_valid_label_value,
     parse_node_labels, parse_register_with_taints, parse_reserved,
@@ -137,6 +145,15 @@ pub use shutdown::{
 pub use stages::{
     EXIT_CODE_ANNOTATION, HELM_HOOK_ANNOTATION, RUN_DURATION_ANNOTATION, RunPlan, RunRule,
     RunSelector, default_plan, parse_run_duration, plan as run_plan,
+};
+pub use swap::{
+    ContainerSwap, FAIL_SWAP_ON_MESSAGE, SWAP_LIMIT_ANNOTATION, SwapBehavior, SwapConfig,
+    calc_swap_for_burstable, container_limits as swap_container_limits,
+    limit_annotation as swap_limit_annotation, pod_qos,
+};
+pub use topology::{
+    MAX_NUMA_NODES, TOPOLOGY_AFFINITY_ERROR, TOPOLOGY_AFFINITY_MESSAGE, TopologyConfig,
+    TopologyPolicy, TopologyScope,
 };
 
 /// Node annotation controlling a node's heartbeats: `stopped`, `running` or `flapping`.
@@ -169,8 +186,8 @@ pub enum SimError {
     Kube(#[from] kube::Error),
 }
 
-/// A node to simulate: its name, and optionally its zone and IP.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A node to simulate: its name, and optionally its zone, IP and own configuration.
+#[derive(Debug, Clone)]
 pub struct SimNode {
     /// Node name (also the hostname).
     pub name: String,
@@ -179,16 +196,26 @@ pub struct SimNode {
     /// The node IP as given with kubelet's `--node-ip`; when absent an InternalIP is taken
     /// from 10.0.0.0/9 by the node's order of addition.
     pub ip: Option<IpAddr>,
+    /// The node's own kubelet configuration (from a simulator config file,
+    /// [`NodeConfigFile`]); `None`: the simulator's.
+    pub config: Option<Arc<SimConfig>>,
 }
 
 impl SimNode {
-    /// A node with this name, no zone, no explicit IP.
+    /// A node with this name, no zone, no explicit IP, the simulator's configuration.
     pub fn new(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),
             zone: None,
             ip: None,
+            config: None,
         }
+    }
+
+    /// Gives the node its own configuration.
+    pub fn with_config(mut self, config: Arc<SimConfig>) -> Self {
+        self.config = Some(config);
+        self
     }
 
     /// Sets the zone.
@@ -276,6 +303,8 @@ struct Control {
     /// A shutdown was asked for (by [`SHUTDOWN_ANNOTATION`] or
     /// [`NodeSimulator::shutdown_node`]): it runs once.
     shutdown_requested: bool,
+    /// Why the node's kubelet refused to start (`failSwapOn`), if it did.
+    startup_error: Option<String>,
     /// `(type, status)` of the conditions the API shows, from the Node watch.
     observed_conditions: Option<Vec<(String, String)>>,
 }
@@ -287,6 +316,8 @@ struct NodeState {
     zone: Option<String>,
     ip: IpAddr,
     explicit_ip: bool,
+    /// The node's configuration (its own, or the simulator's).
+    config: Arc<SimConfig>,
     ctl: Mutex<Control>,
     /// Woken when a control changes.
     notify: Notify,
@@ -296,6 +327,8 @@ struct NodeState {
     containers: Mutex<container_gc::ContainerStore>,
     /// The node's eviction manager.
     eviction: Mutex<eviction::EvictionState>,
+    /// The node's NUMA nodes, under its TopologyManager.
+    numa: Mutex<topology::NumaState>,
 }
 
 impl NodeState {
@@ -330,6 +363,8 @@ struct Shared {
     node_clients: std::sync::OnceLock<NodeClientFactory>,
     node_client_cache: RwLock<HashMap<String, Client>>,
     config: SimConfig,
+    /// [`config`](Self::config), shared by the nodes without their own.
+    node_config: Arc<SimConfig>,
     clock: WallClock,
     nodes: RwLock<HashMap<String, Arc<NodeState>>>,
     stopped_zones: RwLock<BTreeSet<String>>,
@@ -431,6 +466,7 @@ impl NodeSimulator {
                 client,
                 node_clients: std::sync::OnceLock::new(),
                 node_client_cache: RwLock::new(HashMap::new()),
+                node_config: Arc::new(config.clone()),
                 config,
                 clock: WallClock::new(),
                 nodes: RwLock::new(HashMap::new()),
@@ -512,23 +548,32 @@ impl NodeSimulator {
                 let base = u32::from(Ipv4Addr::new(10, 0, 0, 1));
                 IpAddr::V4(Ipv4Addr::from(base + (seq as u32 & 0x7f_ffff)))
             });
+            let config = n.config.unwrap_or_else(|| self.shared.node_config.clone());
+            let numa = topology::NumaState::new(
+                config.topology.numa_nodes,
+                quantity_in(&config.capacity.cpu, 1_000_000),
+                quantity_in(&config.capacity.memory, 1_000_000_000),
+            );
             let state = Arc::new(NodeState {
                 name: n.name.clone(),
                 zone: n.zone,
                 ip,
                 explicit_ip: n.ip.is_some(),
+                config,
                 ctl: Mutex::new(Control {
                     manual_stopped: false,
                     annotation: HeartbeatMode::Running,
                     shutting_down: false,
                     powered_off: false,
                     shutdown_requested: false,
+                    startup_error: None,
                     observed_conditions: None,
                 }),
                 notify: Notify::new(),
                 images: Mutex::new(images::ImageStore::default()),
                 containers: Mutex::new(container_gc::ContainerStore::default()),
                 eviction: Mutex::new(eviction::EvictionState::default()),
+                numa: Mutex::new(numa),
             });
             map.insert(n.name, state.clone());
             drop(map);
@@ -558,12 +603,30 @@ impl NodeSimulator {
         }
     }
 
+    /// Why a node's kubelet refused to start (kubelet's error, e.g. [`FAIL_SWAP_ON_MESSAGE`]
+    /// under `failSwapOn` on a machine with swap): such a node never registers.
+    pub fn startup_error(&self, node: &str) -> Result<Option<String>, SimError> {
+        let n = self.shared.node(node)?;
+        Ok(n.ctl.lock().startup_error.clone())
+    }
+
+    /// A node's configuration (its own, or the simulator's).
+    pub fn node_config(&self, node: &str) -> Result<Arc<SimConfig>, SimError> {
+        Ok(self.shared.node(node)?.config.clone())
+    }
+
+    /// A node's free `(CPU millicores, memory bytes)` per NUMA node, as its
+    /// TopologyManager has allocated them.
+    pub fn numa_free(&self, node: &str) -> Result<Vec<(i64, i64)>, SimError> {
+        Ok(self.shared.node(node)?.numa.lock().free())
+    }
+
     /// A node's image filesystem: (bytes used by images, capacity), for `/stats/summary`'s
     /// `node.runtime.imageFs`. `(0, capacity)` when images are not simulated.
     pub fn image_fs_usage(&self, node: &str) -> Result<(u64, u64), SimError> {
         let n = self.shared.node(node)?;
         let used = n.images.lock().used_bytes();
-        Ok((used, self.shared.config.image_gc.imagefs_capacity))
+        Ok((used, n.config.image_gc.imagefs_capacity))
     }
 
     /// The images a node reports (`status.images`, largest first, capped).
@@ -572,7 +635,7 @@ impl NodeSimulator {
         node: &str,
     ) -> Result<Vec<k8s_openapi::api::core::v1::ContainerImage>, SimError> {
         let n = self.shared.node(node)?;
-        let max = self.shared.config.image_gc.node_status_max_images;
+        let max = n.config.image_gc.node_status_max_images;
         Ok(n.images.lock().status_images(max))
     }
 
@@ -675,13 +738,20 @@ async fn shutdown_node(shared: &Arc<Shared>, node: &Arc<NodeState>) -> Result<()
     if std::mem::replace(&mut node.ctl.lock().shutdown_requested, true) {
         return Ok(());
     }
-    let result = if shutdown::shutdown_groups(&shared.config).is_empty() {
+    let result = if shutdown::shutdown_groups(&node.config).is_empty() {
         Ok(())
     } else {
         pods::graceful_shutdown(shared, node).await
     };
     shared.change(node, |c| c.powered_off = true);
     result
+}
+
+/// A quantity in units of `unit` nanos (1e6: millis; 1e9: whole units, bytes), 0 when it
+/// does not parse (the loader has checked it).
+fn quantity_in(s: &str, unit: i128) -> i64 {
+    core_cluster_machinery::registry::quantity::parse_quantity(s)
+        .map_or(0, |q| i64::try_from(q.nanos() / unit).unwrap_or(i64::MAX))
 }
 
 fn heartbeat_mode(node: &Node, current: HeartbeatMode) -> HeartbeatMode {

@@ -5,7 +5,9 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use k8s_openapi::{
     api::{
         coordination::v1::{Lease, LeaseSpec},
-        core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo},
+        core::v1::{
+            Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSwapStatus, NodeSystemInfo,
+        },
     },
     apimachinery::pkg::{
         api::resource::Quantity,
@@ -187,7 +189,10 @@ fn initial_node(config: &SimConfig, node: &NodeState, now: jiff::Timestamp) -> N
                 operating_system: info.operating_system.clone(),
                 os_image: info.os_image.clone(),
                 system_uuid: format!("sim-{}", node.name),
-                ..Default::default()
+                // setters.go MachineInfo, with the NodeSwap feature (on by default).
+                swap: Some(NodeSwapStatus {
+                    capacity: Some(i64::try_from(config.swap.capacity).unwrap_or(i64::MAX)),
+                }),
             }),
             ..Default::default()
         }),
@@ -229,6 +234,20 @@ pub(super) async fn run_node(
             last_status_post: Instant::now(),
             last_images_version: 0,
         };
+        // NewContainerManager: under failSwapOn a machine with swap stops kubelet before
+        // it registers.
+        if let Some(error) = k.node.config.swap.startup_error() {
+            tracing::error!(error, "failed to run Kubelet");
+            k.node.ctl.lock().startup_error = Some(error.to_owned());
+            return;
+        }
+        if k.node.config.swap.capacity > 0 {
+            tracing::info!(
+                swap_behavior = k.node.config.swap.behavior.as_str(),
+                capacity = k.node.config.swap.capacity,
+                "swap is on"
+            );
+        }
         // The kubelet API listens before registration, so the Node advertises it.
         if let Err(e) = kubelet_api::start(&k.shared, &k.node, &k.shutdown).await {
             tracing::warn!(error = %e, "the kubelet API did not start");
@@ -245,7 +264,7 @@ pub(super) async fn run_node(
 
 impl Kubelet {
     fn config(&self) -> &SimConfig {
-        &self.shared.config
+        &self.node.config
     }
 
     /// Waits `d` unless shutdown comes first (then false).
@@ -536,7 +555,7 @@ impl Kubelet {
             disk_pressure,
         );
         let due = self.last_status_post.elapsed() >= self.config().node_status_report_frequency;
-        let image_gc = &self.shared.config.image_gc;
+        let image_gc = &self.node.config.image_gc;
         let images = image_gc.enabled.then(|| {
             let store = self.node.images.lock();
             (

@@ -87,6 +87,7 @@ pub(super) async fn run_pods(
                     if let Some(node) = node_of(&pod).and_then(|n| shared.node(n).ok()) {
                         node.containers.lock().pod_deleted(&uid, tokio::time::Instant::now());
                         node.eviction.lock().pods.remove(&uid);
+                        node.numa.lock().release(&uid);
                     }
                     shared.pods.starting.lock().remove(&uid);
                     shared.pods.finishing.lock().remove(&uid);
@@ -169,6 +170,10 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
     }
     if phase(pod) != "Pending" {
         shared.pods.starting.lock().remove(&uid);
+        if matches!(phase(pod), "Succeeded" | "Failed") {
+            // The CPU and memory managers' RemoveStaleState: an ended pod holds no NUMA node.
+            node.numa.lock().release(&uid);
+        }
         // What the running pod writes may change (its disk-usage annotation).
         if let Some(active) = node.eviction.lock().pods.get_mut(&uid) {
             *active = crate::eviction::ActivePod::of(pod);
@@ -187,6 +192,14 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
     let disk_pressure =
         node.eviction.lock().disk_pressure && active.priority < shutdown::SYSTEM_CRITICAL_PRIORITY;
     let shutting_down = node.ctl.lock().shutting_down;
+    // The TopologyManager's admit handler (`topology_manager.go` `Admit`), after the
+    // eviction and shutdown managers' (kubelet's admit handlers run in that order and the
+    // first refusal wins).
+    let topology = if shutting_down || disk_pressure {
+        Ok(())
+    } else {
+        node.numa.lock().admit(&node.config.topology, pod)
+    };
     let status = if shutting_down {
         // The shutdown manager's admission handler rejects new pods.
         json!({"status": {
@@ -200,10 +213,28 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
             "reason": crate::eviction::EVICTED_REASON,
             "message": "The node had condition: [DiskPressure]. ",
         }})
+    } else if let Err(message) = &topology {
+        json!({"status": {
+            "phase": "Failed",
+            "reason": crate::topology::TOPOLOGY_AFFINITY_ERROR,
+            "message": format!("Pod was rejected: {message}"),
+        }})
     } else {
         running_status(shared, &node, pod)
     };
-    let shutting_down = shutting_down || disk_pressure;
+    let rejected = topology.as_ref().err().cloned();
+    let shutting_down = shutting_down || disk_pressure || rejected.is_some();
+    // LimitedSwap: each container's memory.swap.max, shown on the pod.
+    let swap_annotation = if shutting_down {
+        None
+    } else {
+        let memory = crate::quantity_in(&node.config.capacity.memory, 1_000_000_000);
+        crate::swap::limit_annotation(&crate::swap::container_limits(
+            &node.config.swap,
+            u64::try_from(memory).unwrap_or(0),
+            pod,
+        ))
+    };
     if !shutting_down {
         node.eviction.lock().pods.insert(uid.clone(), active);
     }
@@ -250,11 +281,44 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
                 .await
             {
                 Ok(_) if !shutting_down => bump(&shared.counters.pods_started),
-                Ok(_) => {}
+                Ok(_) => {
+                    if let Some(message) = &rejected {
+                        // kubelet's rejectPod records the refusal as a Warning Event.
+                        crate::images::post_object_event(
+                            &shared,
+                            &node.name,
+                            k8s_openapi::api::core::v1::ObjectReference {
+                                api_version: Some("v1".into()),
+                                kind: Some("Pod".into()),
+                                namespace: Some(ns.clone()),
+                                name: Some(name.clone()),
+                                uid: Some(uid.clone()),
+                                ..Default::default()
+                            },
+                            crate::topology::TOPOLOGY_AFFINITY_ERROR,
+                            message,
+                        )
+                        .await;
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(node = %node.name, pod = %format!("{ns}/{name}"), error = %e, "pod status update failed");
                     shared.pods.starting.lock().remove(&uid);
                     return;
+                }
+            }
+            if let Some(limits) = &swap_annotation {
+                // Through the simulator's own client: NodeRestriction lets a kubelet
+                // change a pod's status only.
+                let fleet: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
+                let patch = json!({"metadata": {"annotations": {
+                    crate::swap::SWAP_LIMIT_ANNOTATION: limits,
+                }}});
+                if let Err(e) = fleet
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "swap limit annotation failed");
                 }
             }
         }
@@ -574,7 +638,7 @@ pub(super) async fn graceful_shutdown(
         .into_iter()
         .filter(|p| !matches!(phase(p), "Succeeded" | "Failed"))
         .collect();
-    let groups = shutdown::shutdown_groups(&shared.config);
+    let groups = shutdown::shutdown_groups(&node.config);
     let periods: Vec<Duration> = groups.iter().map(|g| g.grace_period).collect();
     let grouped = shutdown::group_by_priority(&groups, active);
     tracing::info!(

@@ -40,6 +40,7 @@ mod service_account_identity;
 mod sim;
 mod sim_eviction;
 mod sim_images;
+mod sim_node_config;
 mod sim_shutdown;
 mod store_failures;
 mod tls_auth;
