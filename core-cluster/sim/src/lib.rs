@@ -79,6 +79,7 @@ mod node;
 mod node_config;
 mod pods;
 mod registration;
+mod service_proxy;
 mod shutdown;
 mod stages;
 mod swap;
@@ -384,6 +385,8 @@ struct Shared {
     kubelet_api: kubelet_api::KubeletApi,
     /// The service-account tokens of the pods' projected volumes.
     tokens: identity::TokenCache,
+    /// The nodes' data path (see [`NodeSimulator::with_service_proxy`]).
+    service_proxy: service_proxy::ServiceProxy,
 }
 
 impl Shared {
@@ -484,6 +487,7 @@ impl NodeSimulator {
                 pods: pods::PodTracker::default(),
                 kubelet_api: kubelet_api::KubeletApi::default(),
                 tokens: identity::TokenCache::default(),
+                service_proxy: service_proxy::ServiceProxy::default(),
             }),
         }
     }
@@ -508,6 +512,30 @@ impl NodeSimulator {
             tracing::warn!("the kubelet API was already enabled; keeping the first settings");
         }
         self
+    }
+
+    /// Every node whose IP is a loopback address (the ones the simulator picks with
+    /// [`with_kubelet_api`](Self::with_kubelet_api), or given so) carries Service traffic
+    /// as kube-proxy would: it listens on each `NodePort`/`LoadBalancer` Service's TCP node
+    /// ports and hands each connection to a ready endpoint's pod, which answers with its
+    /// name; `externalTrafficPolicy: Local` keeps to the node's own endpoints and serves
+    /// the `healthCheckNodePort` (the `service_proxy` module's documentation says what is
+    /// and is not simulated). Set before [`run`](Self::run).
+    pub fn with_service_proxy(self) -> Self {
+        self.shared.service_proxy.enable();
+        self
+    }
+
+    /// The addresses the data path listens on now (node ports and health-check ports),
+    /// sorted; empty without [`with_service_proxy`](Self::with_service_proxy).
+    pub fn service_proxy_listeners(&self) -> Vec<std::net::SocketAddr> {
+        self.shared.service_proxy.listening()
+    }
+
+    /// Connections the data path has handed to a pod, and connections it reset for want
+    /// of an endpoint (or because the chosen pod's port was closed).
+    pub fn service_proxy_connections(&self) -> (u64, u64) {
+        self.shared.service_proxy.counts()
     }
 
     /// Where a node's kubelet API listens, once it does.
@@ -579,6 +607,7 @@ impl NodeSimulator {
             drop(map);
             let _ = self.shared.new_nodes.send(state);
         }
+        self.shared.service_proxy.nodes_added();
     }
 
     /// Names of the simulated nodes (unordered).
@@ -714,6 +743,7 @@ impl NodeSimulator {
         tasks.spawn(pods::run_pods(shared.clone(), resumed, shutdown.clone()));
         tasks.spawn(images::run_image_gc(shared.clone(), shutdown.clone()));
         tasks.spawn(eviction::run_eviction(shared.clone(), shutdown.clone()));
+        tasks.spawn(service_proxy::run(shared.clone(), shutdown.clone()));
         tasks.spawn(container_gc::run_container_gc(
             shared.clone(),
             shutdown.clone(),

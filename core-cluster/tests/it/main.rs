@@ -34,6 +34,7 @@ mod rbac_escalation;
 mod rbac_write_path;
 mod request_bodies;
 mod scheduler;
+mod service_proxy;
 mod service_ranges;
 
 mod service_account_identity;

@@ -106,6 +106,8 @@ struct Inner {
     clusters: BTreeMap<String, String>,
     /// What `supported_platforms` answers.
     platforms: Vec<String>,
+    /// Load balancers that carry traffic on loopback addresses, when asked for.
+    data_plane: Option<crate::data_plane::DataPlane>,
 }
 
 /// An in-memory cloud of instances, load balancers and routes, registered as `fake`.
@@ -158,6 +160,7 @@ pub struct FakeCloudBuilder {
     faults: Vec<FaultRule>,
     quota: Option<(f64, u32)>,
     platforms: Vec<String>,
+    serve_load_balancers: Option<Ipv4Addr>,
 }
 
 impl Default for FakeCloudBuilder {
@@ -174,6 +177,7 @@ impl Default for FakeCloudBuilder {
             faults: Vec::new(),
             quota: None,
             platforms: Vec::new(),
+            serve_load_balancers: None,
         }
     }
 }
@@ -253,6 +257,17 @@ impl FakeCloudBuilder {
         self
     }
 
+    /// Load balancers carry traffic: each gets a loopback ingress address, `base + 1`
+    /// onwards within its /16 (the next free one when another process holds one), listens
+    /// there on its Service's TCP ports and splices each connection to a backend node's
+    /// node port, only to nodes whose health-check port answers 200 when the Service has
+    /// one (`externalTrafficPolicy: Local`). For a cluster whose nodes' addresses are
+    /// reachable on this machine, such as simulated nodes on loopback addresses.
+    pub fn serve_load_balancers(mut self, base: Ipv4Addr) -> Self {
+        self.serve_load_balancers = Some(base);
+        self
+    }
+
     /// Adds a fault rule.
     pub fn fault(mut self, rule: FaultRule) -> Self {
         self.faults.push(rule);
@@ -292,6 +307,9 @@ impl FakeCloudBuilder {
                 default_zone: self.default_zone,
                 clusters: self.clusters,
                 platforms: self.platforms,
+                data_plane: self
+                    .serve_load_balancers
+                    .map(crate::data_plane::DataPlane::new),
             }),
         }
     }
@@ -612,6 +630,18 @@ impl FakeCloud {
     fn lookup_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
         self.find_for_node(node)
             .map(|i| Some(Self::metadata_of(&i)))
+    }
+
+    /// A new ingress address: a loopback one when load balancers are served (IPv4), else
+    /// [`allocate_address`](Self::allocate_address)'s.
+    fn next_address(&self, state: &mut State, ipv6: bool) -> IpAddr {
+        match &self.inner.data_plane {
+            Some(plane) if !ipv6 => {
+                state.next_lb_address += 1;
+                plane.address(state.next_lb_address)
+            }
+            _ => Self::allocate_address(state, ipv6),
+        }
     }
 
     fn allocate_address(state: &mut State, ipv6: bool) -> IpAddr {
@@ -984,13 +1014,48 @@ impl LoadBalancer for FakeCloud {
             .is_some_and(|f| f == "IPv6");
         let name = self.get_load_balancer_name(cluster_name, service);
 
+        let health_check = health_check_path_port(service).map(|(p, port)| (p.to_owned(), port));
+        let (ip, fresh) = {
+            let mut state = self.inner.state.lock();
+            match (requested_ip, state.load_balancers.get(&name)) {
+                (Some(ip), _) => (ip, false),
+                (None, Some(existing)) => (existing.ip, false),
+                (None, None) => (self.next_address(&mut state, ipv6), true),
+            }
+        };
+        let ip = match &self.inner.data_plane {
+            Some(plane) => {
+                let backends = crate::data_plane::Backends {
+                    nodes: nodes
+                        .iter()
+                        .filter_map(|n| crate::data_plane::node_address(n))
+                        .collect(),
+                    health_check: health_check
+                        .as_ref()
+                        .and_then(|(p, port)| Some((p.clone(), u16::try_from(*port).ok()?))),
+                    source_ranges: source_ranges.clone(),
+                };
+                let tcp: Vec<(u16, u16)> = listeners
+                    .iter()
+                    .filter(|l| l.protocol == "TCP")
+                    .filter_map(|l| {
+                        Some((
+                            u16::try_from(l.port).ok()?,
+                            u16::try_from(l.node_port).ok()?,
+                        ))
+                    })
+                    .collect();
+                plane
+                    .serve(&name, ip, fresh, &tcp, backends, || {
+                        self.next_address(&mut self.inner.state.lock(), ipv6)
+                    })
+                    .await
+                    .map_err(CloudError::message)?
+            }
+            None => ip,
+        };
         let mut state = self.inner.state.lock();
         let hosts = state.host_lists.intern(hosts);
-        let ip = match (requested_ip, state.load_balancers.get(&name)) {
-            (Some(ip), _) => ip,
-            (None, Some(existing)) => existing.ip,
-            (None, None) => Self::allocate_address(&mut state, ipv6),
-        };
         let lb = FakeLoadBalancer {
             name: name.clone(),
             cluster: cluster_name.to_owned(),
@@ -999,7 +1064,7 @@ impl LoadBalancer for FakeCloud {
             listeners,
             hosts,
             source_ranges,
-            health_check: health_check_path_port(service).map(|(p, port)| (p.to_owned(), port)),
+            health_check,
         };
         let status = status_of(&lb);
         state.load_balancers.insert(name, lb);
@@ -1033,6 +1098,16 @@ impl LoadBalancer for FakeCloud {
             ))
         })?;
         lb.hosts = host_lists.intern(hosts);
+        drop(state);
+        if let Some(plane) = &self.inner.data_plane {
+            plane.set_nodes(
+                &name,
+                nodes
+                    .iter()
+                    .filter_map(|n| crate::data_plane::node_address(n))
+                    .collect(),
+            );
+        }
         Ok(())
     }
 
@@ -1048,6 +1123,9 @@ impl LoadBalancer for FakeCloud {
         .await?;
         let name = self.get_load_balancer_name(cluster_name, service);
         self.inner.state.lock().load_balancers.remove(&name);
+        if let Some(plane) = &self.inner.data_plane {
+            plane.remove(&name);
+        }
         Ok(())
     }
 
@@ -1089,6 +1167,10 @@ impl LoadBalancer for FakeCloud {
             .is_some_and(|lb| lb.cluster == cluster_name)
         {
             state.load_balancers.remove(&load_balancer.name);
+            drop(state);
+            if let Some(plane) = &self.inner.data_plane {
+                plane.remove(&load_balancer.name);
+            }
         }
         Ok(())
     }

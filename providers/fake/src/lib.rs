@@ -29,6 +29,7 @@
 mod calls;
 mod cloud;
 pub mod config;
+mod data_plane;
 mod faults;
 mod model;
 mod quota;

@@ -603,3 +603,118 @@ async fn a_quota_throttles_calls_over_its_rate() {
     }
     assert_eq!(cloud.throttled_calls(), 0);
 }
+
+/// A stand-in node on `ip`: its node port answers with `name`, its health-check port with
+/// `health` (an HTTP status).
+async fn stand_in_node(
+    ip: std::net::IpAddr,
+    node_port: u16,
+    health_port: u16,
+    name: &'static str,
+    health: u16,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let traffic = tokio::net::TcpListener::bind((ip, node_port))
+        .await
+        .unwrap();
+    let checks = tokio::net::TcpListener::bind((ip, health_port))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = traffic.accept().await {
+            let _ = s.write_all(format!("{name}\n").as_bytes()).await;
+        }
+    });
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = checks.accept().await {
+            let mut buf = [0u8; 512];
+            let _ = s.read(&mut buf).await;
+            let _ = s
+                .write_all(
+                    format!(
+                        "HTTP/1.1 {health} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+                    .as_bytes(),
+                )
+                .await;
+        }
+    });
+}
+
+/// What a connection to `addr` reads until it closes, or `None` when it is refused or reset.
+async fn read_from(addr: std::net::SocketAddr) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    (!out.is_empty()).then(|| out.trim().to_owned())
+}
+
+/// `serve_load_balancers`: the load balancer's loopback address listens on the Service's
+/// port and splices each connection to a node's node port, in turn over the nodes; with a
+/// health check (`externalTrafficPolicy: Local`, the path and port of
+/// `cloud-provider/service/helpers` `GetServiceHealthCheckPathPort`) only to nodes whose
+/// check answers 200; deleted, its address refuses connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_load_balancer_forwards_to_healthy_nodes_only() {
+    let third = (std::process::id() % 250) as u8 + 1;
+    let node_ip = |i: u8| std::net::IpAddr::from([127, 93, third, i]);
+    let (node_port, health_port) = (31080, 31081);
+    stand_in_node(node_ip(1), node_port, health_port, "node-1", 200).await;
+    stand_in_node(node_ip(2), node_port, health_port, "node-2", 503).await;
+    let nodes: Vec<Arc<Node>> = [1, 2]
+        .map(|i| {
+            let mut n = node(&format!("node-{i}"));
+            n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+                addresses: Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+                    type_: "InternalIP".into(),
+                    address: node_ip(i).to_string(),
+                }]),
+                ..Default::default()
+            });
+            Arc::new(n)
+        })
+        .into();
+    let cloud = FakeCloud::builder()
+        .serve_load_balancers(std::net::Ipv4Addr::new(127, 94, third, 0))
+        .build();
+    let mut svc = service("uid-1", Some(i32::from(node_port)));
+    let spec = svc.spec.as_mut().unwrap();
+    spec.ports.as_mut().unwrap()[0].port = 8080;
+    spec.external_traffic_policy = Some("Local".into());
+    spec.health_check_node_port = Some(i32::from(health_port));
+    let status = cloud.ensure_load_balancer("c", &svc, &nodes).await.unwrap();
+    let ip: std::net::IpAddr = status.ingress.unwrap()[0]
+        .ip
+        .clone()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ip.is_loopback(), "{ip}");
+    let lb = std::net::SocketAddr::new(ip, 8080);
+    for _ in 0..6 {
+        assert_eq!(read_from(lb).await.as_deref(), Some("node-1"));
+    }
+
+    // Cluster policy: no health check, both nodes in turn.
+    let spec = svc.spec.as_mut().unwrap();
+    spec.external_traffic_policy = Some("Cluster".into());
+    spec.health_check_node_port = None;
+    cloud.ensure_load_balancer("c", &svc, &nodes).await.unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        seen.insert(read_from(lb).await.unwrap());
+    }
+    assert_eq!(seen, ["node-1", "node-2"].map(String::from).into());
+
+    cloud.ensure_load_balancer_deleted("c", &svc).await.unwrap();
+    let mut refused = false;
+    for _ in 0..50 {
+        if tokio::net::TcpStream::connect(lb).await.is_err() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refused, "{lb} still accepts connections");
+}

@@ -12,7 +12,7 @@
 mod auth;
 mod exec;
 mod logs;
-mod responder;
+pub(crate) mod responder;
 mod stats;
 mod websocket;
 

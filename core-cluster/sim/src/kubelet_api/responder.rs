@@ -44,7 +44,7 @@ pub(crate) fn listens(pod: &Pod, port: u16) -> bool {
 }
 
 /// `/podPort/{namespace}/{pod}/{port}[/{path}]`.
-pub(crate) async fn pod_port(
+pub(super) async fn pod_port(
     State(ctx): State<NodeCtx>,
     Path(params): Path<Vec<(String, String)>>,
 ) -> Response {
@@ -74,13 +74,20 @@ pub(crate) async fn pod_port(
             format!("dial tcp {ip}:{port}: connect: connection refused"),
         );
     }
+    answer(&pod, &format!("/{rest}"))
+}
+
+/// What a listening port of `pod` answers to a request for `path`: its name, the path
+/// echoed in [`PATH_HEADER`]. The kubelet's `/podPort` and the simulated data path
+/// (`service_proxy`) both reach a pod through this.
+pub(crate) fn answer(pod: &Pod, path: &str) -> Response {
     let mut response = (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
         format!("{}\n", pod.name_any()),
     )
         .into_response();
-    if let Ok(v) = HeaderValue::from_str(&format!("/{rest}")) {
+    if let Ok(v) = HeaderValue::from_str(path) {
         response.headers_mut().insert(PATH_HEADER, v);
     }
     response
