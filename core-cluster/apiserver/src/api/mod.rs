@@ -247,13 +247,18 @@ impl ApiServer {
         // before anything allocates (upstream runs the repair once before serving). Another
         // server writing a range meanwhile makes a pass fail: it is redone.
         let mut attempts = 0;
-        while let Err(e) = storage.ranges.repair(&reader, services).await {
-            attempts += 1;
-            if attempts >= 10 {
-                return Err(e);
+        let outcome = loop {
+            match storage.ranges.repair(&reader, services).await {
+                Ok(outcome) => break outcome,
+                Err(e) => {
+                    attempts += 1;
+                    if attempts >= 10 {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e.message, "repairing the service ranges again");
+                }
             }
-            tracing::debug!(error = %e.message, "repairing the service ranges again");
-        }
+        };
         let ctx = WriteContext::server();
         let namespaces = self.def("", "namespaces");
         for ns in SYSTEM_NAMESPACES {
@@ -294,6 +299,8 @@ impl ApiServer {
             }
         }
         crate::auth::bootstrap::reconcile(storage).await?;
+        // Once the namespaces exist: the repair's findings as Events on their Services.
+        crate::storage::repair_events::record(storage, services, &outcome).await;
         Ok(())
     }
 
@@ -366,8 +373,10 @@ impl ApiServer {
     /// every 3 minutes, `pkg/registry/core/service/ipallocator/controller/repair.go` and
     /// `portallocator/controller/repair.go`): marks what Services hold and their ranges
     /// lack, and releases what no Service has held for three passes (left by a crash
-    /// between an allocation and its Service's write, or a deletion and its release).
-    /// Stops when `shutdown` is cancelled.
+    /// between an allocation and its Service's write, or a deletion and its release); what
+    /// it finds wrong is recorded as Warning Events on the Services, as upstream's
+    /// (`ClusterIPAlreadyAllocated`, `PortAlreadyAllocated`, …). Stops when `shutdown` is
+    /// cancelled.
     pub fn spawn_service_repair(
         &self,
         interval: Duration,
@@ -385,11 +394,14 @@ impl ApiServer {
                     _ = ticker.tick() => {}
                 }
                 match storage.ranges.repair(&reader, services).await {
-                    Ok(outcome) => tracing::debug!(
-                        missing = outcome.missing.len(),
-                        released = outcome.released.len(),
-                        "repaired the service ranges"
-                    ),
+                    Ok(outcome) => {
+                        tracing::debug!(
+                            missing = outcome.missing.len(),
+                            released = outcome.released.len(),
+                            "repaired the service ranges"
+                        );
+                        crate::storage::repair_events::record(&storage, services, &outcome).await;
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e.message, "the service range repair failed; it runs again next interval")
                     }

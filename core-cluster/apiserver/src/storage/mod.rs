@@ -21,6 +21,7 @@ pub(crate) mod namespace;
 pub(crate) mod observe;
 pub(crate) mod pods;
 pub(crate) mod ranges;
+pub(crate) mod repair_events;
 pub(crate) mod service_account;
 pub(crate) mod status;
 pub(crate) mod update;
