@@ -71,17 +71,24 @@ async fn sqlite_backend() -> Backend {
     }
 }
 
-async fn etcd_backend(etcd: &Etcd) -> Backend {
+/// The etcd store, with its copies of recently written keys for updates' first read, or
+/// (`recent_writes` 0) without: every update then reads the key before its transaction.
+async fn etcd_backend(etcd: &Etcd, recent_writes: usize) -> Backend {
     let store: Arc<dyn Store> = Arc::new(
         EtcdStore::connect(EtcdOptions {
             endpoints: etcd.endpoints(),
+            recent_writes,
             ..EtcdOptions::default()
         })
         .await
         .unwrap(),
     );
     Backend {
-        name: "etcd",
+        name: if recent_writes == 0 {
+            "etcd, no recent copies"
+        } else {
+            "etcd"
+        },
         server: ApiServer::new(store.clone(), ApiServerConfig::default())
             .await
             .unwrap(),
@@ -100,20 +107,22 @@ fn lease(name: &str) -> Lease {
     .unwrap()
 }
 
-/// Creates the 64 Leases of `run` and returns the stored size of one.
-async fn create_leases(backend: &Backend, run: usize) -> (Api<Lease>, usize) {
+/// Creates 64 Leases named after `tag` and returns the stored size of one.
+async fn create_leases(backend: &Backend, tag: &str) -> (Api<Lease>, usize) {
     let api: Api<Lease> = Api::namespaced(
         Client::new(backend.server.router(), "default"),
         "kube-node-lease",
     );
     for c in 0..CLIENTS {
-        api.create(&PostParams::default(), &lease(&format!("r{run}-c{c}")))
+        api.create(&PostParams::default(), &lease(&format!("{tag}-c{c}")))
             .await
             .unwrap();
     }
     let stored = backend
         .store
-        .get(&format!("/registry/coordination.k8s.io/leases/kube-node-lease/r{run}-c0"))
+        .get(&format!(
+            "/registry/coordination.k8s.io/leases/kube-node-lease/{tag}-c0"
+        ))
         .await
         .unwrap()
         .map_or(0, |kv| kv.value.len());
@@ -122,13 +131,13 @@ async fn create_leases(backend: &Backend, run: usize) -> (Api<Lease>, usize) {
 
 /// Renewals per second: each of 64 clients renews its own Lease `renewals` times (a PUT of
 /// the Lease it last got back, as kubelet's lease controller does).
-async fn renewals(api: &Api<Lease>, run: usize, renewals: usize) -> f64 {
+async fn renewals(api: &Api<Lease>, tag: &str, renewals: usize) -> f64 {
     let start = Instant::now();
     let tasks: Vec<_> = (0..CLIENTS)
         .map(|c| {
             let api = api.clone();
+            let name = format!("{tag}-c{c}");
             tokio::spawn(async move {
-                let name = format!("r{run}-c{c}");
                 let mut held = api.get(&name).await.unwrap();
                 for _ in 0..renewals {
                     held.spec.as_mut().unwrap().renew_time =
@@ -350,7 +359,10 @@ async fn main() {
     let etcd = Etcd::start().await;
     // Raw writes go to an etcd of their own, which no store's watch follows.
     let raw = Etcd::start().await;
-    let backends = [sqlite_backend().await, etcd_backend(&etcd).await];
+    let backends = [sqlite_backend().await, etcd_backend(&etcd, 10_000).await];
+    // The etcd store as it was before updates started from a recent copy, for the
+    // renewals only (it shares the etcd: the lists and watches would see the same data).
+    let before = etcd_backend(&etcd, 0).await;
     println!(
         "etcd_scale: {runs} runs; {CLIENTS} clients × {per_client} renewals; {nodes} Nodes; \
          {watchers} watchers × {events} events; data in {}",
@@ -358,32 +370,42 @@ async fn main() {
     );
 
     // Renewals, the backends and raw etcd interleaved run by run.
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); 4];
+    let renewing = [&backends[0], &backends[1], &before];
+    let names = [
+        "API server on SQLite",
+        "API server on etcd",
+        "API server on etcd, no recent copies",
+        "raw etcd put",
+        "raw etcd txn (compare-and-put)",
+    ];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     let mut size = 0;
     for run in 0..runs {
-        for (i, backend) in backends.iter().enumerate() {
-            let (api, stored) = create_leases(backend, run).await;
-            if backend.name == "etcd" {
+        for (i, backend) in renewing.iter().enumerate() {
+            let tag = format!("b{i}-r{run}");
+            let (api, stored) = create_leases(backend, &tag).await;
+            if i == 1 {
                 size = stored;
             }
-            rates[i].push(renewals(&api, run, per_client).await);
+            rates[i].push(renewals(&api, &tag, per_client).await);
         }
-        rates[2].push(raw_etcd(&raw, run, per_client, size, false).await);
-        rates[3].push(raw_etcd(&raw, run, per_client, size, true).await);
+        rates[3].push(raw_etcd(&raw, run, per_client, size, false).await);
+        rates[4].push(raw_etcd(&raw, run, per_client, size, true).await);
+        let line: Vec<String> = names
+            .iter()
+            .zip(&rates)
+            .map(|(name, r)| format!("{name} {:.0}/s", r[run]))
+            .collect();
+        println!("  run {run}: {}", line.join(", "));
+    }
+    let medians: Vec<f64> = rates.iter().map(|r| median(r.clone())).collect();
+    println!("Lease renewals at {CLIENTS} clients (median of {runs}), stored Lease {size} B:");
+    for (name, rate) in names.iter().zip(&medians) {
         println!(
-            "  run {run}: SQLite {:.0}/s, etcd {:.0}/s, raw put {:.0}/s, raw txn {:.0}/s",
-            rates[0][run], rates[1][run], rates[2][run], rates[3][run]
+            "  {name:<40} {rate:>8.0}/s  ({:.0} % of raw put)",
+            100.0 * rate / medians[3]
         );
     }
-    let [sqlite, etcd_store, put, txn] = [0, 1, 2, 3].map(|i| median(rates[i].clone()));
-    println!("Lease renewals at {CLIENTS} clients (median of {runs}), value {size} B:");
-    println!("  API server on SQLite   {sqlite:>8.0}/s");
-    println!(
-        "  API server on etcd     {etcd_store:>8.0}/s  ({:.0} % of raw put)",
-        100.0 * etcd_store / put
-    );
-    println!("  raw etcd put           {put:>8.0}/s");
-    println!("  raw etcd txn (CAS put) {txn:>8.0}/s");
 
     // A list of many Nodes.
     for backend in &backends {
