@@ -47,6 +47,10 @@ use super::{
 /// How long a write waits for its own event to come back through the feed before it is
 /// acknowledged anyway (the write is committed in etcd; only this server's watchers lag).
 const FEED_WAIT: Duration = Duration::from_secs(5);
+/// The largest response taken from etcd: clientv3's default `MaxCallRecvMsgSize`
+/// (`math.MaxInt32`), which kube-apiserver keeps, rather than tonic's 4 MiB, which failed a
+/// list of 10,000 Nodes (about 9 MiB).
+const MAX_RESPONSE_BYTES: usize = i32::MAX as usize;
 /// How long to wait before re-establishing a broken feed.
 const FEED_RETRY: Duration = Duration::from_millis(200);
 
@@ -207,7 +211,9 @@ impl EtcdStore {
         })?
         .map_err(|e| backend("connecting", e))?;
         let namespace = options.namespace.clone();
-        let mut kv = client.kv_client();
+        let mut kv = client
+            .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES);
         let compact_key = format!("{namespace}{COMPACT_KEY}");
         let response = kv
             .get(compact_key.as_bytes(), None)
@@ -286,6 +292,7 @@ impl Inner {
             match self
                 .client
                 .kv_client()
+                .max_decoding_message_size(MAX_RESPONSE_BYTES)
                 .get(key.clone(), options.clone())
                 .await
             {
@@ -354,7 +361,12 @@ impl Inner {
 
     /// The error for a list at a compacted revision: `oldest_available` from the compact key.
     async fn expired(&self, requested: u64) -> StoreError {
-        if let Ok(response) = self.client.kv_client().get(self.compact_key(), None).await
+        if let Ok(response) = self
+            .client
+            .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
+            .get(self.compact_key(), None)
+            .await
             && let Some(value) = response
                 .kvs()
                 .first()
@@ -391,6 +403,7 @@ impl Inner {
         let response = self
             .client
             .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
             .txn(txn)
             .await
             .map_err(|e| backend(what, e))?;
@@ -450,6 +463,7 @@ async fn feed(inner: Arc<Inner>) {
         let mut stream = match inner
             .client
             .watch_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
             .watch(watch_key.clone(), Some(options))
             .await
         {
@@ -766,6 +780,7 @@ impl Store for EtcdStore {
         let response = inner
             .client
             .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
             .txn(txn)
             .await
             .map_err(|e| backend("taking the compaction turn", e))?;
@@ -791,6 +806,7 @@ impl Store for EtcdStore {
         match inner
             .client
             .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
             .compact(rev_i64(revision), None)
             .await
         {

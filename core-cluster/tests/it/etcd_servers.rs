@@ -336,3 +336,23 @@ async fn a_namespace_whose_deleting_api_server_stopped_is_finalized_by_another()
     assert!(left.items.is_empty(), "the namespace's contents are gone");
     shutdown.cancel();
 }
+
+/// etcd's Go client takes responses up to `math.MaxInt32` bytes (clientv3's
+/// `MaxCallRecvMsgSize`, which kube-apiserver keeps): a list larger than gRPC's 4 MiB
+/// default is answered whole, not with a 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_larger_than_four_mib_is_answered_whole_on_etcd() {
+    let etcd = Etcd::start().await;
+    let server = etcd_server(&etcd).await;
+    let api: Api<ConfigMap> = Api::namespaced(Client::new(server.router(), "default"), "default");
+    let big = "x".repeat(900 * 1024);
+    for i in 0..6 {
+        let cm = serde_json::from_value(json!({
+            "metadata": {"name": format!("big-{i}")}, "data": {"k": big},
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let listed = api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 6, "about 5.4 MB listed in one answer");
+}
