@@ -218,7 +218,8 @@ pub(crate) async fn run(args: ApiServerArgs) -> anyhow::Result<()> {
     }
     server.spawn_service_repair(SERVICE_REPAIR_INTERVAL, shutdown.clone());
     if !args.store.etcd_servers.is_empty() {
-        // Other API servers write to the same etcd: RBAC follows their writes too.
+        // Other API servers write to the same etcd: RBAC, the Node graph, custom resource
+        // definitions and namespace deletions follow their writes too.
         server.spawn_store_follower(shutdown.clone());
     }
     // The PKI lives beside the store; an in-memory server gets a throwaway one.

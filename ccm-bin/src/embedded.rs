@@ -789,7 +789,8 @@ pub(crate) async fn run(
     }
     server.spawn_service_repair(crate::apiserver::SERVICE_REPAIR_INTERVAL, shutdown.clone());
     if !args.store.etcd_servers.is_empty() {
-        // Other API servers write to the same etcd: RBAC follows their writes too.
+        // Other API servers write to the same etcd: RBAC, the Node graph, custom resource
+        // definitions and namespace deletions follow their writes too.
         server.spawn_store_follower(shutdown.clone());
     }
     let secure = crate::apiserver::SecureServing::start(

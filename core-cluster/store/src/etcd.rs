@@ -47,6 +47,10 @@ use super::{
 /// How long a write waits for its own event to come back through the feed before it is
 /// acknowledged anyway (the write is committed in etcd; only this server's watchers lag).
 const FEED_WAIT: Duration = Duration::from_secs(5);
+/// The largest response taken from etcd: clientv3's default `MaxCallRecvMsgSize`
+/// (`math.MaxInt32`), which kube-apiserver keeps, rather than tonic's 4 MiB, which failed a
+/// list of 10,000 Nodes (about 9 MiB).
+const MAX_RESPONSE_BYTES: usize = i32::MAX as usize;
 /// How long to wait before re-establishing a broken feed.
 const FEED_RETRY: Duration = Duration::from_millis(200);
 
@@ -63,6 +67,43 @@ struct Inner {
     /// The compact key's version when this server last looked (upstream's `t`).
     compact_version: AtomicI64,
     timeout: Duration,
+    /// The last value of recently written keys, from the feed (see [`Store::recent`]).
+    recent: parking_lot::Mutex<Recent>,
+}
+
+/// The last value of up to `capacity` recently written keys.
+#[derive(Default)]
+struct Recent {
+    capacity: usize,
+    keys: std::collections::HashMap<String, KeyValue>,
+}
+
+impl Recent {
+    fn put(&mut self, kv: KeyValue) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self
+            .keys
+            .get(&kv.key)
+            .is_some_and(|held| held.mod_revision >= kv.mod_revision)
+        {
+            return;
+        }
+        self.keys.insert(kv.key.clone(), kv);
+        if self.keys.len() > self.capacity {
+            // Keep the most recently written three quarters.
+            let mut revisions: Vec<u64> = self.keys.values().map(|kv| kv.mod_revision).collect();
+            let drop = self.keys.len() - self.capacity * 3 / 4;
+            let (_, cutoff, _) = revisions.select_nth_unstable(drop - 1);
+            let cutoff = *cutoff;
+            self.keys.retain(|_, kv| kv.mod_revision > cutoff);
+        }
+    }
+
+    fn delete(&mut self, key: &str) {
+        self.keys.remove(key);
+    }
 }
 
 /// A [`Store`] on etcd v3 (how the store maps onto etcd: the [crate docs](crate)).
@@ -170,7 +211,9 @@ impl EtcdStore {
         })?
         .map_err(|e| backend("connecting", e))?;
         let namespace = options.namespace.clone();
-        let mut kv = client.kv_client();
+        let mut kv = client
+            .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES);
         let compact_key = format!("{namespace}{COMPACT_KEY}");
         let response = kv
             .get(compact_key.as_bytes(), None)
@@ -193,6 +236,10 @@ impl EtcdStore {
             compacted: AtomicU64::new(compacted),
             compact_version: AtomicI64::new(compact_version),
             timeout: options.request_timeout,
+            recent: parking_lot::Mutex::new(Recent {
+                capacity: options.recent_writes,
+                ..Recent::default()
+            }),
         });
         let feed = tokio::spawn(feed(inner.clone()));
         Ok(Self { inner, feed })
@@ -245,6 +292,7 @@ impl Inner {
             match self
                 .client
                 .kv_client()
+                .max_decoding_message_size(MAX_RESPONSE_BYTES)
                 .get(key.clone(), options.clone())
                 .await
             {
@@ -273,23 +321,36 @@ impl Inner {
     /// Waits until the feed has published every event up to `revision`, asking etcd for a
     /// progress notification where the namespace saw no event at it.
     async fn await_published(&self, revision: u64) -> bool {
+        self.await_published_asking(revision, true).await
+    }
+
+    /// [`Self::await_published`], asking for progress notifications only if `ask`. A
+    /// write's own revision is an event under the namespace, which the feed delivers
+    /// unasked: waiting for it without asking spares etcd a progress request per write
+    /// (with 64 concurrent writers, one every few milliseconds).
+    async fn await_published_asking(&self, revision: u64, ask: bool) -> bool {
         let mut published = self.published.subscribe();
         let wait = async {
             loop {
                 if *published.borrow_and_update() >= revision {
                     return;
                 }
-                self.progress.notify_one();
-                // Re-ask now and then: a progress request is answered only once the feed's
-                // watcher has caught up.
-                let _ = tokio::time::timeout(Duration::from_millis(100), published.changed()).await;
+                if ask {
+                    self.progress.notify_one();
+                    // Re-ask now and then: a progress request is answered only once the
+                    // feed's watcher has caught up.
+                    let _ =
+                        tokio::time::timeout(Duration::from_millis(100), published.changed()).await;
+                } else if published.changed().await.is_err() {
+                    return;
+                }
             }
         };
         tokio::time::timeout(FEED_WAIT, wait).await.is_ok()
     }
 
     async fn acknowledged(&self, revision: u64) -> u64 {
-        if !self.await_published(revision).await {
+        if !self.await_published_asking(revision, false).await {
             tracing::warn!(
                 revision,
                 "etcd: the watch feed has not delivered a committed write; watchers lag"
@@ -300,7 +361,12 @@ impl Inner {
 
     /// The error for a list at a compacted revision: `oldest_available` from the compact key.
     async fn expired(&self, requested: u64) -> StoreError {
-        if let Ok(response) = self.client.kv_client().get(self.compact_key(), None).await
+        if let Ok(response) = self
+            .client
+            .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
+            .get(self.compact_key(), None)
+            .await
             && let Some(value) = response
                 .kvs()
                 .first()
@@ -337,6 +403,7 @@ impl Inner {
         let response = self
             .client
             .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
             .txn(txn)
             .await
             .map_err(|e| backend(what, e))?;
@@ -396,6 +463,7 @@ async fn feed(inner: Arc<Inner>) {
         let mut stream = match inner
             .client
             .watch_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
             .watch(watch_key.clone(), Some(options))
             .await
         {
@@ -438,6 +506,7 @@ async fn feed(inner: Arc<Inner>) {
                             );
                             inner.compacted.fetch_max(compacted, Ordering::AcqRel);
                             inner.window.reset(current);
+                            inner.recent.lock().keys.clear();
                             inner.published.send_replace(current);
                         }
                         Err(_) => tokio::time::sleep(FEED_RETRY).await,
@@ -487,6 +556,20 @@ async fn feed(inner: Arc<Inner>) {
                     revision: rev,
                 });
             }
+            {
+                let mut recent = inner.recent.lock();
+                for event in &out {
+                    match (&event.kind, &event.value) {
+                        (EventKind::Put, Some(value)) => recent.put(KeyValue {
+                            key: event.key.clone(),
+                            value: value.clone(),
+                            create_revision: event.create_revision,
+                            mod_revision: event.revision,
+                        }),
+                        _ => recent.delete(&event.key),
+                    }
+                }
+            }
             inner.window.publish(out);
             inner.published.send_if_modified(|published| {
                 let raise = last > *published;
@@ -500,6 +583,10 @@ async fn feed(inner: Arc<Inner>) {
 
 #[async_trait]
 impl Store for EtcdStore {
+    fn recent(&self, key: &str) -> Option<KeyValue> {
+        self.inner.recent.lock().keys.get(key).cloned()
+    }
+
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         let inner = &self.inner;
         let response = inner
@@ -693,6 +780,7 @@ impl Store for EtcdStore {
         let response = inner
             .client
             .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
             .txn(txn)
             .await
             .map_err(|e| backend("taking the compaction turn", e))?;
@@ -718,6 +806,7 @@ impl Store for EtcdStore {
         match inner
             .client
             .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
             .compact(rev_i64(revision), None)
             .await
         {
@@ -729,5 +818,43 @@ impl Store for EtcdStore {
         inner.compacted.fetch_max(revision, Ordering::AcqRel);
         inner.window.compact(revision);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod recent_tests {
+    use super::*;
+
+    fn kv(key: &str, revision: u64) -> KeyValue {
+        KeyValue {
+            key: key.to_owned(),
+            value: Bytes::from_static(b"v"),
+            create_revision: 1,
+            mod_revision: revision,
+        }
+    }
+
+    /// The copy of a key is its latest write seen; an older event never replaces it, a
+    /// delete drops it, and past the capacity the least recently written keys go.
+    #[test]
+    fn recent_writes_keep_the_latest_copy_of_the_most_recently_written_keys() {
+        let mut recent = Recent {
+            capacity: 4,
+            ..Recent::default()
+        };
+        recent.put(kv("a", 5));
+        recent.put(kv("a", 3));
+        assert_eq!(recent.keys["a"].mod_revision, 5);
+        recent.delete("a");
+        assert!(recent.keys.is_empty());
+        for (i, key) in ["k1", "k2", "k3", "k4", "k5"].iter().enumerate() {
+            recent.put(kv(key, 10 + i as u64));
+        }
+        let mut kept: Vec<&str> = recent.keys.keys().map(String::as_str).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, ["k3", "k4", "k5"]);
+        let mut off = Recent::default();
+        off.put(kv("a", 1));
+        assert!(off.keys.is_empty(), "capacity 0 keeps nothing");
     }
 }

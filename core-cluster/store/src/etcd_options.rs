@@ -40,6 +40,11 @@ pub struct EtcdOptions {
     pub watch: WatchConfig,
     /// The deadline of each request to etcd; an unreachable etcd fails requests after it.
     pub request_timeout: Duration,
+    /// How many recently written keys the store keeps the last value of, from its watch of
+    /// etcd, for an update's first read ([`Store::recent`](crate::Store::recent), as
+    /// kube-apiserver's watch cache suggests the current object to `GuaranteedUpdate`), so
+    /// an update is one transaction instead of a read and a transaction. 0 turns it off.
+    pub recent_writes: usize,
 }
 
 impl Default for EtcdOptions {
@@ -50,6 +55,7 @@ impl Default for EtcdOptions {
             tls: EtcdTls::default(),
             watch: WatchConfig::default(),
             request_timeout: Duration::from_secs(5),
+            recent_writes: 10_000,
         }
     }
 }

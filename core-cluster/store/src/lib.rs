@@ -335,6 +335,17 @@ pub trait Store: Send + Sync {
     /// The current state of `key`, or `None` if it does not exist.
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError>;
 
+    /// A copy of `key` the store holds in memory from its own view of recent writes, which
+    /// may be behind the latest write (another server's, not yet seen), or `None`. A write
+    /// compared on the copy's mod revision fails if the copy is stale, and the caller reads
+    /// the key again: kube-apiserver's `GuaranteedUpdate` starts from its watch cache's
+    /// object the same way (`storage/etcd3/store.go`, `origStateIsCurrent`). Only stores
+    /// whose reads cost a round trip keep one (etcd); the default has none.
+    fn recent(&self, key: &str) -> Option<KeyValue> {
+        let _ = key;
+        None
+    }
+
     /// Live keys starting with `prefix` (a plain byte prefix: `/registry/pods/` does not
     /// match `/registry/podsx/a`), in ascending key order, only keys strictly after
     /// `start_after` if given, at most `limit` of them if given (`Some(0)` means no

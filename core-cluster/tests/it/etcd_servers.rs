@@ -1,7 +1,11 @@
 //! Several API servers on one etcd keep what they cache in step with writes made through
 //! another: kube-apiserver's authorizers are fed by informers over its watch cache
 //! (`plugin/pkg/auth/authorizer/rbac/rbac.go` on the RBAC listers), so a Role written through
-//! one server of an HA control plane is enforced by every server.
+//! one server of an HA control plane is enforced by every server; the custom resources a
+//! server serves follow the definitions' informer
+//! (`apiextensions-apiserver/pkg/apiserver/customresource_discovery_controller.go`), and a
+//! namespace's deletion is finished by the namespace controller whichever server took it
+//! (`pkg/controller/namespace/namespace_controller.go`).
 
 use std::sync::Arc;
 
@@ -12,26 +16,32 @@ use core_cluster::{
     store::{EtcdOptions, EtcdStore, Store},
 };
 use k8s_openapi::api::{
-    core::v1::ConfigMap,
+    core::v1::{ConfigMap, Namespace},
     rbac::v1::{Role, RoleBinding},
 };
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, PostParams},
+    api::{
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+        PostParams,
+    },
 };
+use serde_json::json;
 
 async fn etcd_server(etcd: &Etcd) -> ApiServer {
+    etcd_server_with(etcd.endpoints(), ApiServerConfig::default()).await
+}
+
+async fn etcd_server_with(endpoints: Vec<String>, config: ApiServerConfig) -> ApiServer {
     let store: Arc<dyn Store> = Arc::new(
         EtcdStore::connect(EtcdOptions {
-            endpoints: etcd.endpoints(),
+            endpoints,
             ..EtcdOptions::default()
         })
         .await
         .expect("etcd"),
     );
-    ApiServer::new(store, ApiServerConfig::default())
-        .await
-        .unwrap()
+    ApiServer::new(store, config).await.unwrap()
 }
 
 /// Whether the client's user may list ConfigMaps in `default`: allowed, or forbidden (403).
@@ -92,4 +102,257 @@ async fn a_role_written_through_one_api_server_is_enforced_by_another() {
     })
     .await;
     shutdown.cancel();
+}
+
+fn gadget_crd() -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "gadgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {"spec": {"type": "object", "properties": {
+                        "size": {"type": "integer"},
+                    }}},
+                }},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+fn api_of(gvk: (&str, &str, &str), plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(gvk.0, gvk.1, gvk.2), plural)
+}
+
+/// What a GET of `path` through `router` answers: its status and body.
+async fn get(router: &axum::Router, path: &str) -> (u16, serde_json::Value) {
+    use tower::ServiceExt as _;
+    let response = router
+        .clone()
+        .oneshot(
+            axum::http::Request::get(path)
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or_default())
+}
+
+/// `customresource_discovery_controller.go` and the CRD handler follow the definitions'
+/// informer in every kube-apiserver: a definition created through server A is served by
+/// server B (its discovery, the create and list of its objects, its OpenAPI v3 document,
+/// its Local APIService), and once it is deleted through A, B serves it no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definition_created_through_one_api_server_is_served_by_another_until_deleted() {
+    let etcd = Etcd::start().await;
+    let a = etcd_server(&etcd).await;
+    let b = etcd_server(&etcd).await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    b.spawn_store_follower(shutdown.clone());
+    let (admin_a, admin_b) = (
+        Client::new(a.router(), "default"),
+        Client::new(b.router(), "default"),
+    );
+    let definitions = api_of(
+        ("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
+        "customresourcedefinitions",
+    );
+    let crds_a: Api<DynamicObject> = Api::all_with(admin_a.clone(), &definitions);
+    crds_a
+        .create(&PostParams::default(), &gadget_crd())
+        .await
+        .unwrap();
+
+    let router_b = b.router();
+    ccm_testkit::eventually(30, "B discovers example.com/v1 gadgets", || async {
+        let (status, body) = get(&router_b, "/apis/example.com/v1").await;
+        (status == 200
+            && body["resources"]
+                .as_array()?
+                .iter()
+                .any(|r| r["name"] == "gadgets"))
+        .then_some(())
+    })
+    .await;
+    let gadgets = api_of(("example.com", "v1", "Gadget"), "gadgets");
+    let gadgets_b: Api<DynamicObject> = Api::namespaced_with(admin_b.clone(), "default", &gadgets);
+    let gadget: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.com/v1", "kind": "Gadget",
+        "metadata": {"name": "g1"}, "spec": {"size": 3},
+    }))
+    .unwrap();
+    gadgets_b
+        .create(&PostParams::default(), &gadget)
+        .await
+        .expect("B creates a Gadget of the definition made through A");
+    let listed = gadgets_b.list(&ListParams::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].data["spec"]["size"], 3);
+    let (status, index) = get(&router_b, "/openapi/v3").await;
+    assert_eq!(status, 200);
+    assert!(
+        index["paths"].get("apis/example.com/v1").is_some(),
+        "B's OpenAPI v3 index lists the custom group-version: {index}"
+    );
+    let (status, doc) = get(&router_b, "/openapi/v3/apis/example.com/v1").await;
+    assert_eq!(status, 200);
+    assert!(
+        doc["components"]["schemas"]
+            .as_object()
+            .is_some_and(|s| s.keys().any(|k| k.ends_with("Gadget"))),
+        "B's document has the Gadget schema"
+    );
+    let (status, apiservice) = get(
+        &router_b,
+        "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com",
+    )
+    .await;
+    assert_eq!(status, 200, "{apiservice}");
+
+    crds_a
+        .delete("gadgets.example.com", &DeleteParams::default())
+        .await
+        .unwrap();
+    ccm_testkit::eventually(30, "B stops serving gadgets deleted through A", || async {
+        let (status, _) = get(&router_b, "/apis/example.com/v1/namespaces/default/gadgets").await;
+        let (index_status, index) = get(&router_b, "/openapi/v3").await;
+        (status == 404
+            && index_status == 200
+            && index["paths"].get("apis/example.com/v1").is_none())
+        .then_some(())
+    })
+    .await;
+    let (status, _) = get(&router_b, "/apis/example.com/v1").await;
+    assert_eq!(status, 404, "example.com/v1 is gone from B's discovery");
+    shutdown.cancel();
+}
+
+/// `namespace_controller.go` runs once per cluster, in the kube-controller-manager that
+/// holds its Lease, whichever API server took the deletion: here the server that commits
+/// a namespace's deletion cleans it up, and when it stops mid-way (its objects are held by
+/// a finalizer), another server following the store takes the cleanup over, deletes what
+/// is left and finalizes the namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_whose_deleting_api_server_stopped_is_finalized_by_another() {
+    let etcd = Etcd::start().await;
+    let b = etcd_server_with(
+        etcd.endpoints(),
+        ApiServerConfig {
+            namespace_takeover_after: std::time::Duration::from_secs(1),
+            ..ApiServerConfig::default()
+        },
+    )
+    .await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    b.spawn_store_follower(shutdown.clone());
+    let admin_b = Client::new(b.router(), "default");
+    let namespaces: Api<Namespace> = Api::all(admin_b.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "doomed"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let configmaps: Api<ConfigMap> = Api::namespaced(admin_b.clone(), "doomed");
+    for (name, finalizers) in [("held", json!(["example.com/hold"])), ("plain", json!([]))] {
+        let cm = serde_json::from_value(json!({
+            "metadata": {"name": name, "finalizers": finalizers}, "data": {"k": "v"},
+        }))
+        .unwrap();
+        configmaps
+            .create(&PostParams::default(), &cm)
+            .await
+            .unwrap();
+    }
+
+    // Server A, in a runtime of its own: it takes the deletion, starts the cleanup
+    // (which marks "held" deleted and waits on its finalizer), and is stopped, its tasks
+    // with its runtime.
+    let endpoints = etcd.endpoints();
+    tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let a = etcd_server_with(endpoints, ApiServerConfig::default()).await;
+            let admin_a = Client::new(a.router(), "default");
+            Api::<Namespace>::all(admin_a.clone())
+                .delete("doomed", &DeleteParams::default())
+                .await
+                .unwrap();
+            let held: Api<ConfigMap> = Api::namespaced(admin_a, "doomed");
+            ccm_testkit::eventually(20, "A's cleanup marks 'held' deleted", || async {
+                let cm = held.get("held").await.ok()?;
+                cm.metadata.deletion_timestamp.map(|_| ())
+            })
+            .await;
+        });
+        runtime.shutdown_background();
+    })
+    .await
+    .unwrap();
+
+    let ns = namespaces.get("doomed").await.unwrap();
+    assert!(
+        ns.metadata.deletion_timestamp.is_some(),
+        "still terminating when A stops"
+    );
+    // The finalizer is released: only B is left to finish the namespace.
+    configmaps
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    ccm_testkit::eventually(30, "B finalizes the namespace A began deleting", || async {
+        match namespaces.get("doomed").await {
+            Err(kube::Error::Api(status)) if status.code == 404 => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    let left = Api::<ConfigMap>::namespaced(admin_b, "doomed")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(left.items.is_empty(), "the namespace's contents are gone");
+    shutdown.cancel();
+}
+
+/// etcd's Go client takes responses up to `math.MaxInt32` bytes (clientv3's
+/// `MaxCallRecvMsgSize`, which kube-apiserver keeps): a list larger than gRPC's 4 MiB
+/// default is answered whole, not with a 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_larger_than_four_mib_is_answered_whole_on_etcd() {
+    let etcd = Etcd::start().await;
+    let server = etcd_server(&etcd).await;
+    let api: Api<ConfigMap> = Api::namespaced(Client::new(server.router(), "default"), "default");
+    let big = "x".repeat(900 * 1024);
+    for i in 0..6 {
+        let cm = serde_json::from_value(json!({
+            "metadata": {"name": format!("big-{i}")}, "data": {"k": big},
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let listed = api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 6, "about 5.4 MB listed in one answer");
 }

@@ -32,6 +32,7 @@ mod protobuf_schema;
 mod python_client;
 mod rbac_escalation;
 mod rbac_write_path;
+mod recent_copies;
 mod request_bodies;
 mod scheduler;
 mod service_proxy;

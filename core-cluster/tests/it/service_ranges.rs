@@ -242,3 +242,94 @@ async fn the_repair_marks_what_services_hold_and_releases_leaks_after_three_pass
     assert!(stored_items(&*store).await.contains(&Item::Ip(held_ip)));
     shutdown.cancel();
 }
+
+/// `repair.go` (`ipallocator/controller` and `portallocator/controller`) records what it
+/// finds wrong as Warning Events on the Service: a ClusterIP and a NodePort held by two
+/// Services (as a store written without the allocator could leave them) give the second
+/// holder `ClusterIPAlreadyAllocated` and `PortAlreadyAllocated`, from the
+/// `ipallocator-repair-controller` and `portallocator-repair-controller`; the first holder
+/// gets none.
+#[tokio::test]
+async fn the_repair_records_a_clusterip_and_a_node_port_held_twice_as_warning_events() {
+    use k8s_openapi::api::core::v1::Event;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let first = ApiServer::new(store.clone(), ApiServerConfig::default())
+        .await
+        .unwrap();
+    let services: Api<Service> = Api::namespaced(Client::new(first.router(), "default"), "default");
+    let a = services
+        .create(&PostParams::default(), &node_port_service("a"))
+        .await
+        .unwrap();
+    services
+        .create(&PostParams::default(), &node_port_service("b"))
+        .await
+        .unwrap();
+    drop(first);
+    // `b` rewritten in the store to hold `a`'s ClusterIP and NodePort.
+    let a_spec = a.spec.unwrap();
+    let (a_ip, a_port) = (
+        a_spec.cluster_ip.clone().unwrap(),
+        a_spec.ports.unwrap()[0].node_port.unwrap(),
+    );
+    let key = "/registry/core/services/default/b";
+    let kv = store.get(key).await.unwrap().expect("b is stored");
+    let mut b: serde_json::Value = serde_json::from_slice(&kv.value).unwrap();
+    b["spec"]["clusterIP"] = serde_json::json!(a_ip);
+    b["spec"]["clusterIPs"] = serde_json::json!([a_ip]);
+    b["spec"]["ports"][0]["nodePort"] = serde_json::json!(a_port);
+    store
+        .update(key, Bytes::from(b.to_string()), Some(kv.mod_revision))
+        .await
+        .unwrap();
+
+    // The restarted server's repair pass (upstream runs one before serving).
+    let restarted = ApiServer::new(store.clone(), ApiServerConfig::default())
+        .await
+        .unwrap();
+    let events: Api<Event> = Api::namespaced(Client::new(restarted.router(), "default"), "default");
+    let listed = events.list(&Default::default()).await.unwrap().items;
+    let warnings: HashSet<(String, String, String, String)> = listed
+        .iter()
+        .map(|e| {
+            (
+                e.involved_object.name.clone().unwrap_or_default(),
+                e.reason.clone().unwrap_or_default(),
+                e.type_.clone().unwrap_or_default(),
+                e.source
+                    .as_ref()
+                    .and_then(|s| s.component.clone())
+                    .unwrap_or_default(),
+            )
+        })
+        .collect();
+    let expected: HashSet<(String, String, String, String)> = [
+        (
+            "b",
+            "ClusterIPAlreadyAllocated",
+            "Warning",
+            "ipallocator-repair-controller",
+        ),
+        (
+            "b",
+            "PortAlreadyAllocated",
+            "Warning",
+            "portallocator-repair-controller",
+        ),
+    ]
+    .into_iter()
+    .map(|(a, b, c, d)| (a.into(), b.into(), c.into(), d.into()))
+    .collect();
+    assert_eq!(warnings, expected, "{listed:#?}");
+    let ip_event = listed
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("ClusterIPAlreadyAllocated"))
+        .unwrap();
+    assert_eq!(
+        ip_event.message.as_deref(),
+        Some(
+            format!("Cluster IP [IPv4]:{a_ip} was assigned to multiple services; please recreate service")
+                .as_str()
+        )
+    );
+}

@@ -106,6 +106,12 @@ pub struct ApiServerConfig {
     /// serviceaccounts controller beside it (a bare in-process server) has no `default`
     /// accounts; the embedded cluster, which runs that controller, turns it on.
     pub service_account_admission: bool,
+    /// How long a namespace another API server sharing the store started deleting must
+    /// stay terminating before this server's store follower
+    /// ([`ApiServer::spawn_store_follower`]) cleans it up itself: the server that took the
+    /// deletion does it otherwise. 15 s, kube-controller-manager's Lease duration, after
+    /// which a new leader's namespace controller would pick it up.
+    pub namespace_takeover_after: Duration,
 }
 
 impl Default for ApiServerConfig {
@@ -123,6 +129,7 @@ impl Default for ApiServerConfig {
             default_not_ready_toleration_seconds: DEFAULT_TOLERATION_SECONDS,
             default_unreachable_toleration_seconds: DEFAULT_TOLERATION_SECONDS,
             service_account_admission: false,
+            namespace_takeover_after: Duration::from_secs(15),
         }
     }
 }
@@ -240,13 +247,18 @@ impl ApiServer {
         // before anything allocates (upstream runs the repair once before serving). Another
         // server writing a range meanwhile makes a pass fail: it is redone.
         let mut attempts = 0;
-        while let Err(e) = storage.ranges.repair(&reader, services).await {
-            attempts += 1;
-            if attempts >= 10 {
-                return Err(e);
+        let outcome = loop {
+            match storage.ranges.repair(&reader, services).await {
+                Ok(outcome) => break outcome,
+                Err(e) => {
+                    attempts += 1;
+                    if attempts >= 10 {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e.message, "repairing the service ranges again");
+                }
             }
-            tracing::debug!(error = %e.message, "repairing the service ranges again");
-        }
+        };
         let ctx = WriteContext::server();
         let namespaces = self.def("", "namespaces");
         for ns in SYSTEM_NAMESPACES {
@@ -287,6 +299,8 @@ impl ApiServer {
             }
         }
         crate::auth::bootstrap::reconcile(storage).await?;
+        // Once the namespaces exist: the repair's findings as Events on their Services.
+        crate::storage::repair_events::record(storage, services, &outcome).await;
         Ok(())
     }
 
@@ -331,43 +345,38 @@ impl ApiServer {
         })
     }
 
-    /// Follows the writes that other API servers sharing this server's store (etcd) make:
-    /// the RBAC index and the Node authorizer's graph learn of them from a watch of the
-    /// store, as they learn of this server's own writes, so a Role written through another
-    /// server is enforced here too. Stops when `shutdown` is cancelled.
+    /// Follows the writes that other API servers sharing this server's store (etcd) make,
+    /// from a watch of the store, as it follows its own: the RBAC index and the Node
+    /// authorizer's graph (a Role written through another server is enforced here), the
+    /// custom resource definitions (served, in discovery and OpenAPI, APIServices, from
+    /// their establishment to their removal, as upstream's informer-driven
+    /// `customresource_discovery_controller.go` in every server), and namespace deletions
+    /// (taken over after [`ApiServerConfig::namespace_takeover_after`] if the server that
+    /// took one has not finished it). Stops when `shutdown` is cancelled.
     pub fn spawn_store_follower(
         &self,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
-        use crate::storage::observe::WriteObserver as _;
-        let authorizer = self.state.authorizer.clone();
-        let defs: Vec<&'static ResourceDef> = self
+        let observers = self
             .state
-            .registry
-            .all()
-            .iter()
-            .copied()
-            .filter(|def| authorizer.observes(def))
-            .fold(Vec::new(), |mut defs, def| {
-                if !defs.iter().any(|d: &&ResourceDef| d.storage == def.storage) {
-                    defs.push(def);
-                }
-                defs
-            });
-        tokio::spawn(crate::storage::observe::follow_store(
-            self.state.store.clone(),
-            authorizer,
-            defs,
-            shutdown,
-        ))
+            .storage
+            .followers(self.state.config.namespace_takeover_after);
+        let store = self.state.store.clone();
+        let registry = self.state.registry.clone();
+        tokio::spawn(async move {
+            crate::storage::observe::follow_store(store, observers, &registry.all(), shutdown)
+                .await;
+        })
     }
 
     /// Runs upstream's Service IP and port repair loops every `interval` (kube-apiserver:
     /// every 3 minutes, `pkg/registry/core/service/ipallocator/controller/repair.go` and
     /// `portallocator/controller/repair.go`): marks what Services hold and their ranges
     /// lack, and releases what no Service has held for three passes (left by a crash
-    /// between an allocation and its Service's write, or a deletion and its release).
-    /// Stops when `shutdown` is cancelled.
+    /// between an allocation and its Service's write, or a deletion and its release); what
+    /// it finds wrong is recorded as Warning Events on the Services, as upstream's
+    /// (`ClusterIPAlreadyAllocated`, `PortAlreadyAllocated`, …). Stops when `shutdown` is
+    /// cancelled.
     pub fn spawn_service_repair(
         &self,
         interval: Duration,
@@ -385,11 +394,14 @@ impl ApiServer {
                     _ = ticker.tick() => {}
                 }
                 match storage.ranges.repair(&reader, services).await {
-                    Ok(outcome) => tracing::debug!(
-                        missing = outcome.missing.len(),
-                        released = outcome.released.len(),
-                        "repaired the service ranges"
-                    ),
+                    Ok(outcome) => {
+                        tracing::debug!(
+                            missing = outcome.missing.len(),
+                            released = outcome.released.len(),
+                            "repaired the service ranges"
+                        );
+                        crate::storage::repair_events::record(&storage, services, &outcome).await;
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e.message, "the service range repair failed; it runs again next interval")
                     }

@@ -21,6 +21,7 @@ pub(crate) mod namespace;
 pub(crate) mod observe;
 pub(crate) mod pods;
 pub(crate) mod ranges;
+pub(crate) mod repair_events;
 pub(crate) mod service_account;
 pub(crate) mod status;
 pub(crate) mod update;
@@ -132,6 +133,12 @@ pub(crate) struct Storage {
     max_object_bytes: usize,
     admission: Vec<Arc<dyn Admission>>,
     observers: Vec<Arc<dyn WriteObserver>>,
+    /// The observers that follow other servers' writes too (see [`Storage::followers`]):
+    /// the ones given, and the definition controller (shared with `observers`, so one
+    /// reconcile runs at a time whoever starts it).
+    followed: Vec<Arc<dyn WriteObserver>>,
+    /// The namespaces whose cleanup runs in this process now (one cleanup each).
+    pub(crate) finalizing: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for Storage {
@@ -155,14 +162,18 @@ impl Storage {
         observers: Vec<Arc<dyn WriteObserver>>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|self_ref: &Weak<Storage>| {
+            let crds: Arc<dyn WriteObserver> = Arc::new(crd::CrdController {
+                storage: self_ref.clone(),
+                running: Arc::default(),
+            });
+            let mut followed = observers.clone();
+            followed.push(crds.clone());
             let mut observers = observers;
             observers.push(Arc::new(namespace::NamespaceFinalizer {
                 storage: self_ref.clone(),
+                takeover_after: None,
             }));
-            observers.push(Arc::new(crd::CrdController {
-                storage: self_ref.clone(),
-                running: Arc::default(),
-            }));
+            observers.push(crds);
             Storage {
                 self_ref: self_ref.clone(),
                 ranges: ranges::ServiceRanges::new(store.clone(), allocator),
@@ -171,8 +182,29 @@ impl Storage {
                 max_object_bytes,
                 admission,
                 observers,
+                followed,
+                finalizing: parking_lot::Mutex::default(),
             }
         })
+    }
+
+    /// What follows the writes other API servers sharing the store make (fed from a
+    /// watch of the store, [`observe::follow_store`]), as upstream's informers feed every
+    /// kube-apiserver: the observers of this server's own writes (authorizers, the custom
+    /// resource definitions' controller), and the namespace finalizer in its takeover
+    /// form: a namespace another server started deleting is cleaned up here only if it is
+    /// still terminating `namespace_takeover_after` later (see
+    /// [`namespace::NamespaceFinalizer`]).
+    pub(crate) fn followers(
+        &self,
+        namespace_takeover_after: std::time::Duration,
+    ) -> Vec<Arc<dyn WriteObserver>> {
+        let mut followers = self.followed.clone();
+        followers.push(Arc::new(namespace::NamespaceFinalizer {
+            storage: self.self_ref.clone(),
+            takeover_after: Some(namespace_takeover_after),
+        }));
+        followers
     }
 
     /// Reads of stored objects.

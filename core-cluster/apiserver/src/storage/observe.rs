@@ -1,5 +1,6 @@
-//! What follows the committed writes: the RBAC index and the Node authorizer's graph, told
-//! of every write [`super::Storage`] commits, whatever made it. The interface is an object
+//! What follows the committed writes: the RBAC index, the Node authorizer's graph, the
+//! custom resource definitions' controller and the namespace finalizer, told of every write
+//! [`super::Storage`] commits, whatever made it. The interface is an object
 //! change (its resource, old and new object, revision), as a watch of the store would give
 //! it, so a store that is written by others (etcd) can feed the same observers from a watch.
 
@@ -39,28 +40,59 @@ pub(crate) trait WriteObserver: Send + Sync {
     fn lost<'a>(&'a self, def: &'a ResourceDef) -> BoxFuture<'a, ()>;
 }
 
-/// Tells `observer` of every committed write of the resources in `defs` read from a watch
-/// of `store`, so that what other API servers sharing the store write (etcd) reaches it as
-/// this server's own writes do (kube-apiserver's informers on its watch cache). This
-/// server's writes are told a second time; observers read the store back, so that is
-/// harmless. Whenever a watch (re)starts, the observer is told it may have missed writes
-/// ([`WriteObserver::lost`]) and reads its resource again. Runs until `shutdown`.
+/// Tells `observers` of every committed write read from a watch of `store` of the
+/// resources they follow (each resource's storage watched once), so that what other API
+/// servers sharing the store write (etcd) reaches them as this server's own writes do
+/// (kube-apiserver's informers on its watch cache). This server's writes are told a second
+/// time; observers read the store back, so that is harmless. Whenever a watch (re)starts,
+/// the observers are told they may have missed writes ([`WriteObserver::lost`]) and read
+/// their resource again. Runs until `shutdown`.
 pub(crate) async fn follow_store(
     store: std::sync::Arc<dyn crate::store::Store>,
-    observer: std::sync::Arc<dyn WriteObserver>,
-    defs: Vec<&'static ResourceDef>,
+    observers: Vec<std::sync::Arc<dyn WriteObserver>>,
+    defs: &[&'static ResourceDef],
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     let mut followers = tokio::task::JoinSet::new();
-    for def in defs {
+    let mut watched: Vec<&'static ResourceDef> = Vec::new();
+    for &def in defs {
+        if watched.iter().any(|d| d.storage == def.storage) {
+            continue;
+        }
+        let told: Vec<_> = observers
+            .iter()
+            .filter(|o| o.observes(def))
+            .cloned()
+            .collect();
+        if told.is_empty() {
+            continue;
+        }
+        watched.push(def);
         followers.spawn(follow_resource(
             store.clone(),
-            observer.clone(),
+            Fanout(told),
             def,
             shutdown.clone(),
         ));
     }
     while followers.join_next().await.is_some() {}
+}
+
+/// The observers of one resource, told in turn.
+struct Fanout(Vec<std::sync::Arc<dyn WriteObserver>>);
+
+impl Fanout {
+    async fn changed(&self, change: &ObjectChange<'_>) {
+        for observer in &self.0 {
+            observer.changed(change).await;
+        }
+    }
+
+    async fn lost(&self, def: &ResourceDef) {
+        for observer in &self.0 {
+            observer.lost(def).await;
+        }
+    }
 }
 
 /// The namespace and name of the object stored at `key` under `def`.
@@ -76,7 +108,7 @@ fn object_of<'k>(def: &ResourceDef, key: &'k str) -> Option<(Option<&'k str>, &'
 
 async fn follow_resource(
     store: std::sync::Arc<dyn crate::store::Store>,
-    observer: std::sync::Arc<dyn WriteObserver>,
+    observer: Fanout,
     def: &'static ResourceDef,
     shutdown: tokio_util::sync::CancellationToken,
 ) {

@@ -51,17 +51,46 @@ pub(crate) async fn update_object(
         Some(rv) if !rv.is_empty() => Some(parse_rv(rv)?),
         _ => None,
     };
+    // The first attempt starts from the store's recent copy, if it keeps one (etcd): as
+    // upstream's GuaranteedUpdate from the watch cache's object, the write is compared on
+    // the copy's revision, and whatever goes wrong from a copy that may be stale (a
+    // precondition, a conflict, a validation against it) is tried again from a read.
+    let mut suggested = recent_object(state, def, ns, name);
     for _ in 0..MAX_WRITE_ATTEMPTS {
-        let (kv, current) = get_object(&*state.store, def, ns, name).await?;
+        let (kv, current, is_current) = match suggested.take() {
+            Some((kv, current)) => (kv, current, false),
+            None => {
+                let (kv, current) = get_object(&*state.store, def, ns, name).await?;
+                (kv, current, true)
+            }
+        };
         if precondition.is_some_and(|rv| rv != kv.mod_revision) {
+            if !is_current {
+                continue;
+            }
             return Err(ApiError::modified(&qualified(def, name)));
         }
         match commit_update(state, ctx, key, sub, &kv, &current, new.clone()).await {
+            // Not a store failure (5xx), whose write may have been made: that is answered.
+            Err(e) if !is_current && e.code < 500 => continue,
             Err(e) if e.reason == "Conflict" && precondition.is_none() => continue,
             other => return other,
         }
     }
     Err(ApiError::modified(&qualified(def, name)))
+}
+
+/// The store's recent copy of an object ([`crate::store::Store::recent`]), decoded; none
+/// when it keeps none or the copy does not decode.
+fn recent_object(
+    state: &Storage,
+    def: &'static crate::registry::ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+) -> Option<(KeyValue, Value)> {
+    let kv = state.store.recent(&def.key(ns, name))?;
+    let obj = super::decode_kv(def, &kv).ok()?;
+    Some((kv, obj))
 }
 
 fn differs(a: &Value, b: &Value, key: &str) -> bool {
