@@ -1,38 +1,4 @@
-//! The simulator config file: the simulated kubelets' configuration, per node or group of
-//! nodes, each in KubeletConfiguration's shape (`kubelet.config.k8s.io/v1beta1`,
-//! `pkg/kubelet/apis/config/types.go`), with the settings kubelet takes only as flags
-//! (`--node-ip`, `--hostname-override`, `--node-labels`) and the simulated machine
-//! (CPUs, memory, swap, NUMA nodes) beside it.
-//!
-//! ```yaml
-//! apiVersion: sim.ccm-rs.io/v1alpha1
-//! kind: NodeSimulatorConfiguration
-//! kubelet:                        # every node's, over the --sim-* flags
-//!   apiVersion: kubelet.config.k8s.io/v1beta1
-//!   kind: KubeletConfiguration
-//!   imageGCHighThresholdPercent: 90
-//! machine: {cpu: "8", memory: 32Gi}
-//! nodes:
-//!   - names: [sim-node-0, sim-node-1]   # a group
-//!     nodeLabels: {pool: swap}
-//!     machine: {swap: 4Gi}
-//!     kubelet:
-//!       failSwapOn: false
-//!       memorySwap: {swapBehavior: LimitedSwap}
-//!   - name: big-0                       # a node not among --sim-nodes is added
-//!     zone: zone-b
-//!     nodeIP: 10.1.0.7
-//!     hostnameOverride: big-0.example
-//!     machine: {cpu: "64", memory: 256Gi, numaNodes: 2}
-//!     kubelet:
-//!       cpuManagerPolicy: static
-//!       topologyManagerPolicy: single-numa-node
-//!       registerWithTaints: [{key: dedicated, value: big, effect: NoSchedule}]
-//! ```
-//!
-//! A node's settings are the flags', then the file's `kubelet` and `machine`, then its
-//! entry's, field by field. Anything kubelet would refuse is an error naming the node and
-//! the field ([`NodeConfigError`]).
+//! The simulator config file: [`NodeConfigFile`] says what it holds and how it reads.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -192,7 +158,41 @@ pub struct NodeEntry {
     pub kubelet: Option<KubeletConfiguration>,
 }
 
-/// A simulator config file ([module documentation](self)).
+/// The simulator config file: the simulated kubelets' configuration, per node or group of
+/// nodes, each in KubeletConfiguration's shape (`kubelet.config.k8s.io/v1beta1`,
+/// `pkg/kubelet/apis/config/types.go`), with the settings kubelet takes only as flags
+/// (`--node-ip`, `--hostname-override`, `--node-labels`) and the simulated machine
+/// (CPUs, memory, swap, NUMA nodes) beside it.
+///
+/// ```yaml
+/// apiVersion: sim.ccm-rs.io/v1alpha1
+/// kind: NodeSimulatorConfiguration
+/// kubelet:                        # every node's, over the --sim-* flags
+///   apiVersion: kubelet.config.k8s.io/v1beta1
+///   kind: KubeletConfiguration
+///   imageGCHighThresholdPercent: 90
+/// machine: {cpu: "8", memory: 32Gi}
+/// nodes:
+///   - names: [sim-node-0, sim-node-1]   # a group
+///     nodeLabels: {pool: swap}
+///     machine: {swap: 4Gi}
+///     kubelet:
+///       failSwapOn: false
+///       memorySwap: {swapBehavior: LimitedSwap}
+///   - name: big-0                       # a node not among --sim-nodes is added
+///     zone: zone-b
+///     nodeIP: 10.1.0.7
+///     hostnameOverride: big-0.example
+///     machine: {cpu: "64", memory: 256Gi, numaNodes: 2}
+///     kubelet:
+///       cpuManagerPolicy: static
+///       topologyManagerPolicy: single-numa-node
+///       registerWithTaints: [{key: dedicated, value: big, effect: NoSchedule}]
+/// ```
+///
+/// A node's settings are the flags', then the file's `kubelet` and `machine`, then its
+/// entry's, field by field. Anything kubelet would refuse is an error naming the node and
+/// the field ([`NodeConfigError`]).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeConfigFile {
