@@ -98,7 +98,25 @@ fn build(defs: &[&'static ResourceDef]) -> Value {
         };
         paths::add_paths_of_kind(&mut paths, &mut components, &resource, &name);
     }
+    without_strategic_merge_patch(&mut paths);
     assemble(paths, components)
+}
+
+/// A custom resource takes JSON, merge and apply patches only (the server refuses a
+/// strategic merge patch with 415), so its PATCH operations do not offer
+/// `application/strategic-merge-patch+json`, as upstream's CRD OpenAPI builder
+/// (`controller/openapi/builder/builder.go`, its supported patch types). kubectl reads this:
+/// `apply` sends a strategic merge patch only to a kind whose PATCH offers one, and a merge
+/// patch otherwise.
+fn without_strategic_merge_patch(paths: &mut Map<String, Value>) {
+    for item in paths.values_mut() {
+        if let Some(content) = item
+            .pointer_mut("/patch/requestBody/content")
+            .and_then(Value::as_object_mut)
+        {
+            content.remove("application/strategic-merge-patch+json");
+        }
+    }
 }
 
 impl OpenApiDocuments {
