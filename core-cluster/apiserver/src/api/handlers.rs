@@ -654,13 +654,6 @@ fn prune_unknown(given: &mut Value, known: &Value) {
     }
 }
 
-/// The patch content types a custom resource accepts, in upstream's order.
-const CUSTOM_RESOURCE_PATCH_TYPES: &[&str] = &[
-    "application/json-patch+json",
-    "application/merge-patch+json",
-    "application/apply-patch+yaml",
-];
-
 /// A patch (JSON, merge, strategic merge, apply), applied to the stored object in the
 /// store's retry loop; an apply of a missing object creates it.
 async fn patch_object(scope: &RequestScope) -> Result<(StatusCode, Value), ApiError> {
@@ -674,13 +667,9 @@ async fn patch_object(scope: &RequestScope) -> Result<(StatusCode, Value), ApiEr
     let state = &scope.state;
     let patch_type = patch::PatchType::from_content_type(content_type)
         .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
-    if patch_type == patch::PatchType::StrategicMergePatch && crate::crd::is_custom(def) {
-        // A custom resource has no patch strategies to merge by: upstream's CRD handler
-        // offers JSON, merge and apply patches only (apiextensions-apiserver
-        // `customresource_handler.go`, its supportedTypes), refusing the rest with 415.
-        return Err(ApiError::unsupported_media_type_of(
-            CUSTOM_RESOURCE_PATCH_TYPES,
-        ));
+    if crate::crd::is_custom(def) && !crate::crd::PATCH_TYPES.contains(&patch_type.content_type()) {
+        // A custom resource has no patch strategies to merge by (`crd::PATCH_TYPES`).
+        return Err(ApiError::unsupported_media_type_of(crate::crd::PATCH_TYPES));
     }
     let is_apply = patch_type == patch::PatchType::ApplyPatch;
     let manager = query.get("fieldManager").cloned().unwrap_or_default();

@@ -437,6 +437,17 @@ pub fn custom(def: &ResourceDef) -> Option<Arc<Custom>> {
     CUSTOM.read().get(&(def as *const _ as usize)).cloned()
 }
 
+/// The patch content types a custom resource takes, in upstream's order: a custom resource
+/// has no patch strategies, so no strategic merge patch (apiextensions-apiserver
+/// `customresource_handler.go` and `controller/openapi/builder/builder.go`, their supported
+/// patch types). The API server refuses the others with 415; the custom groups' OpenAPI
+/// offers only these.
+pub const PATCH_TYPES: &[&str] = &[
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/apply-patch+yaml",
+];
+
 /// Whether `def` is a custom resource's definition (no lock taken).
 pub fn is_custom(def: &ResourceDef) -> bool {
     std::ptr::fn_addr_eq(

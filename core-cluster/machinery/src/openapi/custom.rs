@@ -98,23 +98,22 @@ fn build(defs: &[&'static ResourceDef]) -> Value {
         };
         paths::add_paths_of_kind(&mut paths, &mut components, &resource, &name);
     }
-    without_strategic_merge_patch(&mut paths);
+    only_custom_resource_patch_types(&mut paths);
     assemble(paths, components)
 }
 
-/// A custom resource takes JSON, merge and apply patches only (the server refuses a
-/// strategic merge patch with 415), so its PATCH operations do not offer
-/// `application/strategic-merge-patch+json`, as upstream's CRD OpenAPI builder
-/// (`controller/openapi/builder/builder.go`, its supported patch types). kubectl reads this:
-/// `apply` sends a strategic merge patch only to a kind whose PATCH offers one, and a merge
-/// patch otherwise.
-fn without_strategic_merge_patch(paths: &mut Map<String, Value>) {
+/// A custom resource's PATCH operations offer only the patch types it takes
+/// ([`crate::crd::PATCH_TYPES`]: no strategic merge patch), as upstream's CRD OpenAPI builder.
+/// kubectl reads this: `apply` sends a strategic merge patch only to a kind whose PATCH
+/// offers one, and a merge patch otherwise.
+fn only_custom_resource_patch_types(paths: &mut Map<String, Value>) {
     for item in paths.values_mut() {
         if let Some(content) = item
             .pointer_mut("/patch/requestBody/content")
             .and_then(Value::as_object_mut)
         {
-            content.remove("application/strategic-merge-patch+json");
+            content
+                .retain(|content_type, _| crate::crd::PATCH_TYPES.contains(&content_type.as_str()));
         }
     }
 }
