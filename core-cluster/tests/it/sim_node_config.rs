@@ -66,6 +66,18 @@ async fn start() -> (Client, NodeSimulator, CancellationToken) {
         let (sim, stop) = (sim.clone(), stop.clone());
         async move { sim.run(stop).await.unwrap() }
     });
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually(30, "four nodes registered", || async {
+        (nodes
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len()
+            == 4)
+            .then_some(())
+    })
+    .await;
     (client, sim, stop)
 }
 
@@ -97,17 +109,6 @@ async fn each_node_follows_its_own_swap_configuration_from_the_file() {
     let (client, sim, stop) = start().await;
     let _guard = stop.drop_guard();
     let nodes: Api<Node> = Api::all(client.clone());
-    eventually(30, "four nodes registered", || async {
-        (nodes
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .len()
-            == 4)
-            .then_some(())
-    })
-    .await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     let names: Vec<String> = nodes
         .list(&ListParams::default())
@@ -190,18 +191,6 @@ async fn each_node_follows_its_own_swap_configuration_from_the_file() {
 async fn single_numa_node_refuses_a_guaranteed_pod_no_numa_node_can_hold() {
     let (client, sim, stop) = start().await;
     let _guard = stop.drop_guard();
-    let nodes: Api<Node> = Api::all(client.clone());
-    eventually(30, "nodes registered", || async {
-        (nodes
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .len()
-            == 4)
-            .then_some(())
-    })
-    .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let guaranteed = |cpu: &str| json!({"limits": {"cpu": cpu, "memory": "1Gi"}});
     for p in [
