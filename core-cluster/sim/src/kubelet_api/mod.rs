@@ -12,7 +12,9 @@
 mod auth;
 mod exec;
 mod logs;
+mod port_forward;
 pub(crate) mod responder;
+mod spdy;
 mod stats;
 mod websocket;
 
@@ -355,6 +357,14 @@ fn router(ctx: NodeCtx) -> Router {
         .route(
             "/attach/{namespace}/{pod}/{container}",
             get(attach_handler).post(attach_handler),
+        )
+        .route(
+            "/portForward/{namespace}/{pod}",
+            any(port_forward::port_forward),
+        )
+        .route(
+            "/portForward/{namespace}/{pod}/{uid}",
+            any(port_forward::port_forward),
         )
         .route(
             "/podPort/{namespace}/{pod}/{port}",
