@@ -26,6 +26,7 @@ mod node_authorizer;
 mod node_graph_cost;
 mod node_lifecycle;
 mod openapi_kubectl;
+mod port_forward;
 mod protobuf_http;
 mod protobuf_kubectl;
 mod protobuf_schema;

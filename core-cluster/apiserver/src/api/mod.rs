@@ -12,6 +12,7 @@ mod metrics_api;
 pub mod negotiate;
 mod node_proxy;
 mod pod_proxy;
+mod port_forward;
 pub mod protobuf;
 mod scale;
 pub mod status;
@@ -1064,6 +1065,13 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
                 && target.subresource.as_deref() == Some("attach") =>
         {
             let response = node_proxy::pod_attach(&state, &target, request).await;
+            ("CONNECT".to_owned(), "pods".to_owned(), response)
+        }
+        Parsed::Resource(target)
+            if std::ptr::eq(target.def, &resources::PODS)
+                && target.subresource.as_deref() == Some("portforward") =>
+        {
+            let response = port_forward::pod_port_forward(&state, &target, request).await;
             ("CONNECT".to_owned(), "pods".to_owned(), response)
         }
         Parsed::Resource(target) => {

@@ -349,7 +349,7 @@ fn method_word(method: &Method) -> String {
 }
 
 /// A kubelet's error answer as a Status (`GenericHttpResponseChecker`).
-async fn backend_error(response: hyper::Response<hyper::body::Incoming>) -> ApiError {
+pub(crate) async fn backend_error(response: hyper::Response<hyper::body::Incoming>) -> ApiError {
     let code = response.status().as_u16();
     let body = axum::body::to_bytes(Body::new(response.into_body()), MAX_ERROR_BODY)
         .await

@@ -8,7 +8,7 @@
 //! has no preset-dictionary call; it is primed with the dictionary as a stored block whose
 //! output is dropped (1,423 bytes copied once per connection), so back-references into the
 //! dictionary resolve from its window. Writing: our header blocks go out as stored
-//! (uncompressed) deflate blocks in a zlib stream that declares no dictionary, which any
+//! (uncompressed) deflate blocks, each ended by a sync flush as zlib's, in a zlib stream that declares no dictionary, which any
 //! zlib reader accepts (`spdystream` reads with `zlib.NewReaderDict`, which uses the
 //! dictionary only when the stream's header asks for it); the few bytes a SYN_REPLY's
 //! empty header block would save are not worth a compressor.
@@ -201,7 +201,7 @@ impl HeaderInflater {
 }
 
 /// The deflater of our header blocks: a zlib stream without dictionary, each block a
-/// stored deflate block (see the module's documentation).
+/// stored deflate block ended by a sync flush (see the module's documentation).
 #[derive(Debug, Default)]
 pub(crate) struct HeaderDeflater {
     started: bool,
@@ -223,6 +223,10 @@ impl HeaderDeflater {
             out.extend_from_slice(&(!len).to_le_bytes());
             out.extend_from_slice(chunk);
         }
+        // An empty stored block: zlib's sync flush. Go's inflater hands a stored block's
+        // bytes over only at this marker (or a full window); without it, it reads on past
+        // the frame's end and the stream is broken for every later header block.
+        out.extend_from_slice(&[0, 0, 0, 0xff, 0xff]);
         out
     }
 }

@@ -1,0 +1,257 @@
+//! `pods/portforward` end to end: kubectl v1.32 `port-forward` (SPDY/3.1 tunnelled over
+//! WebSocket, `SPDY/3.1+portforward.k8s.io`, translated by the API server as upstream's
+//! `streamtunnel.go TunnelingHandler`) to a simulated kubelet's `/portForward`
+//! (`pkg/kubelet/cri/streaming/portforward/httpstream.go`), and a local HTTP client through
+//! it to the pod's declared port.
+
+use std::{process::Stdio, time::Duration};
+
+use ccm_testkit::{eventually, free_port, kubectl::require_kubectl};
+use core_cluster::sim::KubeletApiConfig;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::{Api, api::PostParams};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::kubelet_api::{Cluster, internal_ip_first, start};
+
+/// A running pod `name` on `node` labelled `app: web`, declaring containerPort 80 (`http`).
+async fn web_pod(c: &Cluster, name: &str, node: &str) {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": "web"}},
+        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "nginx",
+            "ports": [{"name": "http", "containerPort": 80}]}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    eventually(10, "the pod runs", || {
+        let pods = pods.clone();
+        async move {
+            let p = pods.get(name).await.ok()?;
+            (p.status?.phase.as_deref() == Some("Running")).then_some(())
+        }
+    })
+    .await;
+}
+
+/// A running `kubectl port-forward`.
+struct Forward {
+    child: std::process::Child,
+    stderr: tokio::task::JoinHandle<String>,
+}
+
+impl Forward {
+    /// `kubectl port-forward {target} {local}:{remote}`, once it says it is forwarding.
+    async fn start(c: &Cluster, kubeconfig: &std::path::Path, target: &str, ports: &str) -> Self {
+        use std::io::{BufRead, Read};
+        let mut child = ccm_testkit::kubectl::command(c.dir.path(), kubeconfig)
+            .args(["port-forward", target, ports])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let stderr = tokio::task::spawn_blocking(move || {
+            let mut text = String::new();
+            let _ = stderr.read_to_string(&mut text);
+            text
+        });
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // Reads stdout to its end, so kubectl never blocks on it; the first line is sent.
+        tokio::task::spawn_blocking(move || {
+            let mut lines = std::io::BufReader::new(stdout).lines();
+            let _ = tx.send(lines.next().and_then(Result::ok).unwrap_or_default());
+            for _ in lines {}
+        });
+        let line = tokio::time::timeout(Duration::from_secs(30), rx)
+            .await
+            .expect("kubectl port-forward starts")
+            .unwrap_or_default();
+        if !line.starts_with("Forwarding from 127.0.0.1:") {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = stderr.await.unwrap();
+            panic!("kubectl port-forward said {line:?}; stderr: {err}");
+        }
+        Forward { child, stderr }
+    }
+
+    /// Stops kubectl; what it wrote on stderr.
+    async fn stop(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        tokio::time::timeout(Duration::from_secs(10), self.stderr)
+            .await
+            .expect("stderr ends")
+            .unwrap()
+    }
+}
+
+/// `GET {path}` to 127.0.0.1:`port`: the whole answer (empty when the connection closes
+/// without one).
+async fn http_get(port: u16, path: &str) -> String {
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), tcp.read_to_end(&mut answer))
+        .await
+        .expect("the forwarded connection answers or closes")
+        .unwrap_or_default();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// kubectl v1.32 `port-forward pod/web L:80`: an HTTP GET to the local port reaches the
+/// pod's declared port (its responder answers with the pod's name), through the API
+/// server's SPDY-over-WebSocket translation (`streamtunnel.go`) and the kubelet's stream
+/// pairs (`httpstream.go`); several connections in a row each get their pair. A port the
+/// pod does not listen on fails as kubelet's does: client-go's `portforward.go
+/// handleConnection` reports the error stream's message (`an error occurred forwarding
+/// L -> 81: …connection refused`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_port_forward_reaches_the_pods_declared_port() {
+    require_kubectl("it runs `kubectl port-forward`");
+    let c = start(internal_ip_first(), KubeletApiConfig::default(), &["pf-a"]).await;
+    web_pod(&c, "web", "pf-a").await;
+    let local = free_port();
+    let forward = Forward::start(&c, &c.kubeconfig, "pod/web", &format!("{local}:80")).await;
+    for path in ["/", "/index.html"] {
+        let answer = http_get(local, path).await;
+        if answer.is_empty() {
+            panic!("no answer; kubectl said: {}", forward.stop().await);
+        }
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(answer.ends_with("\r\n\r\nweb\n"), "{answer}");
+        assert!(
+            answer
+                .to_ascii_lowercase()
+                .contains(&format!("x-sim-path: {path}\r\n")),
+            "{answer}"
+        );
+    }
+    let stderr = forward.stop().await;
+    assert!(!stderr.contains("error"), "{stderr}");
+
+    let closed = free_port();
+    let forward = Forward::start(&c, &c.kubeconfig, "pod/web", &format!("{closed}:81")).await;
+    assert_eq!(http_get(closed, "/").await, "");
+    let stderr = forward.stop().await;
+    assert!(
+        stderr.contains(&format!(
+            "an error occurred forwarding {closed} -> 81: error forwarding port 81 to pod"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("connect: connection refused"), "{stderr}");
+}
+
+/// `kubectl port-forward svc/web L:8080`: kubectl picks a pod of the Service's selector and
+/// its targetPort by name (`translateServicePortToTargetPort`), and the connection reaches
+/// that pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_port_forward_to_a_service_reaches_one_of_its_pods() {
+    require_kubectl("it runs `kubectl port-forward svc/…`");
+    let c = start(internal_ip_first(), KubeletApiConfig::default(), &["pf-s"]).await;
+    web_pod(&c, "web-1", "pf-s").await;
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"},
+                 "ports": [{"name": "api", "port": 8080, "targetPort": "http"}]},
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let local = free_port();
+    let forward = Forward::start(&c, &c.kubeconfig, "svc/web", &format!("{local}:8080")).await;
+    let answer = http_get(local, "/").await;
+    assert!(answer.ends_with("\r\n\r\nweb-1\n"), "{answer}");
+    forward.stop().await;
+}
+
+/// The API server's refusals (`strategy.go PortForwardLocation`, RBAC on the subresource):
+/// a pod not bound to a node is a 400 with upstream's message; `get pods/portforward` is
+/// not enough for the upgrade, which needs `create` (`requestinfo.go`,
+/// AuthorizePodWebsocketUpgradeCreatePermission); kubectl itself refuses a pod that is not
+/// Running (`portforward.go`'s phase check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_forward_refuses_unbound_pods_and_users_without_create() {
+    require_kubectl("it runs `kubectl port-forward`");
+    let c = start(internal_ip_first(), KubeletApiConfig::default(), &["pf-r"]).await;
+    web_pod(&c, "web", "pf-r").await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let pending: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "pending"},
+        "spec": {"containers": [{"name": "app", "image": "nginx"}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pending).await.unwrap();
+    let request = hyper::Request::post("/api/v1/namespaces/default/pods/pending/portforward")
+        .header("connection", "Upgrade")
+        .header("upgrade", "SPDY/3.1")
+        .header("x-stream-protocol-version", "portforward.k8s.io")
+        .body(Vec::new())
+        .unwrap();
+    let err = c.client.request_text(request).await.unwrap_err();
+    let kube::Error::Api(status) = err else {
+        panic!("expected a Status, got {err:?}");
+    };
+    assert_eq!(status.code, 400);
+    assert_eq!(status.message, "pod pending does not have a host assigned");
+
+    let out = ccm_testkit::kubectl::kubectl(
+        c.dir.path(),
+        &c.kubeconfig,
+        &[
+            "port-forward",
+            "pod/pending",
+            &format!("{}:80", free_port()),
+        ],
+    )
+    .await;
+    assert!(!out.success);
+    assert!(
+        out.stderr
+            .contains("unable to forward port because pod is not running. Current status=Pending"),
+        "{out:?}"
+    );
+
+    // RBAC: reading the pod and `get pods/portforward` do not allow the upgrade.
+    let bob = c.server.kubeconfig_for("bob", &[]).unwrap();
+    let bob_path = c.dir.path().join("bob");
+    std::fs::write(&bob_path, bob).unwrap();
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+        "metadata": {"name": "pf-get", "namespace": "default"},
+        "rules": [{"apiGroups": [""], "resources": ["pods", "pods/portforward"], "verbs": ["get"]}]}))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "bob"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pf-get"},
+        "subjects": [{"kind": "User", "name": "bob"}]}))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let out = ccm_testkit::kubectl::kubectl(
+        c.dir.path(),
+        &bob_path,
+        &["port-forward", "pod/web", &format!("{}:80", free_port())],
+    )
+    .await;
+    assert!(!out.success, "{out:?}");
+    assert!(
+        out.stderr
+            .contains("cannot create resource \"pods/portforward\""),
+        "{out:?}"
+    );
+}
