@@ -255,3 +255,113 @@ async fn port_forward_refuses_unbound_pods_and_users_without_create() {
         "{out:?}"
     );
 }
+
+/// A client frame (masked, RFC 6455 section 5.3) with `payload`.
+fn masked_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let mask = [0x5a, 0x11, 0x3c, 0x7e];
+    let mut frame = vec![0x80 | opcode];
+    match payload.len() {
+        n if n < 126 => frame.push(0x80 | n as u8),
+        n => {
+            frame.push(0x80 | 126);
+            frame.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+    }
+    frame.extend_from_slice(&mask);
+    frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    frame
+}
+
+/// The server's messages until it closes: (opcode, payload) of each frame.
+async fn server_frames<R: tokio::io::AsyncRead + Unpin>(mut io: R) -> Vec<(u8, Vec<u8>)> {
+    let mut frames = Vec::new();
+    loop {
+        let mut head = [0u8; 2];
+        if io.read_exact(&mut head).await.is_err() {
+            return frames;
+        }
+        let len = match head[1] & 0x7f {
+            126 => {
+                let mut b = [0u8; 2];
+                io.read_exact(&mut b).await.unwrap();
+                usize::from(u16::from_be_bytes(b))
+            }
+            127 => {
+                let mut b = [0u8; 8];
+                io.read_exact(&mut b).await.unwrap();
+                u64::from_be_bytes(b) as usize
+            }
+            n => usize::from(n),
+        };
+        let mut payload = vec![0u8; len];
+        io.read_exact(&mut payload).await.unwrap();
+        let opcode = head[0] & 0x0f;
+        frames.push((opcode, payload));
+        if opcode == 0x8 {
+            return frames;
+        }
+    }
+}
+
+/// The channel WebSocket protocol kube-rs's `Api::portforward` speaks (`v4.channel.k8s.io`,
+/// `?ports=80,81`), handed through the API server to the kubelet's `websocket.go
+/// handleWebSocketStreams`: the port, 2 bytes little-endian, first on both channels of each
+/// port; the pod's answer on channel 0; the closed port's refusal on channel 3; the
+/// connection closed once both ports are done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_websocket_client_forwards_through_the_api_server() {
+    let c = start(internal_ip_first(), KubeletApiConfig::default(), &["pf-w"]).await;
+    web_pod(&c, "web", "pf-w").await;
+    let request =
+        hyper::Request::get("/api/v1/namespaces/default/pods/web/portforward?ports=80%2C81")
+            .header("connection", "Upgrade")
+            .header("upgrade", "websocket")
+            .header("sec-websocket-version", "13")
+            .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+            .header(
+                "sec-websocket-protocol",
+                "v5.channel.k8s.io, v4.channel.k8s.io",
+            )
+            .body(kube::client::Body::from(Vec::new()))
+            .unwrap();
+    let mut response = c.client.send(request).await.unwrap();
+    assert_eq!(response.status().as_u16(), 101);
+    assert_eq!(
+        response.headers()["sec-websocket-protocol"],
+        "v4.channel.k8s.io"
+    );
+    assert_eq!(
+        response.headers()["sec-websocket-accept"],
+        "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+    );
+    let upgraded = hyper::upgrade::on(&mut response).await.unwrap();
+    let (r, mut w) = tokio::io::split(hyper_util::rt::TokioIo::new(upgraded));
+    let mut message = vec![0u8];
+    message.extend_from_slice(b"GET /ws HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    w.write_all(&masked_frame(0x2, &message)).await.unwrap();
+    let frames = tokio::time::timeout(Duration::from_secs(30), server_frames(r))
+        .await
+        .expect("the kubelet closes once both ports are done");
+    assert_eq!(frames.last().map(|f| f.0), Some(0x8), "{frames:?}");
+    let on = |channel: u8| -> Vec<Vec<u8>> {
+        frames
+            .iter()
+            .filter(|(op, p)| *op == 0x2 && p.first() == Some(&channel))
+            .map(|(_, p)| p[1..].to_vec())
+            .collect()
+    };
+    for (channel, port) in [(0u8, 80u16), (1, 80), (2, 81), (3, 81)] {
+        assert_eq!(on(channel)[0], port.to_le_bytes(), "channel {channel}");
+    }
+    let answer = String::from_utf8(on(0)[1..].concat()).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(answer.ends_with("\r\n\r\nweb\n"), "{answer}");
+    assert_eq!(on(1).len(), 1, "no error on port 80");
+    assert_eq!(on(2).len(), 1, "no data from port 81");
+    let refusal = String::from_utf8(on(3)[1].clone()).unwrap();
+    assert!(
+        refusal.starts_with("error forwarding port 81 to pod ")
+            && refusal.contains("connect: connection refused"),
+        "{refusal}"
+    );
+}
