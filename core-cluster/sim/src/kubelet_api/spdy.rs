@@ -575,6 +575,32 @@ mod tests {
         assert_eq!(inflater.block(&stream).unwrap(), &DICTIONARY[..11]);
     }
 
+    /// The header blocks of kubectl's first two SYN_STREAMs (its error then its data
+    /// stream), as kubectl v1.33 compresses them (zlib at best compression with the SPDY/3
+    /// dictionary, each ended by a sync flush), read from one inflater in order.
+    #[test]
+    fn kubectls_header_blocks_inflate_to_its_stream_headers() {
+        let error_stream = [
+            0x78, 0xf9, 0xe3, 0xc6, 0xa7, 0xc2, 0x02, 0x25, 0x3a, 0x70, 0x3a, 0x2b, 0x29, 0x4a,
+            0x4d, 0xcc, 0x85, 0x16, 0x25, 0xac, 0xa9, 0xa0, 0x80, 0x86, 0x14, 0xcb, 0x45, 0xa0,
+            0x24, 0xcc, 0x64, 0x61, 0xc0, 0xc0, 0xc0, 0xc0, 0x59, 0x04, 0x89, 0xc4, 0x4c, 0x50,
+            0xe2, 0x66, 0x34, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff,
+        ];
+        let data_stream = [
+            0xc2, 0xaa, 0x15, 0x54, 0x0a, 0x25, 0x12, 0xd2, 0x09, 0x00, 0x00, 0x00, 0xff, 0xff,
+        ];
+        assert_eq!(adler32(DICTIONARY), 0xe3c6_a7c2);
+        let mut inflater = HeaderInflater::new();
+        let first = decode_headers(&inflater.block(&error_stream).unwrap()).unwrap();
+        assert_eq!(header(&first, "streamtype"), Some("error"));
+        assert_eq!(header(&first, "port"), Some("80"));
+        assert_eq!(header(&first, "requestid"), Some("0"));
+        let second = decode_headers(&inflater.block(&data_stream).unwrap()).unwrap();
+        assert_eq!(header(&second, "streamtype"), Some("data"));
+        assert_eq!(header(&second, "port"), Some("80"));
+        assert_eq!(header(&second, "requestid"), Some("0"));
+    }
+
     /// A stream naming another dictionary, or garbage, is an error, not a panic.
     #[test]
     fn foreign_dictionaries_and_garbage_are_errors() {
