@@ -402,10 +402,10 @@ where
                     dial: &dial,
                     stream_timeout,
                 };
-                if let Err(reply) = opened.stream(stream_id, &headers) {
-                    if out.send(reply).await.is_err() {
-                        break;
-                    }
+                if let Err(reply) = opened.stream(stream_id, &headers)
+                    && out.send(reply).await.is_err()
+                {
+                    break;
                 }
             }
             Frame::Data {
@@ -443,11 +443,7 @@ where
                 streams.lock().inbound.remove(&stream_id);
             }
             // A client's ping (odd id) is echoed; an answer to ours would be even.
-            Frame::Ping(id) if id % 2 == 1 => {
-                if out.send(Frame::Ping(id)).await.is_err() {
-                    break;
-                }
-            }
+            Frame::Ping(id) if id % 2 == 1 && out.send(Frame::Ping(id)).await.is_err() => break,
             Frame::GoAway { .. } => break,
             _ => {}
         }
@@ -488,7 +484,7 @@ impl Opened<'_> {
         };
         let mut guard = self.streams.lock();
         let streams = &mut *guard;
-        if stream_id % 2 == 0 {
+        if stream_id.is_multiple_of(2) {
             return Err(reset(spdy::RST_PROTOCOL_ERROR));
         }
         if streams.inbound.contains_key(&stream_id) {
