@@ -365,3 +365,65 @@ async fn a_channel_websocket_client_forwards_through_the_api_server() {
         "{refusal}"
     );
 }
+
+/// Measures `kubectl port-forward` (BENCHMARKS.md, "Port forwarding"): the time from a new
+/// local connection to the first byte of the pod's answer (each connection is a new
+/// stream pair through the tunnel), and the answer bytes per second of 5,000 pipelined GETs
+/// on one connection; 3 runs of each. Run with `--ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check"]
+async fn measure_port_forward_first_byte_and_throughput() {
+    require_kubectl("it runs `kubectl port-forward`");
+    let c = start(internal_ip_first(), KubeletApiConfig::default(), &["pf-m"]).await;
+    web_pod(&c, "web", "pf-m").await;
+    let local = free_port();
+    let forward = Forward::start(&c, &c.kubeconfig, "pod/web", &format!("{local}:80")).await;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    for run in 0..3 {
+        let mut firsts = Vec::new();
+        for _ in 0..20 {
+            let started = tokio::time::Instant::now();
+            let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", local))
+                .await
+                .unwrap();
+            tcp.write_all(b"GET / HTTP/1.1\r\nHost: l\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut byte = [0u8; 1];
+            tcp.read_exact(&mut byte).await.unwrap();
+            firsts.push(started.elapsed().as_secs_f64() * 1000.0);
+            let mut rest = Vec::new();
+            tcp.read_to_end(&mut rest).await.unwrap();
+        }
+        const REQUESTS: usize = 5_000;
+        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", local))
+            .await
+            .unwrap();
+        let one = b"GET / HTTP/1.1\r\nHost: l\r\n\r\n";
+        let mut all = one.repeat(REQUESTS - 1);
+        all.extend_from_slice(b"GET / HTTP/1.1\r\nHost: l\r\nConnection: close\r\n\r\n");
+        let started = tokio::time::Instant::now();
+        let (mut r, mut w) = tcp.split();
+        let (_, received) = tokio::join!(w.write_all(&all), async {
+            let mut got = Vec::new();
+            r.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        let secs = started.elapsed().as_secs_f64();
+        let answers = String::from_utf8_lossy(&received)
+            .matches("\r\n\r\nweb\n")
+            .count();
+        assert_eq!(answers, REQUESTS);
+        println!(
+            "run {run}: first byte median {:.1} ms (20 connections); {REQUESTS} pipelined GETs: {} answer bytes in {secs:.2} s = {:.0} KB/s, {:.0} requests/s",
+            median(firsts),
+            received.len(),
+            received.len() as f64 / secs / 1000.0,
+            REQUESTS as f64 / secs
+        );
+    }
+    forward.stop().await;
+}
