@@ -71,6 +71,7 @@
 
 mod config;
 mod container_gc;
+mod ephemeral;
 mod eviction;
 mod identity;
 mod images;

@@ -181,6 +181,9 @@ fn handle_pod(shared: &Arc<Shared>, pod: &Pod, shutdown: &CancellationToken) {
         if let Some(since) = ready_to_restore(pod) {
             restore_ready(shared, &node, pod, since);
         }
+        if phase(pod) == "Running" {
+            crate::ephemeral::start(shared, &node.name, pod);
+        }
         return;
     }
     if !shared.pods.starting.lock().insert(uid.clone()) {

@@ -13,6 +13,7 @@ mod default_toleration_seconds;
 mod disruption;
 mod durability;
 mod endpoints;
+mod ephemeral_containers;
 mod etcd_faults;
 mod etcd_servers;
 mod finished_work;

@@ -15,6 +15,7 @@ pub(crate) mod crd;
 pub(crate) mod create;
 pub(crate) mod default_toleration_seconds;
 pub(crate) mod delete;
+pub(crate) mod ephemeral;
 pub(crate) mod eviction;
 pub(crate) mod get_list;
 pub(crate) mod namespace;

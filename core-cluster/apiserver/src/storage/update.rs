@@ -147,6 +147,14 @@ pub(crate) async fn commit_update(
             }
             new = merged;
         }
+        Some(super::ephemeral::SUBRESOURCE) if def.kind == "Pod" => {
+            let merged = super::ephemeral::merge(current, &new);
+            let errors = super::ephemeral::validate_update(&merged, current);
+            if !errors.is_empty() {
+                return Err(invalid(def, name, errors));
+            }
+            new = merged;
+        }
         Some("finalize") => {
             let finalizers = new["spec"]["finalizers"].clone();
             let mut merged = current.clone();

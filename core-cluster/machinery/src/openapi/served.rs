@@ -75,7 +75,7 @@ pub fn served_resources() -> Vec<OpenApiResource> {
             "Pod",
             "pods",
             true,
-            &["status", "binding", "eviction"],
+            &["status", "binding", "eviction", "ephemeralcontainers"],
             schema_of::<Pod>,
         ),
         core(

@@ -429,7 +429,7 @@ pub static PODS: ResourceDef = ResourceDef {
     namespaced: true,
     status: true,
     generation: true,
-    extra_subresources: &["binding", "eviction"],
+    extra_subresources: &["binding", "eviction", "ephemeralcontainers"],
     storage: "core/pods",
     name_rule: NameRule::Subdomain,
     typed: typed_pod,

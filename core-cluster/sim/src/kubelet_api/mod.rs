@@ -720,6 +720,7 @@ async fn streaming(
         s.container_statuses
             .iter()
             .flatten()
+            .chain(s.ephemeral_container_statuses.iter().flatten())
             .find(|c| c.name == container)
             .cloned()
     });
