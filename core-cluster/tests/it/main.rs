@@ -20,6 +20,7 @@ mod fuzz_inputs;
 mod hardening;
 mod hostile_numbers;
 mod kubelet_api;
+mod kubelet_configz;
 mod kubelet_metrics;
 mod kubelet_proxy;
 mod node_authorizer;

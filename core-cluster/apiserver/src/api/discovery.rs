@@ -46,7 +46,7 @@ fn verbs(def: &ResourceDef) -> Vec<&'static str> {
 
 fn subresource_verbs(sub: &str) -> Vec<&'static str> {
     match sub {
-        "status" | "scale" => vec!["get", "patch", "update"],
+        "status" | "scale" | "approval" => vec!["get", "patch", "update"],
         "finalize" => vec!["update"],
         _ => vec!["create"],
     }

@@ -10,6 +10,7 @@
 //! generates one in `--cert-dir` the same way: a CA and a leaf for the node's name and IPs).
 
 mod auth;
+mod configz;
 mod exec;
 mod logs;
 pub(crate) mod responder;
@@ -342,6 +343,7 @@ fn router(ctx: NodeCtx) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
+        .route("/configz", get(configz_handler))
         .route("/stats/summary", get(stats_summary))
         .route("/metrics/resource", get(resource_metrics))
         .route(
@@ -414,6 +416,16 @@ async fn usage_here(ctx: &NodeCtx) -> Result<Vec<stats::PodUsage>, Response> {
             .collect()),
         Err(e) => Err(text_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
     }
+}
+
+/// `/configz`: the node's effective KubeletConfiguration ([`configz`]).
+async fn configz_handler(State(ctx): State<NodeCtx>) -> Response {
+    let port = ctx
+        .shared
+        .kubelet_api
+        .endpoint(&ctx.node.name)
+        .map_or(0, |a| a.port());
+    axum::Json(configz::configz(&ctx.node.config, port)).into_response()
 }
 
 /// `/stats/summary`: the Summary API of the node and its pods ([`stats`]).
