@@ -101,14 +101,14 @@ pub fn names_match_node(req: &ParsedRequest, node: &Node) -> bool {
         .unwrap_or_default();
     let dns_ok = req.dns_names.iter().all(|d| {
         d == name
-            || addresses.iter().any(|(t, a)| {
-                matches!(*t, "Hostname" | "InternalDNS" | "ExternalDNS") && a == d
-            })
+            || addresses
+                .iter()
+                .any(|(t, a)| matches!(*t, "Hostname" | "InternalDNS" | "ExternalDNS") && a == d)
     });
     let ip_ok = req.ip_addresses.iter().all(|ip| {
-        addresses.iter().any(|(t, a)| {
-            matches!(*t, "InternalIP" | "ExternalIP") && a.parse().ok() == Some(*ip)
-        })
+        addresses
+            .iter()
+            .any(|(t, a)| matches!(*t, "InternalIP" | "ExternalIP") && a.parse().ok() == Some(*ip))
     });
     dns_ok && ip_ok
 }
@@ -181,7 +181,11 @@ impl Reconcile for Sync {
             .await
         {
             Ok(_) => {
-                info!(csr = name, node = node_name, "kubelet serving request approved");
+                info!(
+                    csr = name,
+                    node = node_name,
+                    "kubelet serving request approved"
+                );
                 Ok(None)
             }
             Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(None),
@@ -211,7 +215,10 @@ mod tests {
             uris: false,
             public_key: Vec::new(),
         };
-        assert!(names_match_node(&req(&["a", "a.example"], &["127.1.0.1"]), &node));
+        assert!(names_match_node(
+            &req(&["a", "a.example"], &["127.1.0.1"]),
+            &node
+        ));
         assert!(!names_match_node(&req(&["b"], &[]), &node));
         assert!(!names_match_node(&req(&[], &["127.1.0.2"]), &node));
         // A DNS name is not an IP address's match.

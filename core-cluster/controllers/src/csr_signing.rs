@@ -121,8 +121,8 @@ pub fn parse_request(request: &[u8]) -> Result<ParsedRequest, PolicyError> {
         prelude::FromDer,
     };
     let der = request_der(request)?;
-    let (_, csr) = X509CertificationRequest::from_der(&der)
-        .map_err(|e| PolicyError::Parse(e.to_string()))?;
+    let (_, csr) =
+        X509CertificationRequest::from_der(&der).map_err(|e| PolicyError::Parse(e.to_string()))?;
     csr.verify_signature()
         .map_err(|e| PolicyError::Parse(format!("signature: {e}")))?;
     let info = &csr.certification_request_info;
@@ -400,17 +400,16 @@ impl Reconcile for Sync {
         match checked {
             Err(e) => {
                 warn!(csr = name, error = %e, "refusing to sign");
-                status
-                    .conditions
-                    .get_or_insert_with(Vec::new)
-                    .push(CertificateSigningRequestCondition {
+                status.conditions.get_or_insert_with(Vec::new).push(
+                    CertificateSigningRequestCondition {
                         type_: "Failed".into(),
                         status: "True".into(),
                         reason: Some("SignerValidationFailure".into()),
                         message: Some(e.to_string()),
                         last_update_time: Some(Time(jiff::Timestamp::now())),
                         last_transition_time: Some(Time(jiff::Timestamp::now())),
-                    });
+                    },
+                );
             }
             Ok(req) => {
                 let duration = validity(self.duration, csr.spec.expiration_seconds);
@@ -447,10 +446,9 @@ mod tests {
 
     fn request(cn: &str, o: &str, sans: &[&str]) -> Vec<u8> {
         use rcgen::{CertificateParams, DnType, KeyPair};
-        let mut params = CertificateParams::new(
-            sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>(),
-        )
-        .unwrap();
+        let mut params =
+            CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+                .unwrap();
         params.distinguished_name.push(DnType::CommonName, cn);
         params.distinguished_name.push(DnType::OrganizationName, o);
         let key = KeyPair::generate().unwrap();
@@ -472,8 +470,12 @@ mod tests {
     /// SANs, usages and the `system:node:` common name.
     #[test]
     fn kubelet_serving_requests_are_held_to_upstreams_policy() {
-        let ok = parse_request(&request("system:node:a", "system:nodes", &["a", "127.0.0.1"]))
-            .unwrap();
+        let ok = parse_request(&request(
+            "system:node:a",
+            "system:nodes",
+            &["a", "127.0.0.1"],
+        ))
+        .unwrap();
         assert_eq!(ok.dns_names, ["a"]);
         assert_eq!(ok.ip_addresses, ["127.0.0.1".parse::<IpAddr>().unwrap()]);
         assert_eq!(
@@ -529,8 +531,12 @@ mod tests {
             cert_pem: ca_cert.pem(),
             key_pem: ca_key.serialize_pem(),
         };
-        let req = parse_request(&request("system:node:a", "system:nodes", &["a", "10.0.0.1"]))
-            .unwrap();
+        let req = parse_request(&request(
+            "system:node:a",
+            "system:nodes",
+            &["a", "10.0.0.1"],
+        ))
+        .unwrap();
         let duration = validity(DEFAULT_SIGNING_DURATION, Some(3600));
         assert_eq!(duration, Duration::from_secs(3600));
         assert_eq!(validity(DEFAULT_SIGNING_DURATION, Some(60)), MIN_DURATION);
@@ -538,11 +544,21 @@ mod tests {
         let der = first_certificate(&pem).unwrap();
         let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
         assert_eq!(
-            cert.subject().iter_common_name().next().unwrap().as_str().unwrap(),
+            cert.subject()
+                .iter_common_name()
+                .next()
+                .unwrap()
+                .as_str()
+                .unwrap(),
             "system:node:a"
         );
         assert_eq!(
-            cert.issuer().iter_common_name().next().unwrap().as_str().unwrap(),
+            cert.issuer()
+                .iter_common_name()
+                .next()
+                .unwrap()
+                .as_str()
+                .unwrap(),
             "kubelet-serving-ca"
         );
         let validity = cert.validity();

@@ -66,7 +66,9 @@ async fn configz_shows_each_nodes_own_kubelet_configuration() {
     let server = serve_with_kubelet_identity(config, &mut sim_api, true).await;
     let client = server.admin_client().await.unwrap();
     let file = NodeConfigFile::parse(FILE).unwrap();
-    let (config, nodes) = file.apply(&SimConfig::default(), Vec::<SimNode>::new()).unwrap();
+    let (config, nodes) = file
+        .apply(&SimConfig::default(), Vec::<SimNode>::new())
+        .unwrap();
     let sim = NodeSimulator::new(client.clone(), config).with_kubelet_api(sim_api);
     sim.add_nodes(nodes);
     let stop = CancellationToken::new();
@@ -136,17 +138,35 @@ async fn configz_shows_each_nodes_own_kubelet_configuration() {
     // does (two accounts: the kubelet caches a denial for `cacheUnauthorizedTTL`).
     let addr = sim.kubelet_endpoint("cz-numa").unwrap();
     let stats = service_account_token(&client, "stats-reader").await;
-    let account = |name: &str| json!({"kind": "ServiceAccount", "name": name, "namespace": "default"});
-    grant_nodes(&client, "cz-stats", "nodes/stats", &["get"], account("stats-reader")).await;
+    let account =
+        |name: &str| json!({"kind": "ServiceAccount", "name": name, "namespace": "default"});
+    grant_nodes(
+        &client,
+        "cz-stats",
+        "nodes/stats",
+        &["get"],
+        account("stats-reader"),
+    )
+    .await;
     let (code, body) =
         kubelet_request(addr, &ca.cert_pem, None, Some(&stats), "GET", "/configz").await;
     assert_eq!(code, 403, "{body}");
     assert!(body.contains("subresource=proxy"), "{body}");
     let proxy = service_account_token(&client, "proxy-reader").await;
-    grant_nodes(&client, "cz-proxy", "nodes/proxy", &["get"], account("proxy-reader")).await;
+    grant_nodes(
+        &client,
+        "cz-proxy",
+        "nodes/proxy",
+        &["get"],
+        account("proxy-reader"),
+    )
+    .await;
     let (code, body) =
         kubelet_request(addr, &ca.cert_pem, None, Some(&proxy), "GET", "/configz").await;
     assert_eq!(code, 200, "{body}");
     let doc: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(doc["kubeletconfig"]["topologyManagerPolicy"], "single-numa-node");
+    assert_eq!(
+        doc["kubeletconfig"]["topologyManagerPolicy"],
+        "single-numa-node"
+    );
 }

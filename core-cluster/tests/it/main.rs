@@ -8,6 +8,7 @@ mod connection_limits;
 mod controllers_ipam_gc;
 mod crd;
 mod crd_kube_derive;
+mod csr;
 
 mod default_toleration_seconds;
 mod disruption;

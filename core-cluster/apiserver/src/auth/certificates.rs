@@ -53,14 +53,8 @@ impl CertificateAdmission {
             names.push(format!("{domain}/*"));
         }
         for name in names {
-            let attrs = Attributes::resource(
-                user.clone(),
-                verb,
-                CERTIFICATES_GROUP,
-                "signers",
-                "",
-                &name,
-            );
+            let attrs =
+                Attributes::resource(user.clone(), verb, CERTIFICATES_GROUP, "signers", "", &name);
             if self.authorizer.authorize(&attrs).await == Decision::Allow {
                 return true;
             }
@@ -89,7 +83,10 @@ impl Admission for CertificateAdmission {
                 spec.insert("username".into(), json!(user.name));
                 for (key, value) in [
                     ("uid", (!user.uid.is_empty()).then(|| json!(user.uid))),
-                    ("groups", (!user.groups.is_empty()).then(|| json!(user.groups))),
+                    (
+                        "groups",
+                        (!user.groups.is_empty()).then(|| json!(user.groups)),
+                    ),
                     ("extra", (!user.extra.is_empty()).then(|| json!(user.extra))),
                 ] {
                     match value {
@@ -136,8 +133,7 @@ impl Admission for CertificateAdmission {
                 Some("status") => {
                     let unchanged = new["status"]["certificate"] == old["status"]["certificate"]
                         && new["status"]["conditions"] == old["status"]["conditions"];
-                    if !unchanged && !self.authorized_for_signer(attrs.user, "sign", signer).await
-                    {
+                    if !unchanged && !self.authorized_for_signer(attrs.user, "sign", signer).await {
                         return Err(denied("sign"));
                     }
                 }

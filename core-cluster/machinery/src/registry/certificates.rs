@@ -25,7 +25,8 @@ pub const CERTIFICATES_GROUP: &str = "certificates.k8s.io";
 /// The signer of kubelets' serving certificates.
 pub const KUBELET_SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
 /// The signer of kubelets' client certificates.
-pub const KUBE_APISERVER_CLIENT_KUBELET_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+pub const KUBE_APISERVER_CLIENT_KUBELET_SIGNER: &str =
+    "kubernetes.io/kube-apiserver-client-kubelet";
 /// The condition types approvers and signers set.
 pub const APPROVED: &str = "Approved";
 /// The condition an approver sets to refuse a request.
@@ -217,7 +218,11 @@ fn validate_certificate(new: &Value, errors: &mut Vec<FieldError>) {
         return;
     }
     let Some(bytes) = bytes_field(v) else {
-        errors.push(FieldError::invalid(field, &json!("<certificate data>"), "not base64"));
+        errors.push(FieldError::invalid(
+            field,
+            &json!("<certificate data>"),
+            "not base64",
+        ));
         return;
     };
     let text = String::from_utf8_lossy(&bytes);
@@ -254,7 +259,11 @@ fn validate_csr(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
             )),
             Some(pem) => {
                 if let Err(e) = request_der(&pem) {
-                    errors.push(FieldError::invalid("spec.request", &json!("<request data>"), e));
+                    errors.push(FieldError::invalid(
+                        "spec.request",
+                        &json!("<request data>"),
+                        e,
+                    ));
                 }
             }
         },
@@ -270,7 +279,10 @@ fn validate_csr(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
         ));
     }
     match spec["usages"].as_array().filter(|u| !u.is_empty()) {
-        None => errors.push(FieldError::required("spec.usages", "usages must be provided")),
+        None => errors.push(FieldError::required(
+            "spec.usages",
+            "usages must be provided",
+        )),
         Some(usages) => {
             let mut seen = Vec::new();
             for (i, u) in usages.iter().enumerate() {
@@ -392,7 +404,9 @@ pub static CERTIFICATE_SIGNING_REQUESTS: ResourceDef = ResourceDef {
             cell: |o, _| condition_cell(o),
         },
     ],
-    field: |o, p| (p == "spec.signerName").then(|| o["spec"]["signerName"].as_str().unwrap_or("").to_owned()),
+    field: |o, p| {
+        (p == "spec.signerName").then(|| o["spec"]["signerName"].as_str().unwrap_or("").to_owned())
+    },
     field_paths: &["spec.signerName"],
     prepare_update: no_defaults,
     // `PrepareForCreate`: nobody creates a request already approved or issued.
@@ -410,7 +424,8 @@ pub static CERTIFICATE_SIGNING_REQUESTS: ResourceDef = ResourceDef {
 mod tests {
     use super::*;
 
-    const PEM: &str = "-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n";
+    const PEM: &str =
+        "-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n";
 
     fn b64(s: &str) -> String {
         use base64::Engine as _;
@@ -424,7 +439,10 @@ mod tests {
     }
 
     fn fields(errors: &[FieldError]) -> Vec<String> {
-        errors.iter().map(|e| format!("{}:{}", e.field, e.reason)).collect()
+        errors
+            .iter()
+            .map(|e| format!("{}:{}", e.field, e.reason))
+            .collect()
     }
 
     /// `pkg/apis/certificates/validation validateCertificateSigningRequest`: the request is

@@ -85,7 +85,10 @@ fn kubelet_configuration(config: &SimConfig, port: u16) -> Value {
         "imageGCHighThresholdPercent",
         json!(gc.high_threshold_percent),
     );
-    put("imageGCLowThresholdPercent", json!(gc.low_threshold_percent));
+    put(
+        "imageGCLowThresholdPercent",
+        json!(gc.low_threshold_percent),
+    );
     put("imageMinimumGCAge", json!(go_duration(gc.minimum_gc_age)));
     put("imageMaximumGCAge", json!(go_duration(gc.maximum_gc_age)));
     put("nodeStatusMaxImages", json!(gc.node_status_max_images));
@@ -231,8 +234,8 @@ mod tests {
         config.swap.fail_swap_on = false;
         config.swap.behavior = SwapBehavior::LimitedSwap;
         config.topology.policy = TopologyPolicy::SingleNumaNode;
-        config.eviction.hard = parse_eviction_hard("memory.available<100Mi,nodefs.available<10%")
-            .unwrap();
+        config.eviction.hard =
+            parse_eviction_hard("memory.available<100Mi,nodefs.available<10%").unwrap();
         config.image_gc.minimum_gc_age = Duration::from_secs(120);
         let z = configz(&config, 10250);
         let k = &z["kubeletconfig"];
