@@ -474,3 +474,133 @@ async fn approving_and_signing_need_rights_on_the_signer() {
         "{e:?}"
     );
 }
+
+const BOOTSTRAP_NODES: &str = r#"
+apiVersion: sim.ccm-rs.io/v1alpha1
+kind: NodeSimulatorConfiguration
+nodes:
+  - name: tb-boot
+    kubelet: {serverTLSBootstrap: true}
+  - name: tb-self
+"#;
+
+/// `serverTLSBootstrap` (kubelet's serving certificate manager): the node asks for its
+/// serving certificate by a `kubernetes.io/kubelet-serving` request with its name and IP,
+/// and serves nothing until it is signed, so `kubectl logs` to its pod fails; once
+/// `kubectl certificate approve` lets the signer issue it, `kubectl logs` works, verified
+/// against `--kubelet-certificate-authority`. A node without it and without a serving CA
+/// signs its own certificate (kubelet's self-signed one), which the API server refuses with
+/// a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrapping_kubelet_serves_once_its_request_is_approved() {
+    use core_cluster::sim::{KubeletApiConfig, NodeConfigFile, NodeSimulator, SimConfig, SimNode};
+
+    use crate::kubelet_api::{internal_ip_first, running_pod, serve_with_kubelet_identity};
+    require_kubectl("it runs `kubectl certificate approve` and `kubectl logs`");
+    let ca = ServingCa::generate("kubelet-serving-ca").unwrap();
+    let mut kubelet = internal_ip_first();
+    kubelet.certificate_authority = Some(ca.cert_pem.clone());
+    let mut sim_api = KubeletApiConfig::default();
+    let server = serve_with_kubelet_identity(
+        ApiServerConfig {
+            kubelet,
+            ..ApiServerConfig::default()
+        },
+        &mut sim_api,
+        true,
+    )
+    .await;
+    let client = server.admin_client().await.unwrap();
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    tokio::spawn(
+        CsrSigner::new(
+            client.clone(),
+            SigningCa {
+                cert_pem: ca.cert_pem.clone(),
+                key_pem: ca.key_pem.clone(),
+            },
+            DEFAULT_SIGNING_DURATION,
+        )
+        .run(stop.clone()),
+    );
+    let file = NodeConfigFile::parse(BOOTSTRAP_NODES).unwrap();
+    let (config, nodes) = file
+        .apply(&SimConfig::default(), Vec::<SimNode>::new())
+        .unwrap();
+    // Each kubelet acts as its node (`system:node:<name>`), as in the embedded default.
+    let mut node_clients = std::collections::HashMap::new();
+    for node in ["tb-boot", "tb-self"] {
+        let user = format!("system:node:{node}");
+        let kubeconfig = server.kubeconfig_for(&user, &["system:nodes"]).unwrap();
+        node_clients.insert(node.to_owned(), server.client(&kubeconfig).await.unwrap());
+    }
+    let fallback = client.clone();
+    let sim = NodeSimulator::new(client.clone(), config)
+        .with_node_clients(Arc::new(move |node: &str| {
+            node_clients
+                .get(node)
+                .cloned()
+                .unwrap_or_else(|| fallback.clone())
+        }))
+        .with_kubelet_api(sim_api);
+    sim.add_nodes(nodes);
+    tokio::spawn({
+        let (sim, stop) = (sim.clone(), stop.clone());
+        async move { sim.run(stop).await }
+    });
+    running_pod(&client, "web", "tb-boot").await;
+    running_pod(&client, "self", "tb-self").await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, server.admin_kubeconfig()).unwrap();
+    let run = |args: &'static [&'static str]| {
+        let (dir, kubeconfig) = (dir.path().to_owned(), kubeconfig.clone());
+        async move { kubectl(&dir, &kubeconfig, args).await }
+    };
+
+    let before = run(&["logs", "web"]).await;
+    // The kubelet has no certificate to present: its handshake fails.
+    assert!(
+        !before.success && before.stderr.contains("received fatal alert"),
+        "{before:?}"
+    );
+    let self_signed = run(&["logs", "self"]).await;
+    assert!(
+        !self_signed.success
+            && self_signed
+                .stderr
+                .contains("invalid peer certificate: UnknownIssuer"),
+        "{self_signed:?}"
+    );
+
+    let api: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let csr = eventually(20, "the node's request", || {
+        let api = api.clone();
+        async move {
+            api.list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|c| c.spec.username.as_deref() == Some("system:node:tb-boot"))
+        }
+    })
+    .await;
+    assert_eq!(csr.spec.signer_name, "kubernetes.io/kubelet-serving");
+    let name = csr.metadata.name.clone().unwrap();
+    let approve = kubectl(dir.path(), &kubeconfig, &["certificate", "approve", &name]).await;
+    assert!(approve.success, "{approve:?}");
+    let logs = eventually(20, "kubectl logs works", || {
+        let run = &run;
+        async move {
+            let out = run(&["logs", "web"]).await;
+            out.success.then_some(out.stdout)
+        }
+    })
+    .await;
+    assert!(logs.starts_with("Started container app"), "{logs}");
+    // Only the bootstrapping node asked.
+    let requests = api.list(&Default::default()).await.unwrap().items;
+    assert_eq!(requests.len(), 1, "{requests:?}");
+}
