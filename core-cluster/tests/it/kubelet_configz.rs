@@ -1,7 +1,8 @@
 //! `/configz` of the simulated kubelets (`pkg/kubelet/server/server.go` installing
 //! `component-base/configz`'s handler, `{"kubeletconfig": <v1beta1 KubeletConfiguration>}`),
 //! read through the API server's `nodes/{name}/proxy/configz` with kubectl v1.32, each node
-//! showing its own settings from a simulator config file.
+//! showing its own settings from a simulator config file; and `/run`, kubelet's
+//! non-streaming exec.
 
 use ccm_testkit::{
     eventually,
@@ -169,4 +170,49 @@ async fn configz_shows_each_nodes_own_kubelet_configuration() {
         doc["kubeletconfig"]["topologyManagerPolicy"],
         "single-numa-node"
     );
+}
+
+/// `POST /run/{namespace}/{pod}/{container}?cmd=…` (kubelet's non-streaming exec,
+/// `pkg/kubelet/server/server.go getRun`), through `nodes/{name}/proxy`: the command's
+/// output, with the pod's environment; a command exiting non-zero is a 500 with the
+/// runtime's `command '…' exited with N` error; a pod that is not on the node a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_executes_a_command_and_answers_its_output() {
+    use crate::kubelet_api::{running_pod, start};
+    let c = start(
+        internal_ip_first(),
+        KubeletApiConfig::default(),
+        &["cz-run"],
+    )
+    .await;
+    running_pod(&c.client, "web", "cz-run").await;
+    let post = |path: &str| {
+        let client = c.client.clone();
+        let request = axum::http::Request::post(format!("/api/v1/nodes/cz-run/proxy/run/{path}"))
+            .body(Vec::new())
+            .unwrap();
+        async move {
+            match client.request_text(request).await {
+                Ok(body) => (200, body),
+                Err(kube::Error::Api(s)) => (s.code, s.message),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    assert_eq!(
+        post("default/web/app?cmd=hostname").await,
+        (200, "web\n".to_owned())
+    );
+    let (code, env) = post("default/web/app?cmd=printenv").await;
+    assert_eq!(code, 200, "{env}");
+    assert!(env.contains("GREETING=hello"), "{env}");
+    let (code, message) = post("default/web/app?cmd=cat%20/nope").await;
+    assert_eq!(code, 500, "{message}");
+    assert!(
+        message
+            .contains("command 'cat /nope' exited with 1: cat: /nope: No such file or directory"),
+        "{message}"
+    );
+    let (code, message) = post("default/absent/app?cmd=hostname").await;
+    assert_eq!(code, 404, "{message}");
 }

@@ -121,23 +121,19 @@ impl Admission for CertificateAdmission {
                     &format!("user not permitted to {verb} requests with signerName {signer:?}"),
                 )
             };
-            match attrs.subresource {
-                Some("approval") => {
-                    if !self
-                        .authorized_for_signer(attrs.user, "approve", signer)
-                        .await
-                    {
-                        return Err(denied("approve"));
-                    }
+            let verb = match attrs.subresource {
+                Some("approval") => "approve",
+                // Only a write that changes the certificate or the conditions signs.
+                Some("status")
+                    if new["status"]["certificate"] != old["status"]["certificate"]
+                        || new["status"]["conditions"] != old["status"]["conditions"] =>
+                {
+                    "sign"
                 }
-                Some("status") => {
-                    let unchanged = new["status"]["certificate"] == old["status"]["certificate"]
-                        && new["status"]["conditions"] == old["status"]["conditions"];
-                    if !unchanged && !self.authorized_for_signer(attrs.user, "sign", signer).await {
-                        return Err(denied("sign"));
-                    }
-                }
-                _ => {}
+                _ => return Ok(()),
+            };
+            if !self.authorized_for_signer(attrs.user, verb, signer).await {
+                return Err(denied(verb));
             }
             Ok(())
         })

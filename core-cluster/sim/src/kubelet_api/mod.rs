@@ -17,6 +17,7 @@ mod configz;
 mod exec;
 mod logs;
 pub(crate) mod responder;
+mod run;
 mod stats;
 mod websocket;
 
@@ -374,6 +375,10 @@ fn router(ctx: NodeCtx) -> Router {
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
         .route("/configz", get(configz_handler))
+        .route(
+            "/run/{namespace}/{pod}/{container}",
+            axum::routing::post(run::run_handler),
+        )
         .route("/stats/summary", get(stats_summary))
         .route("/metrics/resource", get(resource_metrics))
         .route(
