@@ -293,6 +293,7 @@ mod tests {
                 "apps",
                 "batch",
                 "policy",
+                "certificates.k8s.io",
                 "apiextensions.k8s.io",
                 "apiregistration.k8s.io"
             ]
