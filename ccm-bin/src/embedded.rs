@@ -154,6 +154,17 @@ pub(crate) struct EmbeddedArgs {
     /// serving certificate from the cluster's kubelet-serving CA.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     sim_kubelet_api: bool,
+    /// kube-controller-manager's `--cluster-signing-duration`: how long the certificates the
+    /// `kubernetes.io/kubelet-serving` signer issues (from the kubelet-serving CA, for
+    /// approved CertificateSigningRequests) last, unless a request asks for less.
+    #[arg(long, default_value = "8760h", value_parser = parse_duration)]
+    cluster_signing_duration: Duration,
+    /// Approve `kubernetes.io/kubelet-serving` CertificateSigningRequests that a node makes
+    /// for its own name and addresses (as the Node shows them), so nodes with
+    /// `serverTLSBootstrap` serve without `kubectl certificate approve`. Off by default, as
+    /// upstream leaves these requests to the administrator or a third-party approver.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    approve_kubelet_serving_certificates: bool,
     /// Whether Service traffic flows, in kube-proxy's place (with `--sim-kubelet-api`, whose
     /// nodes have loopback addresses): each simulated node listens on the NodePort and
     /// LoadBalancer Services' node ports and forwards to a ready endpoint's pod, which
@@ -876,6 +887,33 @@ pub(crate) async fn run(
         let client = client.clone();
         Box::new(move |s| Box::pin(RootCaPublisher::new(client.clone(), root_ca.clone()).run(s)))
     });
+    // The kubelet-serving signer (kube-controller-manager's csrsigning controller), and the
+    // opt-in approver of nodes' own serving requests.
+    if let Some(ca) = &serving_ca {
+        use core_cluster::controllers::{
+            csr_approving::KubeletServingApprover,
+            csr_signing::{CsrSigner, SigningCa},
+        };
+        let signing = SigningCa {
+            cert_pem: ca.cert_pem.clone(),
+            key_pem: ca.key_pem.clone(),
+        };
+        let duration = args.cluster_signing_duration;
+        let c = client.clone();
+        supervise(
+            "certificatesigningrequest-signing-controller",
+            Box::new(move |s| {
+                Box::pin(CsrSigner::new(c.clone(), signing.clone(), duration).run(s))
+            }),
+        );
+        if args.approve_kubelet_serving_certificates {
+            let c = client.clone();
+            supervise(
+                "kubelet-serving-certificate-approver",
+                Box::new(move |s| Box::pin(KubeletServingApprover::new(c.clone()).run(s))),
+            );
+        }
+    }
     supervise("ttl-after-finished-controller", {
         let client = client.clone();
         Box::new(move |s| Box::pin(TtlAfterFinishedController::new(client.clone()).run(s)))

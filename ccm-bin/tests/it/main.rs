@@ -17,6 +17,7 @@ mod identity;
 mod image;
 mod kubectl;
 mod kubelet_api;
+mod kubelet_certificates;
 mod manage;
 mod nodeipam;
 mod platforms;

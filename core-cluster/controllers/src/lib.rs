@@ -17,6 +17,8 @@
 // The machinery under the paths this code has always used (`crate::registry::…`).
 pub(crate) use core_cluster_machinery::{clock, registry};
 
+pub mod csr_approving;
+pub mod csr_signing;
 pub mod daemonset;
 pub mod deployment;
 pub mod disruption;

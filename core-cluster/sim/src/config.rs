@@ -136,6 +136,10 @@ pub struct SimConfig {
     /// at once across all nodes (128). Bounds connections and memory when the API server
     /// stalls; at 10,000 nodes the steady load is about 1,000 calls/s of a few ms each.
     pub max_concurrent_heartbeats: usize,
+    /// `serverTLSBootstrap` (false): the kubelet API's serving certificate comes from a
+    /// CertificateSigningRequest for `kubernetes.io/kubelet-serving`, and the API is not
+    /// served until it is approved and signed.
+    pub server_tls_bootstrap: bool,
 }
 
 impl Default for SimConfig {
@@ -174,6 +178,7 @@ impl Default for SimConfig {
             max_concurrent_registrations: 64,
             max_concurrent_pod_writes: 32,
             max_concurrent_heartbeats: 128,
+            server_tls_bootstrap: false,
         }
     }
 }

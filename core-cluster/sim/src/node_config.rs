@@ -128,6 +128,9 @@ pub struct KubeletConfiguration {
     pub shutdown_grace_period_critical_pods: Option<String>,
     /// `shutdownGracePeriodByPodPriority`.
     pub shutdown_grace_period_by_pod_priority: Option<Vec<PriorityGracePeriod>>,
+    /// `serverTLSBootstrap`.
+    #[serde(rename = "serverTLSBootstrap")]
+    pub server_tls_bootstrap: Option<bool>,
     /// Every other field, ignored.
     #[serde(flatten)]
     pub other: BTreeMap<String, serde_json::Value>,
@@ -336,7 +339,8 @@ fn overlay(base: &KubeletConfiguration, over: &KubeletConfiguration) -> KubeletC
         node_status_max_images,
         shutdown_grace_period,
         shutdown_grace_period_critical_pods,
-        shutdown_grace_period_by_pod_priority
+        shutdown_grace_period_by_pod_priority,
+        server_tls_bootstrap
     )
 }
 
@@ -485,6 +489,9 @@ fn apply(
             return Err(("maxPods".into(), format!("{n} must not be negative")));
         }
         config.capacity.pods = n.to_string();
+    }
+    if let Some(v) = k.server_tls_bootstrap {
+        config.server_tls_bootstrap = v;
     }
     if let Some(v) = k.fail_swap_on {
         config.swap.fail_swap_on = v;

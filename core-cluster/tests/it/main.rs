@@ -8,6 +8,7 @@ mod connection_limits;
 mod controllers_ipam_gc;
 mod crd;
 mod crd_kube_derive;
+mod csr;
 
 mod default_toleration_seconds;
 mod disruption;
@@ -21,6 +22,7 @@ mod fuzz_inputs;
 mod hardening;
 mod hostile_numbers;
 mod kubelet_api;
+mod kubelet_configz;
 mod kubelet_metrics;
 mod kubelet_proxy;
 mod node_authorizer;

@@ -46,7 +46,7 @@ fn verbs(def: &ResourceDef) -> Vec<&'static str> {
 
 fn subresource_verbs(sub: &str) -> Vec<&'static str> {
     match sub {
-        "status" | "scale" | "ephemeralcontainers" => vec!["get", "patch", "update"],
+        "status" | "scale" | "ephemeralcontainers" | "approval" => vec!["get", "patch", "update"],
         "finalize" => vec!["update"],
         _ => vec!["create"],
     }
@@ -293,6 +293,7 @@ mod tests {
                 "apps",
                 "batch",
                 "policy",
+                "certificates.k8s.io",
                 "apiextensions.k8s.io",
                 "apiregistration.k8s.io"
             ]

@@ -266,14 +266,17 @@ async fn dispatch(scope: &RequestScope, method: &Method, verb: Verb) -> Result<R
     match (verb, scope.subresource()) {
         (Verb::Watch, None) => watch(scope).await,
         (Verb::List, None) => list(scope).await,
-        (Verb::Get, None | Some("status" | "ephemeralcontainers")) => get(scope).await,
+        (Verb::Get, None | Some("status" | "ephemeralcontainers" | "approval")) => get(scope).await,
         (Verb::Create, None) if !named => create(scope).await,
         (Verb::Create, Some("binding")) => bind(scope).await,
         (Verb::Create, Some("eviction")) => evict(scope).await,
-        (Verb::Update, None | Some("status" | "finalize" | "ephemeralcontainers")) if named => {
-            update(scope).await
+        (
+            Verb::Update,
+            None | Some("status" | "finalize" | "ephemeralcontainers" | "approval"),
+        ) if named => update(scope).await,
+        (Verb::Patch, None | Some("status" | "ephemeralcontainers" | "approval")) if named => {
+            patch(scope).await
         }
-        (Verb::Patch, None | Some("status" | "ephemeralcontainers")) if named => patch(scope).await,
         (Verb::Delete, None) => delete(scope).await,
         (Verb::DeleteCollection, None) if !def.deletecollection() => {
             Err(ApiError::method_not_allowed("deletecollection", def.plural))

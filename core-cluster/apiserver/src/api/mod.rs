@@ -201,6 +201,9 @@ impl ApiServer {
         }
         admission.push(Arc::new(NodeRestriction::new(reader.clone())));
         admission.push(Arc::new(RbacEscalation::new(authorizer.clone(), reader)));
+        admission.push(Arc::new(
+            crate::auth::certificates::CertificateAdmission::new(authorizer.clone()),
+        ));
         admission.push(Arc::new(DefaultTolerationSeconds::new(
             config.default_not_ready_toleration_seconds,
             config.default_unreachable_toleration_seconds,

@@ -9,6 +9,7 @@
 
 pub mod authz;
 pub mod bootstrap;
+pub(crate) mod certificates;
 pub mod chain;
 pub(crate) mod escalation;
 pub mod impersonation;

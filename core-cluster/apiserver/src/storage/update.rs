@@ -93,6 +93,34 @@ fn recent_object(
     Some((kv, obj))
 }
 
+fn is_csr(def: &crate::registry::ResourceDef) -> bool {
+    std::ptr::eq(
+        def,
+        &crate::registry::certificates::CERTIFICATE_SIGNING_REQUESTS,
+    )
+}
+
+/// `preserveConditionInstances` of Approved and Denied: `merged`'s conditions of those
+/// types are `current`'s.
+fn keep_approval_conditions(merged: &mut Value, current: &Value) {
+    use crate::registry::certificates::{APPROVED, DENIED};
+    let approval = |c: &Value| c["type"] == APPROVED || c["type"] == DENIED;
+    let mut conditions: Vec<Value> = merged["status"]["conditions"]
+        .as_array()
+        .map(|c| c.iter().filter(|c| !approval(c)).cloned().collect())
+        .unwrap_or_default();
+    let kept: Vec<Value> = current["status"]["conditions"]
+        .as_array()
+        .map(|c| c.iter().filter(|c| approval(c)).cloned().collect())
+        .unwrap_or_default();
+    if conditions.is_empty() && kept.is_empty() {
+        return;
+    }
+    let mut all = kept;
+    all.append(&mut conditions);
+    merged["status"]["conditions"] = Value::Array(all);
+}
+
 fn differs(a: &Value, b: &Value, key: &str) -> bool {
     a.get(key).unwrap_or(&Value::Null) != b.get(key).unwrap_or(&Value::Null)
 }
@@ -132,6 +160,11 @@ pub(crate) async fn commit_update(
                     }
                 }
             }
+            if is_csr(def) {
+                // `csrStatusStrategy.PrepareForUpdate`: Approved and Denied conditions are
+                // the approval's; through /status they stay as they were.
+                keep_approval_conditions(&mut merged, current);
+            }
             if let Some(mut metadata) = metadata.filter(Value::is_object) {
                 if def.kind == "Pod" {
                     match current["metadata"].get("ownerReferences") {
@@ -155,6 +188,18 @@ pub(crate) async fn commit_update(
             }
             new = merged;
         }
+        Some("approval") => {
+            // `csrApprovalStrategy.PrepareForUpdate`: only the conditions (and metadata)
+            // change through /approval.
+            let conditions = new["status"]["conditions"].clone();
+            let metadata = new.get("metadata").cloned();
+            let mut merged = current.clone();
+            merged["status"]["conditions"] = conditions;
+            if let Some(metadata) = metadata.filter(Value::is_object) {
+                merged["metadata"] = metadata;
+            }
+            new = merged;
+        }
         Some("finalize") => {
             let finalizers = new["spec"]["finalizers"].clone();
             let mut merged = current.clone();
@@ -162,6 +207,10 @@ pub(crate) async fn commit_update(
             new = merged;
         }
         _ => {
+            if is_csr(def) {
+                // `csrStrategy.PrepareForUpdate`: a request's spec never changes.
+                new["spec"] = current["spec"].clone();
+            }
             if def.status {
                 match current.get("status") {
                     Some(s) => new["status"] = s.clone(),

@@ -559,7 +559,7 @@ pub(super) fn add_paths_of_kind(
         let suffix = capitalize(subresource);
         let path = format!("{item}/{subresource}");
         let operations = match subresource {
-            "status" | "ephemeralcontainers" | "resize" => read_update_patch(
+            "status" | "approval" | "ephemeralcontainers" | "resize" => read_update_patch(
                 &names,
                 &gvk,
                 &object,

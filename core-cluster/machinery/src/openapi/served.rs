@@ -59,7 +59,8 @@ const fn grouped(
 /// Lease; `discovery.k8s.io/v1` EndpointSlice; `events.k8s.io/v1` Event;
 /// `rbac.authorization.k8s.io/v1` Role, ClusterRole, RoleBinding, ClusterRoleBinding;
 /// `authorization.k8s.io/v1` the four access reviews; `apps/v1` Deployment, ReplicaSet,
-/// DaemonSet; `batch/v1` Job; `policy/v1` PodDisruptionBudget; `apiextensions.k8s.io/v1`
+/// DaemonSet; `batch/v1` Job; `policy/v1` PodDisruptionBudget; `certificates.k8s.io/v1`
+/// CertificateSigningRequest; `apiextensions.k8s.io/v1`
 /// CustomResourceDefinition; `apiregistration.k8s.io/v1` APIService.
 pub fn served_resources() -> Vec<OpenApiResource> {
     vec![
@@ -217,6 +218,15 @@ pub fn served_resources() -> Vec<OpenApiResource> {
             namespaced: true,
             subresources: &["status"],
             schema: schema_of::<PodDisruptionBudget>,
+        },
+        OpenApiResource {
+            group: "certificates.k8s.io",
+            version: "v1",
+            kind: "CertificateSigningRequest",
+            plural: "certificatesigningrequests",
+            namespaced: false,
+            subresources: &["status", "approval"],
+            schema: schema_of::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>,
         },
         OpenApiResource {
             group: "apiextensions.k8s.io",

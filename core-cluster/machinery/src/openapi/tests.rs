@@ -196,6 +196,7 @@ fn index_links_every_group_version_with_its_hash() {
             "apis/apps/v1",
             "apis/authorization.k8s.io/v1",
             "apis/batch/v1",
+            "apis/certificates.k8s.io/v1",
             "apis/coordination.k8s.io/v1",
             "apis/discovery.k8s.io/v1",
             "apis/events.k8s.io/v1",

@@ -4,6 +4,7 @@
 
 pub mod allocator;
 pub mod authorization;
+pub mod certificates;
 pub mod events;
 mod field;
 pub mod meta;
@@ -52,6 +53,7 @@ pub static ALL: &[&ResourceDef] = &[
     &workloads::DAEMON_SETS,
     &workloads::JOBS,
     &policy::POD_DISRUPTION_BUDGETS,
+    &certificates::CERTIFICATE_SIGNING_REQUESTS,
     &crate::crd::CUSTOM_RESOURCE_DEFINITIONS,
     &crate::apiservice::API_SERVICES,
 ];

@@ -467,6 +467,40 @@ where
     reader.abort();
 }
 
+/// Runs `argv` to its end with no stdin and no terminal, as kubelet's `RunInContainer`
+/// (`/run`) does: (stdout and stderr together, the exit code).
+pub(crate) async fn run_to_end(container: &Container, argv: &[String]) -> (Vec<u8>, i32) {
+    let streams = Streams {
+        stdin: false,
+        stdout: true,
+        stderr: true,
+        tty: false,
+        protocol: "",
+    };
+    let (out_tx, mut out_rx) = mpsc::channel::<Out>(16);
+    let collect = async move {
+        let mut output = Vec::new();
+        while let Some(out) = out_rx.recv().await {
+            if let Out::Data(_, data) = out {
+                output.extend_from_slice(&data);
+            }
+        }
+        output
+    };
+    let run = async {
+        let mut proc = Proc {
+            container,
+            streams: &streams,
+            tty: false,
+            out: out_tx,
+            stdin: None,
+        };
+        proc.run(argv).await
+    };
+    let (code, output) = tokio::join!(run, collect);
+    (output, code)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,14 +6,19 @@
 //! Each node listens on its own IP (a loopback address when the simulator picks the IPs,
 //! see [`KubeletApiConfig`]) and advertises the port in its Node's
 //! `status.daemonEndpoints.kubeletEndpoint.Port`, as kubelet's `setNodeStatus` does. The
-//! serving certificate is self-signed per node (kubelet without `serverTLSBootstrap`
-//! generates one in `--cert-dir` the same way: a CA and a leaf for the node's name and IPs).
+//! serving certificate is issued by [`KubeletApiConfig::serving_ca`] when given, else
+//! self-signed per node (kubelet without `serverTLSBootstrap` generates one in `--cert-dir`
+//! the same way: a CA and a leaf for the node's name and IPs); a node with
+//! `serverTLSBootstrap` asks for it by CertificateSigningRequest ([`bootstrap`]).
 
 mod auth;
+mod bootstrap;
+mod configz;
 mod exec;
 mod logs;
 mod port_forward;
 pub(crate) mod responder;
+mod run;
 mod spdy;
 mod stats;
 mod websocket;
@@ -193,12 +198,29 @@ pub(crate) async fn start(
     let local = listener
         .local_addr()
         .map_err(|source| KubeletApiError::Bind { addr, source })?;
-    let tls = serving_config(
-        &node.name,
-        node.ip,
-        config.serving_ca.as_ref(),
-        config.auth.client_ca.as_deref(),
-    )?;
+    let tls = if node.config.server_tls_bootstrap {
+        // The certificate comes from a CertificateSigningRequest; until it is signed every
+        // handshake fails.
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let cert = Arc::new(bootstrap::BootstrapCert::new(provider.clone()));
+        tokio::spawn(bootstrap::bootstrap(
+            shared.client_for(&node.name),
+            node.name.clone(),
+            node.ip,
+            cert.clone(),
+            shutdown.clone(),
+        ));
+        tls_config(provider, config.auth.client_ca.as_deref(), |b| {
+            Ok(b.with_cert_resolver(cert))
+        })?
+    } else {
+        serving_config(
+            &node.name,
+            node.ip,
+            config.serving_ca.as_ref(),
+            config.auth.client_ca.as_deref(),
+        )?
+    };
     let auth = Arc::new(auth::KubeletAuth::new(
         config.auth.clone(),
         node.name.clone(),
@@ -314,6 +336,18 @@ fn serving_config(
     let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes())
         .map_err(|e| KubeletApiError::Certificate(e.to_string()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    tls_config(provider, client_ca, |b| b.with_single_cert(chain, key))
+}
+
+/// The kubelet API's TLS settings: client certificates verified against `client_ca` when
+/// given, the serving certificate from `cert`, HTTP/2 and HTTP/1.1.
+fn tls_config(
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    client_ca: Option<&str>,
+    cert: impl FnOnce(
+        rustls::ConfigBuilder<rustls::ServerConfig, rustls::server::WantsServerCert>,
+    ) -> Result<rustls::ServerConfig, rustls::Error>,
+) -> Result<Arc<rustls::ServerConfig>, KubeletApiError> {
     let verifier =
         auth::client_verifier(client_ca, provider.clone()).map_err(KubeletApiError::Certificate)?;
     let builder = rustls::ServerConfig::builder_with_provider(provider)
@@ -323,9 +357,7 @@ fn serving_config(
         Some(v) => builder.with_client_cert_verifier(v),
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .map_err(|e| KubeletApiError::Certificate(e.to_string()))?;
+    let mut config = cert(builder).map_err(|e| KubeletApiError::Certificate(e.to_string()))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -344,6 +376,11 @@ fn router(ctx: NodeCtx) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
+        .route("/configz", get(configz_handler))
+        .route(
+            "/run/{namespace}/{pod}/{container}",
+            axum::routing::post(run::run_handler),
+        )
         .route("/stats/summary", get(stats_summary))
         .route("/metrics/resource", get(resource_metrics))
         .route(
@@ -424,6 +461,16 @@ async fn usage_here(ctx: &NodeCtx) -> Result<Vec<stats::PodUsage>, Response> {
             .collect()),
         Err(e) => Err(text_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
     }
+}
+
+/// `/configz`: the node's effective KubeletConfiguration ([`configz`]).
+async fn configz_handler(State(ctx): State<NodeCtx>) -> Response {
+    let port = ctx
+        .shared
+        .kubelet_api
+        .endpoint(&ctx.node.name)
+        .map_or(0, |a| a.port());
+    axum::Json(configz::configz(&ctx.node.config, port)).into_response()
 }
 
 /// `/stats/summary`: the Summary API of the node and its pods ([`stats`]).

@@ -67,6 +67,12 @@ pub fn node_rules() -> Vec<Rule> {
         rule(&["create"], "", &["pods/eviction"]),
         rule(READ, "", &["secrets", "configmaps"]),
         rule(&["create"], "", &["serviceaccounts/token"]),
+        // The kubelet's certificate requests (serverTLSBootstrap, client rotation).
+        rule(
+            &["create", "get", "list", "watch"],
+            "certificates.k8s.io",
+            &["certificatesigningrequests"],
+        ),
         rule(
             &["get", "create", "update", "patch", "delete"],
             "coordination.k8s.io",
