@@ -8,7 +8,8 @@ use std::{
 
 use anyhow::{Context, bail};
 use core_cluster::{
-    ApiServer, ApiServerConfig, DEFAULT_PREFERRED_ADDRESS_TYPES, KubeletClientConfig, serve,
+    ApiServer, ApiServerConfig, DEFAULT_PREFERRED_ADDRESS_TYPES, KubeletClientConfig, NodeEgress,
+    serve,
     store::{MemoryStore, Store},
 };
 use ipnet::IpNet;
@@ -95,6 +96,13 @@ pub(crate) struct KubeletClientArgs {
     /// (log streams are not bounded).
     #[arg(long, default_value = "5s", value_parser = crate::flags::parse_duration)]
     kubelet_timeout: std::time::Duration,
+    /// How kubelets are reached (the `cluster` egress of upstream's
+    /// EgressSelectorConfiguration): `direct`, a connection to the address each Node
+    /// advertises (upstream's default); or `agent-tunnel`, only over the connection each
+    /// node's agent opened to this server (Konnectivity's model, built in: a node behind
+    /// NAT is reached, a node whose agent is not connected is not).
+    #[arg(long, default_value = "direct", value_parser = ["direct", "agent-tunnel"])]
+    node_egress: String,
 }
 
 impl KubeletClientArgs {
@@ -142,6 +150,11 @@ impl KubeletClientArgs {
             )?,
             client_key: read("kubelet-client-key", &self.kubelet_client_key)?,
             timeout: self.kubelet_timeout,
+            egress: if self.node_egress == "agent-tunnel" {
+                NodeEgress::AgentTunnel
+            } else {
+                NodeEgress::Direct
+            },
             ..KubeletClientConfig::default()
         })
     }
@@ -257,6 +270,8 @@ pub(crate) async fn run(args: ApiServerArgs) -> anyhow::Result<()> {
 pub(crate) struct SecureServing {
     /// `https://<address>`.
     pub(crate) url: String,
+    /// The address clients on this machine dial (loopback for an unspecified listen address).
+    pub(crate) addr: SocketAddr,
     /// The server, until shutdown.
     pub(crate) task: tokio::task::JoinHandle<Result<(), core_cluster::serve::ServeError>>,
     /// The service-account token authenticator, for in-process routers that serve
@@ -311,6 +326,7 @@ impl SecureServing {
         });
         Ok(SecureServing {
             url: serve::https_url(addr),
+            addr: SocketAddr::new(advertised, addr.port()),
             task,
             tokens,
         })

@@ -173,6 +173,11 @@ pub(crate) struct EmbeddedArgs {
     /// reaches a pod.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     sim_data_path: bool,
+    /// Whether each simulated node (with `--sim-kubelet-api`) runs an agent that dials out
+    /// to the API server, and the API server reaches kubelets only through those agents
+    /// (`--node-egress=agent-tunnel`, Konnectivity's model) instead of dialling them.
+    #[arg(long)]
+    sim_agent_tunnel: bool,
     #[command(flatten)]
     kubelet: crate::apiserver::KubeletClientArgs,
     #[command(flatten)]
@@ -219,6 +224,28 @@ fn kubelet_client_identity(data_dir: &std::path::Path) -> anyhow::Result<(String
         cert.key_pem.clone(),
         pki.ca_pem().to_owned(),
     ))
+}
+
+/// The nodes' agents dial `server` as their nodes, with client certificates from the
+/// cluster CA in `data_dir` (as kubelet's client certificate is).
+fn agent_tunnel_config(
+    data_dir: &std::path::Path,
+    server: std::net::SocketAddr,
+) -> anyhow::Result<core_cluster::sim::AgentTunnelConfig> {
+    let pki = Arc::new(
+        core_cluster::auth::pki::Pki::load_or_create(data_dir, &[])
+            .with_context(|| format!("setting up the PKI in {}", data_dir.display()))?,
+    );
+    Ok(core_cluster::sim::AgentTunnelConfig {
+        server,
+        server_name: server.ip().to_string(),
+        server_ca: pki.ca_pem().to_owned(),
+        credentials: Arc::new(move |node: &str| {
+            pki.issue_client(&format!("system:node:{node}"), &["system:nodes"])
+                .map(|c| (c.cert_pem, c.key_pem))
+                .map_err(|e| e.to_string())
+        }),
+    })
 }
 
 /// Writes a private key readable by its owner only.
@@ -759,6 +786,10 @@ pub(crate) async fn run(
         &EMBEDDED_ADDRESS_TYPES,
         serving_ca.as_ref().map(|ca| ca.cert_pem.clone()),
     )?;
+    let agent_tunnel = args.sim_agent_tunnel && args.sim_kubelet_api;
+    if agent_tunnel {
+        apiserver_args.kubelet.egress = core_cluster::NodeEgress::AgentTunnel;
+    }
     // Pods get their service account's identity (the serviceaccounts controller below
     // makes the `default` accounts the plugin needs).
     apiserver_args.service_account_admission = true;
@@ -1067,6 +1098,9 @@ pub(crate) async fn run(
     }
     if data_path {
         simulator = simulator.with_service_proxy();
+    }
+    if agent_tunnel {
+        simulator = simulator.with_agent_tunnel(agent_tunnel_config(&data_dir, secure.addr)?);
     }
     let node_count = nodes.len();
     simulator.add_nodes(nodes);

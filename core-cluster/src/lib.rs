@@ -14,7 +14,9 @@
 //! - [`serve`]: serving on a socket and writing a kubeconfig;
 //! - [`controllers`]: the built-in controllers, each a kube-rs client of the server;
 //! - [`sim`]: a kubelet stand-in simulating many nodes (registration, leases, pods,
-//!   graceful shutdown, fault injection), in the spirit of kwok.
+//!   graceful shutdown, fault injection), in the spirit of kwok;
+//! - [`tunnel`]: the node agents' tunnel (Konnectivity's model): agents dial out, the API
+//!   server reaches their kubelets over those connections.
 //!
 //! - [`openapi`]: the OpenAPI v3 documents (`/openapi/v3`) kubectl needs for `apply`
 //!   validation and `explain`.
@@ -30,14 +32,17 @@
 //!   [`patch`], [`openapi`], [`clock`]) at the bottom, neither knowing the other;
 //! - `core-cluster-apiserver` ([`api`], [`auth`], [`serve`]) on both;
 //! - `core-cluster-controllers` ([`controllers`]) and `core-cluster-sim` ([`sim`]) on the
-//!   machinery only: they talk to the server over its API, like any client.
+//!   machinery only: they talk to the server over its API, like any client;
+//! - `core-cluster-tunnel` ([`tunnel`]) on neither: the API server and the simulated nodes'
+//!   agents speak it at its two ends.
 
 pub use core_cluster_apiserver::{
     ApiServer, ApiServerConfig, DEFAULT_PREFERRED_ADDRESS_TYPES, KUBELET_API_ADMIN_ROLE,
-    KUBELET_CLIENT_USER, KubeletClientConfig, WatchLimits, api, auth, kubelet_api_admin_binding,
-    serve,
+    KUBELET_CLIENT_USER, KubeletClientConfig, NodeEgress, WatchLimits, api, auth,
+    kubelet_api_admin_binding, serve,
 };
 pub use core_cluster_controllers as controllers;
 pub use core_cluster_machinery::{clock, openapi, patch, registry};
 pub use core_cluster_sim as sim;
 pub use core_cluster_store as store;
+pub use core_cluster_tunnel as tunnel;

@@ -24,6 +24,6 @@ mod layering;
 
 pub use api::{
     ApiServer, ApiServerConfig, DEFAULT_KUBELET_PORT, DEFAULT_PREFERRED_ADDRESS_TYPES,
-    KUBELET_API_ADMIN_ROLE, KUBELET_CLIENT_USER, KubeletClientConfig, WatchLimits,
+    KUBELET_API_ADMIN_ROLE, KUBELET_CLIENT_USER, KubeletClientConfig, NodeEgress, WatchLimits,
     kubelet_api_admin_binding,
 };

@@ -69,6 +69,7 @@
 //! [`resume_heartbeats`](NodeSimulator::resume_heartbeats). A node's heartbeats run only when
 //! none of the controls stops them.
 
+mod agent_tunnel;
 mod config;
 mod container_gc;
 mod ephemeral;
@@ -115,6 +116,7 @@ pub(crate) use core_cluster_machinery::clock;
 
 use crate::clock::WallClock;
 
+pub use agent_tunnel::{AgentCredentials, AgentTunnelConfig};
 pub use config::{
     NodeInfo, NodeResources, PROVIDED_NODE_IP_ANNOTATION, SimConfig, SimConfigError,
     UNINITIALIZED_TAINT_KEY, uninitialized_taint,
@@ -388,6 +390,8 @@ struct Shared {
     tokens: identity::TokenCache,
     /// The nodes' data path (see [`NodeSimulator::with_service_proxy`]).
     service_proxy: service_proxy::ServiceProxy,
+    /// The nodes' agents (see [`NodeSimulator::with_agent_tunnel`]).
+    agent_tunnels: agent_tunnel::AgentTunnels,
 }
 
 impl Shared {
@@ -489,6 +493,7 @@ impl NodeSimulator {
                 kubelet_api: kubelet_api::KubeletApi::default(),
                 tokens: identity::TokenCache::default(),
                 service_proxy: service_proxy::ServiceProxy::default(),
+                agent_tunnels: agent_tunnel::AgentTunnels::default(),
             }),
         }
     }
@@ -524,6 +529,17 @@ impl NodeSimulator {
     /// and is not simulated). Set before [`run`](Self::run).
     pub fn with_service_proxy(self) -> Self {
         self.shared.service_proxy.enable();
+        self
+    }
+
+    /// Every node whose kubelet API listens (see [`with_kubelet_api`](Self::with_kubelet_api))
+    /// also runs an agent that dials out to the API server and carries the API server's
+    /// connections to its kubelet, Konnectivity's model (the `agent_tunnel` module's
+    /// documentation says more). Set before [`run`](Self::run).
+    pub fn with_agent_tunnel(self, config: AgentTunnelConfig) -> Self {
+        if !self.shared.agent_tunnels.enable(config) {
+            tracing::warn!("the agent tunnel was already set; keeping the first settings");
+        }
         self
     }
 

@@ -23,7 +23,9 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{NodeState, PROVIDED_NODE_IP_ANNOTATION, Shared, SimConfig, bump, kubelet_api};
+use super::{
+    NodeState, PROVIDED_NODE_IP_ANNOTATION, Shared, SimConfig, agent_tunnel, bump, kubelet_api,
+};
 
 /// Namespace of node Leases.
 pub(super) const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -252,6 +254,7 @@ pub(super) async fn run_node(
         if let Err(e) = kubelet_api::start(&k.shared, &k.node, &k.shutdown).await {
             tracing::warn!(error = %e, "the kubelet API did not start");
         }
+        agent_tunnel::start(&k.shared, &k.node.name, &k.shutdown);
         if !k.register().await {
             return;
         }

@@ -1,6 +1,7 @@
 //! core-cluster's integration tests, one module per area, linked into one test binary
 //! (linkerd2-proxy's and kube-rs' layout): one link instead of one per file.
 
+mod agent_tunnel;
 mod api_kube_rs;
 mod authz;
 mod conformance;

@@ -4,6 +4,7 @@
 //! [`ApiServer::router`] is an axum `Router`. Serve it on a socket ([`crate::serve`]), or hand
 //! it to kube 5's `Client::new(router, "default")` for an in-process API server with no TCP.
 
+mod agent_tunnel;
 pub mod discovery;
 pub mod endpoint_reconciler;
 mod handlers;
@@ -64,7 +65,7 @@ use crate::{
 pub use core_cluster_machinery::health::HealthChecker;
 pub use node_proxy::{
     DEFAULT_KUBELET_PORT, DEFAULT_PREFERRED_ADDRESS_TYPES, KUBELET_API_ADMIN_ROLE,
-    KUBELET_CLIENT_USER, KubeletClientConfig, kubelet_api_admin_binding,
+    KUBELET_CLIENT_USER, KubeletClientConfig, NodeEgress, kubelet_api_admin_binding,
 };
 use status::ApiError;
 pub use watch::WatchLimits;
@@ -490,6 +491,12 @@ impl ApiServer {
         self.routes().layer(axum::Extension(user))
     }
 
+    /// The node agents' tunnels: which nodes are connected, and the streams opened through
+    /// them (used when [`KubeletClientConfig::egress`] is [`NodeEgress::AgentTunnel`]).
+    pub fn agent_tunnels(&self) -> Arc<core_cluster_tunnel::Tunnels> {
+        self.state.kubelet.tunnels().clone()
+    }
+
     fn routes(&self) -> Router {
         Router::new()
             .route("/version", get(version))
@@ -504,6 +511,7 @@ impl ApiServer {
             .route("/apis", get(apis_root))
             .route("/openapi/v3", get(openapi_index))
             .route("/openapi/v3/{*path}", get(openapi_group_version))
+            .route(core_cluster_tunnel::PATH, get(agent_tunnel))
             .fallback(dispatch)
             // Protobuf bodies are decoded after authorization, and only for paths that name
             // a served resource: anything else is answered (403, 404) whatever the body.
@@ -712,6 +720,10 @@ const LONG_RUNNING_SUBRESOURCES: [&str; 5] = ["attach", "exec", "proxy", "log", 
 /// a watch here exactly when it is authorized as one (`watch` read as [`query_bool`], or the
 /// `/watch/` path prefix).
 fn long_running(method: &Method, uri: &axum::http::Uri) -> bool {
+    if uri.path() == core_cluster_tunnel::PATH {
+        // An agent's tunnel lasts as long as the node is connected.
+        return true;
+    }
     let attrs = Attributes::from_request(UserInfo::default(), method, uri);
     attrs.resource_request
         && (attrs.verb == "watch"
@@ -763,6 +775,11 @@ fn json_response(code: StatusCode, value: &Value, content_type: &'static str) ->
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
+}
+
+/// A node agent's tunnel (see [`agent_tunnel`]).
+async fn agent_tunnel(State(state): State<Arc<ServerState>>, request: Request) -> Response {
+    agent_tunnel::accept(&state, request).await
 }
 
 async fn version(State(state): State<Arc<ServerState>>) -> Response {

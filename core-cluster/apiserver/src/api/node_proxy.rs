@@ -21,6 +21,7 @@ use axum::{
     http::{HeaderValue, Method, StatusCode, header},
     response::{IntoResponse, Response},
 };
+use core_cluster_tunnel::{TunnelStream, Tunnels};
 use hyper_util::rt::TokioIo;
 use rustls::{
     DigitallySignedStruct, SignatureScheme,
@@ -29,6 +30,7 @@ use rustls::{
     pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime, pem::PemObject},
 };
 use serde_json::{Value, json};
+use tokio_util::either::Either;
 
 use super::{ServerState, Target, status::ApiError};
 use crate::{
@@ -98,6 +100,21 @@ pub struct KubeletClientConfig {
     pub timeout: Duration,
     /// `--kubelet-port`: dialled when a Node advertises no port.
     pub default_port: u16,
+    /// How kubelets are reached: directly, or only through their nodes' agent tunnels.
+    pub egress: NodeEgress,
+}
+
+/// How the API server reaches kubelets: the `cluster` egress of upstream's
+/// `EgressSelectorConfiguration`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NodeEgress {
+    /// A TCP connection to the address the Node advertises (upstream's default, `Direct`).
+    #[default]
+    Direct,
+    /// Only over the connection the node's agent opened to the API server (Konnectivity's
+    /// model, see `core_cluster_tunnel`): a node whose agent is not connected cannot be
+    /// reached, and the advertised address is used only to verify the kubelet's certificate.
+    AgentTunnel,
 }
 
 impl Default for KubeletClientConfig {
@@ -112,6 +129,7 @@ impl Default for KubeletClientConfig {
             client_key: None,
             timeout: Duration::from_secs(5),
             default_port: DEFAULT_KUBELET_PORT,
+            egress: NodeEgress::Direct,
         }
     }
 }
@@ -127,6 +145,7 @@ impl std::fmt::Debug for KubeletClientConfig {
             .field("client_certificate", &self.client_certificate.is_some())
             .field("timeout", &self.timeout)
             .field("default_port", &self.default_port)
+            .field("egress", &self.egress)
             .finish_non_exhaustive()
     }
 }
@@ -135,6 +154,8 @@ impl std::fmt::Debug for KubeletClientConfig {
 pub(crate) struct KubeletClient {
     config: KubeletClientConfig,
     tls: tokio_rustls::TlsConnector,
+    /// The nodes' agent tunnels (used when [`KubeletClientConfig::egress`] says so).
+    tunnels: Arc<Tunnels>,
 }
 
 /// Accepts any serving certificate (kube-apiserver without
@@ -236,7 +257,43 @@ impl KubeletClient {
         Ok(KubeletClient {
             config: config.clone(),
             tls: tokio_rustls::TlsConnector::from(Arc::new(tls)),
+            tunnels: Arc::new(Tunnels::new()),
         })
+    }
+
+    /// The nodes' agent tunnels.
+    pub(crate) fn tunnels(&self) -> &Arc<Tunnels> {
+        &self.tunnels
+    }
+
+    /// How kubelets are reached.
+    pub(crate) fn egress(&self) -> NodeEgress {
+        self.config.egress
+    }
+
+    /// A connection to `node`'s kubelet at `host:port`: TCP, or a stream through the node's
+    /// agent tunnel (the host then only names the certificate to verify).
+    async fn dial(
+        &self,
+        node: &Value,
+        host: &str,
+        port: u16,
+        authority: &str,
+    ) -> Result<Either<tokio::net::TcpStream, TunnelStream>, String> {
+        if self.config.egress == NodeEgress::AgentTunnel {
+            let name = node["metadata"]["name"].as_str().unwrap_or_default();
+            return self
+                .tunnels
+                .dial(name)
+                .await
+                .map(Either::Right)
+                .map_err(|e| e.to_string());
+        }
+        let tcp = tokio::net::TcpStream::connect((host, port))
+            .await
+            .map_err(|e| format!("dial tcp {authority}: {e}"))?;
+        let _ = tcp.set_nodelay(true);
+        Ok(Either::Left(tcp))
     }
 
     /// `--kubelet-timeout`.
@@ -298,10 +355,7 @@ impl KubeletClient {
         let url = format!("https://{authority}{path_and_query}");
         let verb = method_word(&method);
         let attempt = async {
-            let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
-                .await
-                .map_err(|e| format!("dial tcp {authority}: {e}"))?;
-            let _ = tcp.set_nodelay(true);
+            let tcp = self.dial(node, &host, port, &authority).await?;
             let name = ServerName::try_from(host.clone())
                 .map_err(|e| format!("invalid kubelet host {host:?}: {e}"))?;
             let tls = self

@@ -96,6 +96,12 @@ pub fn authorize(graph: &NodeGraph, attrs: &Attributes) -> Decision {
     if node.is_empty() {
         return Decision::NoOpinion(format!("unknown node for user {:?}", attrs.user.name));
     }
+    if !attrs.resource_request && attrs.verb == "get" && attrs.path == core_cluster_tunnel::PATH {
+        // A node's agent opening its tunnel (not upstream's: its agents authenticate to
+        // konnectivity-server, outside the API server). The tunnel serves the node that
+        // opened it and no other.
+        return Decision::Allow;
+    }
     if attrs.resource_request {
         match (attrs.api_group.as_str(), attrs.resource.as_str()) {
             ("", "secrets") => {
