@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use ccm_testkit::client;
 use cloud_provider_app::{LeaderElectionConfig, LeaderElector, LeaderError};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use futures::StreamExt;
 use kube::api::{PostParams, WatchEvent, WatchParams};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
@@ -197,7 +197,11 @@ async fn a_leader_releasing_on_cancel_hands_over_at_the_standbys_next_retry() {
             break spec;
         }
     };
-    assert_eq!(released.holder_identity.as_deref(), Some(""), "{released:?}");
+    assert_eq!(
+        released.holder_identity.as_deref(),
+        Some(""),
+        "{released:?}"
+    );
     assert_eq!(released.lease_duration_seconds, Some(1));
     assert_eq!(released.lease_transitions, held.lease_transitions);
     assert_ne!(released.renew_time, held.renew_time, "renew time is now");
