@@ -327,11 +327,10 @@ async fn run_while_leading(
     loop {
         let elector = LeaderElector::new(
             client.clone(),
-            LeaderElectionConfig::new("kube-system", lease)
-                .with_identity(identity.clone())
-                .with_release_on_cancel(true),
+            LeaderElectionConfig::new("kube-system", lease).with_identity(identity.clone()),
         )
-        .with_shutdown(shutdown.clone());
+        .with_shutdown(shutdown.clone())
+        .with_release_on_cancel(true);
         let (group, supervisor) = (group.clone(), supervisor.clone());
         let me = identity.clone();
         let led = elector

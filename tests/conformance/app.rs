@@ -46,19 +46,22 @@ fn spawn(
     leaders: Arc<AtomicUsize>,
     max_leaders: Arc<AtomicUsize>,
 ) -> Candidate {
-    spawn_with(client, config(identity), leaders, max_leaders)
+    spawn_with(client, identity, false, leaders, max_leaders)
 }
 
 fn spawn_with(
     client: &kube::Client,
-    config: LeaderElectionConfig,
+    identity: &str,
+    release_on_cancel: bool,
     leaders: Arc<AtomicUsize>,
     max_leaders: Arc<AtomicUsize>,
 ) -> Candidate {
     let shutdown = CancellationToken::new();
     let started = Arc::new(parking_lot::Mutex::new(None));
     let cancelled = Arc::new(parking_lot::Mutex::new(false));
-    let elector = LeaderElector::new(client.clone(), config).with_shutdown(shutdown.clone());
+    let elector = LeaderElector::new(client.clone(), config(identity))
+        .with_shutdown(shutdown.clone())
+        .with_release_on_cancel(release_on_cancel);
     let (started2, cancelled2) = (started.clone(), cancelled.clone());
     let task = tokio::spawn(elector.run(move |token| async move {
         *started2.lock() = Some(Instant::now());
@@ -153,10 +156,9 @@ async fn standby_takes_over_after_the_lease_expires() {
 async fn a_leader_releasing_on_cancel_hands_over_at_the_standbys_next_retry() {
     let client = client().await;
     let (leaders, max) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let releasing = |identity: &str| config(identity).with_release_on_cancel(true);
-    let a = spawn_with(&client, releasing("a"), leaders.clone(), max.clone());
+    let a = spawn_with(&client, "a", true, leaders.clone(), max.clone());
     sleep(Duration::from_secs(1)).await;
-    let b = spawn_with(&client, releasing("b"), leaders.clone(), max.clone());
+    let b = spawn_with(&client, "b", true, leaders.clone(), max.clone());
     sleep(Duration::from_secs(30)).await;
     assert!(b.started.lock().is_none(), "no takeover while a leads");
     let held = lease(&client).await.unwrap();

@@ -11,7 +11,7 @@
 //!   incremented when the holder changes.
 //!
 //! As upstream's CCM and kube-controller-manager, the Lease is not released on shutdown
-//! unless [`LeaderElectionConfig::release_on_cancel`] asks for it (client-go's
+//! unless [`LeaderElector::with_release_on_cancel`] asks for it (client-go's
 //! `ReleaseOnCancel`, which kube-scheduler sets): then, once the leader's work has returned,
 //! the Lease is written with an empty holder and `leaseDurationSeconds: 1`, so a standby
 //! takes over at its next retry instead of after the lease duration.
@@ -42,9 +42,6 @@ pub struct LeaderElectionConfig {
     pub renew_deadline: Duration,
     /// Wait between attempts.
     pub retry_period: Duration,
-    /// Release the Lease on shutdown once the leader's work has returned (client-go's
-    /// `ReleaseOnCancel`; off by default, as in client-go and upstream's CCM).
-    pub release_on_cancel: bool,
 }
 
 impl LeaderElectionConfig {
@@ -58,15 +55,7 @@ impl LeaderElectionConfig {
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
-            release_on_cancel: false,
         }
-    }
-
-    /// The same config, releasing the Lease on shutdown or not (client-go's
-    /// `ReleaseOnCancel`).
-    pub fn with_release_on_cancel(mut self, release: bool) -> Self {
-        self.release_on_cancel = release;
-        self
     }
 
     /// The same config with another identity.
@@ -159,6 +148,7 @@ pub struct LeaderElector {
     config: LeaderElectionConfig,
     state: Arc<Mutex<State>>,
     shutdown: CancellationToken,
+    release_on_cancel: bool,
 }
 
 impl LeaderElector {
@@ -169,7 +159,17 @@ impl LeaderElector {
             config,
             state: Arc::default(),
             shutdown: CancellationToken::new(),
+            release_on_cancel: false,
         }
+    }
+
+    /// Release the Lease on shutdown, once the leader's work has returned (client-go's
+    /// `ReleaseOnCancel`, which kube-scheduler sets; off by default, as in client-go and
+    /// upstream's CCM and kube-controller-manager), so that a standby takes over at its next
+    /// retry instead of after the lease duration.
+    pub fn with_release_on_cancel(mut self, release: bool) -> Self {
+        self.release_on_cancel = release;
+        self
     }
 
     /// Stop campaigning (and leading) when `shutdown` is cancelled; [`Self::run`] then
@@ -223,7 +223,7 @@ impl LeaderElector {
                 result = &mut work => {
                     self.state.lock().leading = false;
                     // The work may see the shutdown (its token is a child) before we do.
-                    if self.shutdown.is_cancelled() && self.config.release_on_cancel {
+                    if self.shutdown.is_cancelled() && self.release_on_cancel {
                         self.release().await;
                     }
                     return match result {
@@ -243,7 +243,7 @@ impl LeaderElector {
         let _ = work.await;
         // client-go's `renew` ends with `release()` under ReleaseOnCancel; only after the
         // work returned, so that no two processes act at once.
-        if !lost && self.config.release_on_cancel {
+        if !lost && self.release_on_cancel {
             self.release().await;
         }
         if lost {
