@@ -345,7 +345,10 @@ fn leader_identity(data_dir: &std::path::Path) -> anyhow::Result<String> {
 /// Runs `group` under `supervisor` while this process holds the Lease `kube-system/<lease>`
 /// (client-go's `leaderelection` with upstream's 15 s lease, 10 s renew deadline and 2 s
 /// retry period): campaigns, starts the group on acquiring, stops it when leadership is
-/// lost and campaigns again, until `shutdown`.
+/// lost and campaigns again, until `shutdown`. On shutdown the Lease is released once the
+/// group has stopped (client-go's `ReleaseOnCancel`, which kube-scheduler sets; here
+/// kube-controller-manager's Lease too), so another control plane takes over at its next
+/// retry rather than after the 15 s lease.
 async fn run_while_leading(
     client: kube::Client,
     lease: &'static str,
@@ -364,7 +367,8 @@ async fn run_while_leading(
             client.clone(),
             LeaderElectionConfig::new("kube-system", lease).with_identity(identity.clone()),
         )
-        .with_shutdown(shutdown.clone());
+        .with_shutdown(shutdown.clone())
+        .with_release_on_cancel(true);
         let (group, supervisor) = (group.clone(), supervisor.clone());
         let me = identity.clone();
         let led = elector

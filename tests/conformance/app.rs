@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use ccm_testkit::client;
 use cloud_provider_app::{LeaderElectionConfig, LeaderElector, LeaderError};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{PostParams, WatchEvent, WatchParams};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
@@ -45,11 +46,22 @@ fn spawn(
     leaders: Arc<AtomicUsize>,
     max_leaders: Arc<AtomicUsize>,
 ) -> Candidate {
+    spawn_with(client, identity, false, leaders, max_leaders)
+}
+
+fn spawn_with(
+    client: &kube::Client,
+    identity: &str,
+    release_on_cancel: bool,
+    leaders: Arc<AtomicUsize>,
+    max_leaders: Arc<AtomicUsize>,
+) -> Candidate {
     let shutdown = CancellationToken::new();
     let started = Arc::new(parking_lot::Mutex::new(None));
     let cancelled = Arc::new(parking_lot::Mutex::new(false));
-    let elector =
-        LeaderElector::new(client.clone(), config(identity)).with_shutdown(shutdown.clone());
+    let elector = LeaderElector::new(client.clone(), config(identity))
+        .with_shutdown(shutdown.clone())
+        .with_release_on_cancel(release_on_cancel);
     let (started2, cancelled2) = (started.clone(), cancelled.clone());
     let task = tokio::spawn(elector.run(move |token| async move {
         *started2.lock() = Some(Instant::now());
@@ -133,6 +145,78 @@ async fn standby_takes_over_after_the_lease_expires() {
     assert_eq!(max.load(Ordering::SeqCst), 1);
     b.shutdown.cancel();
     b.task.await.unwrap().unwrap();
+}
+
+/// client-go's `ReleaseOnCancel` (`tools/leaderelection/leaderelection.go` `release`): a
+/// leader shut down gracefully, once its work has returned, writes the Lease with an empty
+/// holder, `leaseDurationSeconds: 1` and renew and acquire times of now, keeping
+/// `leaseTransitions`; the standby then takes over at its next retry (2 s), not after the
+/// 15 s lease.
+#[tokio::test(start_paused = true)]
+async fn a_leader_releasing_on_cancel_hands_over_at_the_standbys_next_retry() {
+    let client = client().await;
+    let (leaders, max) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let a = spawn_with(&client, "a", true, leaders.clone(), max.clone());
+    sleep(Duration::from_secs(1)).await;
+    let b = spawn_with(&client, "b", true, leaders.clone(), max.clone());
+    sleep(Duration::from_secs(30)).await;
+    assert!(b.started.lock().is_none(), "no takeover while a leads");
+    let held = lease(&client).await.unwrap();
+    // Every write to the Lease from here on, to see the released record whoever is faster.
+    let api = Api::<Lease>::namespaced(client.clone(), NS);
+    let version = held.metadata.resource_version.clone().unwrap();
+    let mut writes = api
+        .watch(&WatchParams::default(), &version)
+        .await
+        .unwrap()
+        .boxed();
+    let held = held.spec.unwrap();
+    assert_eq!(held.holder_identity.as_deref(), Some("a"));
+
+    a.shutdown.cancel();
+    let stopped = Instant::now();
+    assert!(a.task.await.unwrap().is_ok(), "shutdown is not an error");
+    assert!(*a.cancelled.lock(), "a's work returned before the release");
+    sleep(Duration::from_secs(5)).await;
+    let took_over = b.started.lock().expect("the standby took over");
+    let after = took_over - stopped;
+    assert!(
+        after <= Duration::from_secs(2),
+        "took over after {after:?}: one retry period at most"
+    );
+    // The first write not by a renewing `a` is a's release.
+    let released = loop {
+        let event = tokio::time::timeout(Duration::from_secs(5), writes.next())
+            .await
+            .expect("a write to the Lease")
+            .expect("the watch goes on")
+            .unwrap();
+        let WatchEvent::Modified(lease) = event else {
+            panic!("{event:?}");
+        };
+        let spec = lease.spec.unwrap();
+        if spec.holder_identity.as_deref() != Some("a") {
+            break spec;
+        }
+    };
+    assert_eq!(
+        released.holder_identity.as_deref(),
+        Some(""),
+        "{released:?}"
+    );
+    assert_eq!(released.lease_duration_seconds, Some(1));
+    assert_eq!(released.lease_transitions, held.lease_transitions);
+    assert_ne!(released.renew_time, held.renew_time, "renew time is now");
+    assert_eq!(released.acquire_time, released.renew_time);
+    let spec = lease(&client).await.unwrap().spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("b"));
+    assert_eq!(spec.lease_duration_seconds, Some(15), "b's own duration");
+    assert_eq!(spec.lease_transitions, Some(1));
+    assert_eq!(max.load(Ordering::SeqCst), 1, "never two leaders at once");
+    b.shutdown.cancel();
+    b.task.await.unwrap().unwrap();
+    let last = lease(&client).await.unwrap().spec.unwrap();
+    assert_eq!(last.holder_identity.as_deref(), Some(""), "b released too");
 }
 
 /// A leader whose Lease is taken by force cannot renew: it steps down within the renew

@@ -91,6 +91,20 @@ impl Embedded {
         Embedded { child, dir }
     }
 
+    /// SIGTERM, as a person stopping it, then its exit status (within a minute).
+    pub(crate) fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        let mut status = None;
+        let exited = wait_until(Duration::from_secs(60), || {
+            status = self.child.try_wait().expect("wait for ccm");
+            status.is_some()
+        });
+        assert!(exited, "ccm did not exit within a minute of SIGTERM");
+        status.unwrap()
+    }
+
     /// kubectl against this cluster, with its own cache directory.
     pub(crate) fn command(&self) -> Command {
         let mut c = Command::new("kubectl");

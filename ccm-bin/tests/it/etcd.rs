@@ -345,3 +345,76 @@ fn two_embedded_control_planes_on_one_etcd_elect_one_leader_and_fail_over() {
     drop(b);
     drop(etcd);
 }
+
+/// client-go's `ReleaseOnCancel` (`tools/leaderelection/leaderelection.go` `release`, which
+/// kube-scheduler sets) between two embedded control planes on one etcd: A stopped with
+/// SIGTERM has released kube-controller-manager's and kube-scheduler's Leases by the time it
+/// exits (no holder, `leaseDurationSeconds: 1`), so B leads both without waiting out the
+/// 15 s lease. Killed instead (the test above), A leaves its Leases held until they expire.
+#[test]
+fn a_control_plane_stopped_gracefully_releases_its_leases_to_the_other() {
+    crate::support::require_kubectl("the leader-election test reads Leases with kubectl");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let etcd = runtime.block_on(Etcd::start());
+    let servers = format!("--etcd-servers={}", etcd.servers_flag());
+    let logs = tempfile::tempdir().unwrap();
+    let (log_a, log_b) = (logs.path().join("a.log"), logs.path().join("b.log"));
+    let mut a = crate::embedded::Embedded::start_logging_to(&log_a, &[&servers]);
+    let leases = ["kube-controller-manager", "kube-scheduler"];
+    for lease in leases {
+        assert!(
+            wait_until(Duration::from_secs(60), || lease_holder(&a, lease)
+                == identity(&a)),
+            "A leads {lease}"
+        );
+    }
+    let b = crate::embedded::Embedded::start_logging_to(
+        &log_b,
+        &[&servers, "--sim-node-names", "b-node"],
+    );
+    let a_identity = identity(&a);
+    for lease in leases {
+        assert!(
+            wait_until(Duration::from_secs(60), || lease_holder(&b, lease)
+                == a_identity),
+            "B serves and sees A lead {lease}"
+        );
+    }
+    // B campaigns once its identity is in its data directory.
+    let b_file = b.dir.path().join("data").join("leader-identity");
+    assert!(
+        wait_until(Duration::from_secs(60), || b_file.exists()),
+        "B campaigns"
+    );
+    let b_identity = identity(&b);
+
+    let status = a.terminate();
+    assert!(status.success(), "SIGTERM stops A cleanly: {status}");
+    // At once, well inside the 15 s lease A would otherwise hold: released, or already B's.
+    for lease in leases {
+        let record = b.kubectl(&[
+            "get",
+            "lease",
+            "-n",
+            "kube-system",
+            lease,
+            "-o",
+            "jsonpath={.spec.holderIdentity}/{.spec.leaseDurationSeconds}",
+        ]);
+        assert!(
+            record == "/1" || record == format!("{b_identity}/15"),
+            "{lease} after A stopped: {record} (A was {a_identity})"
+        );
+    }
+    for lease in leases {
+        let leading = format!("leading kube-system/{lease} as {b_identity}");
+        assert!(
+            wait_until(Duration::from_secs(60), || log_says(&log_b, &leading)),
+            "B takes {lease} over: {}",
+            std::fs::read_to_string(&log_b).unwrap_or_default()
+        );
+        assert_eq!(lease_holder(&b, lease), b_identity);
+    }
+    drop(b);
+    drop(etcd);
+}

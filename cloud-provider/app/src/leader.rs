@@ -10,7 +10,11 @@
 //!   one wins (the other gets 409 Conflict and retries later); `leaseTransitions` is
 //!   incremented when the holder changes.
 //!
-//! As upstream's CCM, the Lease is not released on shutdown.
+//! As upstream's CCM and kube-controller-manager, the Lease is not released on shutdown
+//! unless [`LeaderElector::with_release_on_cancel`] asks for it (client-go's
+//! `ReleaseOnCancel`, which kube-scheduler sets): then, once the leader's work has returned,
+//! the Lease is written with an empty holder and `leaseDurationSeconds: 1`, so a standby
+//! takes over at its next retry instead of after the lease duration.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -144,6 +148,7 @@ pub struct LeaderElector {
     config: LeaderElectionConfig,
     state: Arc<Mutex<State>>,
     shutdown: CancellationToken,
+    release_on_cancel: bool,
 }
 
 impl LeaderElector {
@@ -154,7 +159,17 @@ impl LeaderElector {
             config,
             state: Arc::default(),
             shutdown: CancellationToken::new(),
+            release_on_cancel: false,
         }
+    }
+
+    /// Release the Lease on shutdown, once the leader's work has returned (client-go's
+    /// `ReleaseOnCancel`, which kube-scheduler sets; off by default, as in client-go and
+    /// upstream's CCM and kube-controller-manager), so that a standby takes over at its next
+    /// retry instead of after the lease duration.
+    pub fn with_release_on_cancel(mut self, release: bool) -> Self {
+        self.release_on_cancel = release;
+        self
     }
 
     /// Stop campaigning (and leading) when `shutdown` is cancelled; [`Self::run`] then
@@ -207,6 +222,10 @@ impl LeaderElector {
                 _ = self.shutdown.cancelled() => break false,
                 result = &mut work => {
                     self.state.lock().leading = false;
+                    // The work may see the shutdown (its token is a child) before we do.
+                    if self.shutdown.is_cancelled() && self.release_on_cancel {
+                        self.release().await;
+                    }
                     return match result {
                         Ok(Ok(())) => Ok(()),
                         Ok(Err(error)) => Err(LeaderError::Work(error.to_string())),
@@ -222,6 +241,11 @@ impl LeaderElector {
         self.state.lock().leading = false;
         token.cancel();
         let _ = work.await;
+        // client-go's `renew` ends with `release()` under ReleaseOnCancel; only after the
+        // work returned, so that no two processes act at once.
+        if !lost && self.release_on_cancel {
+            self.release().await;
+        }
         if lost {
             tracing::error!(identity = %self.config.identity, lease = %self.lease_name(), "leaderelection lost");
             Err(LeaderError::Lost {
@@ -281,6 +305,59 @@ impl LeaderElector {
             }),
             ..LeaseSpec::default()
         }
+    }
+
+    /// client-go's `release` (`tools/leaderelection/leaderelection.go`): if we still hold the
+    /// Lease, write it with an empty holder, `leaseDurationSeconds: 1`, and acquire and renew
+    /// times of now, keeping `leaseTransitions`. Bounded by the renew deadline; the write
+    /// carries the `resourceVersion` read, so a Lease another candidate took is left alone.
+    async fn release(&self) -> bool {
+        let attempt = async {
+            let mut lease = match self.api.get_opt(&self.config.name).await {
+                Ok(Some(lease)) => lease,
+                Ok(None) => {
+                    tracing::info!(lease = %self.lease_name(), "lease lock not found");
+                    return false;
+                }
+                Err(error) => {
+                    tracing::error!(%error, lease = %self.lease_name(), "error retrieving lease");
+                    return false;
+                }
+            };
+            let spec = lease.spec.clone().unwrap_or_default();
+            if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+                return true;
+            }
+            let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+            let released = LeaseSpec {
+                holder_identity: Some(String::new()),
+                lease_duration_seconds: Some(1),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                lease_transitions: spec.lease_transitions,
+                ..LeaseSpec::default()
+            };
+            lease.spec = Some(released.clone());
+            match self
+                .api
+                .replace(&self.config.name, &PostParams::default(), &lease)
+                .await
+            {
+                Ok(written) => {
+                    let spec = written.spec.unwrap_or(released);
+                    self.state.lock().observed = Some((spec, Instant::now()));
+                    tracing::info!(identity = %self.config.identity, lease = %self.lease_name(), "released lease");
+                    true
+                }
+                Err(error) => {
+                    tracing::error!(%error, lease = %self.lease_name(), "failed to release lease");
+                    false
+                }
+            }
+        };
+        tokio::time::timeout(self.config.renew_deadline, attempt)
+            .await
+            .unwrap_or(false)
     }
 
     /// client-go's `tryAcquireOrRenew`: one GET and at most one write.

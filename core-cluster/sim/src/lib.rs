@@ -151,9 +151,9 @@ pub use stages::{
     RunSelector, default_plan, parse_run_duration, plan as run_plan,
 };
 pub use swap::{
-    ContainerSwap, FAIL_SWAP_ON_MESSAGE, SWAP_LIMIT_ANNOTATION, SwapBehavior, SwapConfig,
-    calc_swap_for_burstable, container_limits as swap_container_limits,
-    limit_annotation as swap_limit_annotation, pod_qos,
+    CGROUP_V1_REASON, CGROUP_V1_WARNING, CgroupVersion, ContainerSwap, FAIL_CGROUP_V1_MESSAGE,
+    FAIL_SWAP_ON_MESSAGE, SWAP_LIMIT_ANNOTATION, SwapBehavior, SwapConfig, calc_swap_for_burstable,
+    container_limits as swap_container_limits, limit_annotation as swap_limit_annotation, pod_qos,
 };
 pub use topology::{
     MAX_NUMA_NODES, TOPOLOGY_AFFINITY_ERROR, TOPOLOGY_AFFINITY_MESSAGE, TopologyConfig,

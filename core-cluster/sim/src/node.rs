@@ -191,10 +191,13 @@ fn initial_node(config: &SimConfig, node: &NodeState, now: jiff::Timestamp) -> N
                 operating_system: info.operating_system.clone(),
                 os_image: info.os_image.clone(),
                 system_uuid: format!("sim-{}", node.name),
-                // setters.go MachineInfo, with the NodeSwap feature (on by default).
-                swap: Some(NodeSwapStatus {
-                    capacity: Some(i64::try_from(config.swap.capacity).unwrap_or(i64::MAX)),
-                }),
+                // setters.go MachineInfo, with the NodeSwap feature gate (on by default).
+                swap: config
+                    .swap
+                    .node_info_capacity()
+                    .map(|capacity| NodeSwapStatus {
+                        capacity: Some(capacity),
+                    }),
             }),
             ..Default::default()
         }),
@@ -243,13 +246,7 @@ pub(super) async fn run_node(
             k.node.ctl.lock().startup_error = Some(error.to_owned());
             return;
         }
-        if k.node.config.swap.capacity > 0 {
-            tracing::info!(
-                swap_behavior = k.node.config.swap.behavior.as_str(),
-                capacity = k.node.config.swap.capacity,
-                "swap is on"
-            );
-        }
+        crate::swap::announce_startup(&k.shared, &k.node.name, &k.node.config.swap).await;
         // The kubelet API listens before registration, so the Node advertises it.
         if let Err(e) = kubelet_api::start(&k.shared, &k.node, &k.shutdown).await {
             tracing::warn!(error = %e, "the kubelet API did not start");

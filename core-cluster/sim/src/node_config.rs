@@ -15,7 +15,7 @@ use crate::{
     SimConfig, SimNode,
     registration::{is_qualified_name, is_valid_label_value, parse_node_labels, parse_reserved},
     shutdown::ShutdownPriorityGroup,
-    swap::SwapBehavior,
+    swap::{CgroupVersion, SwapBehavior},
     topology::{TopologyPolicy, TopologyScope},
 };
 
@@ -53,6 +53,8 @@ pub struct MachineSpec {
     pub swap: Option<String>,
     /// NUMA nodes, sharing CPUs and memory evenly (1).
     pub numa_nodes: Option<usize>,
+    /// The cgroup version, `1` or `2` (2): swap limits need cgroup v2.
+    pub cgroup_version: Option<i64>,
 }
 
 /// `memorySwap`.
@@ -98,6 +100,11 @@ pub struct KubeletConfiguration {
     pub max_pods: Option<i64>,
     /// `failSwapOn`.
     pub fail_swap_on: Option<bool>,
+    /// `failCgroupV1`.
+    #[serde(rename = "failCgroupV1")]
+    pub fail_cgroup_v1: Option<bool>,
+    /// `featureGates`: `NodeSwap` is simulated; other gates are ignored (with a warning).
+    pub feature_gates: Option<BTreeMap<String, bool>>,
     /// `memorySwap`.
     pub memory_swap: Option<MemorySwap>,
     /// `topologyManagerPolicy`.
@@ -178,8 +185,9 @@ pub struct NodeEntry {
 /// nodes:
 ///   - names: [sim-node-0, sim-node-1]   # a group
 ///     nodeLabels: {pool: swap}
-///     machine: {swap: 4Gi}
+///     machine: {swap: 4Gi, cgroupVersion: 2}
 ///     kubelet:
+///       featureGates: {NodeSwap: true}
 ///       failSwapOn: false
 ///       memorySwap: {swapBehavior: LimitedSwap}
 ///   - name: big-0                       # a node not among --sim-nodes is added
@@ -327,6 +335,8 @@ fn overlay(base: &KubeletConfiguration, over: &KubeletConfiguration) -> KubeletC
         eviction_pressure_transition_period,
         max_pods,
         fail_swap_on,
+        fail_cgroup_v1,
+        feature_gates,
         memory_swap,
         topology_manager_policy,
         topology_manager_scope,
@@ -354,6 +364,7 @@ fn overlay_machine(base: &MachineSpec, over: &MachineSpec) -> MachineSpec {
             .or_else(|| base.ephemeral_storage.clone()),
         swap: over.swap.clone().or_else(|| base.swap.clone()),
         numa_nodes: over.numa_nodes.or(base.numa_nodes),
+        cgroup_version: over.cgroup_version.or(base.cgroup_version),
     }
 }
 
@@ -496,11 +507,32 @@ fn apply(
     if let Some(v) = k.fail_swap_on {
         config.swap.fail_swap_on = v;
     }
+    if let Some(v) = k.fail_cgroup_v1 {
+        config.swap.fail_cgroup_v1 = v;
+    }
+    for (gate, on) in k.feature_gates.iter().flatten() {
+        match gate.as_str() {
+            "NodeSwap" => config.swap.node_swap_gate = *on,
+            other => {
+                tracing::warn!(
+                    gate = other,
+                    "simulator config: feature gate not simulated, ignored"
+                )
+            }
+        }
+    }
     if let Some(v) = k
         .memory_swap
         .as_ref()
         .and_then(|m| m.swap_behavior.as_deref())
     {
+        // ValidateKubeletConfiguration: memorySwap only with the NodeSwap gate.
+        if !config.swap.node_swap_gate && !v.is_empty() {
+            return Err((
+                "memorySwap.swapBehavior".into(),
+                "cannot be set when NodeSwap feature flag is disabled".into(),
+            ));
+        }
         config.swap.behavior = field("memorySwap.swapBehavior", SwapBehavior::parse(v))?;
     }
     if let Some(v) = &k.topology_manager_policy {
@@ -614,12 +646,19 @@ fn apply(
     if let Some(n) = m.numa_nodes {
         config.topology.numa_nodes = n;
     }
+    if let Some(n) = m.cgroup_version {
+        config.swap.cgroup_version = field("machine.cgroupVersion", CgroupVersion::parse(n))?;
+    }
     config
         .recompute_allocatable()
         .map_err(|e| (e.field.to_owned(), e.message))?;
     config
         .validate()
         .map_err(|e| (e.field.to_owned(), e.message))?;
+    config
+        .swap
+        .validate()
+        .map_err(|(field, message)| (field.to_owned(), message))?;
     Ok(())
 }
 
@@ -906,6 +945,66 @@ nodes:
             "{typo}"
         );
         assert!(NodeConfigFile::parse("apiVersion: v1\nkind: ConfigMap\n").is_err());
+    }
+
+    /// Swap at startup as kubelet 1.32 decides it: `ValidateKubeletConfiguration` refuses
+    /// `memorySwap` with the `NodeSwap` feature gate off, `validateKubeletOSConfiguration`
+    /// refuses `failCgroupV1` on a cgroup v1 machine, each naming the node and the field;
+    /// the gate is on by default and can be turned off per node; the machine's cgroup
+    /// version is 2 unless the file says 1.
+    #[test]
+    fn swap_startup_rules_follow_the_node_swap_gate_and_the_cgroup_version() {
+        let apply = |node: &str| {
+            let text = format!(
+                "apiVersion: sim.ccm-rs.io/v1alpha1\nkind: NodeSimulatorConfiguration\nmachine: {{swap: 1Gi}}\nkubelet: {{failSwapOn: false}}\nnodes:\n  - name: n-1\n{node}"
+            );
+            NodeConfigFile::parse(&text).and_then(|f| f.apply(&SimConfig::default(), vec![]))
+        };
+        let error = |node: &str| apply(node).unwrap_err().to_string();
+        assert_eq!(
+            error(
+                "    kubelet: {featureGates: {NodeSwap: false}, memorySwap: {swapBehavior: LimitedSwap}}\n"
+            ),
+            "node \"n-1\": memorySwap.swapBehavior: cannot be set when NodeSwap feature flag is disabled"
+        );
+        assert_eq!(
+            error(
+                "    kubelet: {featureGates: {NodeSwap: false}, memorySwap: {swapBehavior: NoSwap}}\n"
+            ),
+            "node \"n-1\": memorySwap.swapBehavior: cannot be set when NodeSwap feature flag is disabled",
+            "any value counts as set"
+        );
+        assert_eq!(
+            error("    machine: {cgroupVersion: 1}\n    kubelet: {failCgroupV1: true}\n"),
+            format!(
+                "node \"n-1\": failCgroupV1: {}",
+                crate::swap::FAIL_CGROUP_V1_MESSAGE
+            )
+        );
+        assert_eq!(
+            error("    machine: {cgroupVersion: 3}\n"),
+            "node \"n-1\": machine.cgroupVersion: 3 must be 1 or 2"
+        );
+
+        let config = |node: &str| {
+            let (_, nodes) = apply(node).unwrap();
+            nodes[0].config.clone().unwrap()
+        };
+        let default = config("    nodeLabels: {a: b}\n");
+        assert!(default.swap.node_swap_gate, "NodeSwap is on by default");
+        assert_eq!(default.swap.cgroup_version, CgroupVersion::V2);
+        assert!(!default.swap.fail_cgroup_v1);
+        let off = config("    kubelet: {featureGates: {NodeSwap: false, SomeOtherGate: true}}\n");
+        assert!(!off.swap.node_swap_gate);
+        assert_eq!(off.swap.effective_behavior(), SwapBehavior::NoSwap);
+        let v1 = config(
+            "    machine: {cgroupVersion: 1}\n    kubelet: {memorySwap: {swapBehavior: LimitedSwap}}\n",
+        );
+        assert_eq!(v1.swap.cgroup_version, CgroupVersion::V1);
+        assert_eq!(v1.swap.behavior, SwapBehavior::LimitedSwap);
+        assert_eq!(v1.swap.effective_behavior(), SwapBehavior::NoSwap);
+        let v2 = config("    kubelet: {memorySwap: {swapBehavior: LimitedSwap}}\n");
+        assert_eq!(v2.swap.effective_behavior(), SwapBehavior::LimitedSwap);
     }
 
     /// `metav1.Duration` text as Go's `time.ParseDuration` reads it.

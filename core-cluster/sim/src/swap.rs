@@ -12,6 +12,17 @@
 //!   `calcSwapForBurstablePods`). The seed's `UnlimitedSwap` (`memory.swap.max=max` for those
 //!   containers) is accepted too: upstream removed it in v1.30.
 //!
+//! What decides swap at startup, as kubelet 1.32 has it (there is no Node condition for swap):
+//!
+//! - the `NodeSwap` feature gate (beta, on by default in 1.32), per node in `featureGates`:
+//!   off, `memorySwap` may not be set (`pkg/kubelet/apis/config/validation/validation.go`
+//!   `ValidateKubeletConfiguration`), `status.nodeInfo.swap` is not reported, and every
+//!   container gets NoSwap (`kuberuntime_container_linux.go` `GetContainerSwapBehavior`);
+//! - the machine's cgroup version (v2 by default): on cgroup v1 LimitedSwap is NoSwap
+//!   (`GetContainerSwapBehavior`: no `memory.swap.max` there), kubelet warns with a `CgroupV1`
+//!   Event (`pkg/kubelet/kubelet.go` `warnCgroupV1Usage`), and `failCgroupV1: true` stops it
+//!   (`validation_linux.go` `validateKubeletOSConfiguration`).
+//!
 //! The simulator shows a pod's limits in the [`SWAP_LIMIT_ANNOTATION`] (what kubelet writes to
 //! each container's `memory.swap.max`).
 
@@ -67,6 +78,38 @@ impl SwapBehavior {
     }
 }
 
+/// kubelet's `CgroupV1` Warning Event on a cgroup v1 machine (`warnCgroupV1Usage`,
+/// `cm.CgroupV1MaintenanceModeWarning` as 1.32 words it).
+pub const CGROUP_V1_WARNING: &str =
+    "Cgroup v1 support is in maintenance mode, please migrate to Cgroup v2.";
+
+/// The Event reason of [`CGROUP_V1_WARNING`].
+pub const CGROUP_V1_REASON: &str = "CgroupV1";
+
+/// `validateKubeletOSConfiguration`'s refusal under `failCgroupV1` on cgroup v1.
+pub const FAIL_CGROUP_V1_MESSAGE: &str = "kubelet is configured to not run on a host using cgroup v1. cgroup v1 support is in maintenance mode";
+
+/// The cgroup version of a simulated machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CgroupVersion {
+    /// cgroup v1: no per-container swap limit.
+    V1,
+    /// cgroup v2 (the unified hierarchy, the default).
+    #[default]
+    V2,
+}
+
+impl CgroupVersion {
+    /// `1` or `2`.
+    pub fn parse(n: i64) -> Result<Self, String> {
+        match n {
+            1 => Ok(Self::V1),
+            2 => Ok(Self::V2),
+            other => Err(format!("{other} must be 1 or 2")),
+        }
+    }
+}
+
 /// A node's swap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SwapConfig {
@@ -76,6 +119,12 @@ pub struct SwapConfig {
     pub fail_swap_on: bool,
     /// `memorySwap.swapBehavior` (NoSwap).
     pub behavior: SwapBehavior,
+    /// The `NodeSwap` feature gate (true, as upstream 1.32's beta default).
+    pub node_swap_gate: bool,
+    /// The machine's cgroup version (v2).
+    pub cgroup_version: CgroupVersion,
+    /// `failCgroupV1` (false in 1.32): refuse to start on cgroup v1.
+    pub fail_cgroup_v1: bool,
 }
 
 impl Default for SwapConfig {
@@ -84,14 +133,71 @@ impl Default for SwapConfig {
             capacity: 0,
             fail_swap_on: true,
             behavior: SwapBehavior::NoSwap,
+            node_swap_gate: true,
+            cgroup_version: CgroupVersion::V2,
+            fail_cgroup_v1: false,
         }
     }
 }
 
 impl SwapConfig {
-    /// `validateSwapConfiguration`: the error kubelet stops with, if any.
+    /// `NewContainerManager`: the error kubelet stops with at startup, if any (swap on
+    /// under `failSwapOn`).
     pub fn startup_error(&self) -> Option<&'static str> {
         (self.fail_swap_on && self.capacity > 0).then_some(FAIL_SWAP_ON_MESSAGE)
+    }
+
+    /// `validateKubeletOSConfiguration`: `failCgroupV1` on a cgroup v1 machine; the field
+    /// and kubelet's message.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.fail_cgroup_v1 && self.cgroup_version == CgroupVersion::V1 {
+            return Err(("failCgroupV1", FAIL_CGROUP_V1_MESSAGE.to_owned()));
+        }
+        Ok(())
+    }
+
+    /// The node-wide part of `GetContainerSwapBehavior`: the configured behavior where the
+    /// `NodeSwap` gate is on and the machine has cgroup v2 (and swap), NoSwap otherwise.
+    pub fn effective_behavior(&self) -> SwapBehavior {
+        if !self.node_swap_gate || self.cgroup_version == CgroupVersion::V1 || self.capacity == 0 {
+            SwapBehavior::NoSwap
+        } else {
+            self.behavior
+        }
+    }
+
+    /// `status.nodeInfo.swap.capacity` (`nodestatus/setters.go` `MachineInfo`): reported
+    /// only with the `NodeSwap` gate on.
+    pub fn node_info_capacity(&self) -> Option<i64> {
+        self.node_swap_gate
+            .then(|| i64::try_from(self.capacity).unwrap_or(i64::MAX))
+    }
+}
+
+/// What kubelet says about swap and cgroups as it starts (after the startup checks
+/// passed): a `CgroupV1` Warning Event on cgroup v1 (`warnCgroupV1Usage`), and a log line
+/// with the behavior its containers get when the machine has swap.
+pub(crate) async fn announce_startup(shared: &crate::Shared, node: &str, swap: &SwapConfig) {
+    if swap.capacity > 0 {
+        let effective = swap.effective_behavior();
+        let why = if !swap.node_swap_gate {
+            "the NodeSwap feature gate is off"
+        } else if swap.cgroup_version == CgroupVersion::V1 {
+            "swap limits need cgroup v2"
+        } else {
+            "as configured"
+        };
+        tracing::info!(
+            configured = swap.behavior.as_str(),
+            effective = effective.as_str(),
+            why,
+            capacity = swap.capacity,
+            "swap is on"
+        );
+    }
+    if swap.cgroup_version == CgroupVersion::V1 {
+        tracing::warn!(message = CGROUP_V1_WARNING, "Warning: cgroup v1");
+        crate::images::post_event(shared, node, CGROUP_V1_REASON, CGROUP_V1_WARNING).await;
     }
 }
 
@@ -185,10 +291,9 @@ pub fn container_limits(
     pod: &Pod,
 ) -> Vec<(String, ContainerSwap)> {
     let containers = pod.spec.iter().flat_map(|s| &s.containers);
-    let allowed = swap.behavior != SwapBehavior::NoSwap
-        && swap.capacity > 0
-        && !is_critical(pod)
-        && pod_qos(pod) == "Burstable";
+    let behavior = swap.effective_behavior();
+    let allowed =
+        behavior != SwapBehavior::NoSwap && !is_critical(pod) && pod_qos(pod) == "Burstable";
     containers
         .map(|c| {
             let limit = if !allowed {
@@ -199,7 +304,7 @@ pub fn container_limits(
                 let no_memory = req == 0 && lim.unwrap_or(0) == 0;
                 if no_memory || lim == Some(req) {
                     ContainerSwap::None
-                } else if swap.behavior == SwapBehavior::UnlimitedSwap {
+                } else if behavior == SwapBehavior::UnlimitedSwap {
                     ContainerSwap::Unlimited
                 } else {
                     let bytes = u64::try_from(req / 1_000_000_000).unwrap_or(0);
@@ -247,6 +352,7 @@ mod tests {
             capacity: 4 << 30,
             fail_swap_on: false,
             behavior: SwapBehavior::LimitedSwap,
+            ..SwapConfig::default()
         }
     }
 
@@ -346,5 +452,67 @@ mod tests {
         assert_eq!(SwapConfig::default().startup_error(), None);
         assert_eq!(SwapBehavior::parse("").unwrap(), SwapBehavior::NoSwap);
         assert!(SwapBehavior::parse("Sometimes").is_err());
+    }
+
+    /// `kuberuntime_container_linux.go` `GetContainerSwapBehavior`: LimitedSwap applies only
+    /// with the `NodeSwap` feature gate on and on cgroup v2; otherwise every container gets
+    /// NoSwap. `nodestatus/setters.go` `MachineInfo` reports `nodeInfo.swap` only with the
+    /// gate on.
+    #[test]
+    fn limited_swap_needs_the_node_swap_gate_and_cgroup_v2() {
+        let burstable = pod(
+            json!([{"name": "a", "resources": {"requests": {"memory": "1Gi"}}}]),
+            None,
+        );
+        let share = [("a".to_owned(), ContainerSwap::Limited(256 << 20))];
+        assert_eq!(container_limits(&limited(), 16 << 30, &burstable), share);
+        assert_eq!(limited().node_info_capacity(), Some(4 << 30));
+        let gate_off = SwapConfig {
+            node_swap_gate: false,
+            ..limited()
+        };
+        assert_eq!(gate_off.effective_behavior(), SwapBehavior::NoSwap);
+        assert_eq!(
+            container_limits(&gate_off, 16 << 30, &burstable),
+            [("a".to_owned(), ContainerSwap::None)]
+        );
+        assert_eq!(gate_off.node_info_capacity(), None);
+        let v1 = SwapConfig {
+            cgroup_version: CgroupVersion::V1,
+            ..limited()
+        };
+        assert_eq!(v1.effective_behavior(), SwapBehavior::NoSwap);
+        assert_eq!(
+            container_limits(&v1, 16 << 30, &burstable),
+            [("a".to_owned(), ContainerSwap::None)]
+        );
+        assert_eq!(
+            v1.node_info_capacity(),
+            Some(4 << 30),
+            "v1 still reports swap"
+        );
+    }
+
+    /// `validation_linux.go` `validateKubeletOSConfiguration`: `failCgroupV1` refuses a cgroup
+    /// v1 machine with kubelet's message; on cgroup v2, or with `failCgroupV1: false` (1.32's
+    /// default), kubelet starts.
+    #[test]
+    fn fail_cgroup_v1_refuses_a_cgroup_v1_machine() {
+        let mut c = SwapConfig {
+            cgroup_version: CgroupVersion::V1,
+            fail_cgroup_v1: true,
+            ..SwapConfig::default()
+        };
+        assert_eq!(
+            c.validate(),
+            Err(("failCgroupV1", FAIL_CGROUP_V1_MESSAGE.to_owned()))
+        );
+        c.fail_cgroup_v1 = false;
+        assert_eq!(c.validate(), Ok(()));
+        c.fail_cgroup_v1 = true;
+        c.cgroup_version = CgroupVersion::V2;
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(CgroupVersion::parse(1), Ok(CgroupVersion::V1));
+        assert!(CgroupVersion::parse(3).is_err());
     }
 }

@@ -12,8 +12,8 @@ use ccm_testkit::eventually;
 use core_cluster::{
     ApiServer, ApiServerConfig,
     sim::{
-        FAIL_SWAP_ON_MESSAGE, NodeConfigFile, NodeSimulator, SWAP_LIMIT_ANNOTATION, SimConfig,
-        SimNode, TOPOLOGY_AFFINITY_ERROR,
+        CGROUP_V1_REASON, CGROUP_V1_WARNING, FAIL_SWAP_ON_MESSAGE, NodeConfigFile, NodeSimulator,
+        SWAP_LIMIT_ANNOTATION, SimConfig, SimNode, TOPOLOGY_AFFINITY_ERROR,
     },
     store::MemoryStore,
 };
@@ -251,4 +251,124 @@ async fn single_numa_node_refuses_a_guaranteed_pod_no_numa_node_can_hold() {
         (free == [4000, 4000]).then_some(())
     })
     .await;
+}
+
+const SWAP_GATES: &str = r#"
+apiVersion: sim.ccm-rs.io/v1alpha1
+kind: NodeSimulatorConfiguration
+machine: {cpu: "8", memory: 16Gi, swap: 4Gi}
+kubelet: {failSwapOn: false}
+nodes:
+  - name: limited
+    kubelet:
+      memorySwap: {swapBehavior: LimitedSwap}
+  - name: gate-off
+    kubelet:
+      featureGates: {NodeSwap: false}
+  - name: cgroup-v1
+    machine: {cgroupVersion: 1}
+    kubelet:
+      memorySwap: {swapBehavior: LimitedSwap}
+"#;
+
+/// What kubelet 1.32 does with swap at startup, per node: with the `NodeSwap` feature gate
+/// off it reports no `nodeInfo.swap` (`nodestatus/setters.go` `MachineInfo`) and gives every
+/// container NoSwap; on a cgroup v1 machine LimitedSwap is NoSwap
+/// (`kuberuntime_container_linux.go` `GetContainerSwapBehavior`) and kubelet posts its
+/// `CgroupV1` Warning Event (`kubelet.go` `warnCgroupV1Usage`); on cgroup v2 with the gate on
+/// a Burstable pod gets its `calcSwapForBurstablePods` share (1Gi / 16Gi × 4Gi = 256Mi).
+#[tokio::test(start_paused = true)]
+async fn the_node_swap_gate_and_cgroup_v1_leave_containers_without_swap() {
+    let server = ApiServer::new(Arc::new(MemoryStore::new()), ApiServerConfig::default())
+        .await
+        .unwrap();
+    let client = Client::new(server.router(), "default");
+    let (config, nodes) = NodeConfigFile::parse(SWAP_GATES)
+        .unwrap()
+        .apply(&SimConfig::default(), vec![])
+        .unwrap();
+    let sim = NodeSimulator::new(client.clone(), config);
+    sim.add_nodes(nodes);
+    let stop = CancellationToken::new();
+    let _guard = stop.clone().drop_guard();
+    tokio::spawn({
+        let sim = sim.clone();
+        async move { sim.run(stop).await.unwrap() }
+    });
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually(30, "three nodes registered", || async {
+        (nodes
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len()
+            == 3)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        swap_capacity(&nodes.get("limited").await.unwrap()),
+        Some(4 << 30)
+    );
+    let gate_off = nodes.get("gate-off").await.unwrap();
+    assert!(
+        gate_off.status.unwrap().node_info.unwrap().swap.is_none(),
+        "no nodeInfo.swap without the NodeSwap gate"
+    );
+    assert_eq!(
+        swap_capacity(&nodes.get("cgroup-v1").await.unwrap()),
+        Some(4 << 30)
+    );
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let burstable = json!({"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}});
+    for node in ["limited", "gate-off", "cgroup-v1"] {
+        pods.create(&PostParams::default(), &pod(node, node, burstable.clone()))
+            .await
+            .unwrap();
+    }
+    for node in ["limited", "gate-off", "cgroup-v1"] {
+        eventually(30, "the pod running", || async {
+            let p = pods.get(node).await.unwrap();
+            (p.status?.phase.as_deref() == Some("Running")).then_some(())
+        })
+        .await;
+    }
+    let limit = |name: &'static str| {
+        let pods = pods.clone();
+        async move {
+            pods.get(name)
+                .await
+                .unwrap()
+                .annotations()
+                .get(SWAP_LIMIT_ANNOTATION)
+                .cloned()
+        }
+    };
+    assert_eq!(
+        limit("limited").await.as_deref(),
+        Some(r#"{"c":"268435456"}"#)
+    );
+    assert_eq!(limit("gate-off").await, None, "NoSwap without the gate");
+    assert_eq!(limit("cgroup-v1").await, None, "NoSwap on cgroup v1");
+
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let warned = eventually(10, "the CgroupV1 Event", || async {
+        let found: Vec<Event> = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(CGROUP_V1_REASON))
+            .collect();
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    assert_eq!(warned.len(), 1, "only the cgroup v1 node warns");
+    let event = &warned[0];
+    assert_eq!(event.involved_object.name.as_deref(), Some("cgroup-v1"));
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.message.as_deref(), Some(CGROUP_V1_WARNING));
 }
