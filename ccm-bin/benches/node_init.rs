@@ -29,7 +29,8 @@
 //! service controller holds N load balancers over every Node while the Nodes join: the peak
 //! RSS goal is measured with them.
 //! (`--upstream`: `--concurrent-node-syncs=1 --batch-instance-metadata=false`, upstream's
-//! behaviour).
+//! behaviour). `--concurrent-service-syncs N` and `--concurrent-lb-host-updates N` are passed
+//! to the ccm as they are (default: the ccm's, 1 and 0 = the service workers).
 //!
 //! The cloud API budget: `--quota N` gives the fake cloud a quota of N calls per second (bursts
 //! of N), refusing calls over it as throttled; `--cloud-api-qps Q` puts the ccm's shared
@@ -192,6 +193,10 @@ fn main() -> anyhow::Result<()> {
             "--leader-elect=false",
         ])
         .arg("--controllers=-cloud-node-controller")
+        // The simulated kubelets as the figures in BENCHMARKS.md were measured: no kubelet
+        // HTTPS API (on by default since; 10,000 TLS listeners on loopback addresses in the
+        // cluster process, and nodes at 127.1.0.x that the instances below do not report).
+        .arg("--sim-kubelet-api=false")
         .args([
             "--sim-nodes",
             &nodes.to_string(),
@@ -271,6 +276,14 @@ fn main() -> anyhow::Result<()> {
         "--kube-api-qps=-1",
     ];
     let syncs = arg::<u64>("--concurrent-node-syncs", 1).to_string();
+    let service_syncs = arg::<u64>("--concurrent-service-syncs", 1).to_string();
+    let lb_host_updates = arg::<u64>("--concurrent-lb-host-updates", 0).to_string();
+    flags.extend([
+        "--concurrent-service-syncs",
+        &service_syncs,
+        "--concurrent-lb-host-updates",
+        &lb_host_updates,
+    ]);
     let qps_flag = format!("--cloud-api-qps={cloud_api_qps}");
     let burst_flag = format!("--cloud-api-burst={}", cloud_api_qps.ceil() as u32);
     if cloud_api_qps > 0.0 {
@@ -368,6 +381,9 @@ fn main() -> anyhow::Result<()> {
     } else {
         format!("batched,concurrent-node-syncs={syncs}")
     };
+    let mode = format!(
+        "{mode},concurrent-service-syncs={service_syncs},concurrent-lb-host-updates={lb_host_updates}"
+    );
     let limiter = match (cloud_api_qps > 0.0, adaptive) {
         (false, _) => "none".to_owned(),
         (true, false) => format!("fixed({cloud_api_qps}/s)"),
