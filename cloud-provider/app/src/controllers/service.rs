@@ -266,7 +266,9 @@ struct State {
     cache: HashMap<String, Service>,
     /// The node set each Service's load balancer was last given, as a digest (1,000 Services
     /// × 10,000 Nodes would otherwise be up to 10 million entries).
-    last_synced_nodes: HashMap<String, NodeSet>,
+    /// With the Node cache generation of the list it came from, so a node sync never
+    /// replaces a set with one from an older list.
+    last_synced_nodes: HashMap<String, (NodeSet, u64)>,
     /// The eligible Nodes and their set at a Node cache generation, reused until the cache
     /// changes (1,000 Services need not list and sort 10,000 Nodes each).
     eligible: Option<Eligible>,
@@ -282,6 +284,14 @@ struct Eligible {
     /// keeps the versions it was made from alive until the last call using it ends.
     nodes: Arc<[Arc<Node>]>,
     set: NodeSet,
+}
+
+impl Eligible {
+    /// Whether a load balancer last given `(set, generation)` needs this list: a different
+    /// set, from a list at least as new.
+    fn supersedes(&self, (set, generation): (NodeSet, u64)) -> bool {
+        set != self.set && generation <= self.generation
+    }
 }
 
 /// The least time between two lists of the eligible Nodes. While 10,000 Nodes join, the
@@ -583,7 +593,7 @@ impl ServiceController {
                         && state
                             .last_synced_nodes
                             .get(*k)
-                            .is_some_and(|set| *set != eligible.set)
+                            .is_some_and(|last| eligible.supersedes(*last))
                 })
                 .map(|(k, s)| (k.clone(), s.clone()))
                 .collect()
@@ -610,10 +620,10 @@ impl ServiceController {
         let changed = {
             let mut state = self.state.lock();
             // Still cached (not deleted meanwhile) and still behind this pass's list (an
-            // ensure may have given it these Nodes since the pass began).
+            // ensure may have given it these or newer Nodes since the pass began).
             match state.last_synced_nodes.get_mut(key) {
-                Some(set) if *set != eligible.set => {
-                    *set = eligible.set;
+                Some(last) if eligible.supersedes(*last) => {
+                    *last = (eligible.set, eligible.generation);
                     true
                 }
                 _ => false,
@@ -872,7 +882,7 @@ impl ServiceController {
         self.state
             .lock()
             .last_synced_nodes
-            .insert(key_of(svc), eligible.set);
+            .insert(key_of(svc), (eligible.set, eligible.generation));
         // The list may be up to ELIGIBLE_LIST_INTERVAL old, and a node sync that began before
         // this Service was recorded above skipped it: if the Nodes changed since the list, one
         // more node sync brings this load balancer up to date.
@@ -1006,6 +1016,26 @@ mod tests {
         let split = [named("ab", None), named("c", None)];
         let joined = [named("a", None), named("bc", None)];
         assert_ne!(node_set(&split), node_set(&joined));
+    }
+
+    /// A node sync updates a load balancer only to a different set from a list at least as
+    /// new as the one it was last given: an ensure that used a newer list during the pass is
+    /// not taken back to the pass's older Nodes.
+    #[test]
+    fn a_node_sync_never_replaces_hosts_with_an_older_list() {
+        let eligible = Eligible {
+            generation: 7,
+            at: tokio::time::Instant::now(),
+            nodes: Vec::new().into(),
+            set: 1,
+        };
+        assert!(eligible.supersedes((2, 5)), "older list, other set");
+        assert!(
+            eligible.supersedes((2, 7)),
+            "same list generation, other set"
+        );
+        assert!(!eligible.supersedes((1, 5)), "same set");
+        assert!(!eligible.supersedes((2, 9)), "a newer list");
     }
 
     /// Upstream `controllers/service/controller.go` `nodeIncludedPredicate` and
