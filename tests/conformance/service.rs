@@ -636,6 +636,92 @@ async fn exclusion_flips_update_only_services_whose_node_set_changed() {
     env.stop().await;
 }
 
+/// Upstream's `updateLoadBalancerHosts` (controllers/service/controller.go) updates the
+/// load balancers of a node sync with `--concurrent-service-syncs` workers; beyond upstream,
+/// `--concurrent-lb-host-updates` keeps that many `UpdateLoadBalancer` calls in flight
+/// instead. With a 10 s `UpdateLoadBalancer` and one service worker, a Node joining reaches
+/// one of four load balancers in 11 s by default, and all four with four updates in flight.
+#[tokio::test(start_paused = true)]
+async fn a_node_sync_keeps_concurrent_lb_host_updates_in_flight() {
+    for (updates, holding_after_11s) in [(0, 1), (4, 4)] {
+        let mut env = Env::new(&["n1"]).await;
+        let cloud: Arc<dyn CloudProvider> = Arc::new(env.cloud.clone());
+        env.start_with(
+            cloud,
+            ServiceConfig::default().with_concurrent_lb_host_updates(updates),
+        );
+        let mut services = Vec::new();
+        for name in ["a", "b", "c", "d"] {
+            services.push(env.create_service(name, serde_json::json!({})).await);
+        }
+        settle().await;
+        assert_eq!(env.cloud.load_balancers().len(), 4);
+        env.cloud
+            .set_method_latency(Method::UpdateLoadBalancer, Duration::from_secs(10));
+        env.cloud.add_instance(FakeInstance::new("i-n2", "n2"));
+        env.add_node("n2", serde_json::json!({})).await;
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        let holding = |env: &Env| {
+            services
+                .iter()
+                .filter(|svc| env.cloud.load_balancer_of(svc).unwrap().hosts().len() == 2)
+                .count()
+        };
+        assert_eq!(
+            holding(&env),
+            holding_after_11s,
+            "{updates} update(s) in flight"
+        );
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        assert_eq!(
+            holding(&env),
+            4,
+            "{updates} update(s) in flight, in the end"
+        );
+        assert_eq!(env.cloud.call_count(Method::UpdateLoadBalancer), 4);
+        env.stop().await;
+    }
+}
+
+/// Upstream's node sync (controllers/service/controller.go `nodeSyncLoop`, triggered through
+/// a one-slot channel) coalesces Node changes: the Nodes that join while a node sync's
+/// updates are in flight reach every load balancer in one more pass, from one list of the
+/// Nodes, not in a pass per change.
+#[tokio::test(start_paused = true)]
+async fn nodes_joining_during_a_node_sync_are_brought_in_by_one_more_pass() {
+    let mut env = Env::new(&["n1"]).await;
+    let cloud: Arc<dyn CloudProvider> = Arc::new(env.cloud.clone());
+    env.start_with(
+        cloud,
+        ServiceConfig::default().with_concurrent_lb_host_updates(2),
+    );
+    let a = env.create_service("a", serde_json::json!({})).await;
+    let b = env.create_service("b", serde_json::json!({})).await;
+    settle().await;
+    env.cloud
+        .set_method_latency(Method::UpdateLoadBalancer, Duration::from_secs(10));
+    env.cloud.add_instance(FakeInstance::new("i-n2", "n2"));
+    env.add_node("n2", serde_json::json!({})).await;
+    // The first pass's two updates are in flight; three more Nodes join meanwhile.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(env.cloud.call_count(Method::UpdateLoadBalancer), 2);
+    for n in ["n3", "n4", "n5"] {
+        env.cloud
+            .add_instance(FakeInstance::new(format!("i-{n}"), n));
+        env.add_node(n, serde_json::json!({})).await;
+    }
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let all: Vec<String> = ["n1", "n2", "n3", "n4", "n5"].map(str::to_owned).into();
+    assert_eq!(env.cloud.load_balancer_of(&a).unwrap().hosts(), all);
+    assert_eq!(env.cloud.load_balancer_of(&b).unwrap().hosts(), all);
+    assert_eq!(
+        env.cloud.call_count(Method::UpdateLoadBalancer),
+        4,
+        "two passes of two updates"
+    );
+    env.stop().await;
+}
+
 /// A failed host update on an existing LB → Warning UpdateLoadBalancerFailed and a full
 /// re-ensure through the service queue.
 #[tokio::test(start_paused = true)]

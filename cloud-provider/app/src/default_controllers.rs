@@ -115,6 +115,9 @@ fn start_service(
         .with_concurrent_service_syncs(
             usize::try_from(options.concurrent_service_syncs).unwrap_or(0),
         )
+        .with_concurrent_lb_host_updates(
+            usize::try_from(options.concurrent_lb_host_updates).unwrap_or(0),
+        )
         .with_lb_drift_reensure_period((!drift.is_zero()).then_some(drift))
         .with_orphaned_lb_gc(orphaned_lb_gc(options));
     Ok(ServiceController::new(ctx, config)?.map(|c| {

@@ -213,6 +213,11 @@ pub struct CloudControllerManagerOptions {
     /// Service controller workers.
     #[arg(long, default_value_t = 1)]
     pub concurrent_service_syncs: i32,
+    /// Beyond upstream: `UpdateLoadBalancer` calls in flight while a node sync brings the
+    /// load balancers' hosts up to date (the shared cloud limiter still paces them). Default
+    /// 0 = `--concurrent-service-syncs`, as upstream's node sync, which uses that many workers.
+    #[arg(long, default_value_t = 0)]
+    pub concurrent_lb_host_updates: i32,
     /// Node initialisation workers (upstream accepts 0 and then never initialises a Node; we
     /// reject it).
     #[arg(long, default_value_t = 1)]
@@ -590,6 +595,9 @@ impl CloudControllerManagerOptions {
         if let Err(error) = crate::upstream_flags::parse_feature_gates(&self.feature_gates) {
             errors.push(error);
         }
+        if self.concurrent_lb_host_updates < 0 {
+            errors.push("--concurrent-lb-host-updates cannot be negative".to_owned());
+        }
         if self.concurrent_node_status_updates < 0 {
             errors.push("--concurrent-node-status-updates cannot be negative".to_owned());
         }
@@ -831,6 +839,10 @@ mod tests {
         );
         assert!(!o.use_service_account_credentials);
         assert_eq!(o.concurrent_node_status_updates, 0);
+        assert_eq!(
+            o.concurrent_lb_host_updates, 0,
+            "upstream's: the service workers"
+        );
         // Secure serving and delegated auth (upstream's `TestDefaultFlags`).
         assert_eq!(o.cert_source(), Default::default());
         assert_eq!(
@@ -1072,6 +1084,15 @@ mod tests {
         assert_eq!(e.len(), 1);
         assert!(e[0].contains("--concurrent-node-syncs"), "{e:?}");
         assert_eq!(errors(&["--concurrent-service-syncs", "0"]).len(), 1);
+    }
+
+    #[test]
+    fn negative_lb_host_updates_are_rejected() {
+        assert_eq!(
+            errors(&["--concurrent-lb-host-updates=-1"]),
+            vec!["--concurrent-lb-host-updates cannot be negative"]
+        );
+        assert!(errors(&["--concurrent-lb-host-updates", "16"]).is_empty());
     }
 
     #[test]

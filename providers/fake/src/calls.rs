@@ -1,6 +1,6 @@
 //! Every call the fake receives, recorded as a structured value.
 
-use std::{fmt, str::FromStr};
+use std::{fmt, str::FromStr, sync::Arc};
 
 use ipnet::IpNet;
 
@@ -99,8 +99,9 @@ pub enum Call {
         cluster: String,
         /// `namespace/name` of the Service.
         service: String,
-        /// The Nodes' names, in the order given.
-        hosts: Vec<String>,
+        /// The Nodes' names, in the order given (shared with the load balancer's list when
+        /// given sorted, so a logged call holds no copy of 10,000 names).
+        hosts: Arc<[String]>,
     },
     /// `LoadBalancer::update_load_balancer`.
     UpdateLoadBalancer {
@@ -108,8 +109,9 @@ pub enum Call {
         cluster: String,
         /// `namespace/name` of the Service.
         service: String,
-        /// The Nodes' names, in the order given.
-        hosts: Vec<String>,
+        /// The Nodes' names, in the order given (shared with the load balancer's list when
+        /// given sorted, so a logged call holds no copy of 10,000 names).
+        hosts: Arc<[String]>,
     },
     /// `LoadBalancer::ensure_load_balancer_deleted`.
     EnsureLoadBalancerDeleted {

@@ -90,6 +90,18 @@ impl HostLists {
         self.0.insert(list.clone());
         list
     }
+
+    /// For a call given `hosts`: the list to log (in the order given) and the shared list.
+    /// Hosts given sorted, as the service controller gives them, are logged as the shared
+    /// list itself: a call log of load-balancer calls over 10,000 Nodes then holds no copies.
+    fn for_call(&mut self, hosts: Vec<String>) -> (Arc<[String]>, Arc<[String]>) {
+        if hosts.windows(2).all(|pair| pair[0] < pair[1]) {
+            let list = self.intern(hosts);
+            (list.clone(), list)
+        } else {
+            (hosts.clone().into(), self.intern(hosts))
+        }
+    }
 }
 
 struct Inner {
@@ -986,11 +998,16 @@ impl LoadBalancer for FakeCloud {
         service: &Service,
         nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
-        let hosts = host_names(nodes);
+        let (logged, hosts) = self
+            .inner
+            .state
+            .lock()
+            .host_lists
+            .for_call(host_names(nodes));
         self.call(Call::EnsureLoadBalancer {
             cluster: cluster_name.to_owned(),
             service: key_of(service),
-            hosts: hosts.clone(),
+            hosts: logged,
         })
         .await?;
         let listeners = listeners_of(service)?;
@@ -1055,7 +1072,6 @@ impl LoadBalancer for FakeCloud {
             None => ip,
         };
         let mut state = self.inner.state.lock();
-        let hosts = state.host_lists.intern(hosts);
         let lb = FakeLoadBalancer {
             name: name.clone(),
             cluster: cluster_name.to_owned(),
@@ -1077,27 +1093,27 @@ impl LoadBalancer for FakeCloud {
         service: &Service,
         nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
-        let hosts = host_names(nodes);
+        let (logged, hosts) = self
+            .inner
+            .state
+            .lock()
+            .host_lists
+            .for_call(host_names(nodes));
         self.call(Call::UpdateLoadBalancer {
             cluster: cluster_name.to_owned(),
             service: key_of(service),
-            hosts: hosts.clone(),
+            hosts: logged,
         })
         .await?;
         let name = self.get_load_balancer_name(cluster_name, service);
         let mut state = self.inner.state.lock();
-        let State {
-            load_balancers,
-            host_lists,
-            ..
-        } = &mut *state;
-        let lb = load_balancers.get_mut(&name).ok_or_else(|| {
+        let lb = state.load_balancers.get_mut(&name).ok_or_else(|| {
             CloudError::message(format!(
                 "load balancer {name} for service {} not found",
                 key_of(service)
             ))
         })?;
-        lb.hosts = host_lists.intern(hosts);
+        lb.hosts = hosts;
         drop(state);
         if let Some(plane) = &self.inner.data_plane {
             plane.set_nodes(

@@ -185,6 +185,39 @@ async fn batched_metadata_is_one_call_and_unbatched_is_one_per_node() {
     assert_eq!(unbatched.call_count(Method::InstanceMetadata), 50);
 }
 
+/// Hosts given sorted by name (as the service controller gives them) are logged as the load
+/// balancer's own shared list: a log of calls over many Nodes holds no copy of the names.
+#[tokio::test]
+async fn a_logged_load_balancer_call_shares_the_host_list_given_sorted() {
+    let cloud = three_instances();
+    let svc = service("11111111-2222-3333-4444-555555555555", Some(30443));
+    let sorted = [lb_node("node-a"), lb_node("node-b")];
+    cloud
+        .ensure_load_balancer("k", &svc, &sorted)
+        .await
+        .unwrap();
+    cloud
+        .update_load_balancer("k", &svc, &sorted)
+        .await
+        .unwrap();
+    let lb = cloud.load_balancer_of(&svc).unwrap();
+    let logged: Vec<Arc<[String]>> = cloud
+        .take_calls()
+        .into_iter()
+        .filter_map(|call| match call {
+            Call::EnsureLoadBalancer { hosts, .. } | Call::UpdateLoadBalancer { hosts, .. } => {
+                Some(hosts)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(logged.len(), 2);
+    for hosts in &logged {
+        assert!(Arc::ptr_eq(hosts, &lb.hosts), "{hosts:?}");
+    }
+    assert_eq!(lb.hosts(), ["node-a", "node-b"]);
+}
+
 #[tokio::test]
 async fn calls_are_recorded_with_their_arguments() {
     let cloud = three_instances();
@@ -204,7 +237,7 @@ async fn calls_are_recorded_with_their_arguments() {
             Call::EnsureLoadBalancer {
                 cluster: "k".into(),
                 service: "shop/web".into(),
-                hosts: vec!["node-b".into(), "node-a".into()],
+                hosts: vec!["node-b".into(), "node-a".into()].into(),
             },
             Call::ListRoutes {
                 cluster: "k".into()

@@ -49,6 +49,10 @@ const BACKOFF_MAX: Duration = Duration::from_secs(300);
 pub struct ServiceConfig {
     /// `--concurrent-service-syncs` (default 1, must be > 0).
     pub concurrent_service_syncs: usize,
+    /// `--concurrent-lb-host-updates`: `UpdateLoadBalancer` calls in flight during a node
+    /// sync (beyond upstream); 0 (the default) means `concurrent_service_syncs`, as upstream's
+    /// `nodeSyncLoop`, which updates with that many workers.
+    pub concurrent_lb_host_updates: usize,
     /// The full node sync period (upstream's 100 s node resync).
     pub node_sync_period: Duration,
     /// Re-ensure every load balancer this often (beyond upstream; `None` = never).
@@ -61,6 +65,7 @@ impl Default for ServiceConfig {
     fn default() -> Self {
         ServiceConfig {
             concurrent_service_syncs: 1,
+            concurrent_lb_host_updates: 0,
             node_sync_period: Duration::from_secs(100),
             lb_drift_reensure_period: None,
             orphaned_lb_gc: None,
@@ -73,6 +78,20 @@ impl ServiceConfig {
     pub fn with_concurrent_service_syncs(mut self, n: usize) -> Self {
         self.concurrent_service_syncs = n;
         self
+    }
+
+    /// Sets `concurrent_lb_host_updates` (0 = `concurrent_service_syncs`).
+    pub fn with_concurrent_lb_host_updates(mut self, n: usize) -> Self {
+        self.concurrent_lb_host_updates = n;
+        self
+    }
+
+    /// The `UpdateLoadBalancer` calls a node sync keeps in flight.
+    fn lb_host_updates(&self) -> usize {
+        match self.concurrent_lb_host_updates {
+            0 => self.concurrent_service_syncs,
+            n => n,
+        }
     }
 
     /// Sets how leaked load balancers are collected (`None` = never).
@@ -247,7 +266,9 @@ struct State {
     cache: HashMap<String, Service>,
     /// The node set each Service's load balancer was last given, as a digest (1,000 Services
     /// × 10,000 Nodes would otherwise be up to 10 million entries).
-    last_synced_nodes: HashMap<String, NodeSet>,
+    /// With the Node cache generation of the list it came from, so a node sync never
+    /// replaces a set with one from an older list.
+    last_synced_nodes: HashMap<String, (NodeSet, u64)>,
     /// The eligible Nodes and their set at a Node cache generation, reused until the cache
     /// changes (1,000 Services need not list and sort 10,000 Nodes each).
     eligible: Option<Eligible>,
@@ -263,6 +284,14 @@ struct Eligible {
     /// keeps the versions it was made from alive until the last call using it ends.
     nodes: Arc<[Arc<Node>]>,
     set: NodeSet,
+}
+
+impl Eligible {
+    /// Whether a load balancer last given `(set, generation)` needs this list: a different
+    /// set, from a list at least as new.
+    fn supersedes(&self, (set, generation): (NodeSet, u64)) -> bool {
+        set != self.set && generation <= self.generation
+    }
 }
 
 /// The least time between two lists of the eligible Nodes. While 10,000 Nodes join, the
@@ -544,26 +573,39 @@ impl ServiceController {
     }
 
     /// Updates the hosts of every cached load balancer whose eligible node set changed.
+    ///
+    /// Upstream's `updateLoadBalancerHosts`: the eligible Nodes are listed once for the whole
+    /// pass, and only the load balancers whose set differs from that list are updated,
+    /// [`ServiceConfig::concurrent_lb_host_updates`] at a time (the shared cloud limiter
+    /// still paces them). Node changes during the pass queue one more pass, which starts
+    /// from a new list: changes coalesce into passes instead of each Service's turn waiting
+    /// for a list newer than the changes.
     pub(crate) async fn sync_nodes(&self) -> Result<(), kube::Error> {
         let started = tokio::time::Instant::now();
-        self.ctx.nodes.wait_synced().await;
+        let eligible = self.eligible_nodes(true).await;
         let services: Vec<(String, Service)> = {
             let state = self.state.lock();
             state
                 .cache
                 .iter()
-                .filter(|(k, s)| wants_load_balancer(s) && state.last_synced_nodes.contains_key(*k))
+                .filter(|(k, s)| {
+                    wants_load_balancer(s)
+                        && state
+                            .last_synced_nodes
+                            .get(*k)
+                            .is_some_and(|last| eligible.supersedes(*last))
+                })
                 .map(|(k, s)| (k.clone(), s.clone()))
                 .collect()
         };
+        let eligible = &eligible;
         futures::stream::iter(services)
-            .for_each_concurrent(
-                self.config.concurrent_service_syncs,
-                |(key, svc)| async move {
-                    let span = tracing::info_span!("node_sync", service = %key);
-                    self.node_sync_service(&key, &svc).instrument(span).await;
-                },
-            )
+            .for_each_concurrent(self.config.lb_host_updates(), |(key, svc)| async move {
+                let span = tracing::info_span!("node_sync", service = %key);
+                self.node_sync_service(&key, &svc, eligible)
+                    .instrument(span)
+                    .await;
+            })
             .await;
         self.ctx
             .metrics
@@ -573,16 +615,19 @@ impl ServiceController {
         Ok(())
     }
 
-    async fn node_sync_service(&self, key: &str, svc: &Service) {
-        // The eligible Nodes as of this Service's turn, not of the round's start: a round
-        // over 1,000 Services must not keep the Node versions of its start alive beside the
-        // current ones while Nodes join.
-        let eligible = self.eligible_nodes(true).await;
+    async fn node_sync_service(&self, key: &str, svc: &Service, eligible: &Eligible) {
         let nodes = &eligible.nodes[..];
         let changed = {
             let mut state = self.state.lock();
-            let old = state.last_synced_nodes.insert(key.to_owned(), eligible.set);
-            old != Some(eligible.set)
+            // Still cached (not deleted meanwhile) and still behind this pass's list (an
+            // ensure may have given it these or newer Nodes since the pass began).
+            match state.last_synced_nodes.get_mut(key) {
+                Some(last) if eligible.supersedes(*last) => {
+                    *last = (eligible.set, eligible.generation);
+                    true
+                }
+                _ => false,
+            }
         };
         if !changed {
             return;
@@ -837,7 +882,13 @@ impl ServiceController {
         self.state
             .lock()
             .last_synced_nodes
-            .insert(key_of(svc), eligible.set);
+            .insert(key_of(svc), (eligible.set, eligible.generation));
+        // The list may be up to ELIGIBLE_LIST_INTERVAL old, and a node sync that began before
+        // this Service was recorded above skipped it: if the Nodes changed since the list, one
+        // more node sync brings this load balancer up to date.
+        if self.ctx.nodes.generation() != eligible.generation {
+            self.node_queue.add(());
+        }
         let ensure = self
             .lb()
             .ensure_load_balancer(&self.ctx.cluster_name, svc, nodes);
@@ -965,6 +1016,26 @@ mod tests {
         let split = [named("ab", None), named("c", None)];
         let joined = [named("a", None), named("bc", None)];
         assert_ne!(node_set(&split), node_set(&joined));
+    }
+
+    /// A node sync updates a load balancer only to a different set from a list at least as
+    /// new as the one it was last given: an ensure that used a newer list during the pass is
+    /// not taken back to the pass's older Nodes.
+    #[test]
+    fn a_node_sync_never_replaces_hosts_with_an_older_list() {
+        let eligible = Eligible {
+            generation: 7,
+            at: tokio::time::Instant::now(),
+            nodes: Vec::new().into(),
+            set: 1,
+        };
+        assert!(eligible.supersedes((2, 5)), "older list, other set");
+        assert!(
+            eligible.supersedes((2, 7)),
+            "same list generation, other set"
+        );
+        assert!(!eligible.supersedes((1, 5)), "same set");
+        assert!(!eligible.supersedes((2, 9)), "a newer list");
     }
 
     /// Upstream `controllers/service/controller.go` `nodeIncludedPredicate` and
