@@ -270,10 +270,11 @@ async fn dispatch(scope: &RequestScope, method: &Method, verb: Verb) -> Result<R
         (Verb::Create, None) if !named => create(scope).await,
         (Verb::Create, Some("binding")) => bind(scope).await,
         (Verb::Create, Some("eviction")) => evict(scope).await,
-        (
-            Verb::Update,
-            None | Some("status" | "finalize" | "ephemeralcontainers" | "approval"),
-        ) if named => update(scope).await,
+        (Verb::Update, None | Some("status" | "finalize" | "ephemeralcontainers" | "approval"))
+            if named =>
+        {
+            update(scope).await
+        }
         (Verb::Patch, None | Some("status" | "ephemeralcontainers" | "approval")) if named => {
             patch(scope).await
         }
