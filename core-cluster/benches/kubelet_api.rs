@@ -266,8 +266,17 @@ async fn main() -> anyhow::Result<()> {
     }
     let before = rss_bytes()?;
     let mut followers = Vec::new();
-    for _ in 0..streams {
-        let s = pods
+    // A client per hundred followers, as that many `kubectl logs -f` would hold several
+    // connections: one HTTP/2 connection carries at most the server's concurrent-stream
+    // limit (hyper's 200; Go's 250 for kube-apiserver), and hyper's client then queues
+    // further streams on it where Go's transport would open another connection.
+    const FOLLOWERS_PER_CLIENT: usize = 100;
+    let mut follower_pods = pods.clone();
+    for i in 0..streams {
+        if i % FOLLOWERS_PER_CLIENT == 0 {
+            follower_pods = Api::namespaced(server.admin_client().await?, "default");
+        }
+        let s = follower_pods
             .log_stream(
                 "web",
                 &LogParams {
@@ -290,8 +299,9 @@ async fn main() -> anyhow::Result<()> {
         busy.push(readyz(client.clone()).await?);
     }
     println!(
-        "{streams} followers ({open} open on the kubelet): RSS +{:.1} MiB = {:.1} KiB per stream \
+        "{streams} followers on {} connections ({open} open on the kubelet): RSS +{:.1} MiB = {:.1} KiB per stream \
          (API server, kubelet and clients in one process); /readyz median {:?} idle, {:?} with the followers",
+        streams.div_ceil(FOLLOWERS_PER_CLIENT),
         (after.saturating_sub(before)) as f64 / 1048576.0,
         (after.saturating_sub(before)) as f64 / 1024.0 / streams as f64,
         median(idle),

@@ -52,3 +52,33 @@ fn the_embedded_kubelets_serve_the_api_server_and_refuse_anonymous_requests() {
     );
     assert!(cluster.kubectl(&["top", "node"]).contains("sim-node-0 "));
 }
+
+/// `ccm --sim-agent-tunnel`: every simulated node's agent dials out to the API server, which
+/// then reaches kubelets only over those connections (Konnectivity's model, the `cluster`
+/// egress of upstream's `EgressSelectorConfiguration`): `kubectl logs` and `exec` work as
+/// before, and the server's log shows the agents connecting.
+#[test]
+fn with_agent_tunnels_kubectl_logs_and_exec_reach_the_nodes_through_their_agents() {
+    require_kubectl("it drives the embedded cluster with kubectl");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ccm.log");
+    let cluster = Embedded::start_logging_to(&log, &["--sim-agent-tunnel"]);
+    cluster.kubectl(&["run", "web", "--image=nginx"]);
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            cluster
+                .kubectl(&["logs", "web"])
+                .starts_with("Started container web")
+        }),
+        "kubectl logs web never showed the container's start"
+    );
+    assert_eq!(
+        cluster.kubectl(&["exec", "web", "--", "hostname"]).trim(),
+        "web"
+    );
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("node agent connected"),
+        "no agent connected to the API server:\n{logged}"
+    );
+}
