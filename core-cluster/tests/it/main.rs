@@ -22,6 +22,7 @@ mod finished_work;
 mod fuzz_inputs;
 mod hardening;
 mod hostile_numbers;
+mod kube_ws;
 mod kubelet_api;
 mod kubelet_configz;
 mod kubelet_metrics;
