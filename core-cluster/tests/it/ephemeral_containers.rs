@@ -9,11 +9,11 @@ use core_cluster::sim::KubeletApiConfig;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api,
-    api::{Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams},
 };
 use serde_json::json;
 
-use crate::kubelet_api::{Cluster, internal_ip_first, running_pod, start};
+use crate::kubelet_api::{Cluster, internal_ip_first, running_pod, start, user_with_role};
 
 /// Runs kubectl with `args`, `stdin` fed to it; (exit code, stdout, stderr).
 async fn kubectl_with_input(
@@ -168,26 +168,7 @@ async fn kubectl_debug_starts_and_attaches_to_an_ephemeral_container() {
     assert_eq!(ec[0].name, "dbg");
     assert_eq!(ec[0].target_container_name.as_deref(), Some("app"));
 
-    let bob = c.server.kubeconfig_for("bob", &[]).unwrap();
-    let bob_path = c.dir.path().join("bob");
-    std::fs::write(&bob_path, bob).unwrap();
-    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
-        "metadata": {"name": "reader", "namespace": "default"},
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]}))
-    .unwrap();
-    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(c.client.clone(), "default")
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "bob"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
-        "subjects": [{"kind": "User", "name": "bob"}]}))
-    .unwrap();
-    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(c.client.clone(), "default")
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
+    let bob_path = user_with_role(&c, "bob", "reader", &["pods"], &["get", "list", "watch"]).await;
     let (code, _, err) = kubectl_with_input(
         &c,
         &bob_path,

@@ -25,7 +25,7 @@ use core_cluster::{
 use k8s_openapi::api::{
     authentication::v1::TokenRequest,
     core::v1::{Node, Pod, ServiceAccount},
-    rbac::v1::{ClusterRole, ClusterRoleBinding},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
 };
 use kube::{
     Api, Client,
@@ -147,6 +147,37 @@ pub(crate) fn internal_ip_first() -> KubeletClientConfig {
         timeout: Duration::from_secs(2),
         ..KubeletClientConfig::default()
     }
+}
+
+/// A kubeconfig file for `user` (no groups), bound in `default` to a new Role `role` that
+/// allows `verbs` on the core group's `resources`.
+pub(crate) async fn user_with_role(
+    c: &Cluster,
+    user: &str,
+    role: &str,
+    resources: &[&str],
+    verbs: &[&str],
+) -> std::path::PathBuf {
+    let path = c.dir.path().join(user);
+    std::fs::write(&path, c.server.kubeconfig_for(user, &[]).unwrap()).unwrap();
+    let role_object: Role = serde_json::from_value(json!({
+        "metadata": {"name": role, "namespace": "default"},
+        "rules": [{"apiGroups": [""], "resources": resources, "verbs": verbs}]}))
+    .unwrap();
+    Api::<Role>::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &role_object)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": user},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+        "subjects": [{"kind": "User", "name": user}]}))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    path
 }
 
 /// Creates a pod bound to `node` writing `tick {n}` every 100 ms, and waits until it runs.
@@ -597,26 +628,7 @@ async fn kubectl_exec_runs_built_in_commands_over_websocket() {
     );
 
     // RBAC: `get pods/exec` is not enough for the WebSocket GET.
-    let bob = c.server.kubeconfig_for("bob", &[]).unwrap();
-    let bob_path = c.dir.path().join("bob");
-    std::fs::write(&bob_path, bob).unwrap();
-    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
-        "metadata": {"name": "exec-get", "namespace": "default"},
-        "rules": [{"apiGroups": [""], "resources": ["pods", "pods/exec"], "verbs": ["get"]}]}))
-    .unwrap();
-    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(c.client.clone(), "default")
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "bob"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "exec-get"},
-        "subjects": [{"kind": "User", "name": "bob"}]}))
-    .unwrap();
-    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(c.client.clone(), "default")
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
+    let bob_path = user_with_role(&c, "bob", "exec-get", &["pods", "pods/exec"], &["get"]).await;
     let (code, _, err) =
         kubectl_with_input(&c, &bob_path, &["exec", "web", "--", "hostname"], "").await;
     assert_ne!(code, 0);

@@ -13,7 +13,7 @@ use kube::{Api, api::PostParams};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::kubelet_api::{Cluster, internal_ip_first, start};
+use crate::kubelet_api::{Cluster, internal_ip_first, start, user_with_role};
 
 /// A running pod `name` on `node` labelled `app: web`, declaring containerPort 80 (`http`).
 async fn web_pod(c: &Cluster, name: &str, node: &str) {
@@ -222,26 +222,8 @@ async fn port_forward_refuses_unbound_pods_and_users_without_create() {
     );
 
     // RBAC: reading the pod and `get pods/portforward` do not allow the upgrade.
-    let bob = c.server.kubeconfig_for("bob", &[]).unwrap();
-    let bob_path = c.dir.path().join("bob");
-    std::fs::write(&bob_path, bob).unwrap();
-    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
-        "metadata": {"name": "pf-get", "namespace": "default"},
-        "rules": [{"apiGroups": [""], "resources": ["pods", "pods/portforward"], "verbs": ["get"]}]}))
-    .unwrap();
-    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(c.client.clone(), "default")
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "bob"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pf-get"},
-        "subjects": [{"kind": "User", "name": "bob"}]}))
-    .unwrap();
-    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(c.client.clone(), "default")
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
+    let bob_path =
+        user_with_role(&c, "bob", "pf-get", &["pods", "pods/portforward"], &["get"]).await;
     let out = ccm_testkit::kubectl::kubectl(
         c.dir.path(),
         &bob_path,
