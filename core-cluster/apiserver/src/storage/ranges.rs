@@ -175,24 +175,44 @@ impl ServiceRanges {
         Ok(())
     }
 
-    /// Writes range `id` as cached, compared on the revision last read.
-    async fn store_range(&self, cached: &mut Cached, id: RangeId) -> Result<(), StoreError> {
-        let bytes = Bytes::from(cached.allocator.snapshot(id).to_json().to_string());
-        let key = range_key(id);
-        let written = match cached.revisions.get(&id) {
-            Some(revision) => self.store.update(&key, bytes, Some(*revision)).await,
-            None => self.store.create(&key, bytes).await,
-        };
-        match written {
-            Ok(revision) => {
-                cached.revisions.insert(id, revision);
-                Ok(())
+    /// Writes ranges `ids` as cached, each compared on the revision last read. The writes
+    /// go to the store together, so a Service's ClusterIP and NodePort ranges cost one commit
+    /// of a batching store (SQLite's writer), not one each in turn: the lock that serializes
+    /// this server's allocations is held for one round trip. Returns the ranges written,
+    /// and the first failure if any write failed (the cache is then reread before use).
+    async fn store_ranges(
+        &self,
+        cached: &mut Cached,
+        ids: &BTreeSet<RangeId>,
+    ) -> (Vec<RangeId>, Option<StoreError>) {
+        let writes = ids.iter().map(|&id| {
+            let bytes = Bytes::from(cached.allocator.snapshot(id).to_json().to_string());
+            let expected = cached.revisions.get(&id).copied();
+            let store = &self.store;
+            async move {
+                let key = range_key(id);
+                let written = match expected {
+                    Some(revision) => store.update(&key, bytes, Some(revision)).await,
+                    None => store.create(&key, bytes).await,
+                };
+                (id, written)
             }
-            Err(e) => {
-                cached.fresh = false;
-                Err(e)
+        });
+        let mut stored = Vec::new();
+        let mut failure = None;
+        for (id, written) in futures::future::join_all(writes).await {
+            match written {
+                Ok(revision) => {
+                    cached.revisions.insert(id, revision);
+                    stored.push(id);
+                }
+                Err(e) => {
+                    cached.fresh = false;
+                    failure.get_or_insert(e);
+                }
             }
         }
+        (stored, failure)
     }
 
     /// Fills the ClusterIPs and NodePorts of a Service being created (`old == None`) or
@@ -222,17 +242,8 @@ impl ServiceRanges {
                 Err(errors) => return Err(AllocateError::Invalid(errors)),
             };
             let items = taken(&allocation);
-            let mut written = Vec::new();
-            let mut failure = None;
-            for id in ranges_of(&cached.allocator, &items) {
-                match self.store_range(&mut cached, id).await {
-                    Ok(()) => written.push(id),
-                    Err(e) => {
-                        failure = Some(e);
-                        break;
-                    }
-                }
-            }
+            let ids = ranges_of(&cached.allocator, &items);
+            let (written, failure) = self.store_ranges(&mut cached, &ids).await;
             let Some(error) = failure else {
                 *obj = candidate;
                 return Ok(allocation);
@@ -291,15 +302,13 @@ impl ServiceRanges {
             for item in items {
                 cached.allocator.unmark(*item);
             }
-            for id in ranges_of(&cached.allocator, items) {
-                if let Err(e) = self.store_range(cached, id).await {
-                    if lost_race(&e) {
-                        back_off(attempt).await;
-                        continue 'attempts;
-                    }
-                    tracing::warn!(error = %e, ?items, "a service range could not be written: the release is left to the repair");
-                    return;
+            let ids = ranges_of(&cached.allocator, items);
+            if let (_, Some(e)) = self.store_ranges(cached, &ids).await {
+                if lost_race(&e) {
+                    back_off(attempt).await;
+                    continue 'attempts;
                 }
+                tracing::warn!(error = %e, ?items, "a service range could not be written: the release is left to the repair");
             }
             return;
         }
@@ -337,7 +346,7 @@ impl ServiceRanges {
         for item in &outcome.out_of_range {
             tracing::warn!(%item, "a Service holds it outside the configured ranges: recreate the Service");
         }
-        let ids: Vec<RangeId> = cached
+        let ids: BTreeSet<RangeId> = cached
             .allocator
             .range_ids()
             .into_iter()
@@ -347,10 +356,8 @@ impl ServiceRanges {
             })
             .collect();
         cached.allocator = outcome.allocator.clone();
-        for id in ids {
-            self.store_range(&mut cached, id)
-                .await
-                .map_err(|e| ApiError::from_store(&q, e))?;
+        if let (_, Some(e)) = self.store_ranges(&mut cached, &ids).await {
+            return Err(ApiError::from_store(&q, e));
         }
         Ok(outcome)
     }
