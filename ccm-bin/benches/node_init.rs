@@ -14,7 +14,9 @@
 //! load-balancer call holds its host list (10,000 names), which is the test double's
 //! memory, not the ccm's.
 //!
-//! Reports the time from the ccm's start until the child counts every node initialized
+//! Times are from the bench's start, which creates the Services (`ccm_started_after`: how
+//! long those creates took while the Nodes registered) and then starts the ccm.
+//! Reports the time until the child counts every node initialized
 //! (providerID set, uninitialized taint gone), the cloud calls by method, and peak RSS then
 //! (`ccm_peak_rss`). The run then goes on until the fake cloud holds a load balancer for
 //! every Service with every Node behind it (`all_lbs_ready_after`), and reports the peak RSS
@@ -177,7 +179,7 @@ fn main() -> anyhow::Result<()> {
     let nodes = arg::<u64>("--nodes", 10_000);
     let latency = Duration::from_millis(arg("--latency-ms", 20));
     let upstream = flag("--upstream");
-    // `--trace`: every progress line of the cluster, with the time since the ccm's start, on
+    // `--trace`: every progress line of the cluster, with the time since the bench's start, on
     // stderr (where the time goes).
     let trace = flag("--trace");
     let services = arg::<u64>("--services", 1_000);
@@ -339,6 +341,7 @@ fn main() -> anyhow::Result<()> {
         // What this process holds before the ccm starts: the fake cloud's instances, the
         // runtime and the client that created the Services (test harness, not the ccm).
         let rss_before_ccm = status_field("self", "VmRSS");
+        let ccm_started = Instant::now();
         let manager = tokio::spawn(run_with(
             options,
             default_registry(),
@@ -360,6 +363,7 @@ fn main() -> anyhow::Result<()> {
         let _ = manager.await;
         anyhow::Ok((
             done,
+            ccm_started,
             calls,
             rss_before_ccm,
             fake_hosts,
@@ -374,6 +378,7 @@ fn main() -> anyhow::Result<()> {
     let _ = child.wait();
     let (
         (registered, done),
+        ccm_started,
         calls,
         rss_before_ccm,
         (names_held, names_referenced),
@@ -395,10 +400,12 @@ fn main() -> anyhow::Result<()> {
         (true, true) => format!("adaptive(max {cloud_api_qps}/s)"),
     };
     println!(
-        "node_init nodes={nodes} services={services} latency={latency:?} mode={mode} quota={quota}/s limiter={limiter} throttled_calls={throttled} all_registered_after={:.1}s all_initialized_after={:.1}s all_lbs_ready_after={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={peak_at_init} ccm_peak_rss_settled={} cluster_peak_rss={child_peak_rss} ccm_cpu={ccm_cpu:.1}s cluster_cpu={cluster_cpu:.1}s bench_rss_before_ccm={rss_before_ccm} fake_lb_host_names_held={names_held} (of {names_referenced} referenced)",
+        "node_init nodes={nodes} services={services} latency={latency:?} mode={mode} quota={quota}/s limiter={limiter} throttled_calls={throttled} ccm_started_after={:.1}s all_registered_after={:.1}s all_initialized_after={:.1}s all_lbs_ready_after={:.1}s lbs_ready_after_last_init={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={peak_at_init} ccm_peak_rss_settled={} cluster_peak_rss={child_peak_rss} ccm_cpu={ccm_cpu:.1}s cluster_cpu={cluster_cpu:.1}s bench_rss_before_ccm={rss_before_ccm} fake_lb_host_names_held={names_held} (of {names_referenced} referenced)",
+        (ccm_started - started).as_secs_f64(),
         (registered - started).as_secs_f64(),
         (done - started).as_secs_f64(),
         (settled - started).as_secs_f64(),
+        (settled - done).as_secs_f64(),
         calls,
         peak_rss("self"),
     );
