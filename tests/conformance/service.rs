@@ -176,6 +176,52 @@ async fn ensuring_adds_the_finalizer_before_ensure_and_a_resync_patches_nothing(
     env.stop().await;
 }
 
+/// A sync reads the Service as its watch delivered it, as upstream's controller reads its
+/// lister (`serviceLister.Services(ns).Get`): neither the first ensure nor the one after a
+/// spec change GETs the Service.
+#[tokio::test(start_paused = true)]
+async fn a_sync_reads_the_watched_service_and_does_not_get_it() {
+    let mut env = Env::new(&["n1"]).await;
+    env.start();
+    let svc = env.create_service("web", serde_json::json!({})).await;
+    settle().await;
+    let patch = serde_json::json!({"spec": {"ports": [
+        { "name": "http", "port": 80, "protocol": "TCP" },
+        { "name": "https", "port": 443, "protocol": "TCP" },
+    ]}});
+    env.services()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 2);
+    let ports: Vec<i32> = env
+        .cloud
+        .load_balancer_of(&svc)
+        .expect("load balancer created")
+        .listeners
+        .iter()
+        .map(|l| l.port)
+        .collect();
+    assert_eq!(ports, [80, 443], "the second ensure had the patched spec");
+    let gets: Vec<String> = env
+        .tap
+        .seen()
+        .into_iter()
+        .filter(|s| {
+            s.method == axum::http::Method::GET
+                && s.path
+                    .starts_with("/api/v1/namespaces/default/services/web")
+        })
+        .map(|s| s.path)
+        .collect();
+    assert!(
+        gets.is_empty(),
+        "the controller read the Service with {gets:?}"
+    );
+    env.stop().await;
+}
+
 /// A Service with a loadBalancerClass is not ours.
 #[tokio::test(start_paused = true)]
 async fn a_service_with_a_load_balancer_class_is_ignored() {

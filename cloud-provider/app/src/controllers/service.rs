@@ -262,7 +262,10 @@ fn service_rate_limiter<K: std::hash::Hash + Eq + Clone>() -> RateLimiter<K> {
 
 #[derive(Default)]
 struct State {
-    /// Last seen Service per key (for deletions without a finalizer and UID changes).
+    /// Every Service as the watch last delivered it, by key: what a sync reads (upstream's
+    /// service lister), so a sync costs no GET.
+    watched: HashMap<String, Service>,
+    /// Last synced Service per key (for deletions without a finalizer and UID changes).
     cache: HashMap<String, Service>,
     /// The node set each Service's load balancer was last given, as a digest (1,000 Services
     /// × 10,000 Nodes would otherwise be up to 10 million entries).
@@ -397,7 +400,6 @@ impl ServiceController {
 
     async fn watch_services(&self) {
         let api: Api<Service> = Api::all(self.ctx.client.clone());
-        let mut seen: HashMap<String, Service> = HashMap::new();
         let mut relisting: Option<HashSet<String>> = None;
         let mut stream = watcher(api, watcher::Config::default()).boxed();
         while let Some(event) = stream.next().await {
@@ -407,16 +409,20 @@ impl ServiceController {
                     if let Some(relisted) = relisting.as_mut() {
                         relisted.insert(key.clone());
                     }
-                    let enqueue = match seen.get(&key) {
-                        None => wants_load_balancer(&svc) || needs_cleanup(&svc),
-                        Some(old) => needs_update(old, &svc) || needs_cleanup(&svc),
+                    let enqueue = {
+                        let mut state = self.state.lock();
+                        let enqueue = match state.watched.get(&key) {
+                            None => wants_load_balancer(&svc) || needs_cleanup(&svc),
+                            Some(old) => needs_update(old, &svc) || needs_cleanup(&svc),
+                        };
+                        state.watched.insert(key.clone(), svc);
+                        enqueue
                     };
-                    seen.insert(key.clone(), svc);
                     if enqueue {
                         self.queue.add(key.clone());
                     }
                 }
-                Ok(watcher::Event::Delete(svc)) => self.service_gone(&mut seen, &key_of(&svc)),
+                Ok(watcher::Event::Delete(svc)) => self.service_gone(&key_of(&svc)),
                 // A relist after a watch gap (client-go's informer `Replace`): a Service deleted during the
                 // gap never gets a Delete event, so whatever the relist lacks is gone, as an
                 // informer's `Replace` reports it. Its load balancer must not leak even when
@@ -424,14 +430,17 @@ impl ServiceController {
                 Ok(watcher::Event::Init) => relisting = Some(HashSet::new()),
                 Ok(watcher::Event::InitDone) => {
                     if let Some(relisted) = relisting.take() {
-                        let gone: Vec<String> = seen
+                        let gone: Vec<String> = self
+                            .state
+                            .lock()
+                            .watched
                             .keys()
                             .filter(|key| !relisted.contains(*key))
                             .cloned()
                             .collect();
                         for key in gone {
                             tracing::info!(service = %key, "service deleted while the watch was down");
-                            self.service_gone(&mut seen, &key);
+                            self.service_gone(&key);
                         }
                     }
                 }
@@ -444,9 +453,13 @@ impl ServiceController {
     }
 
     /// A Service left the cluster: clean up its load balancer if one was made for it.
-    fn service_gone(&self, seen: &mut HashMap<String, Service>, key: &str) {
-        seen.remove(key);
-        if self.state.lock().cache.contains_key(key) {
+    fn service_gone(&self, key: &str) {
+        let synced = {
+            let mut state = self.state.lock();
+            state.watched.remove(key);
+            state.cache.contains_key(key)
+        };
+        if synced {
             self.queue.add(key.to_owned());
         }
     }
@@ -713,11 +726,20 @@ impl ServiceController {
             .await;
     }
 
-    /// Syncs one Service by key (`namespace/name`).
+    /// Syncs one Service by key (`namespace/name`), as the watch last delivered it (upstream
+    /// reads its lister). Only a key the watch does not hold (deleted, or not yet listed) is
+    /// read from the API server, which then decides whether it still exists.
     pub(crate) async fn sync_service(&self, key: &str) -> Result<(), ServiceSyncError> {
-        let (ns, name) = key.split_once('/').unwrap_or(("default", key));
-        let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), ns);
-        match api.get_opt(name).await? {
+        let watched = self.state.lock().watched.get(key).cloned();
+        let current = match watched {
+            Some(svc) => Some(svc),
+            None => {
+                let (ns, name) = key.split_once('/').unwrap_or(("default", key));
+                let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), ns);
+                api.get_opt(name).await?
+            }
+        };
+        match current {
             None => self.process_deletion(key).await,
             Some(svc) => self.process_create_or_update(key, svc).await,
         }
