@@ -460,11 +460,11 @@ fn read_meta(conn: &Connection, name: &str) -> rusqlite::Result<u64> {
         .query_row([name], |row| row.get(0))
 }
 
-/// The newest version of `key` if it is live (not deleted).
 /// The newest version of one key: the read before every write and every point read.
 const LATEST_SQL: &str = "SELECT mod_revision, create_revision, value FROM kv
                           WHERE key = ?1 ORDER BY mod_revision DESC LIMIT 1";
 
+/// The newest version of `key` if it is live (not deleted).
 fn latest(conn: &Connection, key: &str) -> rusqlite::Result<Option<KeyValue>> {
     let row = conn
         .prepare_cached(LATEST_SQL)?
