@@ -2,8 +2,6 @@
 //! EphemeralContainersREST`) and `kubectl debug` v1.32 against a simulated kubelet that
 //! starts the ephemeral container and attaches to it.
 
-use std::{process::Stdio, time::Duration};
-
 use ccm_testkit::{eventually, kubectl::require_kubectl};
 use core_cluster::sim::KubeletApiConfig;
 use k8s_openapi::api::core::v1::Pod;
@@ -13,40 +11,9 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::kubelet_api::{Cluster, internal_ip_first, running_pod, start, user_with_role};
-
-/// Runs kubectl with `args`, `stdin` fed to it; (exit code, stdout, stderr).
-async fn kubectl_with_input(
-    c: &Cluster,
-    kubeconfig: &std::path::Path,
-    args: &[&str],
-    stdin: &str,
-) -> (i32, String, String) {
-    let mut command = ccm_testkit::kubectl::command(c.dir.path(), kubeconfig);
-    command
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let input = stdin.to_owned();
-    let run = tokio::task::spawn_blocking(move || {
-        use std::io::Write;
-        let mut child = command.spawn().unwrap();
-        let mut pipe = child.stdin.take().unwrap();
-        pipe.write_all(input.as_bytes()).unwrap();
-        drop(pipe);
-        let out = child.wait_with_output().unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    });
-    tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("kubectl ends")
-        .unwrap()
-}
+use crate::kubelet_api::{
+    internal_ip_first, kubectl_with_input, running_pod, start, user_with_role,
+};
 
 /// `ValidatePodEphemeralContainersUpdate`: an ephemeral container is added through the
 /// subresource (nothing else of the write is taken, `dropNonEphemeralContainerUpdates`),

@@ -546,8 +546,9 @@ async fn kubectl_logs_and_logs_follow_work_and_need_get_pods_log() {
     );
 }
 
-/// Runs kubectl with `args`, `stdin` fed to it; (exit code, stdout, stderr).
-async fn kubectl_with_input(
+/// Runs kubectl with `args`, `stdin` fed to it; (exit code, stdout, stderr). A kubectl
+/// still running after 60 s fails the test.
+pub(crate) async fn kubectl_with_input(
     c: &Cluster,
     kubeconfig: &std::path::Path,
     args: &[&str],
@@ -560,7 +561,7 @@ async fn kubectl_with_input(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let input = stdin.to_owned();
-    tokio::task::spawn_blocking(move || {
+    let run = tokio::task::spawn_blocking(move || {
         use std::io::Write;
         let mut child = command.spawn().unwrap();
         let mut pipe = child.stdin.take().unwrap();
@@ -572,9 +573,11 @@ async fn kubectl_with_input(
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
-    })
-    .await
-    .unwrap()
+    });
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("kubectl ends")
+        .unwrap()
 }
 
 /// kubectl v1.32 `exec` over WebSocket (`v5.channel.k8s.io`, client-go's
