@@ -289,22 +289,28 @@ fn log_says(log: &std::path::Path, line: &str) -> bool {
     std::fs::read_to_string(log).is_ok_and(|l| l.contains(line))
 }
 
-/// Two embedded control planes on one etcd: only the holder of kube-controller-manager's
-/// and kube-scheduler's Leases runs the node-side controllers and the scheduler (client-go
-/// `tools/leaderelection`, upstream's 15 s lease, 10 s renew deadline, 2 s retry), and when
-/// it is killed the other takes both Leases over once they expire and starts acting.
-/// Wall-clock bounds are generous (the lease alone takes 15 s to expire).
-#[test]
-fn two_embedded_control_planes_on_one_etcd_elect_one_leader_and_fail_over() {
-    crate::support::require_kubectl("the leader-election test reads Leases with kubectl");
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let etcd = runtime.block_on(Etcd::start());
+/// The Leases of the node-side controllers and of the scheduler, in `kube-system`.
+const LEADER_LEASES: [&str; 2] = ["kube-controller-manager", "kube-scheduler"];
+
+/// Two embedded control planes on one etcd, each logging to a file.
+struct TwoControlPlanes {
+    /// Started first; leads both [`LEADER_LEASES`].
+    a: crate::embedded::Embedded,
+    /// Started once A leads, with its own simulated node `b-node`.
+    b: crate::embedded::Embedded,
+    log_a: std::path::PathBuf,
+    log_b: std::path::PathBuf,
+    /// Holds the log files.
+    _logs: tempfile::TempDir,
+}
+
+/// Starts A on `etcd`, waits until it holds both [`LEADER_LEASES`], then starts B.
+fn two_control_planes(etcd: &Etcd) -> TwoControlPlanes {
     let servers = format!("--etcd-servers={}", etcd.servers_flag());
     let logs = tempfile::tempdir().unwrap();
     let (log_a, log_b) = (logs.path().join("a.log"), logs.path().join("b.log"));
     let a = crate::embedded::Embedded::start_logging_to(&log_a, &[&servers]);
-    let leases = ["kube-controller-manager", "kube-scheduler"];
-    for lease in leases {
+    for lease in LEADER_LEASES {
         assert!(
             wait_until(Duration::from_secs(60), || lease_holder(&a, lease)
                 == identity(&a)),
@@ -315,6 +321,33 @@ fn two_embedded_control_planes_on_one_etcd_elect_one_leader_and_fail_over() {
         &log_b,
         &[&servers, "--sim-node-names", "b-node"],
     );
+    TwoControlPlanes {
+        a,
+        b,
+        log_a,
+        log_b,
+        _logs: logs,
+    }
+}
+
+/// Two embedded control planes on one etcd: only the holder of kube-controller-manager's
+/// and kube-scheduler's Leases runs the node-side controllers and the scheduler (client-go
+/// `tools/leaderelection`, upstream's 15 s lease, 10 s renew deadline, 2 s retry), and when
+/// it is killed the other takes both Leases over once they expire and starts acting.
+/// Wall-clock bounds are generous (the lease alone takes 15 s to expire).
+#[test]
+fn two_embedded_control_planes_on_one_etcd_elect_one_leader_and_fail_over() {
+    crate::support::require_kubectl("the leader-election test reads Leases with kubectl");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let etcd = runtime.block_on(Etcd::start());
+    let TwoControlPlanes {
+        a,
+        b,
+        log_a,
+        log_b,
+        _logs,
+    } = two_control_planes(&etcd);
+    let leases = LEADER_LEASES;
     // B campaigns for well over a lease duration and never leads while A renews.
     assert!(
         !wait_until(Duration::from_secs(25), || log_says(
@@ -356,22 +389,14 @@ fn a_control_plane_stopped_gracefully_releases_its_leases_to_the_other() {
     crate::support::require_kubectl("the leader-election test reads Leases with kubectl");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let etcd = runtime.block_on(Etcd::start());
-    let servers = format!("--etcd-servers={}", etcd.servers_flag());
-    let logs = tempfile::tempdir().unwrap();
-    let (log_a, log_b) = (logs.path().join("a.log"), logs.path().join("b.log"));
-    let mut a = crate::embedded::Embedded::start_logging_to(&log_a, &[&servers]);
-    let leases = ["kube-controller-manager", "kube-scheduler"];
-    for lease in leases {
-        assert!(
-            wait_until(Duration::from_secs(60), || lease_holder(&a, lease)
-                == identity(&a)),
-            "A leads {lease}"
-        );
-    }
-    let b = crate::embedded::Embedded::start_logging_to(
-        &log_b,
-        &[&servers, "--sim-node-names", "b-node"],
-    );
+    let TwoControlPlanes {
+        mut a,
+        b,
+        log_b,
+        _logs,
+        ..
+    } = two_control_planes(&etcd);
+    let leases = LEADER_LEASES;
     let a_identity = identity(&a);
     for lease in leases {
         assert!(
