@@ -38,15 +38,8 @@ pub(crate) fn statuses(pod: &Pod, now: &str) -> Option<Value> {
         .filter_map(|r| serde_json::to_value(r).ok())
         .collect();
     all.extend(missing.iter().map(|c| {
-        json!({
-            "name": c.name,
-            "image": c.image.clone().unwrap_or_default(),
-            "imageID": "",
-            "containerID": format!("sim://{uid}/{}", c.name),
-            "ready": false,
-            "restartCount": 0,
-            "state": {"running": {"startedAt": now}},
-        })
+        let running = json!({"running": {"startedAt": now}});
+        crate::pods::container_status(&uid, &c.name, c.image.as_deref(), false, None, running)
     }));
     Some(json!(all))
 }

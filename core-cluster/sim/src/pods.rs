@@ -494,6 +494,32 @@ async fn run_to_exit(
     }
 }
 
+/// A container's status as the simulated kubelet reports it: its name and image, no image
+/// ID, `containerID` `sim://<pod uid>/<name>`, no restarts, `ready`, `started` (left out
+/// where kubelet reports none: init and ephemeral containers) and `state`.
+pub(crate) fn container_status(
+    pod_uid: &str,
+    name: &str,
+    image: Option<&str>,
+    ready: bool,
+    started: Option<bool>,
+    state: Value,
+) -> Value {
+    let mut status = json!({
+        "name": name,
+        "image": image.unwrap_or_default(),
+        "imageID": "",
+        "containerID": format!("sim://{pod_uid}/{name}"),
+        "ready": ready,
+        "restartCount": 0,
+        "state": state,
+    });
+    if let Some(started) = started {
+        status["started"] = json!(started);
+    }
+    status
+}
+
 /// The status of a pod whose containers all started and are ready.
 fn running_status(shared: &Shared, node: &NodeState, pod: &Pod) -> Value {
     let now = shared.clock.now().to_string();
@@ -514,16 +540,8 @@ fn running_status(shared: &Shared, node: &NodeState, pod: &Pod) -> Value {
         .unwrap_or_default()
         .iter()
         .map(|c| {
-            json!({
-                "name": c.name,
-                "image": c.image.clone().unwrap_or_default(),
-                "imageID": "",
-                "containerID": format!("sim://{uid}/{}", c.name),
-                "ready": true,
-                "started": true,
-                "restartCount": 0,
-                "state": {"running": {"startedAt": now}},
-            })
+            let running = json!({"running": {"startedAt": now}});
+            container_status(&uid, &c.name, c.image.as_deref(), true, Some(true), running)
         })
         .collect();
     let init: Vec<Value> = spec
@@ -531,15 +549,8 @@ fn running_status(shared: &Shared, node: &NodeState, pod: &Pod) -> Value {
         .unwrap_or_default()
         .iter()
         .map(|c| {
-            json!({
-                "name": c.name,
-                "image": c.image.clone().unwrap_or_default(),
-                "imageID": "",
-                "containerID": format!("sim://{uid}/{}", c.name),
-                "ready": true,
-                "restartCount": 0,
-                "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}},
-            })
+            let completed = json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}});
+            container_status(&uid, &c.name, c.image.as_deref(), true, None, completed)
         })
         .collect();
     let cond = |t: &str| json!({"type": t, "status": "True", "lastProbeTime": null, "lastTransitionTime": now});
@@ -583,16 +594,16 @@ fn killed_status(shared: &Shared, pod: &Pod, reason: &str, message: &str) -> Val
         .unwrap_or_default()
         .iter()
         .map(|c| {
-            json!({
-                "name": c.name,
-                "image": c.image.clone().unwrap_or_default(),
-                "imageID": "",
-                "containerID": format!("sim://{uid}/{}", c.name),
-                "ready": false,
-                "started": false,
-                "restartCount": 0,
-                "state": {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": now}},
-            })
+            let killed =
+                json!({"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": now}});
+            container_status(
+                &uid,
+                &c.name,
+                c.image.as_deref(),
+                false,
+                Some(false),
+                killed,
+            )
         })
         .collect();
     let cond = |t: &str, s: &str| json!({"type": t, "status": s, "lastProbeTime": null, "lastTransitionTime": now});
