@@ -13,7 +13,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
@@ -192,10 +191,10 @@ impl Correlator {
     }
 }
 
-/// client-go's `maxQueuedEvents`: events recorded in the background wait in a queue of
-/// this many; beyond it they are dropped (its broadcaster's `DropIfChannelFull`).
+/// client-go's `maxQueuedEvents`: events recorded in the background wait in queues of
+/// this many in all; beyond it they are dropped (its broadcaster's `DropIfChannelFull`).
 const MAX_QUEUED_EVENTS: usize = 1000;
-/// How many queued events are written at once by the background writer.
+/// How many queued events are written at once by the background writer: one per lane.
 const BACKGROUND_WRITES: usize = 8;
 
 /// An event waiting in the background queue.
@@ -212,9 +211,9 @@ struct Queued {
 pub struct EventRecorder {
     client: kube::Client,
     correlator: Arc<Mutex<Correlator>>,
-    /// The queue of [`record_in_background`](Self::record_in_background), its writer task
-    /// started on first use; the task ends once every clone is dropped.
-    queue: Arc<OnceLock<mpsc::Sender<Queued>>>,
+    /// The lanes of [`record_in_background`](Self::record_in_background), their writer tasks
+    /// started on first use; the tasks end once every clone is dropped.
+    queue: Arc<OnceLock<Vec<mpsc::Sender<Queued>>>>,
 }
 
 impl std::fmt::Debug for EventRecorder {
@@ -236,7 +235,9 @@ impl EventRecorder {
     /// Records an event about `obj` without waiting for the API server, as client-go's
     /// recorder does (its broadcaster writes in the background): the event joins a queue of
     /// [`MAX_QUEUED_EVENTS`] and is dropped when the queue is full. For events on a hot path
-    /// (one per Node initialized), so that writing them never holds up the work they report.
+    /// (one per Node initialized, one per load balancer changed), so that writing them never
+    /// holds up the work they report. Events about one object are written in the order
+    /// recorded, as client-go's broadcaster writes them one after another.
     pub(crate) fn record_in_background<K>(
         &self,
         component: &'static str,
@@ -254,8 +255,9 @@ impl EventRecorder {
             reason,
             message,
         };
-        let queue = self.queue.get_or_init(|| self.start_writer());
-        if let Err(mpsc::error::TrySendError::Full(queued)) = queue.try_send(queued) {
+        let lanes = self.queue.get_or_init(|| self.start_writers());
+        let lane = &lanes[lane_of(&queued.involved)];
+        if let Err(mpsc::error::TrySendError::Full(queued)) = lane.try_send(queued) {
             tracing::debug!(
                 reason = queued.reason,
                 "event dropped: the background event queue is full"
@@ -263,32 +265,31 @@ impl EventRecorder {
         }
     }
 
-    /// The background writer: up to [`BACKGROUND_WRITES`] queued events written at once.
-    fn start_writer(&self) -> mpsc::Sender<Queued> {
-        let (tx, rx) = mpsc::channel::<Queued>(MAX_QUEUED_EVENTS);
-        // The writer holds a recorder without the queue, so dropping every user's clone
-        // closes the queue and ends the task.
-        let writer = EventRecorder {
-            client: self.client.clone(),
-            correlator: self.correlator.clone(),
-            queue: Arc::default(),
-        };
-        let queued = futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|queued| (queued, rx))
-        });
-        tokio::spawn(async move {
-            queued
-                .for_each_concurrent(BACKGROUND_WRITES, |q| {
-                    let writer = &writer;
-                    async move {
+    /// The background writers: [`BACKGROUND_WRITES`] lanes, each a task writing its events one
+    /// at a time, so events about one object (always the same lane) keep their order while
+    /// events about different objects are written at once.
+    fn start_writers(&self) -> Vec<mpsc::Sender<Queued>> {
+        (0..BACKGROUND_WRITES)
+            .map(|_| {
+                let (tx, mut rx) =
+                    mpsc::channel::<Queued>(MAX_QUEUED_EVENTS.div_ceil(BACKGROUND_WRITES));
+                // The writer holds a recorder without the lanes, so dropping every user's
+                // clone closes them and ends the tasks.
+                let writer = EventRecorder {
+                    client: self.client.clone(),
+                    correlator: self.correlator.clone(),
+                    queue: Arc::default(),
+                };
+                tokio::spawn(async move {
+                    while let Some(q) = rx.recv().await {
                         writer
                             .write(q.component, q.involved, q.type_, q.reason, &q.message)
                             .await;
                     }
-                })
-                .await;
-        });
-        tx
+                });
+                tx
+            })
+            .collect()
     }
 
     /// Records an event about `obj`; failures are logged, never returned (events are best
@@ -425,6 +426,18 @@ impl EventRecorder {
     }
 }
 
+/// The background lane of events about `involved`: by its UID (by kind, namespace and name
+/// without one), so every event about one object goes to the same lane.
+fn lane_of(involved: &ObjectReference) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    match involved.uid.as_deref() {
+        Some(uid) => uid.hash(&mut hasher),
+        None => (&involved.kind, &involved.namespace, &involved.name).hash(&mut hasher),
+    }
+    (hasher.finish() % BACKGROUND_WRITES as u64) as usize
+}
+
 /// The reference an Event makes to the object it is about.
 fn involved_object<K>(obj: &K) -> ObjectReference
 where
@@ -521,5 +534,85 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// client-go's broadcaster writes a component's events one after another: events about
+    /// one object recorded in the background reach the API server in the order recorded, even
+    /// when the first write is the slowest, while events about other objects are written
+    /// beside them.
+    #[tokio::test(start_paused = true)]
+    async fn background_events_about_one_object_keep_their_order() {
+        use k8s_openapi::api::core::v1::Node;
+        let written: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most_in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let service = tower::service_fn({
+            let (written, in_flight, most) =
+                (written.clone(), in_flight.clone(), most_in_flight.clone());
+            move |request: http::Request<kube::client::Body>| {
+                let (written, in_flight, most) = (written.clone(), in_flight.clone(), most.clone());
+                async move {
+                    use std::sync::atomic::Ordering::SeqCst;
+                    let body = request.into_body().collect_bytes().await?;
+                    let event: serde_json::Value = serde_json::from_slice(&body)?;
+                    let message = event["message"].as_str().unwrap_or_default().to_owned();
+                    let object = event["involvedObject"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    let now = in_flight.fetch_add(1, SeqCst) + 1;
+                    most.fetch_max(now, SeqCst);
+                    // The first event about an object is the slowest to write.
+                    let index: u64 = message.trim_start_matches('m').parse().unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(50 - 10 * index)).await;
+                    in_flight.fetch_sub(1, SeqCst);
+                    written.lock().push((object, message));
+                    let mut created = event;
+                    created["metadata"]["name"] = serde_json::json!(format!("ev.{}", now));
+                    let response = http::Response::builder()
+                        .status(201)
+                        .body(kube::client::Body::from(serde_json::to_vec(&created)?))?;
+                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>(response)
+                }
+            }
+        });
+        let recorder = EventRecorder::new(kube::Client::new(service, "default"));
+        let nodes: Vec<Node> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|name| Node {
+                metadata: ObjectMeta {
+                    name: Some((*name).to_owned()),
+                    uid: Some(format!("uid-{name}")),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+            .collect();
+        for i in 0..4 {
+            for node in &nodes {
+                recorder.record_in_background(
+                    "test",
+                    node,
+                    EventType::Normal,
+                    "Tested",
+                    format!("m{i}"),
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let written = written.lock().clone();
+        assert_eq!(written.len(), 16, "{written:?}");
+        for node in ["a", "b", "c", "d"] {
+            let order: Vec<&str> = written
+                .iter()
+                .filter(|(object, _)| object == node)
+                .map(|(_, message)| message.as_str())
+                .collect();
+            assert_eq!(order, ["m0", "m1", "m2", "m3"], "events about {node}");
+        }
+        assert!(
+            most_in_flight.load(std::sync::atomic::Ordering::SeqCst) > 1,
+            "events about different objects are written at once"
+        );
     }
 }

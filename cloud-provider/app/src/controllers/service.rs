@@ -672,16 +672,14 @@ impl ServiceController {
                         EventType::Warning,
                         "UnAvailableLoadBalancer",
                         "There are no available nodes for LoadBalancer",
-                    )
-                    .await;
+                    );
                 } else {
                     self.event(
                         svc,
                         EventType::Normal,
                         "UpdatedLoadBalancer",
                         "Updated load balancer with new hosts",
-                    )
-                    .await;
+                    );
                 }
             }
             Err(err) if err.is_implemented_elsewhere() => {}
@@ -712,18 +710,18 @@ impl ServiceController {
                     EventType::Warning,
                     "UpdateLoadBalancerFailed",
                     &message,
-                )
-                .await;
+                );
                 self.queue.add(key.to_owned());
             }
         }
     }
 
-    async fn event(&self, svc: &Service, type_: EventType, reason: &str, message: &str) {
+    /// Records an event about `svc` in the background (client-go's recorder): a sync never
+    /// waits for an Event's write, which under load costs as much as the sync's own calls.
+    fn event(&self, svc: &Service, type_: EventType, reason: &'static str, message: &str) {
         self.ctx
             .events
-            .record(COMPONENT, svc, type_, reason, message)
-            .await;
+            .record_in_background(COMPONENT, svc, type_, reason, message.to_owned());
     }
 
     /// Syncs one Service by key (`namespace/name`), as the watch last delivered it (upstream
@@ -756,8 +754,7 @@ impl ServiceController {
             EventType::Normal,
             "DeletingLoadBalancer",
             "Deleting load balancer",
-        )
-        .await;
+        );
         let delete = self
             .lb()
             .ensure_load_balancer_deleted(&self.ctx.cluster_name, &svc);
@@ -773,8 +770,7 @@ impl ServiceController {
                 EventType::Warning,
                 "DeleteLoadBalancerFailed",
                 &message,
-            )
-            .await;
+            );
             return Err(err.into());
         }
         self.event(
@@ -782,8 +778,7 @@ impl ServiceController {
             EventType::Normal,
             "DeletedLoadBalancer",
             "Deleted load balancer",
-        )
-        .await;
+        );
         self.forget_service(key);
         Ok(())
     }
@@ -821,8 +816,7 @@ impl ServiceController {
             }
             Err(err) => {
                 let message = format!("Error syncing load balancer: {err}");
-                self.event(&svc, EventType::Warning, "SyncLoadBalancerFailed", &message)
-                    .await;
+                self.event(&svc, EventType::Warning, "SyncLoadBalancerFailed", &message);
                 Err(err)
             }
         }
@@ -850,8 +844,7 @@ impl ServiceController {
                     EventType::Normal,
                     "DeletingLoadBalancer",
                     "Deleting load balancer",
-                )
-                .await;
+                );
                 let delete = self
                     .lb()
                     .ensure_load_balancer_deleted(&self.ctx.cluster_name, svc);
@@ -873,8 +866,7 @@ impl ServiceController {
                 EventType::Normal,
                 "DeletedLoadBalancer",
                 "Deleted load balancer",
-            )
-            .await;
+            );
             self.patch_status(svc, &prev, &LoadBalancerStatus::default())
                 .await?;
             return Ok(true);
@@ -885,8 +877,7 @@ impl ServiceController {
             EventType::Normal,
             "EnsuringLoadBalancer",
             "Ensuring load balancer",
-        )
-        .await;
+        );
         if !has_load_balancer_finalizer(svc) {
             self.patch_finalizer(svc, true).await?;
         }
@@ -898,8 +889,7 @@ impl ServiceController {
                 EventType::Warning,
                 "UnAvailableLoadBalancer",
                 "There are no available nodes for LoadBalancer",
-            )
-            .await;
+            );
         }
         self.state
             .lock()
@@ -929,8 +919,7 @@ impl ServiceController {
             EventType::Normal,
             "EnsuredLoadBalancer",
             "Ensured load balancer",
-        )
-        .await;
+        );
         self.patch_status(svc, &prev, &status).await?;
         Ok(false)
     }
