@@ -14,6 +14,9 @@
 //! load-balancer call holds its host list (10,000 names), which is the test double's
 //! memory, not the ccm's.
 //!
+//! `cluster_writes` counts the cluster's writes over the whole run by verb and resource (its
+//! `apiserver_request_total`), the ccm's and the simulated kubelets' together.
+//!
 //! Times are from the bench's start, which creates the Services (`ccm_started_after`: how
 //! long those creates took while the Nodes registered) and then starts the ccm.
 //! Reports the time until the child counts every node initialized
@@ -175,6 +178,47 @@ async fn create_services(client: &kube::Client, count: u64) -> anyhow::Result<()
         .await
 }
 
+/// The cluster's writes so far by verb and resource, most first (`PATCH nodes/status=10000`),
+/// from its `/metrics` (`apiserver_request_total`): what the run asked of the API server.
+async fn cluster_writes(client: &kube::Client) -> String {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("a GET of /metrics");
+    let Ok(text) = client.request_text(request).await else {
+        return "?".to_owned();
+    };
+    let mut writes = BTreeMap::<String, f64>::new();
+    for line in text.lines() {
+        let Some(labels) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = labels.split_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix("=\""))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        let verb = label("verb");
+        if matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE") {
+            *writes
+                .entry(format!("{verb} {}", label("resource")))
+                .or_default() += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    let mut writes: Vec<(String, f64)> = writes.into_iter().collect();
+    writes.sort_by(|a, b| b.1.total_cmp(&a.1));
+    writes
+        .iter()
+        .take(12)
+        .map(|(what, n)| format!("{what}={n}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn main() -> anyhow::Result<()> {
     let nodes = arg::<u64>("--nodes", 10_000);
     let latency = Duration::from_millis(arg("--latency-ms", 20));
@@ -328,6 +372,7 @@ fn main() -> anyhow::Result<()> {
         )
         .await?;
         let client = kube::Client::try_from(config)?;
+        let client_for_metrics = client.clone();
         create_services(&client, services).await?;
         let drainer = tokio::spawn({
             let (cloud, by_method) = (cloud.clone(), by_method.clone());
@@ -358,6 +403,7 @@ fn main() -> anyhow::Result<()> {
         let fake_hosts = fake_host_names(&cloud);
         let peak_at_init = peak_rss("self");
         let settled = all_load_balancers_ready(&cloud, services, nodes).await?;
+        let writes = cluster_writes(&client_for_metrics).await;
         drainer.abort();
         shutdown.cancel();
         let _ = manager.await;
@@ -369,6 +415,7 @@ fn main() -> anyhow::Result<()> {
             fake_hosts,
             peak_at_init,
             settled,
+            writes,
         ))
     });
     let child_peak_rss = peak_rss(&child.id().to_string());
@@ -384,6 +431,7 @@ fn main() -> anyhow::Result<()> {
         (names_held, names_referenced),
         peak_at_init,
         settled,
+        writes,
     ) = result?;
     let by_method = by_method.lock().clone();
     let mode = if upstream {
@@ -400,7 +448,7 @@ fn main() -> anyhow::Result<()> {
         (true, true) => format!("adaptive(max {cloud_api_qps}/s)"),
     };
     println!(
-        "node_init nodes={nodes} services={services} latency={latency:?} mode={mode} quota={quota}/s limiter={limiter} throttled_calls={throttled} ccm_started_after={:.1}s all_registered_after={:.1}s all_initialized_after={:.1}s all_lbs_ready_after={:.1}s lbs_ready_after_last_init={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={peak_at_init} ccm_peak_rss_settled={} cluster_peak_rss={child_peak_rss} ccm_cpu={ccm_cpu:.1}s cluster_cpu={cluster_cpu:.1}s bench_rss_before_ccm={rss_before_ccm} fake_lb_host_names_held={names_held} (of {names_referenced} referenced)",
+        "node_init nodes={nodes} services={services} latency={latency:?} mode={mode} quota={quota}/s limiter={limiter} throttled_calls={throttled} ccm_started_after={:.1}s all_registered_after={:.1}s all_initialized_after={:.1}s all_lbs_ready_after={:.1}s lbs_ready_after_last_init={:.1}s cloud_calls={} by_method={by_method:?} ccm_peak_rss={peak_at_init} ccm_peak_rss_settled={} cluster_peak_rss={child_peak_rss} ccm_cpu={ccm_cpu:.1}s cluster_cpu={cluster_cpu:.1}s bench_rss_before_ccm={rss_before_ccm} fake_lb_host_names_held={names_held} (of {names_referenced} referenced) cluster_writes={writes}",
         (ccm_started - started).as_secs_f64(),
         (registered - started).as_secs_f64(),
         (done - started).as_secs_f64(),
