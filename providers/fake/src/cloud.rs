@@ -76,12 +76,10 @@ struct State {
 struct HostLists(HashSet<Arc<[String]>>);
 
 impl HostLists {
-    /// The shared list equal to `hosts` (sorted and deduplicated here), made if new. Lists no
-    /// load balancer holds any more (replaced or deleted since the last call) are dropped
-    /// first.
-    fn intern(&mut self, mut hosts: Vec<String>) -> Arc<[String]> {
-        hosts.sort();
-        hosts.dedup();
+    /// The shared list equal to `hosts` (sorted and deduplicated by [`CallHosts::of`]), made
+    /// if new. Lists no load balancer holds any more (replaced or deleted since the last call)
+    /// are dropped first.
+    fn intern(&mut self, hosts: Vec<String>) -> Arc<[String]> {
         self.0.retain(|list| Arc::strong_count(list) > 1);
         if let Some(list) = self.0.get(hosts.as_slice()) {
             return list.clone();
@@ -94,12 +92,40 @@ impl HostLists {
     /// For a call given `hosts`: the list to log (in the order given) and the shared list.
     /// Hosts given sorted, as the service controller gives them, are logged as the shared
     /// list itself: a call log of load-balancer calls over 10,000 Nodes then holds no copies.
-    fn for_call(&mut self, hosts: Vec<String>) -> (Arc<[String]>, Arc<[String]>) {
-        if hosts.windows(2).all(|pair| pair[0] < pair[1]) {
-            let list = self.intern(hosts);
-            (list.clone(), list)
-        } else {
-            (hosts.clone().into(), self.intern(hosts))
+    fn for_call(&mut self, hosts: CallHosts) -> (Arc<[String]>, Arc<[String]>) {
+        match hosts.as_given {
+            None => {
+                let list = self.intern(hosts.sorted);
+                (list.clone(), list)
+            }
+            Some(given) => (given.into(), self.intern(hosts.sorted)),
+        }
+    }
+}
+
+/// A load-balancer call's host names, made before the cloud's state is locked (10,000 names
+/// per call, with up to 16 calls at once): sorted and deduplicated for the load balancer, and
+/// as given when that differs, for the call log.
+struct CallHosts {
+    sorted: Vec<String>,
+    as_given: Option<Vec<String>>,
+}
+
+impl CallHosts {
+    fn of(nodes: &[Arc<Node>]) -> Self {
+        let given: Vec<String> = nodes.iter().map(|n| name_of(n).to_owned()).collect();
+        if given.windows(2).all(|pair| pair[0] < pair[1]) {
+            return CallHosts {
+                sorted: given,
+                as_given: None,
+            };
+        }
+        let mut sorted = given.clone();
+        sorted.sort();
+        sorted.dedup();
+        CallHosts {
+            sorted,
+            as_given: Some(given),
         }
     }
 }
@@ -917,10 +943,6 @@ impl Zones for FakeCloud {
     }
 }
 
-fn host_names(nodes: &[Arc<Node>]) -> Vec<String> {
-    nodes.iter().map(|n| name_of(n).to_owned()).collect()
-}
-
 fn listeners_of(service: &Service) -> CloudResult<Vec<FakeListener>> {
     let ports = service
         .spec
@@ -998,12 +1020,8 @@ impl LoadBalancer for FakeCloud {
         service: &Service,
         nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
-        let (logged, hosts) = self
-            .inner
-            .state
-            .lock()
-            .host_lists
-            .for_call(host_names(nodes));
+        let call_hosts = CallHosts::of(nodes);
+        let (logged, hosts) = self.inner.state.lock().host_lists.for_call(call_hosts);
         self.call(Call::EnsureLoadBalancer {
             cluster: cluster_name.to_owned(),
             service: key_of(service),
@@ -1093,12 +1111,8 @@ impl LoadBalancer for FakeCloud {
         service: &Service,
         nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
-        let (logged, hosts) = self
-            .inner
-            .state
-            .lock()
-            .host_lists
-            .for_call(host_names(nodes));
+        let call_hosts = CallHosts::of(nodes);
+        let (logged, hosts) = self.inner.state.lock().host_lists.for_call(call_hosts);
         self.call(Call::UpdateLoadBalancer {
             cluster: cluster_name.to_owned(),
             service: key_of(service),
