@@ -233,11 +233,12 @@ impl EventRecorder {
     }
 
     /// Records an event about `obj` without waiting for the API server, as client-go's
-    /// recorder does (its broadcaster writes in the background): the event joins a queue of
-    /// [`MAX_QUEUED_EVENTS`] and is dropped when the queue is full. For events on a hot path
-    /// (one per Node initialized, one per load balancer changed), so that writing them never
-    /// holds up the work they report. Events about one object are written in the order
-    /// recorded, as client-go's broadcaster writes them one after another.
+    /// recorder does (its broadcaster writes in the background): the event joins its object's
+    /// lane, one of [`BACKGROUND_WRITES`] queues sharing [`MAX_QUEUED_EVENTS`], and is dropped
+    /// when that queue is full. For events on a hot path (one per Node initialized, one per
+    /// load balancer changed), so that writing them never holds up the work they report.
+    /// Events about one object are written in the order recorded, as client-go's broadcaster
+    /// writes them one after another.
     pub(crate) fn record_in_background<K>(
         &self,
         component: &'static str,
