@@ -2,12 +2,12 @@
 //! the system's temporary directory): durable Lease renewals per second at 64 concurrent
 //! clients through the API server on SQLite and on etcd, and raw etcd writes at 64 clients
 //! (etcd-client directly, values of the stored Lease's size: plain puts, and the
-//! compare-on-mod-revision transaction the etcd store makes per update), and each store's
-//! own updates at 64 writers without the API server (what the API path costs apart); the
-//! latency of a
-//! list of 10,000 Nodes on each backend; watch fan-out (watchers × events: delivered
-//! events per second and the slowest watcher's lag behind the last write). Not a test:
-//! figures go to BENCHMARKS.md.
+//! compare-on-mod-revision transaction the etcd store makes per update, alone and while a
+//! watch with previous values follows it), and each store's own updates at 64 writers
+//! without the API server (what the API path costs apart); the latency of a list of 10,000
+//! Nodes on each backend; watch fan-out (watchers × events: delivered events per second and
+//! the slowest watcher's lag behind the last write). Not a test: figures go to
+//! BENCHMARKS.md.
 //!
 //! The API server is driven in-process (its router, kube-rs as the client, no TLS), so the
 //! figures are the server's and the store's, not the network's. Needs etcd (`$CCM_ETCD`,
