@@ -152,10 +152,20 @@ async fn renewals(api: &Api<Lease>, tag: &str, renewals: usize) -> f64 {
             })
         })
         .collect();
+    writes_per_second(start, tasks, renewals).await
+}
+
+/// Awaits the 64 clients' tasks, each of which made `writes` writes, and returns their
+/// writes per second since `start`.
+async fn writes_per_second(
+    start: Instant,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    writes: usize,
+) -> f64 {
     for t in tasks {
         t.await.unwrap();
     }
-    (CLIENTS * renewals) as f64 / start.elapsed().as_secs_f64()
+    (CLIENTS * writes) as f64 / start.elapsed().as_secs_f64()
 }
 
 /// The store's own updates per second at 64 writers, below the API server: each writer
@@ -184,10 +194,7 @@ async fn store_updates(store: &Arc<dyn Store>, tag: &str, writes: usize, size: u
             })
         })
         .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    (CLIENTS * writes) as f64 / start.elapsed().as_secs_f64()
+    writes_per_second(start, tasks, writes).await
 }
 
 /// Raw etcd writes per second at 64 clients on one connection, each client writing its own
@@ -269,14 +276,11 @@ async fn raw_etcd(
             })
         })
         .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let elapsed = start.elapsed();
+    let rate = writes_per_second(start, tasks, writes).await;
     if let Some(follower) = follower {
         follower.await.unwrap();
     }
-    (CLIENTS * writes) as f64 / elapsed.as_secs_f64()
+    rate
 }
 
 fn node(name: &str) -> Node {
