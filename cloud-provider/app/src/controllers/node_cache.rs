@@ -254,13 +254,12 @@ async fn drive(inner: &Inner) {
 }
 
 /// The Node with only what the controllers read: no `managedFields`; of the status only the
-/// addresses and the `Ready` / `NetworkUnavailable` conditions. Metadata and spec stay whole,
-/// so a PUT of a cached Node (which ignores status) loses nothing.
+/// addresses and the [`KEPT_CONDITIONS`]. Metadata and spec stay whole, so a PUT of a cached
+/// Node (which ignores status) loses nothing.
 ///
 /// The lists kept hold no spare capacity. Decoding grows a list by doubling, and keeping 3 of
 /// 5 conditions reuses the 8-condition buffer, so a cached Node carried about 1 KB of unused
-/// list space; at 10,000 Nodes, with the older versions that in-flight load-balancer calls
-/// still hold, that was over 10 MB.
+/// list space: over 10 MB at 10,000 Nodes with the older versions still held.
 pub(super) fn trim(mut node: Node) -> Node {
     fn fit<T>(list: &mut Option<Vec<T>>) {
         if let Some(list) = list {
