@@ -768,6 +768,43 @@ async fn nodes_joining_during_a_node_sync_are_brought_in_by_one_more_pass() {
     env.stop().await;
 }
 
+/// A node sync never updates a load balancer while its ensure is in the cloud: an update
+/// beside the ensure that creates the load balancer could create it twice where creation is
+/// not idempotent (moto's ELBv2). The node sync passes it over, and one more pass after the
+/// ensure brings in the Nodes that joined meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_node_sync_leaves_a_load_balancer_to_its_ensure_in_flight() {
+    let mut env = Env::new(&["n1"]).await;
+    env.start();
+    env.cloud
+        .set_method_latency(Method::EnsureLoadBalancer, Duration::from_secs(10));
+    let a = env.create_service("a", serde_json::json!({})).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        env.cloud.call_count(Method::EnsureLoadBalancer),
+        1,
+        "in flight"
+    );
+    env.cloud.add_instance(FakeInstance::new("i-n2", "n2"));
+    env.add_node("n2", serde_json::json!({})).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        env.cloud.call_count(Method::UpdateLoadBalancer),
+        0,
+        "no update while the ensure is in the cloud"
+    );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(env.cloud.call_count(Method::EnsureLoadBalancer), 1);
+    assert_eq!(
+        env.cloud.call_count(Method::UpdateLoadBalancer),
+        1,
+        "one pass after the ensure"
+    );
+    let all: Vec<String> = ["n1", "n2"].map(str::to_owned).into();
+    assert_eq!(env.cloud.load_balancer_of(&a).unwrap().hosts(), all);
+    env.stop().await;
+}
+
 /// A failed host update on an existing LB → Warning UpdateLoadBalancerFailed and a full
 /// re-ensure through the service queue.
 #[tokio::test(start_paused = true)]

@@ -275,6 +275,32 @@ struct State {
     /// The eligible Nodes and their set at a Node cache generation, reused until the cache
     /// changes (1,000 Services need not list and sort 10,000 Nodes each).
     eligible: Option<Eligible>,
+    /// Services whose ensure is in the cloud now. A node sync leaves their load balancers
+    /// to it: an update beside an ensure of the same load balancer could create it twice
+    /// where creation is not idempotent, or interleave their changes.
+    ensuring: HashSet<String>,
+    /// Of those, the ones a node sync passed over: one more node sync follows their ensure.
+    passed_over: HashSet<String>,
+}
+
+/// A Service's ensure, in [`State::ensuring`] until dropped (the call returned or was
+/// cancelled); then queues the node sync that passed it over, if one did.
+struct EnsureInFlight<'a> {
+    controller: &'a ServiceController,
+    key: String,
+}
+
+impl Drop for EnsureInFlight<'_> {
+    fn drop(&mut self) {
+        let passed_over = {
+            let mut state = self.controller.state.lock();
+            state.ensuring.remove(&self.key);
+            state.passed_over.remove(&self.key)
+        };
+        if passed_over {
+            self.controller.node_queue.add(());
+        }
+    }
 }
 
 /// The eligible Nodes at one Node cache generation.
@@ -634,6 +660,10 @@ impl ServiceController {
             let mut state = self.state.lock();
             // Still cached (not deleted meanwhile) and still behind this pass's list (an
             // ensure may have given it these or newer Nodes since the pass began).
+            if state.ensuring.contains(key) {
+                state.passed_over.insert(key.to_owned());
+                return;
+            }
             match state.last_synced_nodes.get_mut(key) {
                 Some(last) if eligible.supersedes(*last) => {
                     *last = (eligible.set, eligible.generation);
@@ -891,10 +921,19 @@ impl ServiceController {
                 "There are no available nodes for LoadBalancer",
             );
         }
-        self.state
-            .lock()
-            .last_synced_nodes
-            .insert(key_of(svc), (eligible.set, eligible.generation));
+        // Recorded with the ensure marked in flight, under one lock: a node sync that finds
+        // this Service's set superseded from now on leaves it to this ensure.
+        let in_flight = {
+            let mut state = self.state.lock();
+            state
+                .last_synced_nodes
+                .insert(key_of(svc), (eligible.set, eligible.generation));
+            state.ensuring.insert(key_of(svc));
+            EnsureInFlight {
+                controller: self,
+                key: key_of(svc),
+            }
+        };
         // The list may be up to ELIGIBLE_LIST_INTERVAL old, and a node sync that began before
         // this Service was recorded above skipped it: if the Nodes changed since the list, one
         // more node sync brings this load balancer up to date.
@@ -904,12 +943,13 @@ impl ServiceController {
         let ensure = self
             .lb()
             .ensure_load_balancer(&self.ctx.cluster_name, svc, nodes);
-        let status = match self
+        let ensured = self
             .ctx
             .cloud_limiter
             .call(CloudPriority::LoadBalancer, ensure)
-            .await
-        {
+            .await;
+        drop(in_flight);
+        let status = match ensured {
             Ok(status) => status,
             Err(err) if err.is_implemented_elsewhere() => return Ok(false),
             Err(err) => return Err(err.into()),
