@@ -658,12 +658,13 @@ impl ServiceController {
         let nodes = &eligible.nodes[..];
         let changed = {
             let mut state = self.state.lock();
-            // Still cached (not deleted meanwhile) and still behind this pass's list (an
-            // ensure may have given it these or newer Nodes since the pass began).
+            // Its ensure is in the cloud: left to it, and one more node sync follows.
             if state.ensuring.contains(key) {
                 state.passed_over.insert(key.to_owned());
                 return;
             }
+            // Still cached (not deleted meanwhile) and still behind this pass's list (an
+            // ensure may have given it these or newer Nodes since the pass began).
             match state.last_synced_nodes.get_mut(key) {
                 Some(last) if eligible.supersedes(*last) => {
                     *last = (eligible.set, eligible.generation);
