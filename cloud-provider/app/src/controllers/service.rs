@@ -925,14 +925,15 @@ impl ServiceController {
         // Recorded with the ensure marked in flight, under one lock: a node sync that finds
         // this Service's set superseded from now on leaves it to this ensure.
         let in_flight = {
+            let key = key_of(svc);
             let mut state = self.state.lock();
             state
                 .last_synced_nodes
-                .insert(key_of(svc), (eligible.set, eligible.generation));
-            state.ensuring.insert(key_of(svc));
+                .insert(key.clone(), (eligible.set, eligible.generation));
+            state.ensuring.insert(key.clone());
             EnsureInFlight {
                 controller: self,
-                key: key_of(svc),
+                key,
             }
         };
         // The list may be up to ELIGIBLE_LIST_INTERVAL old, and a node sync that began before
