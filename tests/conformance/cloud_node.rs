@@ -727,6 +727,43 @@ async fn initialization_is_a_put_retried_on_conflict_then_a_status_patch() {
     assert!(patch.get("spec").is_none(), "{patch}");
 }
 
+/// Upstream's `initializeNode` reads the Node from its lister when it writes, not the copy
+/// the sync began with. A Node changed while its batch's cloud lookup runs is written from its
+/// current version: one PUT, no conflict, and the change is kept. (The batch holds names, not
+/// Nodes, so at 10,000 Nodes it no longer keeps every listed version alive beside the ones
+/// its initializations make.)
+#[tokio::test(start_paused = true)]
+async fn a_node_changed_during_the_cloud_lookup_is_initialized_from_its_current_version() {
+    let (client, tap) = tapped_client().await;
+    let cloud = fake([FakeInstance::new("i-1", "node-1").with_internal_ip(ip("10.0.0.1"))]);
+    cloud.set_method_latency(Method::InstanceMetadataBatch, Duration::from_secs(5));
+    create(&client, tainted_node("node-1")).await;
+    let _stop = start_node(&client, cloud.clone(), CloudNodeConfig::default());
+    // The lookup is in the cloud (a call is recorded when it starts) ...
+    eventually(5, "the batched lookup began", || async {
+        (cloud.call_count(Method::InstanceMetadataBatch) == 1).then_some(())
+    })
+    .await;
+    // ... when another writer changes the Node.
+    let patch = serde_json::json!({"metadata": {"labels": {"changed": "during-lookup"}}});
+    Api::<Node>::all(client.clone())
+        .patch("node-1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let node = initialized(&client, "node-1").await;
+    assert_eq!(
+        labels(&node).get("changed").map(String::as_str),
+        Some("during-lookup")
+    );
+    // From the version the batch began with, the PUT is answered 409 Conflict and retried.
+    let puts = tap
+        .writes()
+        .into_iter()
+        .filter(|w| w.method == axum::http::Method::PUT && w.path == "/api/v1/nodes/node-1")
+        .count();
+    assert_eq!(puts, 1, "one PUT, from the Node's current version");
+}
+
 // ---------------------------------------------------------------------------------------------
 // cloud-node-lifecycle controller
 // ---------------------------------------------------------------------------------------------
