@@ -56,6 +56,11 @@ use std::{
 };
 
 use anyhow::Context;
+
+/// The `ccm` binary's allocator (see its `main.rs`), so that the ccm in this process uses
+/// memory and CPU as the shipped binary does.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use ccm_testkit::bench::{arg, flag};
 use cloud_provider_app::{CloudControllerManagerOptions, HealthChecks, default_registry, run_with};
 use cloud_provider_fake::{FakeCloud, FakeInstance};
