@@ -56,15 +56,15 @@ use std::{
 };
 
 use anyhow::Context;
+use ccm_testkit::bench::{arg, flag};
+use cloud_provider_app::{CloudControllerManagerOptions, HealthChecks, default_registry, run_with};
+use cloud_provider_fake::{FakeCloud, FakeInstance};
+use tokio_util::sync::CancellationToken;
 
 /// The `ccm` binary's allocator (see its `main.rs`), so that the ccm in this process uses
 /// memory and CPU as the shipped binary does.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use ccm_testkit::bench::{arg, flag};
-use cloud_provider_app::{CloudControllerManagerOptions, HealthChecks, default_registry, run_with};
-use cloud_provider_fake::{FakeCloud, FakeInstance};
-use tokio_util::sync::CancellationToken;
 
 /// A `/proc/<pid>/status` field (`VmHWM`: peak RSS, `VmRSS`: RSS now) of `self` or a pid.
 fn status_field(pid: &str, field: &str) -> String {
