@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ccm_testkit::client;
+use ccm_testkit::{client, eventually};
 use cloud_provider::{CloudProvider, CloudResult, Route, Routes};
 use cloud_provider_app::controllers::ControllerContext;
 use cloud_provider_app::controllers::route::{RouteConfig, RouteController};
@@ -466,6 +466,61 @@ async fn condition_patches_are_bounded_in_flight() {
     let report = rc.reconcile().await.unwrap();
     assert_eq!((report.created, report.conditions_patched), (200, 200));
     assert_eq!(most.load(SeqCst), 64, "condition patches in flight at once");
+}
+
+/// A reconcile lets its list of Nodes go once it has decided: each condition patch reads its
+/// Node from the cache when it is made. Held through the patches, the list kept alive the
+/// version of every Node a patch had already replaced: two versions of every Node at the
+/// ccm's memory peak at 10,000 Nodes (BENCHMARKS.md, issue 26).
+#[tokio::test(start_paused = true)]
+async fn a_reconcile_holds_no_replaced_node_version_through_its_condition_patches() {
+    let server = ccm_testkit::memory_server().await;
+    // n2's condition patch takes 10 s, so the reconcile is still patching when n1's is done.
+    let router = server.router().layer(axum::middleware::from_fn(
+        |request: axum::extract::Request, next: axum::middleware::Next| async move {
+            if request.method() == axum::http::Method::PATCH
+                && request.uri().path() == "/api/v1/nodes/n2/status"
+            {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            }
+            next.run(request).await
+        },
+    ));
+    let client = Client::new(router, "default");
+    let cloud = cloud(&["n1", "n2"]);
+    add_node(&client, "n1", &["10.100.1.0/24"]).await;
+    add_node(&client, "n2", &["10.100.2.0/24"]).await;
+    let ctx = ControllerContext::new(
+        client.clone(),
+        Arc::new(cloud.clone()),
+        CLUSTER,
+        CancellationToken::new(),
+    );
+    let nodes = ctx.nodes.clone();
+    let rc = RouteController::new(ctx, RouteConfig::new(vec![net("10.0.0.0/8")]))
+        .unwrap()
+        .unwrap();
+    nodes.wait_synced().await;
+    // The version of n1 the reconcile will list.
+    let listed = Arc::downgrade(&nodes.get("n1").unwrap());
+    let reconcile = tokio::spawn(async move { rc.reconcile().await.unwrap() });
+    eventually(5, "n1's patched version in the cache", || {
+        let current = nodes.get("n1");
+        async move {
+            current
+                .and_then(|n| n.status.clone()?.conditions)
+                .filter(|c| c.iter().any(|c| c.type_ == "NetworkUnavailable"))
+                .map(|_| ())
+        }
+    })
+    .await;
+    assert!(!reconcile.is_finished(), "n2's patch is still in flight");
+    assert!(
+        listed.upgrade().is_none(),
+        "the reconcile no longer holds the version of n1 it listed"
+    );
+    let report = reconcile.await.unwrap();
+    assert_eq!((report.created, report.conditions_patched), (2, 2));
 }
 
 /// Beyond upstream (the measure KEP-5237's review asks for):

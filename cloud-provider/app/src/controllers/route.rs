@@ -274,10 +274,14 @@ impl RouteController {
             .into_iter()
             .filter(|n| self.ctx.owns(COMPONENT, n))
             .collect();
-        Ok(self.reconcile_with(&nodes, routes).await)
+        Ok(self.reconcile_with(nodes, routes).await)
     }
 
-    async fn reconcile_with(&self, nodes: &[Arc<Node>], routes: Vec<Route>) -> RouteSyncReport {
+    /// Decides from one list of the Nodes, then lets the list go: the creates hold only the
+    /// Nodes they make routes for, and each condition patch reads its Node from the cache when
+    /// it is made. Holding the list through the patches, each of which makes a new version of
+    /// its Node, kept two versions of every Node alive at the ccm's peak.
+    async fn reconcile_with(&self, nodes: Vec<Arc<Node>>, routes: Vec<Route>) -> RouteSyncReport {
         let mut report = RouteSyncReport::default();
         let sequenced = routes.first().is_some_and(|r| r.enable_node_addresses);
 
@@ -292,7 +296,7 @@ impl RouteController {
             }
         }
         let mut actions: HashMap<(String, IpNet), Action> = HashMap::new();
-        for node in nodes {
+        for node in &nodes {
             let name = node.name_any();
             let cidrs = pod_cidrs(node);
             if cidrs.is_empty() {
@@ -350,6 +354,16 @@ impl RouteController {
                 )
             })
             .collect();
+        // The Nodes whose NetworkUnavailable condition this reconcile writes.
+        let conditioned: Vec<String> = nodes
+            .iter()
+            .filter_map(|node| {
+                let name = node.name_any();
+                (route_map.contains_key(name.as_str()) || !pod_cidrs(node).is_empty())
+                    .then_some(name)
+            })
+            .collect();
+        drop(nodes);
         let creates = futures::stream::iter(to_create)
             .map(|(node, cidr)| async move {
                 (node.name_any(), cidr, self.create_route(&node, cidr).await)
@@ -386,21 +400,21 @@ impl RouteController {
         }
         // The decisions are collected first, owned (see the deletes); the futures are made as
         // the stream needs them.
-        let patches: Vec<(Arc<Node>, bool)> = nodes
-            .iter()
-            .filter_map(|node| {
-                let name = node.name_any();
-                if !route_map.contains_key(name.as_str()) && pod_cidrs(node).is_empty() {
-                    return None;
-                }
+        let patches: Vec<(String, bool)> = conditioned
+            .into_iter()
+            .map(|name| {
                 let node_actions = by_node.get(name.as_str()).map_or(&[][..], Vec::as_slice);
                 let unavailable =
                     node_actions.is_empty() || node_actions.iter().any(|a| *a != Action::Keep);
-                Some((node.clone(), unavailable))
+                (name, unavailable)
             })
             .collect();
         report.conditions_patched = futures::stream::iter(patches)
-            .map(|(node, unavailable)| async move {
+            .map(|(name, unavailable)| async move {
+                // Deleted since the list: no condition to write.
+                let Some(node) = self.ctx.nodes.get(&name) else {
+                    return false;
+                };
                 self.update_network_condition(&node, unavailable).await
             })
             .buffer_unordered(CONDITION_PATCHES_IN_FLIGHT)
