@@ -537,7 +537,10 @@ async fn status_posted_on_change_and_every_5_minutes() {
     // Nothing changes: no post before 5 minutes.
     sleep(Duration::from_secs(290)).await;
     assert_eq!(h.sim.stats().status_posts, 0);
-    sleep(Duration::from_secs(20)).await;
+    // The status loop looks every 10 s with kubelet's jitter (`wait.JitterUntil(syncNodeStatus,
+    // nodeStatusUpdateFrequency, 0.04, ...)`): each look comes 10 to 10.4 s after the last, so
+    // the 5-minute post lands before 310.4 s. Looking at 310 s failed when it came later.
+    sleep(Duration::from_secs(21)).await;
     assert_eq!(h.sim.stats().status_posts, 1);
     let before = condition(&nodes.get("n1").await.unwrap(), "Ready")
         .unwrap()
