@@ -38,13 +38,13 @@ async fn add_node(client: &Client, name: &str, cidrs: &[&str]) -> Node {
     api.get(name).await.unwrap()
 }
 
+/// A controller context on `client` and `cloud`, with its own Node cache and shutdown token.
+fn context(client: &Client, cloud: Arc<dyn CloudProvider>) -> ControllerContext {
+    ControllerContext::new(client.clone(), cloud, CLUSTER, CancellationToken::new())
+}
+
 fn controller(client: &Client, cloud: &FakeCloud, cidrs: &[&str]) -> RouteController {
-    let ctx = ControllerContext::new(
-        client.clone(),
-        Arc::new(cloud.clone()),
-        CLUSTER,
-        CancellationToken::new(),
-    );
+    let ctx = context(client, Arc::new(cloud.clone()));
     RouteController::new(
         ctx,
         RouteConfig::new(cidrs.iter().map(|c| net(c)).collect()),
@@ -77,12 +77,7 @@ async fn condition(client: &Client, name: &str) -> Option<(String, String)> {
 #[tokio::test(start_paused = true)]
 async fn the_route_controller_needs_routes_and_a_cluster_cidr_to_start() {
     let client = client().await;
-    let ctx = ControllerContext::new(
-        client,
-        Arc::new(cloud(&[])),
-        CLUSTER,
-        CancellationToken::new(),
-    );
+    let ctx = context(&client, Arc::new(cloud(&[])));
     assert!(RouteController::new(ctx, RouteConfig::new(vec![])).is_err());
 }
 
@@ -289,12 +284,7 @@ async fn watch_mode_reconciles_on_a_new_node_and_retries_a_failed_create() {
     let client = client().await;
     let cloud = cloud(&["n1", "n2"]);
     add_node(&client, "n1", &["10.244.1.0/24"]).await;
-    let ctx = ControllerContext::new(
-        client.clone(),
-        Arc::new(cloud.clone()),
-        CLUSTER,
-        CancellationToken::new(),
-    );
+    let ctx = context(&client, Arc::new(cloud.clone()));
     let rc = RouteController::new(
         ctx,
         RouteConfig::new(vec![net("10.244.0.0/16")]).with_watch_based(true),
@@ -405,12 +395,7 @@ async fn a_node_address_change_deletes_then_recreates_its_route() {
         routes: parking_lot::Mutex::new(vec![stale]),
         log: parking_lot::Mutex::default(),
     });
-    let ctx = ControllerContext::new(
-        client.clone(),
-        cloud.clone(),
-        CLUSTER,
-        CancellationToken::new(),
-    );
+    let ctx = context(&client, cloud.clone());
     let rc = RouteController::new(ctx, RouteConfig::new(vec![net("10.244.0.0/16")]))
         .unwrap()
         .unwrap();
@@ -490,12 +475,7 @@ async fn a_reconcile_holds_no_replaced_node_version_through_its_condition_patche
     let cloud = cloud(&["n1", "n2"]);
     add_node(&client, "n1", &["10.100.1.0/24"]).await;
     add_node(&client, "n2", &["10.100.2.0/24"]).await;
-    let ctx = ControllerContext::new(
-        client.clone(),
-        Arc::new(cloud.clone()),
-        CLUSTER,
-        CancellationToken::new(),
-    );
+    let ctx = context(&client, Arc::new(cloud.clone()));
     let nodes = ctx.nodes.clone();
     let rc = RouteController::new(ctx, RouteConfig::new(vec![net("10.0.0.0/8")]))
         .unwrap()
@@ -532,12 +512,7 @@ async fn a_node_with_all_its_routes_is_one_sample_of_the_creation_to_routes_dela
     let cloud = cloud(&["n1", "n2"]);
     add_node(&client, "n1", &["10.244.1.0/24"]).await;
     add_node(&client, "n2", &["10.244.2.0/24"]).await;
-    let ctx = ControllerContext::new(
-        client.clone(),
-        Arc::new(cloud.clone()),
-        CLUSTER,
-        CancellationToken::new(),
-    );
+    let ctx = context(&client, Arc::new(cloud.clone()));
     let metrics = ctx.metrics.clone();
     let cache = ctx.nodes.clone();
     let rc = RouteController::new(ctx, RouteConfig::new(vec![net("10.244.0.0/16")]))
