@@ -514,3 +514,173 @@ async fn unknown_resources_are_404_whatever_the_body() {
     .await;
     assert_eq!(answer.code, 403);
 }
+
+/// A CustomResourceDefinition created in protobuf, as client-go (the conformance suite's
+/// apiextensions client) sends it, with every plain `bool` of its schema written false as
+/// Go's marshaller does: established, its resource served, and read back in protobuf and in
+/// JSON without those false fields (kube-apiserver's `omitempty`). APIServices likewise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_resource_definitions_round_trip_in_protobuf() {
+    use k8s_pb::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
+    let router = router().await;
+    let plain = |r#type: &str| apiext::JsonSchemaProps {
+        r#type: Some(r#type.into()),
+        exclusive_maximum: Some(false),
+        exclusive_minimum: Some(false),
+        unique_items: Some(false),
+        nullable: Some(false),
+        x_kubernetes_embedded_resource: Some(false),
+        x_kubernetes_int_or_string: Some(false),
+        ..Default::default()
+    };
+    let spec_schema = apiext::JsonSchemaProps {
+        properties: [
+            ("size".to_owned(), plain("integer")),
+            (
+                "labels".to_owned(),
+                apiext::JsonSchemaProps {
+                    additional_properties: Some(Box::new(apiext::JsonSchemaPropsOrBool {
+                        allows: Some(true),
+                        schema: Some(Box::new(plain("string"))),
+                    })),
+                    ..plain("object")
+                },
+            ),
+        ]
+        .into(),
+        ..plain("object")
+    };
+    let crd = apiext::CustomResourceDefinition {
+        metadata: Some(ObjectMeta {
+            name: Some("gizmos.pb.example.com".into()),
+            ..Default::default()
+        }),
+        spec: Some(apiext::CustomResourceDefinitionSpec {
+            group: Some("pb.example.com".into()),
+            names: Some(apiext::CustomResourceDefinitionNames {
+                plural: Some("gizmos".into()),
+                singular: Some("gizmo".into()),
+                kind: Some("Gizmo".into()),
+                list_kind: Some("GizmoList".into()),
+                ..Default::default()
+            }),
+            scope: Some("Namespaced".into()),
+            versions: vec![apiext::CustomResourceDefinitionVersion {
+                name: Some("v1".into()),
+                served: Some(true),
+                storage: Some(true),
+                schema: Some(apiext::CustomResourceValidation {
+                    open_apiv3_schema: Some(apiext::JsonSchemaProps {
+                        properties: [("spec".to_owned(), spec_schema)].into(),
+                        ..plain("object")
+                    }),
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let created = send(
+        &router,
+        "POST",
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        &[("content-type", PROTOBUF), ("accept", CLIENT_GO_ACCEPT)],
+        envelope(
+            "apiextensions.k8s.io/v1",
+            "CustomResourceDefinition",
+            crd.encode_to_vec(),
+        ),
+    )
+    .await;
+    assert_eq!(
+        created.code,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    assert_eq!(created.content_type, PROTOBUF);
+    let (_, kind, back) = open::<apiext::CustomResourceDefinition>(&created.body);
+    assert_eq!(kind, "CustomResourceDefinition");
+    let schema = back.spec.unwrap().versions[0]
+        .schema
+        .clone()
+        .unwrap()
+        .open_apiv3_schema
+        .unwrap();
+    let labels = &schema.properties["spec"].properties["labels"];
+    assert_eq!(
+        labels
+            .additional_properties
+            .as_ref()
+            .unwrap()
+            .schema
+            .as_ref()
+            .unwrap()
+            .r#type
+            .as_deref(),
+        Some("string")
+    );
+    let json = send(
+        &router,
+        "GET",
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gizmos.pb.example.com",
+        &[],
+        Vec::new(),
+    )
+    .await;
+    let value: Value = serde_json::from_slice(&json.body).unwrap();
+    assert_eq!(
+        value["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"],
+        json!({"type": "object", "properties": {
+            "size": {"type": "integer"},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}}}})
+    );
+    // Established and served, and listed in protobuf.
+    ccm_testkit::eventually(30, "gizmos are served", || {
+        let router = router.clone();
+        async move {
+            let answer = send(
+                &router,
+                "GET",
+                "/apis/pb.example.com/v1/namespaces/default/gizmos",
+                &[],
+                Vec::new(),
+            )
+            .await;
+            (answer.code == 200).then_some(())
+        }
+    })
+    .await;
+    let list = send(
+        &router,
+        "GET",
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        &[("accept", CLIENT_GO_ACCEPT)],
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(list.content_type, PROTOBUF);
+    let (_, kind, list) = open::<apiext::CustomResourceDefinitionList>(&list.body);
+    assert_eq!(kind, "CustomResourceDefinitionList");
+    assert!(
+        list.items
+            .iter()
+            .any(|c| c.metadata.as_ref().and_then(|m| m.name.as_deref())
+                == Some("gizmos.pb.example.com"))
+    );
+    let services = send(
+        &router,
+        "GET",
+        "/apis/apiregistration.k8s.io/v1/apiservices",
+        &[("accept", CLIENT_GO_ACCEPT)],
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(services.content_type, PROTOBUF);
+    let (_, kind, services) = open::<
+        k8s_pb::kube_aggregator::pkg::apis::apiregistration::v1::APIServiceList,
+    >(&services.body);
+    assert_eq!(kind, "APIServiceList");
+    assert!(!services.items.is_empty());
+}

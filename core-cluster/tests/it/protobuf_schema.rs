@@ -259,18 +259,25 @@ fn message_path(ty: &syn::Type, module: &[String]) -> Option<String> {
     Some(resolved.join("."))
 }
 
-/// The k8s-pb message of a served kind: `api.<first label of the group, or core>.<version>`.
+/// The k8s-pb message of a served kind, as the server names it.
 fn message_of(group: &str, version: &str, kind: &str) -> String {
-    let package = if group.is_empty() {
-        "core"
-    } else {
-        group.split('.').next().unwrap_or(group)
-    };
-    format!("api.{package}.{version}.{kind}")
+    format!(
+        "{}.{version}.{kind}",
+        core_cluster::api::protobuf::package_of(group)
+    )
 }
 
+/// A field name with case, `_`, `-` and `$` ignored: prost's `x_kubernetes_list_type` and
+/// `ref` are JSON's `x-kubernetes-list-type` and `$ref`.
 fn normalise(name: &str) -> String {
-    name.replace('_', "").to_ascii_lowercase()
+    name.replace(['_', '-', '$'], "").to_ascii_lowercase()
+}
+
+/// The OpenAPI definition name of a k8s-pb message: its first module is a Go module path,
+/// where `_` was `-` (`apiextensions_apiserver` is `apiextensions-apiserver`).
+fn definition_name(message: &str) -> String {
+    let (first, rest) = message.split_once('.').unwrap_or((message, ""));
+    format!("io.k8s.{}.{rest}", first.replace('_', "-")).to_ascii_lowercase()
 }
 
 fn lower_camel(snake: &str) -> String {
@@ -374,7 +381,7 @@ fn generate() -> String {
         out.push_str(&format!("message {name}\n"));
         // prost also re-cased message names (`HTTPGetAction` is `HttpGetAction`).
         let properties = schemas
-            .get(&format!("io.k8s.{name}").to_ascii_lowercase())
+            .get(&definition_name(name))
             .and_then(|s| s["properties"].as_object());
         for f in &messages[name] {
             let wanted = normalise(&f.rust_name);

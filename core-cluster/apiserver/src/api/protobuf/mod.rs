@@ -68,21 +68,29 @@ pub enum ProtobufError {
     Wire(#[from] WireError),
 }
 
-/// The k8s-pb message of an apiVersion and kind: `api.<first label of the group, or
-/// core>.<version>.<Kind>`, or metav1's (`Status`, `DeleteOptions`, `APIResourceList`…,
-/// which every group version carries). `None` if the table has neither.
+/// The k8s-pb package of an API group's messages: `api.<first label of the group, or
+/// core>`, except the groups whose types live outside `k8s.io/api` (apiextensions-apiserver's
+/// CustomResourceDefinitions, kube-aggregator's APIServices, k8s.io/metrics).
+pub fn package_of(group: &str) -> String {
+    match group {
+        "apiextensions.k8s.io" => "apiextensions_apiserver.pkg.apis.apiextensions".to_owned(),
+        "apiregistration.k8s.io" => "kube_aggregator.pkg.apis.apiregistration".to_owned(),
+        "metrics.k8s.io" => "metrics.pkg.apis.metrics".to_owned(),
+        "" => "api.core".to_owned(),
+        other => format!("api.{}", other.split('.').next().unwrap_or(other)),
+    }
+}
+
+/// The k8s-pb message of an apiVersion and kind: `<package of its group>.<version>.<Kind>`
+/// ([`package_of`]), or metav1's (`Status`, `DeleteOptions`, `APIResourceList`…, which every
+/// group version carries). `None` if the table has neither.
 pub fn message_for(api_version: &str, kind: &str) -> Option<String> {
     if kind.is_empty() {
         return None;
     }
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-    let package = if group.is_empty() {
-        "core"
-    } else {
-        group.split('.').next().unwrap_or(group)
-    };
     [
-        format!("api.{package}.{version}.{kind}"),
+        format!("{}.{version}.{kind}", package_of(group)),
         format!("apimachinery.pkg.apis.meta.v1.{kind}"),
     ]
     .into_iter()

@@ -310,13 +310,10 @@ fn a_watch_frame_is_a_length_and_a_bare_watch_event_around_an_enveloped_object()
 
 #[test]
 fn every_served_kind_and_its_list_has_a_message() {
-    // The apiextensions and apiregistration kinds are served in JSON only so far (their
-    // messages are not in the table): a protobuf Accept falls back to JSON for them, as
-    // it does for custom resources upstream.
-    for resource in crate::openapi::served_resources()
-        .into_iter()
-        .filter(|r| !matches!(r.group, "apiextensions.k8s.io" | "apiregistration.k8s.io"))
-    {
+    // CustomResourceDefinitions and APIServices included (apiextensions' and
+    // kube-aggregator's messages): Go clients such as the conformance suite's send them in
+    // protobuf.
+    for resource in crate::openapi::served_resources() {
         let api_version = if resource.group.is_empty() {
             resource.version.to_owned()
         } else {
@@ -393,4 +390,162 @@ fn extra_values_are_bare_lists() {
     let spec = typed.spec.unwrap();
     assert_eq!(spec.extra["scopes"].items, ["a", "b"]);
     assert_eq!(typed.status.unwrap().allowed, Some(true));
+}
+
+fn crd() -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": {
+                            "type": "object",
+                            "required": ["size"],
+                            "x-kubernetes-validations": [{"rule": "self.size > 0", "message": "positive"}],
+                            "properties": {
+                                "size": {"type": "integer", "minimum": 1, "default": 3},
+                                "color": {"type": "string", "enum": ["red", "blue"], "pattern": "^[a-z]+$"},
+                                "tags": {"type": "array", "items": {"type": "string"},
+                                         "x-kubernetes-list-type": "set"},
+                                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                                "closed": {"type": "object", "additionalProperties": false},
+                                "port": {"x-kubernetes-int-or-string": true},
+                                "ref": {"$ref": "#/definitions/x"},
+                            },
+                        },
+                    },
+                }},
+            }],
+        },
+    })
+}
+
+/// apiextensions' `generated.proto` read by an independent decoder (k8s-pb's prost
+/// messages): a definition written by the server is what Go's client-go reads, every schema
+/// union in its protobuf form (`additionalProperties` a schema or `allows`, `items` a
+/// schema, `default` and `enum` raw JSON).
+#[test]
+fn a_custom_resource_definition_encodes_as_apiextensions_protobuf() {
+    use k8s_pb::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
+    let bytes = encode_object(&crd()).unwrap();
+    let envelope = unwrap_envelope(&bytes);
+    let type_meta = envelope.type_meta.unwrap();
+    assert_eq!(type_meta.kind.as_deref(), Some("CustomResourceDefinition"));
+    let typed = apiext::CustomResourceDefinition::decode(envelope.raw.unwrap().as_slice()).unwrap();
+    let spec = typed.spec.unwrap();
+    assert_eq!(spec.group.as_deref(), Some("example.com"));
+    let schema = spec.versions[0]
+        .schema
+        .clone()
+        .unwrap()
+        .open_apiv3_schema
+        .unwrap();
+    let inner = &schema.properties["spec"];
+    assert_eq!(inner.required, ["size"]);
+    assert_eq!(
+        inner.x_kubernetes_validations[0].rule.as_deref(),
+        Some("self.size > 0")
+    );
+    let size = &inner.properties["size"];
+    assert_eq!(
+        size.default.as_ref().unwrap().raw.as_deref(),
+        Some(&b"3"[..])
+    );
+    let color = &inner.properties["color"];
+    let values: Vec<&[u8]> = color
+        .r#enum
+        .iter()
+        .map(|j| j.raw.as_deref().unwrap())
+        .collect();
+    assert_eq!(values, [&b"\"red\""[..], &b"\"blue\""[..]]);
+    let tags = inner.properties["tags"].items.as_ref().unwrap();
+    assert_eq!(
+        tags.schema.as_ref().unwrap().r#type.as_deref(),
+        Some("string")
+    );
+    let labels = inner.properties["labels"]
+        .additional_properties
+        .as_ref()
+        .unwrap();
+    assert_eq!(labels.allows, Some(true));
+    assert_eq!(
+        labels.schema.as_ref().unwrap().r#type.as_deref(),
+        Some("string")
+    );
+    let closed = inner.properties["closed"]
+        .additional_properties
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (closed.allows, closed.schema.is_none()),
+        (Some(false), true)
+    );
+    assert_eq!(
+        inner.properties["free"].x_kubernetes_preserve_unknown_fields,
+        Some(true)
+    );
+    assert_eq!(
+        inner.properties["port"].x_kubernetes_int_or_string,
+        Some(true)
+    );
+    assert_eq!(
+        inner.properties["ref"].r#ref.as_deref(),
+        Some("#/definitions/x")
+    );
+    // And back: decoding gives the JSON it came from.
+    assert_eq!(decode_object(&bytes).unwrap(), crd());
+}
+
+/// What Go's client-go sends for a definition (its protobuf marshaller writes every plain
+/// `bool` of `JSONSchemaProps`, false ones too) reads as the JSON kube-apiserver keeps, where
+/// `omitempty` leaves false out.
+#[test]
+fn a_definition_from_a_go_client_reads_without_its_false_plain_bools() {
+    use k8s_pb::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
+    let props = apiext::JsonSchemaProps {
+        r#type: Some("object".into()),
+        exclusive_maximum: Some(false),
+        exclusive_minimum: Some(false),
+        unique_items: Some(false),
+        nullable: Some(false),
+        x_kubernetes_embedded_resource: Some(false),
+        x_kubernetes_int_or_string: Some(false),
+        x_kubernetes_preserve_unknown_fields: Some(true),
+        items: Some(Box::new(apiext::JsonSchemaPropsOrArray {
+            schema: None,
+            j_son_schemas: vec![
+                apiext::JsonSchemaProps {
+                    r#type: Some("string".into()),
+                    ..Default::default()
+                },
+                apiext::JsonSchemaProps {
+                    r#type: Some("integer".into()),
+                    ..Default::default()
+                },
+            ],
+        })),
+        ..Default::default()
+    };
+    let mut raw = Vec::new();
+    props.encode(&mut raw).unwrap();
+    let value = wire::decode(
+        "apiextensions_apiserver.pkg.apis.apiextensions.v1.JsonSchemaProps",
+        &raw,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        value,
+        json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true,
+               "items": [{"type": "string"}, {"type": "integer"}]})
+    );
 }

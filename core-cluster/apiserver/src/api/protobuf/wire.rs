@@ -38,6 +38,23 @@ const QUANTITY: &str = "apimachinery.pkg.api.resource.Quantity";
 const INT_OR_STRING: &str = "apimachinery.pkg.util.intstr.IntOrString";
 /// `apimachinery.pkg.runtime.RawExtension`.
 const RAW_EXTENSION: &str = "apimachinery.pkg.runtime.RawExtension";
+/// apiextensions' `JSON`: any JSON value (a schema's `default`, `example`, `enum` items),
+/// its bytes in `raw` as `RawExtension`'s.
+const APIEXT_JSON: &str = "apiextensions_apiserver.pkg.apis.apiextensions.v1.Json";
+/// A schema.
+const SCHEMA_PROPS: &str = "apiextensions_apiserver.pkg.apis.apiextensions.v1.JsonSchemaProps";
+/// `JSONSchemaPropsOrBool` (`additionalProperties`, `additionalItems`): in JSON a boolean or
+/// a schema; in protobuf `allows` (1) and `schema` (2).
+const SCHEMA_OR_BOOL: &str =
+    "apiextensions_apiserver.pkg.apis.apiextensions.v1.JsonSchemaPropsOrBool";
+/// `JSONSchemaPropsOrArray` (`items`): in JSON a schema or a list of schemas; in protobuf
+/// `schema` (1) or `jSONSchemas` (2).
+const SCHEMA_OR_ARRAY: &str =
+    "apiextensions_apiserver.pkg.apis.apiextensions.v1.JsonSchemaPropsOrArray";
+/// `JSONSchemaPropsOrStringArray` (`dependencies`' values): in JSON a schema or a list of
+/// strings; in protobuf `schema` (1) or `property` (2).
+const SCHEMA_OR_STRINGS: &str =
+    "apiextensions_apiserver.pkg.apis.apiextensions.v1.JsonSchemaPropsOrStringArray";
 
 /// Go's zero `time.Time` in Unix seconds (0001-01-01T00:00:00Z).
 const GO_ZERO_TIME_SECONDS: i64 = -62_135_596_800;
@@ -186,9 +203,12 @@ pub(super) fn decode_at(
                 fields.varint(1).unwrap_or(0) as i64,
             ))));
         }
-        RAW_EXTENSION | FIELDS_V1 => {
+        RAW_EXTENSION | FIELDS_V1 | APIEXT_JSON => {
             let raw = scalars(name, buf)?.bytes(1).unwrap_or_default();
             return embedded(name, &raw, depth, budget);
+        }
+        SCHEMA_OR_BOOL | SCHEMA_OR_ARRAY | SCHEMA_OR_STRINGS => {
+            return decode_schema_union(name, buf, depth, budget);
         }
         _ => {}
     }
@@ -210,8 +230,27 @@ pub(super) fn decode_at(
             out.remove("items").unwrap_or(Value::Array(Vec::new())),
         ));
     }
+    if name == SCHEMA_PROPS {
+        // Go's `JSONSchemaProps` has these as plain `bool`s: its protobuf carries every one
+        // on every schema, false or not, and its JSON (`omitempty`) only the true ones.
+        for key in SCHEMA_PLAIN_BOOLS {
+            if out.get(*key) == Some(&Value::Bool(false)) {
+                out.remove(*key);
+            }
+        }
+    }
     Ok(Some(Value::Object(out)))
 }
+
+/// The fields of Go's `JSONSchemaProps` that are plain `bool`s with `omitempty`.
+const SCHEMA_PLAIN_BOOLS: &[&str] = &[
+    "exclusiveMaximum",
+    "exclusiveMinimum",
+    "uniqueItems",
+    "nullable",
+    "x-kubernetes-embedded-resource",
+    "x-kubernetes-int-or-string",
+];
 
 fn decode_field(
     name: &str,
@@ -346,7 +385,12 @@ fn scalar(name: &str, kind: Kind, wire: WireType, buf: &mut &[u8]) -> Result<Val
                 return Err(malformed(name, "a double runs past the end"));
             }
             let f = buf.get_f64_le();
-            Number::from_f64(f).map_or(Value::Null, Value::Number)
+            // Go's JSON writes a whole float64 as an integer (`1`, not `1.0`).
+            if f.fract() == 0.0 && f.abs() < 1e15 {
+                Value::from(f as i64)
+            } else {
+                Number::from_f64(f).map_or(Value::Null, Value::Number)
+            }
         }
         Kind::String => Value::String(utf8(name, length_delimited(name, buf)?)?),
         Kind::Bytes => Value::String(STANDARD.encode(length_delimited(name, buf)?)),
@@ -624,10 +668,13 @@ fn encode_at(name: &str, value: &Value, out: &mut Vec<u8>, depth: usize) -> Resu
             put_varint(1, nanos as u64, out);
             return Ok(());
         }
-        RAW_EXTENSION | FIELDS_V1 => {
+        RAW_EXTENSION | FIELDS_V1 | APIEXT_JSON => {
             let raw = serde_json::to_vec(value).map_err(|e| malformed(name, e))?;
             put_bytes(1, &raw, out);
             return Ok(());
+        }
+        SCHEMA_OR_BOOL | SCHEMA_OR_ARRAY | SCHEMA_OR_STRINGS => {
+            return encode_schema_union(name, value, out, depth);
         }
         _ => {}
     }
@@ -746,6 +793,107 @@ fn encode_field(
                 put_bytes(tag, &entry, out);
             }
         }
+    }
+    Ok(())
+}
+
+/// One of apiextensions' schema unions (`JSONSchemaPropsOrBool`, `…OrArray`,
+/// `…OrStringArray`) as its JSON form, as their Go `MarshalJSON` writes them: the schema
+/// when it is set (`…OrBool`) or when the list is empty (the other two), else the boolean
+/// or the list.
+fn decode_schema_union(
+    name: &str,
+    mut buf: &[u8],
+    depth: usize,
+    budget: &Budget,
+) -> Result<Option<Value>, WireError> {
+    budget.take()?;
+    let mut allows = false;
+    let mut schema = None;
+    let mut list = Vec::new();
+    while buf.has_remaining() {
+        let (tag, wire) = decode_key(&mut buf).map_err(|e| malformed(name, e))?;
+        match (name, tag, wire) {
+            (SCHEMA_OR_BOOL, 1, WireType::Varint) => {
+                allows = scalar(name, Kind::Bool, wire, &mut buf)? == Value::Bool(true);
+            }
+            (SCHEMA_OR_BOOL, 2, WireType::LengthDelimited)
+            | (SCHEMA_OR_ARRAY | SCHEMA_OR_STRINGS, 1, WireType::LengthDelimited) => {
+                schema = decode_at(
+                    SCHEMA_PROPS,
+                    length_delimited(name, &mut buf)?,
+                    depth + 1,
+                    budget,
+                )?;
+            }
+            (SCHEMA_OR_ARRAY, 2, WireType::LengthDelimited) => {
+                budget.take()?;
+                let item = decode_at(
+                    SCHEMA_PROPS,
+                    length_delimited(name, &mut buf)?,
+                    depth + 1,
+                    budget,
+                )?;
+                list.push(item.unwrap_or_else(|| Value::Object(Map::new())));
+            }
+            (SCHEMA_OR_STRINGS, 2, WireType::LengthDelimited) => {
+                budget.take()?;
+                list.push(scalar(name, Kind::String, wire, &mut buf)?);
+            }
+            _ => skip_field(wire, tag, &mut buf, DecodeContext::default())
+                .map_err(|e| malformed(name, e))?,
+        }
+    }
+    Ok(match (name, schema) {
+        (SCHEMA_OR_BOOL, Some(schema)) => Some(schema),
+        (SCHEMA_OR_BOOL, None) => Some(Value::Bool(allows)),
+        (_, _) if !list.is_empty() => Some(Value::Array(list)),
+        (_, schema) => schema,
+    })
+}
+
+/// [`decode_schema_union`]'s inverse, as the Go types' `UnmarshalJSON` reads the JSON: a
+/// boolean is `allows` (a schema object means `allows: true` with the schema), a list is the
+/// list, an object the schema.
+fn encode_schema_union(
+    name: &str,
+    value: &Value,
+    out: &mut Vec<u8>,
+    depth: usize,
+) -> Result<(), WireError> {
+    let put_schema = |tag: u32, schema: &Value, out: &mut Vec<u8>| {
+        let mut inner = Vec::new();
+        encode_at(SCHEMA_PROPS, schema, &mut inner, depth + 1)?;
+        put_bytes(tag, &inner, out);
+        Ok::<(), WireError>(())
+    };
+    match (name, value) {
+        (SCHEMA_OR_BOOL, Value::Bool(b)) => put_varint(1, u64::from(*b), out),
+        (SCHEMA_OR_BOOL, Value::Object(_)) => {
+            put_varint(1, 1, out);
+            put_schema(2, value, out)?;
+        }
+        (SCHEMA_OR_ARRAY | SCHEMA_OR_STRINGS, Value::Object(_)) => put_schema(1, value, out)?,
+        (SCHEMA_OR_ARRAY, Value::Array(items)) => {
+            for item in items {
+                put_schema(2, item, out)?;
+            }
+        }
+        (SCHEMA_OR_STRINGS, Value::Array(items)) => {
+            for item in items {
+                let s = item
+                    .as_str()
+                    .ok_or_else(|| type_error(name, "", "a string", item))?;
+                put_bytes(2, s.as_bytes(), out);
+            }
+        }
+        (SCHEMA_OR_BOOL, other) => {
+            return Err(type_error(name, "", "a boolean or a schema", other));
+        }
+        (SCHEMA_OR_ARRAY, other) => {
+            return Err(type_error(name, "", "a schema or a list of schemas", other));
+        }
+        (_, other) => return Err(type_error(name, "", "a schema or a list of strings", other)),
     }
     Ok(())
 }
