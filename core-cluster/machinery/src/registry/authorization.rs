@@ -165,16 +165,36 @@ fn validate_binding(obj: &Value, old: Option<&Value>, kinds: &[&str]) -> Vec<Fie
     errors
 }
 
-/// Subject kinds default their apiGroup as upstream's defaulting does.
+/// `pkg/apis/rbac/v1/defaults.go`: a binding's `roleRef.apiGroup` and each subject's
+/// `apiGroup`, when empty or absent, default to `rbac.authorization.k8s.io` (`""` for a
+/// ServiceAccount subject).
 fn default_subjects(obj: &mut Value) {
+    if let Some(role_ref) = obj.get_mut("roleRef").and_then(Value::as_object_mut)
+        && role_ref
+            .get("apiGroup")
+            .is_none_or(|g| g.is_null() || g == "")
+    {
+        role_ref.insert("apiGroup".into(), json!(RBAC_GROUP));
+    }
     if let Some(subjects) = obj["subjects"].as_array_mut() {
         for s in subjects {
-            if s["apiGroup"].is_null() {
-                match s["kind"].as_str() {
-                    Some("User" | "Group") => s["apiGroup"] = json!(RBAC_GROUP),
-                    Some("ServiceAccount") => s["apiGroup"] = json!(""),
-                    _ => {}
+            let Some(subject) = s.as_object_mut() else {
+                continue;
+            };
+            if subject
+                .get("apiGroup")
+                .is_some_and(|g| !g.is_null() && g != "")
+            {
+                continue;
+            }
+            match subject.get("kind").and_then(Value::as_str) {
+                Some("User" | "Group") => {
+                    subject.insert("apiGroup".into(), json!(RBAC_GROUP));
                 }
+                Some("ServiceAccount") => {
+                    subject.insert("apiGroup".into(), json!(""));
+                }
+                _ => {}
             }
         }
     }
@@ -426,6 +446,28 @@ mod tests {
                 .contains("verbs must contain at least one value")
         );
         assert!((CLUSTER_ROLES.validate)(&json!({"rules": [role["rules"][1]]}), None).is_empty());
+    }
+
+    /// `pkg/apis/rbac/v1/defaults.go`: an empty or absent `roleRef.apiGroup` is the RBAC
+    /// group, as are User and Group subjects' groups; a ServiceAccount's is `""`. (The
+    /// conformance suite's webhook specs bind a role without `apiGroup`.)
+    #[test]
+    fn role_ref_and_subject_groups_default_as_upstream() {
+        for mut binding in [
+            json!({"roleRef": {"kind": "ClusterRole", "name": "a"},
+                   "subjects": [{"kind": "User", "name": "u"}, {"kind": "Group", "name": "g", "apiGroup": ""},
+                                {"kind": "ServiceAccount", "name": "s", "namespace": "n"}]}),
+            json!({"roleRef": {"apiGroup": "", "kind": "ClusterRole", "name": "a"},
+                   "subjects": [{"kind": "User", "name": "u"}, {"kind": "Group", "name": "g"},
+                                {"kind": "ServiceAccount", "name": "s", "namespace": "n"}]}),
+        ] {
+            (CLUSTER_ROLE_BINDINGS.prepare_create)(&mut binding);
+            assert_eq!(binding["roleRef"]["apiGroup"], RBAC_GROUP);
+            assert_eq!(binding["subjects"][0]["apiGroup"], RBAC_GROUP);
+            assert_eq!(binding["subjects"][1]["apiGroup"], RBAC_GROUP);
+            assert_eq!(binding["subjects"][2]["apiGroup"], "");
+            assert!((CLUSTER_ROLE_BINDINGS.validate)(&binding, None).is_empty());
+        }
     }
 
     /// Upstream `ValidateRoleBindingUpdate`: "cannot change roleRef"; a ClusterRoleBinding
