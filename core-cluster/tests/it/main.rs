@@ -8,6 +8,7 @@ mod conformance;
 mod connection_limits;
 mod controllers_ipam_gc;
 mod crd;
+mod crd_hardening;
 mod crd_kube_derive;
 mod csr;
 

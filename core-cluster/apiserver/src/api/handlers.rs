@@ -727,7 +727,9 @@ async fn patch_object(scope: &RequestScope) -> Result<(StatusCode, Value), ApiEr
         check_applied_type(def, &patch_doc)?;
     }
     let patch_doc = Arc::new(patch_doc);
-    let schema = crate::crd::merge_schema(def);
+    // Held (and moved into each patch computation) so that a custom resource's merge
+    // shape outlives a definition deleted meanwhile.
+    let merge = crate::crd::merge_schema(def);
     for _ in 0..MAX_WRITE_ATTEMPTS {
         let current = match get_object(&*state.store, def, ns, name).await {
             Ok(found) => Some(found),
@@ -735,9 +737,9 @@ async fn patch_object(scope: &RequestScope) -> Result<(StatusCode, Value), ApiEr
             Err(e) => return Err(e),
         };
         let Some((kv, current)) = current else {
-            let (doc, manager) = (patch_doc.clone(), manager.clone());
+            let (doc, manager, schema) = (patch_doc.clone(), manager.clone(), merge.clone());
             let mut obj = off_the_io_threads(move || {
-                patch::apply(None, &doc, &manager, force, schema, &meta::now_rfc3339())
+                patch::apply(None, &doc, &manager, force, &schema, &meta::now_rfc3339())
             })
             .await?
             .map_err(|e| apply_error(def, name, e))?;
@@ -751,18 +753,23 @@ async fn patch_object(scope: &RequestScope) -> Result<(StatusCode, Value), ApiEr
             let created = create_object(state, &ctx, def, ns, obj).await?;
             return Ok((StatusCode::CREATED, created));
         };
-        let (doc, manager, live) = (patch_doc.clone(), manager.clone(), current.clone());
+        let (doc, manager, live, schema) = (
+            patch_doc.clone(),
+            manager.clone(),
+            current.clone(),
+            merge.clone(),
+        );
         let patched = off_the_io_threads(move || match patch_type {
             patch::PatchType::ApplyPatch => patch::apply(
                 Some(&live),
                 &doc,
                 &manager,
                 force,
-                schema,
+                &schema,
                 &meta::now_rfc3339(),
             )
             .map_err(|e| apply_error(def, name_of(&live), e)),
-            other => patch::patch_object(&live, other, &doc, schema)
+            other => patch::patch_object(&live, other, &doc, &schema)
                 .map_err(|e| patch_error(def, name_of(&live), e)),
         })
         .await??;

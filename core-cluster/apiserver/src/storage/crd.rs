@@ -18,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-use futures::future::BoxFuture;
+use futures::{StreamExt, future::BoxFuture};
 use serde_json::{Value, json};
 
 use super::{
@@ -45,6 +45,16 @@ pub(crate) struct CrdController {
 type Cleaning = Arc<parking_lot::Mutex<HashSet<String>>>;
 
 static CLEANING: std::sync::LazyLock<Cleaning> = std::sync::LazyLock::new(Cleaning::default);
+
+/// The definitions each storage has reported as not served, with why (reported once).
+static REPORTED: std::sync::LazyLock<Cleaning> = std::sync::LazyLock::new(Cleaning::default);
+
+/// Whether `storage` has not yet said that the definition `name` is not served for `why`.
+fn first_report(storage: &Arc<Storage>, name: &str, why: &str) -> bool {
+    REPORTED
+        .lock()
+        .insert(format!("{:p}/{name}/{why}", Arc::as_ptr(storage)))
+}
 
 impl CrdController {
     fn spawn(&self) {
@@ -225,13 +235,36 @@ pub(crate) async fn reconcile(storage: &Arc<Storage>) {
                     "NoConflicts",
                     "no conflicts found",
                 ));
-                storage.registry.set_custom(&name, served_defs(crd));
-                wanted.push(condition(
-                    "Established",
-                    "True",
-                    "InitialNamesAccepted",
-                    "the initial names have been accepted",
-                ));
+                match served_defs(crd) {
+                    Ok(served) => {
+                        storage.registry.set_custom(&name, served);
+                        wanted.push(condition(
+                            "Established",
+                            "True",
+                            "InitialNamesAccepted",
+                            "the initial names have been accepted",
+                        ));
+                    }
+                    Err(why) => {
+                        // A stored definition that cannot be served (written past
+                        // validation, or before a newer check): the server starts without
+                        // it and says so, once per content.
+                        if first_report(storage, &name, &why) {
+                            tracing::warn!(
+                                definition = %name,
+                                reason = %why,
+                                "a stored CustomResourceDefinition is not served"
+                            );
+                        }
+                        storage.registry.remove_custom(&name);
+                        wanted.push(condition(
+                            "Established",
+                            "False",
+                            "NotServed",
+                            &format!("the definition is not served: {why}"),
+                        ));
+                    }
+                }
             }
             Some((reason, message)) => {
                 wanted.push(condition("NamesAccepted", "False", reason, message));
@@ -244,6 +277,9 @@ pub(crate) async fn reconcile(storage: &Arc<Storage>) {
                     ));
                 }
             }
+        }
+        if let Some(approval) = crate::crd::groups::approval_condition(crd) {
+            wanted.push(approval);
         }
         if terminating {
             wanted.push(condition(
@@ -295,8 +331,15 @@ async fn write_status(storage: &Storage, name: &str, status: Value) {
     }
 }
 
+/// How many of a terminating definition's objects are deleted at once: the store commits
+/// concurrent writes together, so a definition with thousands of objects is cleaned up in
+/// batches rather than one commit at a time.
+const CLEANUP_CONCURRENCY: usize = 64;
+
 /// `crd_finalizer.go`: deletes every object of the terminating definition `name`, then
-/// removes its cleanup finalizer (which deletes the definition).
+/// removes its cleanup finalizer (which deletes the definition). Only the definition's own
+/// objects: a definition that is not served (one in a built-in group, stored before such
+/// definitions were refused) has none, and its cleanup deletes nothing.
 async fn clean_up(storage: &Arc<Storage>, name: &str) {
     let def = &CUSTOM_RESOURCE_DEFINITIONS;
     let ctx = WriteContext::server();
@@ -309,7 +352,10 @@ async fn clean_up(storage: &Arc<Storage>, name: &str) {
     if !has_finalizer {
         return;
     }
-    if let Some(served) = served_defs(&crd).first().copied() {
+    // Held through the cleanup, so its versions stay served while their objects go.
+    let served = served_defs(&crd).ok();
+    if let Some(served) = served.as_ref().and_then(|s| s.defs().first().copied()) {
+        let mut pause = Duration::from_millis(50);
         loop {
             let Ok(items) = list_all(&*storage.store, served, None).await else {
                 return;
@@ -317,22 +363,36 @@ async fn clean_up(storage: &Arc<Storage>, name: &str) {
             if items.is_empty() {
                 break;
             }
-            for item in items {
-                if !item["metadata"]["deletionTimestamp"].is_null() {
-                    continue;
-                }
-                let ns = str_at(&item, &["metadata", "namespace"]).map(str::to_owned);
-                let obj_name = str_at(&item, &["metadata", "name"])
-                    .unwrap_or("")
-                    .to_owned();
-                let key = ObjectKey::new(served, ns.as_deref(), &obj_name);
-                let options = DeleteOptions {
-                    grace_period_seconds: Some(0),
-                    ..DeleteOptions::default()
-                };
-                let _ = delete_object(storage, &ctx, key, options).await;
+            let deleting: Vec<ObjectKey<'_>> = items
+                .iter()
+                .filter(|item| item["metadata"]["deletionTimestamp"].is_null())
+                .map(|item| {
+                    ObjectKey::new(
+                        served,
+                        str_at(item, &["metadata", "namespace"]),
+                        str_at(item, &["metadata", "name"]).unwrap_or(""),
+                    )
+                })
+                .collect();
+            let progress = !deleting.is_empty();
+            futures::stream::iter(deleting)
+                .for_each_concurrent(CLEANUP_CONCURRENCY, |key| {
+                    let ctx = &ctx;
+                    async move {
+                        let options = DeleteOptions {
+                            grace_period_seconds: Some(0),
+                            ..DeleteOptions::default()
+                        };
+                        let _ = delete_object(storage, ctx, key, options).await;
+                    }
+                })
+                .await;
+            if !progress {
+                // Only objects held by their own finalizers are left: wait for them, less
+                // often the longer they take.
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
     for _ in 0..MAX_WRITE_ATTEMPTS {

@@ -194,7 +194,7 @@ pub(crate) async fn create_object(
         .await?;
     errors.extend(meta::validate_object_meta(&obj));
     errors.extend((def.validate)(&obj, None));
-    errors.extend(super::custom_errors(def, &obj, None));
+    errors.extend(super::custom_errors(def, &obj, None).await?);
     if !errors.is_empty() {
         return Err(invalid(def, &probe_name, errors));
     }
@@ -313,8 +313,8 @@ pub(crate) fn record_manager(
     let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()) else {
         return;
     };
-    let schema = crate::crd::merge_schema(def);
-    *obj = patch::record_update(old, obj, manager, schema, &meta::now_rfc3339());
+    let merge = crate::crd::merge_schema(def);
+    *obj = patch::record_update(old, obj, manager, &merge, &meta::now_rfc3339());
 }
 
 /// Frees what a deleted object held (Service IPs and ports).

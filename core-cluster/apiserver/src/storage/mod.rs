@@ -13,6 +13,7 @@ pub(crate) mod admission;
 pub(crate) mod apiservice;
 pub(crate) mod crd;
 pub(crate) mod create;
+pub(crate) mod custom_validation;
 pub(crate) mod default_toleration_seconds;
 pub(crate) mod delete;
 pub(crate) mod ephemeral;
@@ -431,13 +432,22 @@ pub(crate) const MAX_WRITE_ATTEMPTS: usize = 16;
 pub(crate) const GENERATE_NAME_ATTEMPTS: usize = 8;
 
 /// The schema validation of a custom resource, its `x-kubernetes-validations` rules with
-/// an update's `old` object (none for built-in resources, whose strategy validates them).
-pub(crate) fn custom_errors(
+/// an update's `old` object (none for built-in resources, whose strategy validates them),
+/// on the validation pool ([`custom_validation`]). A custom resource whose definition is no
+/// longer served (deleted or changed while the request ran) is refused, never written
+/// unvalidated.
+pub(crate) async fn custom_errors(
     def: &ResourceDef,
     obj: &Value,
     old: Option<&Value>,
-) -> Vec<FieldError> {
-    crate::crd::custom(def).map_or_else(Vec::new, |c| c.validate(obj, old))
+) -> Result<Vec<FieldError>, ApiError> {
+    if !crate::crd::is_custom(def) {
+        return Ok(Vec::new());
+    }
+    match crate::crd::custom(def) {
+        Some(custom) => Ok(custom_validation::validate(custom, obj, old).await),
+        None => Err(ApiError::not_found(&qualified(def, ""))),
+    }
 }
 
 pub(crate) fn qualified(def: &ResourceDef, name: &str) -> Qualified {

@@ -292,7 +292,7 @@ pub(crate) async fn commit_update(
         }
     }
     errors.extend((def.validate)(&new, Some(current)));
-    errors.extend(super::custom_errors(def, &new, Some(current)));
+    errors.extend(super::custom_errors(def, &new, Some(current)).await?);
     if !errors.is_empty() {
         return Err(invalid(def, name, errors));
     }

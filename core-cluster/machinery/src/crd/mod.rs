@@ -3,27 +3,24 @@
 //! (`apiextensions-apiserver/pkg/apis/apiextensions/validation`), and the
 //! [`ResourceDef`]s a definition serves ([`served_defs`]), one per served version.
 //!
-//! How a custom resource is served: its [`ResourceDef`] is built at run time and leaked, so
-//! it is `&'static` as the built-in ones are and the generic storage layer serves it
-//! unchanged. What the fixed `fn` strategy of a [`ResourceDef`] cannot carry (the schema,
-//! the printer columns, the storage version) is its [`Custom`], found from the definition
-//! with [`custom`]. Definitions are built once per distinct content and cached, so creating
-//! the same definition again (a test, a restarted server) leaks nothing more; only a
-//! changed definition leaks its new, small definitions.
+//! How a custom resource is served, and how long what serves it lives: the `served`
+//! module's docs ([`served_defs`], [`Served`], [`custom`]). Which groups a definition may
+//! claim: [`groups`]. How a schema's `pattern` is compiled: [`pattern`].
 
 pub mod cel;
+pub mod groups;
+pub mod pattern;
 pub mod schema;
+mod served;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, LazyLock},
+pub use served::{
+    Custom, MergeSchema, PATCH_TYPES, PrinterColumn, ScalePaths, Served, custom, is_custom,
+    merge_node, merge_schema, served_defs,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use parking_lot::{Mutex, RwLock};
 use serde_json::{Value, json};
 
-use crate::patch::{ListStrategy, TypeNode};
 use crate::registry::{
     Column, FieldError, NameRule, ResourceDef, meta, no_defaults,
     table::{AGE, NAME},
@@ -43,10 +40,6 @@ fn identity(v: Value) -> Value {
 
 fn no_fields(_: &Value, _: &str) -> Option<String> {
     None
-}
-
-fn no_rules(_: &Value, _: Option<&Value>) -> Vec<FieldError> {
-    Vec::new()
 }
 
 /// `apiextensions.k8s.io/v1` customresourcedefinitions.
@@ -179,16 +172,95 @@ fn validate_names(names: &Value, path: &str, errors: &mut Vec<FieldError>) {
     }
 }
 
-/// `validation.ValidateCustomResourceDefinition` (and `...Update`): the name is
-/// `<plural>.<group>`, the group has a dot, the names are DNS-1035 labels, the scope is
-/// known, exactly one served version is the storage one, every version has a structural
-/// schema, and the conversion is `None` (a webhook conversion is refused: this server does
-/// not call webhooks).
+/// `validation.ValidateCustomResourceDefinition` (and `...Update`): the definition's
+/// [`spec_errors`], then its API approval ([`groups::approval_errors`]) and, on update, the
+/// immutable fields.
+///
+/// An update that leaves the name and `spec` as they are (status, finalizers, labels) is
+/// not judged on its spec again: a definition stored before a newer check (see
+/// [`served_defs`]) can still have its cleanup finalizer removed, and so be deleted.
 pub fn validate_crd(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    if let Some(old) = old
+        && old["spec"] == new["spec"]
+        && old["metadata"]["name"] == new["metadata"]["name"]
+    {
+        return groups::approval_errors(new, Some(old));
+    }
+    let unchanged = old
+        .map(unchanged_schemas)
+        .map_or_else(Default::default, |f| f(new));
+    let mut errors = spec_errors_with(new, &unchanged);
+    errors.extend(groups::approval_errors(new, old));
+    if let Some(old) = old {
+        for field in ["group", "scope"] {
+            if old["spec"][field] != new["spec"][field] {
+                errors.push(FieldError::invalid(
+                    format!("spec.{field}"),
+                    &new["spec"][field],
+                    "field is immutable",
+                ));
+            }
+        }
+    }
+    errors
+}
+
+/// What makes a definition servable, as `ValidateCustomResourceDefinitionSpec` checks it:
+/// the name is `<plural>.<group>`, the group has a dot and is not a built-in one
+/// ([`groups::builtin_group_error`]), the names are DNS-1035 labels, the scope is known,
+/// exactly one served version is the storage one, every version has a structural schema
+/// whose patterns and rules compile, and the conversion is `None` (a webhook conversion is
+/// refused: this server does not call webhooks).
+pub fn spec_errors(new: &Value) -> Vec<FieldError> {
+    spec_errors_with(new, &std::collections::HashSet::new())
+}
+
+/// Upstream's `findVersionsWithUnchangedSchemas`: the versions of `new` whose schema is the
+/// one `old` has for the same version.
+fn unchanged_schemas(old: &Value) -> impl Fn(&Value) -> std::collections::HashSet<String> + '_ {
+    move |new: &Value| {
+        let schema_of = |crd: &Value, name: &str| {
+            crd["spec"]["versions"]
+                .as_array()
+                .and_then(|vs| vs.iter().find(|v| v["name"] == name))
+                .map(|v| v["schema"].clone())
+        };
+        new["spec"]["versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["name"].as_str())
+            .filter(|name| {
+                let mine = schema_of(new, name);
+                mine.is_some() && mine == schema_of(old, name)
+            })
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// The versions of `crd`, all of them (a stored definition, judged as if unchanged).
+pub fn all_versions(crd: &Value) -> std::collections::HashSet<String> {
+    crd["spec"]["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// [`spec_errors`], the versions in `unchanged` not judged on their rules' own estimated
+/// cost (upstream's `suppressPerExpressionCost`, for an update that leaves a version's
+/// schema as it was).
+pub fn spec_errors_with(
+    new: &Value,
+    unchanged: &std::collections::HashSet<String>,
+) -> Vec<FieldError> {
     let mut errors = Vec::new();
     let spec = &new["spec"];
     let group = spec["group"].as_str().unwrap_or("");
     let plural = spec["names"]["plural"].as_str().unwrap_or("");
+    errors.extend(groups::builtin_group_error(group));
     let name = meta::str_at(new, &["metadata", "name"]).unwrap_or("");
     if name != format!("{plural}.{group}") {
         errors.push(FieldError::invalid(
@@ -264,7 +336,12 @@ pub fn validate_crd(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
             let structural = schema::structural_errors(schema, &schema_path);
             // As upstream, the rules are checked only on a structural schema.
             if structural.is_empty() {
-                errors.extend(cel::definition_errors(schema, &schema_path));
+                errors.extend(schema::pattern_errors(schema, &schema_path));
+                errors.extend(cel::definition_errors_with(
+                    schema,
+                    &schema_path,
+                    unchanged.contains(vname),
+                ));
             }
             errors.extend(structural);
         }
@@ -286,310 +363,7 @@ pub fn validate_crd(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
             "Webhook conversion is not supported by core-cluster, which does not call webhooks: use None (every version then holds the same fields)",
         ));
     }
-    if let Some(old) = old {
-        for field in ["group", "scope"] {
-            if old["spec"][field] != spec[field] {
-                errors.push(FieldError::invalid(
-                    format!("spec.{field}"),
-                    &spec[field],
-                    "field is immutable",
-                ));
-            }
-        }
-    }
     errors
-}
-
-/// A printer column of a custom resource (`additionalPrinterColumns`).
-#[derive(Debug, Clone)]
-pub struct PrinterColumn {
-    /// The header.
-    pub name: String,
-    /// `string`, `integer`, `number`, `boolean` or `date`.
-    pub type_: String,
-    /// Format hint.
-    pub format: String,
-    /// Description.
-    pub description: String,
-    /// 0 always shown; more only with `-o wide`.
-    pub priority: i64,
-    /// The simple JSONPath of the value (`.spec.replicas`).
-    pub json_path: String,
-}
-
-/// The `scale` subresource's paths.
-#[derive(Debug, Clone)]
-pub struct ScalePaths {
-    /// `.spec.replicas`.
-    pub spec_replicas: String,
-    /// `.status.replicas`.
-    pub status_replicas: String,
-    /// `.status.selector`, if any.
-    pub label_selector: Option<String>,
-}
-
-/// What a served custom resource version carries beyond its [`ResourceDef`].
-#[derive(Debug)]
-pub struct Custom {
-    /// The definition's name (`<plural>.<group>`).
-    pub crd_name: String,
-    /// The version's `openAPIV3Schema`.
-    pub schema: Value,
-    /// The storage version's `apiVersion` (`<group>/<version>`).
-    pub storage_api_version: String,
-    /// The `deprecationWarning`, or upstream's default one, when the version is deprecated.
-    pub deprecation: Option<String>,
-    /// `additionalPrinterColumns`.
-    pub columns: Vec<PrinterColumn>,
-    /// The `scale` subresource.
-    pub scale: Option<ScalePaths>,
-    /// `selectableFields`: the field-selector paths (`spec.color`) beyond the metadata ones.
-    pub selectable: Vec<String>,
-    /// The list semantics server-side apply merges by, from the schema's
-    /// `x-kubernetes-list-type` and `x-kubernetes-list-map-keys` (see [`merge_node`]).
-    pub merge: &'static TypeNode,
-    /// The schema's compiled `x-kubernetes-validations` rules, if it has any.
-    pub rules: Option<cel::Rules>,
-}
-
-/// The shape server-side apply merges a custom resource by, from its structural schema
-/// (upstream's `structural` schema → `managedfields` type converter): `properties` are
-/// fields, `additionalProperties` a map, and a list is atomic unless
-/// `x-kubernetes-list-type` says `set` (a set of scalars) or `map` (objects merged by the
-/// values of all their `x-kubernetes-list-map-keys`, as structured-merge-diff keys an
-/// associative list).
-pub fn merge_node(schema: &Value) -> TypeNode {
-    if let Some(props) = schema["properties"].as_object() {
-        return TypeNode::Object(
-            props
-                .iter()
-                .map(|(k, v)| (leak(k), merge_node(v)))
-                .collect(),
-        );
-    }
-    if schema["additionalProperties"].is_object() {
-        return TypeNode::Map(Box::new(merge_node(&schema["additionalProperties"])));
-    }
-    if schema["type"] == "array" {
-        let strategy = match schema["x-kubernetes-list-type"].as_str() {
-            Some("set") => ListStrategy::Set,
-            Some("map") => match leak_list(&schema["x-kubernetes-list-map-keys"]) {
-                [] => ListStrategy::Replace,
-                [key] => ListStrategy::MergeByKey(key),
-                keys => ListStrategy::MergeByKeys(keys),
-            },
-            _ => ListStrategy::Replace,
-        };
-        return TypeNode::List {
-            strategy,
-            item: Box::new(merge_node(&schema["items"])),
-        };
-    }
-    match schema["type"].as_str() {
-        Some("object") | None => TypeNode::Any,
-        Some(_) => TypeNode::Scalar,
-    }
-}
-
-impl Custom {
-    /// A written object's schema work before validation: unknown fields pruned
-    /// (the result is what the object keeps) and defaults set.
-    pub fn normalize(&self, obj: &Value) -> Value {
-        let mut out = obj.clone();
-        schema::prune(&mut out, &self.schema);
-        schema::default(&mut out, &self.schema);
-        out
-    }
-
-    /// The schema's validation errors of `obj`, then its rules' (an update's `old` enables
-    /// the transition rules). As upstream's custom resource strategy, the rules run only
-    /// on an object the schema accepts.
-    pub fn validate(&self, obj: &Value, old: Option<&Value>) -> Vec<FieldError> {
-        let errors = schema::validate(obj, &self.schema);
-        match &self.rules {
-            Some(rules) if errors.is_empty() => rules.validate(obj, old),
-            _ => errors,
-        }
-    }
-}
-
-type Cache = HashMap<String, Vec<&'static ResourceDef>>;
-
-static BUILT: LazyLock<Mutex<Cache>> = LazyLock::new(Mutex::default);
-static CUSTOM: LazyLock<RwLock<HashMap<usize, Arc<Custom>>>> = LazyLock::new(RwLock::default);
-
-/// The shape server-side apply and managed fields merge objects of `def` by: a custom
-/// resource's from its schema ([`merge_node`]), a built-in's from
-/// [`schema_for`](crate::patch::schema_for).
-pub fn merge_schema(def: &ResourceDef) -> &'static TypeNode {
-    match custom(def) {
-        Some(c) => c.merge,
-        None => crate::patch::schema_for(def.group, def.kind),
-    }
-}
-
-/// The [`Custom`] of `def` if it is a custom resource's definition.
-pub fn custom(def: &ResourceDef) -> Option<Arc<Custom>> {
-    // Built-in definitions never take the lock.
-    if !is_custom(def) {
-        return None;
-    }
-    CUSTOM.read().get(&(def as *const _ as usize)).cloned()
-}
-
-/// The patch content types a custom resource takes, in upstream's order: a custom resource
-/// has no patch strategies, so no strategic merge patch (apiextensions-apiserver
-/// `customresource_handler.go` and `controller/openapi/builder/builder.go`, their supported
-/// patch types). The API server refuses the others with 415; the custom groups' OpenAPI
-/// offers only these.
-pub const PATCH_TYPES: &[&str] = &[
-    "application/json-patch+json",
-    "application/merge-patch+json",
-    "application/apply-patch+yaml",
-];
-
-/// Whether `def` is a custom resource's definition (no lock taken).
-pub fn is_custom(def: &ResourceDef) -> bool {
-    std::ptr::fn_addr_eq(
-        def.typed,
-        custom_typed as fn(&Value) -> Result<Value, String>,
-    )
-}
-
-/// A custom resource decodes as any JSON object (the schema's work is [`Custom::normalize`]).
-fn custom_typed(obj: &Value) -> Result<Value, String> {
-    if obj.is_object() {
-        Ok(obj.clone())
-    } else {
-        Err("the object is not a JSON object".to_owned())
-    }
-}
-
-fn leak(s: &str) -> &'static str {
-    Box::leak(s.to_owned().into_boxed_str())
-}
-
-fn leak_list(v: &Value) -> &'static [&'static str] {
-    let list: Vec<&'static str> = v
-        .as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).map(leak).collect())
-        .unwrap_or_default();
-    Box::leak(list.into_boxed_slice())
-}
-
-/// The [`ResourceDef`]s the definition `crd` serves, one per served version, in the
-/// definition's version order. Built once per distinct `spec` (see the module docs).
-pub fn served_defs(crd: &Value) -> Vec<&'static ResourceDef> {
-    let spec = &crd["spec"];
-    let key = spec.to_string();
-    let mut built = BUILT.lock();
-    if let Some(defs) = built.get(&key) {
-        return defs.clone();
-    }
-    let group = spec["group"].as_str().unwrap_or("");
-    let names = &spec["names"];
-    let plural = names["plural"].as_str().unwrap_or("");
-    let kind = names["kind"].as_str().unwrap_or("");
-    let singular = names["singular"]
-        .as_str()
-        .filter(|s| !s.is_empty())
-        .map_or_else(|| kind.to_lowercase(), str::to_owned);
-    let storage_version = storage_version(crd).unwrap_or_default();
-    let crd_name = format!("{plural}.{group}");
-    let (group_s, plural_s, kind_s, singular_s) =
-        (leak(group), leak(plural), leak(kind), leak(&singular));
-    let short_names = leak_list(&names["shortNames"]);
-    let categories = leak_list(&names["categories"]);
-    let storage = leak(&format!("{group}/{plural}"));
-    let mut defs = Vec::new();
-    for v in spec["versions"].as_array().into_iter().flatten() {
-        if v["served"] != true {
-            continue;
-        }
-        let version = v["name"].as_str().unwrap_or("");
-        let subresources = &v["subresources"];
-        let scale = subresources
-            .get("scale")
-            .filter(|s| s.is_object())
-            .map(|s| ScalePaths {
-                spec_replicas: s["specReplicasPath"].as_str().unwrap_or("").to_owned(),
-                status_replicas: s["statusReplicasPath"].as_str().unwrap_or("").to_owned(),
-                label_selector: s["labelSelectorPath"].as_str().map(str::to_owned),
-            });
-        let def: &'static ResourceDef = Box::leak(Box::new(ResourceDef {
-            group: group_s,
-            version: leak(version),
-            kind: kind_s,
-            plural: plural_s,
-            singular: singular_s,
-            short_names,
-            categories,
-            namespaced: spec["scope"] == "Namespaced",
-            status: subresources.get("status").is_some_and(|s| s.is_object()),
-            generation: true,
-            extra_subresources: if scale.is_some() { &["scale"] } else { &[] },
-            storage,
-            name_rule: NameRule::Subdomain,
-            typed: custom_typed,
-            columns: &[NAME, AGE],
-            field: no_fields,
-            field_paths: &[],
-            prepare_create: no_defaults,
-            prepare_update: no_defaults,
-            validate: no_rules,
-            to_storage: identity,
-            from_storage: identity,
-        }));
-        let columns = v["additionalPrinterColumns"]
-            .as_array()
-            .map(|cols| {
-                cols.iter()
-                    .map(|c| PrinterColumn {
-                        name: c["name"].as_str().unwrap_or("").to_owned(),
-                        type_: c["type"].as_str().unwrap_or("string").to_owned(),
-                        format: c["format"].as_str().unwrap_or("").to_owned(),
-                        description: c["description"].as_str().unwrap_or("").to_owned(),
-                        priority: c["priority"].as_i64().unwrap_or(0),
-                        json_path: c["jsonPath"].as_str().unwrap_or("").to_owned(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let deprecation = (v["deprecated"] == true).then(|| {
-            v["deprecationWarning"].as_str().map_or_else(
-                || format!("{group}/{version} {kind} is deprecated"),
-                str::to_owned,
-            )
-        });
-        let merge: &'static TypeNode =
-            Box::leak(Box::new(merge_node(&v["schema"]["openAPIV3Schema"])));
-        let custom = Custom {
-            merge,
-            rules: cel::Rules::build(&v["schema"]["openAPIV3Schema"]),
-            crd_name: crd_name.clone(),
-            schema: v["schema"]["openAPIV3Schema"].clone(),
-            storage_api_version: format!("{group}/{storage_version}"),
-            deprecation,
-            columns,
-            scale,
-            selectable: v["selectableFields"]
-                .as_array()
-                .map(|fields| {
-                    fields
-                        .iter()
-                        .filter_map(|f| f["jsonPath"].as_str())
-                        .map(|p| p.trim_start_matches('.').to_owned())
-                        .collect()
-                })
-                .unwrap_or_default(),
-        };
-        CUSTOM
-            .write()
-            .insert(def as *const _ as usize, Arc::new(custom));
-        defs.push(def);
-    }
-    built.insert(key, defs.clone());
-    defs
 }
 
 /// The value at a simple JSONPath (`.spec.replicas`, `.status.conditions[0].type`,
@@ -673,6 +447,7 @@ pub fn table_cells(custom: &Custom, obj: &Value, now: i64) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::patch::{ListStrategy, TypeNode};
 
     pub(super) fn crd(group: &str, plural: &str, kind: &str) -> Value {
         json!({
@@ -725,15 +500,44 @@ mod tests {
         assert_eq!(errors, ["spec.versions", "spec.conversion.strategy"]);
     }
 
+    /// `validation.go`'s `suppressPerExpressionCost`: a rule over the static cost limit is
+    /// refused on create, but an update that leaves its version's schema as it was (while
+    /// changing something else) is not refused for it.
+    #[test]
+    fn an_update_keeping_a_costly_rule_is_not_refused_for_it() {
+        let mut c = crd("cost.example.com", "lists", "List");
+        c["spec"]["versions"][0]["schema"]["openAPIV3Schema"] = json!({"type": "object",
+            "properties": {"l": {"type": "array", "maxItems": 300,
+                "items": {"type": "string", "maxLength": 1000},
+                "x-kubernetes-validations": [{"rule": "self.all(x, self.exists(y, y == x))"}]}}});
+        let created = validate_crd(&c, None);
+        assert!(
+            created
+                .iter()
+                .any(|e| e.message.contains("estimated rule cost exceeds budget")),
+            "{created:?}"
+        );
+        let mut updated = c.clone();
+        updated["spec"]["names"]["shortNames"] = json!(["ls"]);
+        assert!(validate_crd(&updated, Some(&c)).is_empty());
+        // A new costly rule in the same update is refused.
+        updated["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["l"]["x-kubernetes-validations"]
+            [0]["rule"] = json!("self.all(x, self.exists(y, x == y))");
+        assert!(!validate_crd(&updated, Some(&c)).is_empty());
+    }
+
     #[test]
     fn served_definitions_are_built_once_per_content() {
         let c = crd("cache.example.com", "gadgets", "Gadget");
-        let a = served_defs(&c);
-        let b = served_defs(&c);
-        assert_eq!(a.len(), 1);
-        assert!(std::ptr::eq(a[0], b[0]));
-        assert_eq!(a[0].storage, "cache.example.com/gadgets");
-        assert_eq!(custom(a[0]).unwrap().crd_name, "gadgets.cache.example.com");
+        let a = served_defs(&c).unwrap();
+        let b = served_defs(&c).unwrap();
+        assert_eq!(a.defs().len(), 1);
+        assert!(std::ptr::eq(a.defs()[0], b.defs()[0]));
+        assert_eq!(a.defs()[0].storage, "cache.example.com/gadgets");
+        assert_eq!(
+            custom(a.defs()[0]).unwrap().crd_name,
+            "gadgets.cache.example.com"
+        );
         assert!(custom(&CUSTOM_RESOURCE_DEFINITIONS).is_none());
     }
 
@@ -835,7 +639,8 @@ mod tests {
     fn selectable_fields_are_field_selector_paths() {
         let mut c = crd("select.example.com", "tools", "Tool");
         c["spec"]["versions"][0]["selectableFields"] = json!([{"jsonPath": ".spec.color"}]);
-        let def = served_defs(&c)[0];
+        let served = served_defs(&c).unwrap();
+        let def = served.defs()[0];
         assert!(def.supports_field("spec.color"));
         assert!(!def.supports_field("spec.size"));
         let obj = json!({"spec": {"color": "red", "size": 3}});

@@ -8,9 +8,9 @@
 //! How they follow definitions as they come and go: the caller passes the custom
 //! resources served now (from the [`Registry`](crate::registry::Registry)). A document is
 //! built on the first request after its group-version's set of served definitions changed
-//! and kept, keyed by the addresses of those definitions (which are built once per
-//! definition content, see [`crate::crd`]), so an unchanged set costs one comparison; a
-//! group-version no longer served is dropped.
+//! and kept, keyed by the identities of those definitions (each built once per definition
+//! content, see [`crate::crd`]), so an unchanged set costs one comparison; a group-version
+//! no longer served is dropped.
 
 use std::collections::BTreeMap;
 
@@ -27,7 +27,7 @@ use crate::registry::ResourceDef;
 /// A built custom document and the definitions it describes.
 #[derive(Debug)]
 pub(super) struct Built {
-    defs: Vec<usize>,
+    defs: Vec<(usize, u64)>,
     document: Document,
 }
 
@@ -36,8 +36,14 @@ fn stored_before(_: &mut SchemaGenerator) -> Schema {
     Schema::default()
 }
 
-fn address(def: &ResourceDef) -> usize {
-    def as *const ResourceDef as usize
+/// What identifies a served custom definition: its address and its schema's
+/// [`Custom::id`](crate::crd::Custom::id) (a shell is reused by a later definition with the
+/// same names, see [`crate::crd`], so its address alone is not enough).
+fn identity(def: &ResourceDef) -> (usize, u64) {
+    (
+        def as *const ResourceDef as usize,
+        crate::crd::custom(def).map_or(0, |c| c.id),
+    )
 }
 
 const API_VERSION: &str = "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources";
@@ -134,7 +140,7 @@ impl OpenApiDocuments {
         cache.retain(|path, _| by_path.contains_key(path));
         let mut out = BTreeMap::new();
         for (path, defs) in by_path {
-            let key: Vec<usize> = defs.iter().map(|d| address(d)).collect();
+            let key: Vec<(usize, u64)> = defs.iter().map(|d| identity(d)).collect();
             let fresh = cache.get(&path).is_some_and(|b| b.defs == key);
             if !fresh {
                 // A `Value` has string keys only, so serializing it cannot fail.
@@ -221,7 +227,8 @@ mod tests {
         let docs = OpenApiDocuments::new(&[]);
         let path = "apis/openapi.example.com/v1";
         assert!(docs.group_version_with_custom(&[], path).is_none());
-        let things = served_defs(&crd("things", "Thing"));
+        let things_served = served_defs(&crd("things", "Thing")).unwrap();
+        let things = things_served.defs().to_vec();
         let index: Value = serde_json::from_slice(&docs.index_with_custom(&things)).unwrap();
         let first = index["paths"][path]["serverRelativeURL"].clone();
         assert!(
@@ -260,7 +267,8 @@ mod tests {
         assert!(doc["components"]["schemas"]["com.example.openapi.v1.ThingList"].is_object());
 
         let mut both = things.clone();
-        both.extend(served_defs(&crd("gears", "Gear")));
+        let gears = served_defs(&crd("gears", "Gear")).unwrap();
+        both.extend(gears.defs().iter().copied());
         let index: Value = serde_json::from_slice(&docs.index_with_custom(&both)).unwrap();
         assert_ne!(index["paths"][path]["serverRelativeURL"], first);
         let doc: Value =

@@ -22,6 +22,8 @@ use parking_lot::RwLock;
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
 
+use crate::crd::Served;
+
 pub use field::FieldError;
 
 /// Every served resource, in discovery order.
@@ -237,6 +239,9 @@ fn collect_unknown(given: &Value, known: &Value, path: String, out: &mut Vec<Str
 /// CRD controller writes (see [`Registry::set_custom`]); a request for a custom resource,
 /// or one that matches nothing built in, takes a short read lock. Clones share the custom
 /// list, so the API server's routing, discovery and its storage layer see one set.
+///
+/// The registry holds each custom definition's [`Served`]: what serves a definition lives
+/// as long as a registry serves it (see [`crate::crd`]).
 #[derive(Debug, Clone)]
 pub struct Registry {
     defs: &'static [&'static ResourceDef],
@@ -244,7 +249,7 @@ pub struct Registry {
 }
 
 /// One custom resource definition's name and the versions it serves.
-type CustomEntry = (String, Vec<&'static ResourceDef>);
+type CustomEntry = (String, Arc<Served>);
 
 impl Registry {
     /// The standard set (see [`ALL`]), with no custom resources yet.
@@ -259,8 +264,8 @@ impl Registry {
     /// order their definitions were established.
     pub fn all(&self) -> Vec<&'static ResourceDef> {
         let mut out = self.defs.to_vec();
-        for (_, defs) in self.custom.read().iter() {
-            out.extend(defs.iter().copied());
+        for (_, served) in self.custom.read().iter() {
+            out.extend(served.defs().iter().copied());
         }
         out
     }
@@ -280,23 +285,37 @@ impl Registry {
         self.custom
             .read()
             .iter()
-            .flat_map(|(_, defs)| defs.iter().copied())
+            .flat_map(|(_, served)| served.defs().iter().copied())
             .find(matches)
     }
 
     /// Serves `defs` (the versions of the custom resource definition `name`), replacing
     /// what that definition served before.
-    pub fn set_custom(&self, name: &str, defs: Vec<&'static ResourceDef>) {
+    pub fn set_custom(&self, name: &str, served: Arc<Served>) {
         let mut custom = self.custom.write();
-        match custom.iter_mut().find(|(n, _)| n == name) {
-            Some((_, served)) => *served = defs,
-            None => custom.push((name.to_owned(), defs)),
-        }
+        let replaced = match custom.iter_mut().find(|(n, _)| n == name) {
+            Some((_, current)) => Some(std::mem::replace(current, served)),
+            None => {
+                custom.push((name.to_owned(), served));
+                None
+            }
+        };
+        // What it replaced is let go once the lock is released.
+        drop(custom);
+        drop(replaced);
     }
 
     /// Stops serving what the custom resource definition `name` served.
     pub fn remove_custom(&self, name: &str) {
-        self.custom.write().retain(|(n, _)| n != name);
+        let removed: Vec<CustomEntry> = {
+            let mut custom = self.custom.write();
+            let (gone, kept) = std::mem::take(&mut *custom)
+                .into_iter()
+                .partition(|(n, _)| n == name);
+            *custom = kept;
+            gone
+        };
+        drop(removed);
     }
 
     /// The versions the custom resource definition `name` serves now.
@@ -305,7 +324,7 @@ impl Registry {
             .read()
             .iter()
             .find(|(n, _)| n == name)
-            .map(|(_, defs)| defs.clone())
+            .map(|(_, served)| served.defs().to_vec())
             .unwrap_or_default()
     }
 
