@@ -21,9 +21,11 @@ pub(crate) struct ApiServerArgs {
     /// Address to listen on (loopback by default; port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:6443")]
     listen: String,
-    /// Directory of the durable store (SQLite, WAL) and the PKI; with `--etcd-servers`,
-    /// of the PKI only (give every API server of one etcd the same PKI files). Created if
-    /// missing.
+    /// Directory of the durable store (SQLite, WAL) and the PKI (`pki/`); with
+    /// `--etcd-servers`, of the PKI only. Every API server of one etcd needs the same CA and
+    /// service-account key (`pki/ca.crt`, `ca.key`, `sa.key`, copied from the first server's
+    /// data directory): a server whose PKI differs from the one recorded in etcd by the first
+    /// refuses to start, naming the files. Created if missing.
     #[arg(long, required_unless_present = "in_memory")]
     data_dir: Option<PathBuf>,
     /// Keep everything in memory instead (lost on exit; for experiments).
@@ -244,12 +246,13 @@ pub(crate) async fn run(args: ApiServerArgs) -> anyhow::Result<()> {
             temp.path().to_owned()
         }
     };
-    let secure = SecureServing::start(
+    let secure = SecureServing::start_on(
         &server,
         &pki_dir,
         &args.listen,
         &args.tls_san,
         args.write_kubeconfig.as_deref(),
+        !args.store.etcd_servers.is_empty(),
         shutdown.clone(),
     )
     .await?;
@@ -291,6 +294,25 @@ impl SecureServing {
         kubeconfig: Option<&Path>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<SecureServing> {
+        Self::start_on(
+            server, data_dir, listen, tls_san, kubeconfig, false, shutdown,
+        )
+        .await
+    }
+
+    /// [`SecureServing::start`]; on a store `shared` with other API servers (etcd), first
+    /// records this PKI's identity there or refuses to start when it differs from the one
+    /// the first server recorded ([`serve::Security::check_cluster_identity`]: the error
+    /// names the files to copy), before the CA is published or anything served.
+    pub(crate) async fn start_on(
+        server: &ApiServer,
+        data_dir: &Path,
+        listen: &str,
+        tls_san: &[String],
+        kubeconfig: Option<&Path>,
+        shared: bool,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<SecureServing> {
         let (listener, addr): (_, SocketAddr) = serve::bind(listen).await?;
         let mut names: Vec<String> = tls_san.to_vec();
         if !addr.ip().is_unspecified() {
@@ -298,6 +320,9 @@ impl SecureServing {
         }
         let security = serve::Security::load(server, data_dir, &names)
             .with_context(|| format!("setting up TLS in {}", data_dir.display()))?;
+        if shared {
+            security.check_cluster_identity(server).await?;
+        }
         security.publish_client_ca(server).await?;
         if let Some(path) = kubeconfig {
             serve::write_kubeconfig(path, &security.admin_kubeconfig(addr))?;

@@ -443,3 +443,61 @@ fn a_control_plane_stopped_gracefully_releases_its_leases_to_the_other() {
     drop(b);
     drop(etcd);
 }
+
+/// kubeadm's HA control plane: every kube-apiserver of one etcd gets the cluster's CA and
+/// service-account key, copied to each control-plane node. A second `ccm apiserver` on the
+/// etcd with a data directory of its own exits 1 naming the files to copy and where,
+/// before it serves anything; with copies of the first's `ca.crt`, `ca.key` and `sa.key`
+/// it starts, and the first server's kubeconfig works against it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_api_server_with_a_pki_of_its_own_refuses_to_start_and_with_the_first_ones_serves()
+{
+    let etcd = Etcd::start().await;
+    let servers = format!("--etcd-servers={}", etcd.servers_flag());
+    let dir_a = tempfile::tempdir().unwrap();
+    let a = ApiServerProcess::start_with(dir_a.path(), &[&servers]);
+    let dir_b = tempfile::tempdir().unwrap();
+    let data_b = dir_b.path().join("data");
+    let mut refused = std::process::Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args(["apiserver", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data_b)
+        .arg(&servers)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || refused
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "a server with a PKI of its own must not start"
+    );
+    let out = refused.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let pki_b = data_b.join("pki");
+    for named in ["copy ca.crt, ca.key, sa.key", &pki_b.display().to_string()] {
+        assert!(stderr.contains(named), "{named:?} not in: {stderr}");
+    }
+
+    for file in ["ca.crt", "ca.key", "sa.key"] {
+        std::fs::copy(a.dir.join("data").join("pki").join(file), pki_b.join(file)).unwrap();
+    }
+    let b = ApiServerProcess::start_with(dir_b.path(), &[&servers]);
+    let kubeconfig = std::fs::read_to_string(a.kubeconfig()).unwrap();
+    let pointed = kubeconfig.replace(&a.addr, &b.addr);
+    assert_ne!(pointed, kubeconfig);
+    let config = Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::from_yaml(&pointed).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let on_b: Api<ConfigMap> = Api::namespaced(Client::try_from(config).unwrap(), "default");
+    on_b.create(&PostParams::default(), &config_map("from-a", "1"))
+        .await
+        .expect("the first server's admin writes through the second");
+    let on_a: Api<ConfigMap> = Api::namespaced(client(&a).await, "default");
+    assert_eq!(on_a.get("from-a").await.unwrap().data.unwrap()["v"], "1");
+}

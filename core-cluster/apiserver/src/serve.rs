@@ -33,9 +33,10 @@ use crate::{
     auth::{
         GROUP_AUTHENTICATED, UserInfo,
         authn::{self, Authenticator},
-        pki::{Pki, PkiError},
+        pki::{ClusterIdentity, Pki, PkiError},
         token::{Clock, TokenAuthenticator, TokenError},
     },
+    store::StoreError,
 };
 
 mod limits;
@@ -76,6 +77,29 @@ pub enum ServeError {
         #[source]
         source: crate::api::status::ApiError,
     },
+    /// This server's PKI is not the one the API servers already serving its store have
+    /// ([`Security::check_cluster_identity`]).
+    #[error("{}", foreign_pki(.pki_dir, .recorded, .own))]
+    ForeignPki {
+        /// This server's PKI directory (`<data dir>/pki`).
+        pki_dir: String,
+        /// The identity recorded in the store by the first server.
+        recorded: ClusterIdentity,
+        /// This server's.
+        own: ClusterIdentity,
+    },
+    /// The store could not be read or written.
+    #[error("{what}: {source}")]
+    Store {
+        /// What was being done.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: StoreError,
+    },
+    /// The cluster identity could not be encoded or settled.
+    #[error("cluster identity: {0}")]
+    Identity(String),
     /// A client configuration could not be built.
     #[error("client configuration: {0}")]
     Client(String),
@@ -83,6 +107,41 @@ pub enum ServeError {
     #[error("serving: {0}")]
     Io(#[from] std::io::Error),
 }
+
+/// The message of [`ServeError::ForeignPki`]: what differs, and which files to copy.
+fn foreign_pki(pki_dir: &str, recorded: &ClusterIdentity, own: &ClusterIdentity) -> String {
+    let mut differs = Vec::new();
+    let mut files = Vec::new();
+    if recorded.ca_certificate_sha256 != own.ca_certificate_sha256 {
+        differs.push(format!(
+            "CA certificate SHA-256 {} (this server's: {})",
+            recorded.ca_certificate_sha256, own.ca_certificate_sha256
+        ));
+        files.extend(["ca.crt", "ca.key"]);
+    }
+    if recorded.service_account_key_sha256 != own.service_account_key_sha256 {
+        differs.push(format!(
+            "service-account key SHA-256 {} (this server's: {})",
+            recorded.service_account_key_sha256, own.service_account_key_sha256
+        ));
+        files.push("sa.key");
+    }
+    format!(
+        "this API server's PKI in {pki_dir} is not the cluster's: the API servers already \
+         serving this store have {}, so the certificates and service-account tokens of their \
+         clients would be refused here, and this server's there. Every API server of one etcd \
+         needs the same PKI: copy {} from the pki/ directory of the --data-dir of a server \
+         already serving this cluster into {pki_dir} and start again (this server's serving \
+         and admin certificates are then issued again from the copied CA), or start this \
+         server with that --data-dir",
+        differs.join(" and "),
+        files.join(", "),
+    )
+}
+
+/// The store key, outside `/registry` (so no API serves it), where the first API server of
+/// a shared store records its PKI's [`ClusterIdentity`]: public fingerprints only, as JSON.
+pub const CLUSTER_IDENTITY_KEY: &str = "/ccm-rs/cluster-identity";
 
 /// Limits of the server's connections.
 #[derive(Debug, Clone)]
@@ -211,6 +270,100 @@ impl Security {
             pki: Arc::new(pki),
             authenticator: Authenticator::new().with_tokens(Arc::new(tokens)),
         })
+    }
+
+    /// Records this server's PKI identity ([`Pki::identity`]) in `server`'s store, or checks
+    /// it against the one recorded there by the first API server on that store. Several API
+    /// servers on one etcd serve one cluster only if they share the CA and the
+    /// service-account key, as kube-apiserver's control-plane nodes do (kubeadm copies
+    /// `ca.crt`, `ca.key`, `sa.key` to each): otherwise the clients of one are refused by
+    /// another. Call it before the server publishes its CA or serves.
+    ///
+    /// Fails with [`ServeError::ForeignPki`], naming the files to copy, when they differ;
+    /// except right after this server renewed its CA ([`PkiReport::ca_renewed`](crate::auth::pki::PkiReport)):
+    /// then its identity replaces the recorded one, with a warning that the other servers
+    /// need the renewed files.
+    pub async fn check_cluster_identity(&self, server: &ApiServer) -> Result<(), ServeError> {
+        let store = server.store();
+        let own = self.pki.identity()?;
+        let value = bytes::Bytes::from(
+            serde_json::to_vec(&own).map_err(|e| ServeError::Identity(e.to_string()))?,
+        );
+        let store_error = |what| move |source| ServeError::Store { what, source };
+        // Two servers may start at once: a lost race for the creation reads the winner's.
+        for _ in 0..3 {
+            let recorded = store
+                .get(CLUSTER_IDENTITY_KEY)
+                .await
+                .map_err(store_error("reading the cluster identity"))?;
+            let Some(recorded) = recorded else {
+                match store.create(CLUSTER_IDENTITY_KEY, value.clone()).await {
+                    Ok(_) => {
+                        tracing::info!(
+                            ca = %own.ca_certificate_sha256,
+                            "recorded this PKI as the cluster's identity in the store"
+                        );
+                        return Ok(());
+                    }
+                    Err(StoreError::AlreadyExists { .. }) => continue,
+                    Err(source) => {
+                        return Err(ServeError::Store {
+                            what: "recording the cluster identity",
+                            source,
+                        });
+                    }
+                }
+            };
+            let theirs: Option<ClusterIdentity> = serde_json::from_slice(&recorded.value).ok();
+            if theirs.as_ref() == Some(&own) {
+                return Ok(());
+            }
+            let renewed = self.pki.report().ca_renewed;
+            if renewed || theirs.is_none() {
+                match store
+                    .update(
+                        CLUSTER_IDENTITY_KEY,
+                        value.clone(),
+                        Some(recorded.mod_revision),
+                    )
+                    .await
+                {
+                    Ok(_) if renewed => {
+                        tracing::warn!(
+                            ca = %own.ca_certificate_sha256,
+                            "this server's renewed CA is now the cluster's identity: every other \
+                             API server on this store needs the renewed ca.crt and ca.key"
+                        );
+                        return Ok(());
+                    }
+                    Ok(_) => {
+                        tracing::warn!(
+                            ca = %own.ca_certificate_sha256,
+                            "the cluster identity in the store was unreadable; recorded this PKI's"
+                        );
+                        return Ok(());
+                    }
+                    Err(StoreError::Conflict { .. }) => continue,
+                    Err(source) => {
+                        return Err(ServeError::Store {
+                            what: "recording the cluster identity",
+                            source,
+                        });
+                    }
+                }
+            }
+            let Some(recorded) = theirs else {
+                continue;
+            };
+            return Err(ServeError::ForeignPki {
+                pki_dir: self.pki.dir().display().to_string(),
+                recorded,
+                own,
+            });
+        }
+        Err(ServeError::Identity(
+            "the record in the store kept changing while it was read".into(),
+        ))
     }
 
     /// Checks service-account token times against `clock` (tests of expiry).

@@ -17,7 +17,23 @@
 //!   (upstream: `RequestWatchProgress` before serving a consistent read from the cache);
 //! - compaction is coordinated through the compact key as upstream's `compact.go` does: a
 //!   server compacts only if no other server did since its last look, so among several
-//!   servers one compacts per interval.
+//!   servers one compacts per interval;
+//! - each member has its own connection, and requests go to the members that answer, by
+//!   the rules of etcd's Go client (`etcd_members`): a request that never reached etcd is
+//!   sent to the next member, a member that fails leaves the balance set until it answers
+//!   again, and a write that may have reached etcd is settled rather than blindly repeated
+//!   (see below). With one member of three down, no request fails.
+//!
+//! A write whose outcome is unknown (the connection to its member broke after it was sent,
+//! or etcd answered that it timed out or that the leader changed) is sent again, to another
+//! member if its own failed: every write is a transaction compared on a revision, which
+//! etcd applies at most once however often it is sent. When the repeat is refused, the
+//! store looks at what the key became: if the first attempt was applied (the key holds
+//! exactly this write's value, or the key's first change after the expected revision is
+//! this write), the write succeeded at that revision; otherwise the refusal stands (a
+//! conflict, as without the failure). An update or delete with no expected revision is
+//! not compared on one, so its unknown outcome is reported as an error, as kube-apiserver's
+//! client does.
 //!
 //! etcd's own behaviour absorbed here: an empty etcd is at revision 1 (not 0); compacting at
 //! or below the compacted revision is an error in etcd and a no-op here; a watch from a
@@ -31,13 +47,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
-    TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::sync::Notify;
 
 use std::path::PathBuf;
 
+use super::etcd_members::{self, Members, Policy, SendError};
 use super::etcd_options::{COMPACT_KEY, EtcdOptions};
 use super::window::WatchWindow;
 use super::{
@@ -55,7 +72,8 @@ const MAX_RESPONSE_BYTES: usize = i32::MAX as usize;
 const FEED_RETRY: Duration = Duration::from_millis(200);
 
 struct Inner {
-    client: Client,
+    /// Every member, each with its own connection, and the balance set.
+    members: Arc<Members>,
     namespace: String,
     window: WatchWindow,
     /// Every event up to this revision has been published into the window.
@@ -118,31 +136,28 @@ impl Drop for EtcdStore {
     }
 }
 
-fn backend(context: &str, error: etcd_client::Error) -> StoreError {
+fn backend(context: &str, error: SendError) -> StoreError {
     StoreError::backend(format!("etcd: {context}"), error)
 }
 
-/// Whether the member asked could not be reached (refused, reset, down): a read can go to
-/// another member.
-fn is_unavailable(error: &etcd_client::Error) -> bool {
-    matches!(error, etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::Unavailable)
+/// How many times a write whose outcome is unknown is sent again before the error is
+/// reported (each repeat is tried on the members for up to the request timeout).
+const UNSURE_REPEATS: u32 = 3;
+
+fn is_compacted(error: &SendError) -> bool {
+    error.answered().is_some_and(|error| {
+        error
+            .to_string()
+            .contains("required revision has been compacted")
+    })
 }
 
-/// How many times a read is asked again when the member asked is unavailable, and the
-/// pause before each new attempt (times the attempt's number).
-const READ_RETRIES: u32 = 4;
-const READ_RETRY_PAUSE: Duration = Duration::from_millis(100);
-
-fn is_compacted(error: &etcd_client::Error) -> bool {
-    error
-        .to_string()
-        .contains("required revision has been compacted")
-}
-
-fn is_future(error: &etcd_client::Error) -> bool {
-    error
-        .to_string()
-        .contains("required revision is a future revision")
+fn is_future(error: &SendError) -> bool {
+    error.answered().is_some_and(|error| {
+        error
+            .to_string()
+            .contains("required revision is a future revision")
+    })
 }
 
 fn revision(header: Option<&etcd_client::ResponseHeader>) -> u64 {
@@ -169,7 +184,10 @@ impl EtcdStore {
         let mut connect = ConnectOptions::new()
             .with_timeout(options.request_timeout)
             .with_connect_timeout(options.request_timeout)
-            .with_keep_alive(Duration::from_secs(10), options.request_timeout);
+            .with_keep_alive(Duration::from_secs(10), options.request_timeout)
+            // clientv3's `WithRequireLeader`: a member cut off from the leader turns requests
+            // away at once ("etcdserver: no leader"), and they go to another member.
+            .with_require_leader(true);
         let tls = &options.tls;
         if tls.ca_file.is_some() || tls.cert_file.is_some() || tls.key_file.is_some() {
             let mut config = TlsOptions::new();
@@ -195,28 +213,47 @@ impl EtcdStore {
             }
             connect = connect.with_tls(config);
         }
-        let client = tokio::time::timeout(
-            options.request_timeout,
-            Client::connect(&options.endpoints, Some(connect)),
-        )
-        .await
-        .map_err(|_| {
-            StoreError::backend(
+        if options.endpoints.is_empty() {
+            return Err(StoreError::backend(
                 "etcd: connecting",
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer from {:?}", options.endpoints),
-                ),
+                std::io::Error::other("no etcd endpoint given"),
+            ));
+        }
+        // One client, so one channel, per member: a request is routed to a member that
+        // answers instead of to whichever connection a shared channel picks.
+        let mut clients = Vec::with_capacity(options.endpoints.len());
+        for url in &options.endpoints {
+            let client = tokio::time::timeout(
+                options.request_timeout,
+                Client::connect([url.as_str()], Some(connect.clone())),
             )
-        })?
-        .map_err(|e| backend("connecting", e))?;
+            .await
+            .map_err(|_| {
+                StoreError::backend(
+                    "etcd: connecting",
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no answer from {url}"),
+                    ),
+                )
+            })?
+            .map_err(|source| StoreError::backend(format!("etcd: connecting to {url}"), source))?;
+            clients.push((url.clone(), client));
+        }
         let namespace = options.namespace.clone();
-        let mut kv = client
-            .kv_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES);
-        let compact_key = format!("{namespace}{COMPACT_KEY}");
-        let response = kv
-            .get(compact_key.as_bytes(), None)
+        let compact_key = format!("{namespace}{COMPACT_KEY}").into_bytes();
+        let members = Members::new(clients, options.request_timeout, compact_key.clone());
+        let response = members
+            .send(Policy::Repeatable, |client| {
+                let key = compact_key.clone();
+                async move {
+                    client
+                        .kv_client()
+                        .max_decoding_message_size(MAX_RESPONSE_BYTES)
+                        .get(key, None)
+                        .await
+                }
+            })
             .await
             .map_err(|e| backend("reading the compaction state", e))?;
         let start = revision(response.header());
@@ -228,7 +265,7 @@ impl EtcdStore {
             (value, kv.version())
         });
         let inner = Arc::new(Inner {
-            client,
+            members,
             namespace,
             window: WatchWindow::new(options.watch, start),
             published: tokio::sync::watch::Sender::new(start),
@@ -243,6 +280,15 @@ impl EtcdStore {
         });
         let feed = tokio::spawn(feed(inner.clone()));
         Ok(Self { inner, feed })
+    }
+}
+
+impl EtcdStore {
+    /// The client URLs of the members that requests go to now (the balance set, clientv3's
+    /// READY connections): a member leaves it when its connection fails or it has no leader,
+    /// and rejoins once it answers a linearizable read again.
+    pub fn available_members(&self) -> Vec<String> {
+        self.inner.members.available()
     }
 }
 
@@ -277,33 +323,26 @@ impl Inner {
         self.key(COMPACT_KEY)
     }
 
-    /// A Range request, asked again (after a pause) when the member it went to is
-    /// unavailable, as etcd's clientv3 retry interceptor repeats Range, a repeatable
-    /// request, on another endpoint: with one member of three down, reads still succeed.
-    /// Writes are not repeated here, since one that reached etcd before the connection
-    /// failed may have been applied.
+    /// A Range request, sent to the members in turn while one is unavailable, as etcd's
+    /// clientv3 retry interceptor repeats Range, a repeatable request
+    /// (`isSafeRetryImmutableRPC`): with one member of three down, reads still succeed.
     async fn range(
         &self,
         key: Vec<u8>,
         options: Option<GetOptions>,
-    ) -> Result<etcd_client::GetResponse, etcd_client::Error> {
-        let mut attempt = 0;
-        loop {
-            match self
-                .client
-                .kv_client()
-                .max_decoding_message_size(MAX_RESPONSE_BYTES)
-                .get(key.clone(), options.clone())
-                .await
-            {
-                Err(error) if is_unavailable(&error) && attempt < READ_RETRIES => {
-                    attempt += 1;
-                    tracing::debug!(%error, attempt, "etcd: a member is unavailable; reading again");
-                    tokio::time::sleep(READ_RETRY_PAUSE * attempt).await;
+    ) -> Result<etcd_client::GetResponse, SendError> {
+        self.members
+            .send(Policy::Repeatable, |client| {
+                let (key, options) = (key.clone(), options.clone());
+                async move {
+                    client
+                        .kv_client()
+                        .max_decoding_message_size(MAX_RESPONSE_BYTES)
+                        .get(key, options)
+                        .await
                 }
-                other => return other,
-            }
-        }
+            })
+            .await
     }
 
     /// etcd's current revision (a linearizable read).
@@ -361,12 +400,7 @@ impl Inner {
 
     /// The error for a list at a compacted revision: `oldest_available` from the compact key.
     async fn expired(&self, requested: u64) -> StoreError {
-        if let Ok(response) = self
-            .client
-            .kv_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
-            .get(self.compact_key(), None)
-            .await
+        if let Ok(response) = self.range(self.compact_key(), None).await
             && let Some(value) = response
                 .kvs()
                 .first()
@@ -388,25 +422,32 @@ impl Inner {
     }
 
     /// Runs a transaction comparing `compare` and doing `then`, reading the key otherwise.
-    /// Returns the response on success, or the key's current state on failure.
+    /// Returns the response on success, or the key's current state on failure. A write that
+    /// never reached etcd is sent to the next member; one whose outcome is unknown fails
+    /// with [`SendError::Unknown`] (see [`Inner::write`]).
     async fn txn(
         &self,
         key: &[u8],
         compare: Compare,
         then: TxnOp,
-        what: &str,
-    ) -> Result<Result<etcd_client::TxnResponse, Option<KeyValue>>, StoreError> {
+    ) -> Result<Result<etcd_client::TxnResponse, Option<KeyValue>>, SendError> {
         let txn = Txn::new()
             .when([compare])
             .and_then([then])
             .or_else([TxnOp::get(key, None)]);
         let response = self
-            .client
-            .kv_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
-            .txn(txn)
-            .await
-            .map_err(|e| backend(what, e))?;
+            .members
+            .send(Policy::NonRepeatable, |client| {
+                let txn = txn.clone();
+                async move {
+                    client
+                        .kv_client()
+                        .max_decoding_message_size(MAX_RESPONSE_BYTES)
+                        .txn(txn)
+                        .await
+                }
+            })
+            .await?;
         if response.succeeded() {
             return Ok(Ok(response));
         }
@@ -419,6 +460,159 @@ impl Inner {
             })
             .flatten();
         Ok(Err(current))
+    }
+
+    /// Runs `write` on `key`: its transaction, sent again while its outcome is unknown (at
+    /// most [`UNSURE_REPEATS`] times). The transactions compare a revision, so etcd applies
+    /// at most one of the attempts; when a repeat is refused, [`Inner::settle`] tells
+    /// whether an earlier attempt was the one applied.
+    async fn write(&self, key: &str, write: Write<'_>) -> Result<Written, StoreError> {
+        let k = self.key(key);
+        let mut repeats = 0;
+        loop {
+            let outcome = self.txn(&k, write.compare(&k), write.operation(&k)).await;
+            match outcome {
+                Ok(Ok(response)) => return Ok(Written::from(response, self)),
+                Ok(Err(current)) if repeats == 0 => return Err(write.refused(key, current)),
+                Ok(Err(current)) => return self.settle(key, &k, &write, current).await,
+                Err(SendError::Unknown(error))
+                    if write.repeatable() && repeats < UNSURE_REPEATS =>
+                {
+                    repeats += 1;
+                    tracing::debug!(
+                        key,
+                        %error,
+                        repeats,
+                        "etcd: a write's outcome is unknown; sending it again"
+                    );
+                }
+                Err(error) if repeats > 0 => {
+                    return Err(backend(
+                        &format!(
+                            "{}: the outcome of an earlier attempt is unknown, and repeating it failed",
+                            write.what()
+                        ),
+                        error,
+                    ));
+                }
+                Err(error) => return Err(backend(write.what(), error)),
+            }
+        }
+    }
+
+    /// A repeat of `write` was refused after an earlier attempt's outcome was unknown:
+    /// whether that attempt was applied (then the write succeeded, at its revision) or not
+    /// (then the refusal stands). `current` is the key's state when the repeat was refused.
+    async fn settle(
+        &self,
+        key: &str,
+        k: &[u8],
+        write: &Write<'_>,
+        current: Option<KeyValue>,
+    ) -> Result<Written, StoreError> {
+        let settled = match (write, &current) {
+            // The value carries the object's fresh uid: equal bytes are this create.
+            (Write::Create { value }, Some(kv)) => {
+                if kv.value == **value && kv.mod_revision == kv.create_revision {
+                    Some(Written::at(kv.create_revision))
+                } else {
+                    // Modified since: the key as it was created.
+                    self.range(
+                        k.to_vec(),
+                        Some(GetOptions::new().with_revision(rev_i64(kv.create_revision))),
+                    )
+                    .await
+                    .ok()
+                    .and_then(|r| r.kvs().first().and_then(|kv| self.kv(kv)))
+                    .filter(|created| created.value == **value)
+                    .map(|created| Written::at(created.create_revision))
+                }
+            }
+            (Write::Create { .. }, None) => None,
+            (Write::Update { value, .. }, Some(kv)) if kv.value == **value => {
+                Some(Written::at(kv.mod_revision))
+            }
+            (Write::Update { value, expected }, _) => {
+                match self.first_change_after(k, expected.unwrap_or(0)).await {
+                    Some(change)
+                        if change.follows(*expected)
+                            && change.value.as_deref() == Some(&value[..]) =>
+                    {
+                        Some(Written::at(change.revision))
+                    }
+                    _ => None,
+                }
+            }
+            (Write::Delete { expected }, _) => {
+                match self.first_change_after(k, expected.unwrap_or(0)).await {
+                    Some(change) if change.follows(*expected) && change.value.is_none() => {
+                        Some(Written {
+                            revision: change.revision,
+                            prev: change.prev,
+                        })
+                    }
+                    _ => None,
+                }
+            }
+        };
+        match settled {
+            Some(written) => {
+                tracing::debug!(
+                    key,
+                    revision = written.revision,
+                    "etcd: an earlier attempt of a write whose outcome was unknown was applied"
+                );
+                Ok(written)
+            }
+            None => Err(write.refused(key, current)),
+        }
+    }
+
+    /// The first change of `key` after `revision`, from etcd's history (a watch from
+    /// `revision + 1`), if there was one and its history is not compacted: a write compared
+    /// on `mod_revision == revision` that was applied is that change.
+    async fn first_change_after(&self, key: &[u8], revision: u64) -> Option<Change> {
+        if revision == 0 {
+            return None;
+        }
+        let (index, client) = self.members.pick();
+        let options = WatchOptions::new()
+            .with_start_revision(rev_i64(revision + 1))
+            .with_prev_key();
+        let look = async {
+            let mut stream = match client
+                .watch_client()
+                .max_decoding_message_size(MAX_RESPONSE_BYTES)
+                .watch(key.to_vec(), Some(options))
+                .await
+            {
+                Ok(stream) => stream,
+                Err(error) => {
+                    let fate = etcd_members::fate(&error);
+                    self.members.failed(index, &error, fate);
+                    return None;
+                }
+            };
+            loop {
+                let response = stream.message().await.ok()??;
+                if response.canceled() {
+                    return None;
+                }
+                if let Some(event) = response.events().first() {
+                    let kv = event.kv()?;
+                    return Some(Change {
+                        revision: u64::try_from(kv.mod_revision()).unwrap_or(0),
+                        value: (event.event_type() == EventType::Put)
+                            .then(|| Bytes::copy_from_slice(kv.value())),
+                        prev: event.prev_kv().and_then(|prev| self.kv(prev)),
+                    });
+                }
+            }
+        };
+        tokio::time::timeout(self.timeout, look)
+            .await
+            .ok()
+            .flatten()
     }
 
     /// The compare guarding an update or delete.
@@ -443,6 +637,121 @@ impl Inner {
     }
 }
 
+/// One of the store's writes, as a transaction compared on a revision.
+enum Write<'a> {
+    /// Create: `If(CreateRevision(k) == 0) Then(Put)`.
+    Create {
+        /// The value to write.
+        value: &'a Bytes,
+    },
+    /// Update: `If(ModRevision(k) == expected) Then(Put)`, or `CreateRevision(k) > 0`.
+    Update {
+        /// The value to write.
+        value: &'a Bytes,
+        /// The key's expected mod revision.
+        expected: Option<u64>,
+    },
+    /// Delete: `If(ModRevision(k) == expected) Then(Delete)`, or `CreateRevision(k) > 0`.
+    Delete {
+        /// The key's expected mod revision.
+        expected: Option<u64>,
+    },
+}
+
+impl Write<'_> {
+    fn what(&self) -> &'static str {
+        match self {
+            Write::Create { .. } => "create",
+            Write::Update { .. } => "update",
+            Write::Delete { .. } => "delete",
+        }
+    }
+
+    fn compare(&self, k: &[u8]) -> Compare {
+        match self {
+            Write::Create { .. } => Compare::create_revision(k, CompareOp::Equal, 0),
+            Write::Update { expected, .. } | Write::Delete { expected } => {
+                Inner::guard(k, *expected)
+            }
+        }
+    }
+
+    fn operation(&self, k: &[u8]) -> TxnOp {
+        match self {
+            Write::Create { value } => TxnOp::put(k, value.to_vec(), None),
+            Write::Update { value, .. } => TxnOp::put(k, value.to_vec(), Some(PutOptions::new())),
+            Write::Delete { .. } => {
+                TxnOp::delete(k, Some(etcd_client::DeleteOptions::new().with_prev_key()))
+            }
+        }
+    }
+
+    /// Whether sending it again cannot apply it twice: it is compared on a revision (a
+    /// create on the key's absence). An update or delete of whatever revision is not.
+    fn repeatable(&self) -> bool {
+        match self {
+            Write::Create { .. } => true,
+            Write::Update { expected, .. } | Write::Delete { expected } => expected.is_some(),
+        }
+    }
+
+    /// The error for a refused write, from the key's state when refused.
+    fn refused(&self, key: &str, current: Option<KeyValue>) -> StoreError {
+        match self {
+            Write::Create { .. } => StoreError::AlreadyExists {
+                key: key.to_owned(),
+            },
+            Write::Update { expected, .. } | Write::Delete { expected } => {
+                Inner::refused(key, *expected, current)
+            }
+        }
+    }
+}
+
+/// A write that was applied: its revision, and for a delete the key's state before it.
+struct Written {
+    revision: u64,
+    prev: Option<KeyValue>,
+}
+
+impl Written {
+    fn at(revision: u64) -> Self {
+        Written {
+            revision,
+            prev: None,
+        }
+    }
+
+    fn from(response: etcd_client::TxnResponse, inner: &Inner) -> Self {
+        let prev = response.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Delete(delete) => delete.prev_kvs().first().and_then(|kv| inner.kv(kv)),
+            _ => None,
+        });
+        Written {
+            revision: revision(response.header()),
+            prev,
+        }
+    }
+}
+
+/// One change of a key from etcd's history.
+struct Change {
+    /// The change's revision.
+    revision: u64,
+    /// The value put, or `None` for a delete.
+    value: Option<Bytes>,
+    /// The key's state before the change.
+    prev: Option<KeyValue>,
+}
+
+impl Change {
+    /// Whether the change was made to the key at mod revision `expected`, as a write
+    /// compared on it would be.
+    fn follows(&self, expected: Option<u64>) -> bool {
+        expected.is_some() && self.prev.as_ref().map(|prev| prev.mod_revision) == expected
+    }
+}
+
 /// Follows every change under the namespace into the window, re-establishing the etcd
 /// watch after errors from the last published revision.
 async fn feed(inner: Arc<Inner>) {
@@ -460,8 +769,10 @@ async fn feed(inner: Arc<Inner>) {
             .with_start_revision(rev_i64(from))
             .with_prev_key()
             .with_progress_notify();
-        let mut stream = match inner
-            .client
+        // On a member of the balance set; when it fails, the feed watches on from the last
+        // published revision on another.
+        let (member, client) = inner.members.pick();
+        let mut stream = match client
             .watch_client()
             .max_decoding_message_size(MAX_RESPONSE_BYTES)
             .watch(watch_key.clone(), Some(options))
@@ -469,6 +780,8 @@ async fn feed(inner: Arc<Inner>) {
         {
             Ok(stream) => stream,
             Err(error) => {
+                let fate = etcd_members::fate(&error);
+                inner.members.failed(member, &error, fate);
                 tracing::debug!(%error, "etcd: the watch feed could not start; retrying");
                 tokio::time::sleep(FEED_RETRY).await;
                 continue;
@@ -488,6 +801,8 @@ async fn feed(inner: Arc<Inner>) {
                 Ok(Some(response)) => response,
                 Ok(None) => break,
                 Err(error) => {
+                    let fate = etcd_members::fate(&error);
+                    inner.members.failed(member, &error, fate);
                     tracing::debug!(%error, "etcd: the watch feed broke; re-watching");
                     break;
                 }
@@ -649,21 +964,8 @@ impl Store for EtcdStore {
 
     async fn create(&self, key: &str, value: Bytes) -> Result<u64, StoreError> {
         let inner = &self.inner;
-        let k = inner.key(key);
-        match inner
-            .txn(
-                &k,
-                Compare::create_revision(k.clone(), CompareOp::Equal, 0),
-                TxnOp::put(k.clone(), value.to_vec(), None),
-                "create",
-            )
-            .await?
-        {
-            Ok(response) => Ok(inner.acknowledged(revision(response.header())).await),
-            Err(_) => Err(StoreError::AlreadyExists {
-                key: key.to_owned(),
-            }),
-        }
+        let written = inner.write(key, Write::Create { value: &value }).await?;
+        Ok(inner.acknowledged(written.revision).await)
     }
 
     async fn update(
@@ -673,19 +975,12 @@ impl Store for EtcdStore {
         expected_mod_revision: Option<u64>,
     ) -> Result<u64, StoreError> {
         let inner = &self.inner;
-        let k = inner.key(key);
-        match inner
-            .txn(
-                &k,
-                Inner::guard(&k, expected_mod_revision),
-                TxnOp::put(k.clone(), value.to_vec(), Some(PutOptions::new())),
-                "update",
-            )
-            .await?
-        {
-            Ok(response) => Ok(inner.acknowledged(revision(response.header())).await),
-            Err(current) => Err(Inner::refused(key, expected_mod_revision, current)),
-        }
+        let write = Write::Update {
+            value: &value,
+            expected: expected_mod_revision,
+        };
+        let written = inner.write(key, write).await?;
+        Ok(inner.acknowledged(written.revision).await)
     }
 
     async fn delete(
@@ -694,35 +989,14 @@ impl Store for EtcdStore {
         expected_mod_revision: Option<u64>,
     ) -> Result<(u64, KeyValue), StoreError> {
         let inner = &self.inner;
-        let k = inner.key(key);
-        let response = match inner
-            .txn(
-                &k,
-                Inner::guard(&k, expected_mod_revision),
-                TxnOp::delete(
-                    k.clone(),
-                    Some(etcd_client::DeleteOptions::new().with_prev_key()),
-                ),
-                "delete",
-            )
-            .await?
-        {
-            Ok(response) => response,
-            Err(current) => return Err(Inner::refused(key, expected_mod_revision, current)),
+        let write = Write::Delete {
+            expected: expected_mod_revision,
         };
-        let prev = response
-            .op_responses()
-            .into_iter()
-            .find_map(|op| match op {
-                TxnOpResponse::Delete(delete) => {
-                    delete.prev_kvs().first().and_then(|kv| inner.kv(kv))
-                }
-                _ => None,
-            })
-            .ok_or_else(|| StoreError::NotFound {
-                key: key.to_owned(),
-            })?;
-        let revision = inner.acknowledged(revision(response.header())).await;
+        let written = inner.write(key, write).await?;
+        let prev = written.prev.ok_or_else(|| StoreError::NotFound {
+            key: key.to_owned(),
+        })?;
+        let revision = inner.acknowledged(written.revision).await;
         Ok((revision, prev))
     }
 
@@ -778,10 +1052,17 @@ impl Store for EtcdStore {
             .and_then([TxnOp::put(key.clone(), revision.to_string(), None)])
             .or_else([TxnOp::get(key, None)]);
         let response = inner
-            .client
-            .kv_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
-            .txn(txn)
+            .members
+            .send(Policy::NonRepeatable, |client| {
+                let txn = txn.clone();
+                async move {
+                    client
+                        .kv_client()
+                        .max_decoding_message_size(MAX_RESPONSE_BYTES)
+                        .txn(txn)
+                        .await
+                }
+            })
             .await
             .map_err(|e| backend("taking the compaction turn", e))?;
         if !response.succeeded() {
@@ -803,11 +1084,12 @@ impl Store for EtcdStore {
             return Ok(());
         }
         inner.compact_version.store(seen + 1, Ordering::Release);
+        // Compacting again at the same revision is a no-op: repeatable.
         match inner
-            .client
-            .kv_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
-            .compact(rev_i64(revision), None)
+            .members
+            .send(Policy::Repeatable, |client| async move {
+                client.kv_client().compact(rev_i64(revision), None).await
+            })
             .await
         {
             Ok(_) => {}

@@ -78,6 +78,8 @@ use futures::Stream;
 
 #[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(feature = "etcd")]
+mod etcd_members;
 mod etcd_options;
 mod memory;
 mod sqlite;

@@ -356,3 +356,216 @@ async fn a_list_larger_than_four_mib_is_answered_whole_on_etcd() {
     let listed = api.list(&ListParams::default()).await.unwrap();
     assert_eq!(listed.items.len(), 6, "about 5.4 MB listed in one answer");
 }
+
+/// Copies the files every API server of one cluster shares (kubeadm copies them to each
+/// control-plane node) from the PKI of `from` into `to`: `pki/ca.crt`, `ca.key`, `sa.key`.
+fn copy_shared_pki(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to.join("pki")).unwrap();
+    for file in ["ca.crt", "ca.key", "sa.key"] {
+        std::fs::copy(from.join("pki").join(file), to.join("pki").join(file)).unwrap();
+    }
+}
+
+/// kube-apiserver's HA control plane shares one CA and service-account key among its
+/// servers (kubeadm's `--upload-certs` copies `ca.crt`, `ca.key`, `sa.key` to every
+/// control-plane node), so a client of one is a client of all. The first server on an etcd
+/// records its PKI's fingerprints there; a second with a PKI of its own is refused, with an
+/// error naming the files to copy and where; with copies of the first's files it joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_api_server_joins_an_etcd_only_with_the_first_servers_pki() {
+    use core_cluster::serve::{Security, ServeError};
+    let etcd = Etcd::start().await;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = etcd_server(&etcd).await;
+    let security_a = Security::load(&a, dir_a.path(), &[]).unwrap();
+    security_a.check_cluster_identity(&a).await.unwrap();
+    security_a
+        .check_cluster_identity(&a)
+        .await
+        .expect("the first server again, on its next start");
+
+    let b = etcd_server(&etcd).await;
+    let own = Security::load(&b, dir_b.path(), &[]).unwrap();
+    let error = own.check_cluster_identity(&b).await.unwrap_err();
+    assert!(matches!(error, ServeError::ForeignPki { .. }), "{error:?}");
+    let message = error.to_string();
+    for named in [
+        "copy ca.crt, ca.key, sa.key",
+        &dir_b.path().join("pki").display().to_string(),
+        &security_a.pki.identity().unwrap().ca_certificate_sha256,
+    ] {
+        assert!(message.contains(named), "{named:?} not in: {message}");
+    }
+
+    copy_shared_pki(dir_a.path(), dir_b.path());
+    let shared = Security::load(&b, dir_b.path(), &[]).unwrap();
+    shared
+        .check_cluster_identity(&b)
+        .await
+        .expect("with the first server's files, the second joins");
+    assert_eq!(shared.pki.ca_pem(), security_a.pki.ca_pem());
+}
+
+/// Creates ConfigMaps `w<writer>-<i>` through `primary` until `stop`; when `primary` stops
+/// answering (a transport error, not an API status), sends the same create and the ones
+/// after it to `secondary`, as a client behind a load balancer of an HA control plane does.
+/// A create the first server committed before it died is 409 there, and counted as written.
+/// Returns the names written and the failures answered by an API server.
+async fn create_failing_over(
+    primary: Client,
+    secondary: Client,
+    writers: usize,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> (Vec<String>, Vec<(String, String)>) {
+    use std::sync::atomic::Ordering;
+    let tasks: Vec<_> = (0..writers)
+        .map(|writer| {
+            let (primary, secondary, stop) = (primary.clone(), secondary.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut api: Api<ConfigMap> = Api::namespaced(primary, "default");
+                let mut failed_over = false;
+                let (mut written, mut failed) = (Vec::new(), Vec::new());
+                for i in 0.. {
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let name = format!("w{writer}-{i}");
+                    let cm: ConfigMap = serde_json::from_value(json!({
+                        "metadata": {"name": name}, "data": {"k": "v"},
+                    }))
+                    .unwrap();
+                    loop {
+                        match api.create(&PostParams::default(), &cm).await {
+                            Ok(_) => written.push(name.clone()),
+                            Err(kube::Error::Api(status)) if failed_over && status.code == 409 => {
+                                written.push(name.clone());
+                            }
+                            Err(kube::Error::Api(status)) => {
+                                failed.push((name.clone(), status.message));
+                            }
+                            Err(_) if !failed_over => {
+                                failed_over = true;
+                                api = Api::namespaced(secondary.clone(), "default");
+                                continue;
+                            }
+                            Err(error) => failed.push((name.clone(), error.to_string())),
+                        }
+                        break;
+                    }
+                }
+                (written, failed)
+            })
+        })
+        .collect();
+    let (mut written, mut failed) = (Vec::new(), Vec::new());
+    for task in tasks {
+        let (w, f) = task.await.unwrap();
+        written.extend(w);
+        failed.extend(f);
+    }
+    (written, failed)
+}
+
+/// One of two API servers on one etcd, sharing one PKI, dies (its runtime, connections and
+/// all, is dropped) in the middle of a burst of creates through it: kube-apiserver answers a
+/// create only once etcd committed it (`etcd3/store.go` `Create`), so every acknowledged
+/// create is listed by the other server, and the writers, sent on to the other server with
+/// the same credentials, go on without a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_one_of_two_api_servers_mid_burst_loses_no_write_and_the_other_takes_its_clients() {
+    use ccm_testkit::TestServer;
+    use core_cluster::serve::{Security, ServeOptions};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let etcd = Etcd::start().await;
+
+    // Server A, in a runtime of its own, so that it can die with every task and connection.
+    let (ready, started) = tokio::sync::oneshot::channel();
+    let (kill, killed) = tokio::sync::oneshot::channel::<()>();
+    let endpoints = etcd.endpoints();
+    let a = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let held = runtime.block_on(async move {
+            let server = etcd_server_with(endpoints, ApiServerConfig::default()).await;
+            let dir = tempfile::tempdir().unwrap();
+            let security = Security::load(&server, dir.path(), &[]).unwrap();
+            security.check_cluster_identity(&server).await.unwrap();
+            let tls = TestServer::start_secured(server, security, ServeOptions::default(), dir)
+                .await
+                .unwrap();
+            let shared = tempfile::tempdir().unwrap();
+            copy_shared_pki(&tls.dir(), shared.path());
+            ready
+                .send((tls.admin_kubeconfig(), tls.url(), shared))
+                .unwrap();
+            let _ = killed.await;
+            tls
+        });
+        runtime.shutdown_background();
+        drop(held);
+    });
+    let (kubeconfig_a, url_a, shared) = started.await.unwrap();
+
+    // Server B, with copies of A's CA and service-account key; A's admin kubeconfig is
+    // pointed at it unchanged but for the URL.
+    let b = etcd_server(&etcd).await;
+    let security = Security::load(&b, shared.path(), &[]).unwrap();
+    security.check_cluster_identity(&b).await.unwrap();
+    let b = TestServer::start_secured(b, security, ServeOptions::default(), shared)
+        .await
+        .unwrap();
+    let on_a = b.client(&kubeconfig_a).await.unwrap();
+    let on_b = b
+        .client(&kubeconfig_a.replace(&url_a, &b.url()))
+        .await
+        .unwrap();
+    let configmaps: Api<ConfigMap> = Api::namespaced(on_b.clone(), "default");
+    configmaps
+        .list(&ListParams::default())
+        .await
+        .expect("A's admin credentials work on B");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = tokio::spawn(create_failing_over(on_a, on_b, 8, stop.clone()));
+    let count = || async {
+        configmaps
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items.len())
+            .ok()
+    };
+    ccm_testkit::eventually(60, "100 creates through A", || async {
+        count().await.filter(|&n| n >= 100)
+    })
+    .await;
+    kill.send(()).unwrap();
+    tokio::task::spawn_blocking(move || a.join().unwrap())
+        .await
+        .unwrap();
+    ccm_testkit::eventually(60, "200 more creates through B", || async {
+        count().await.filter(|&n| n >= 300)
+    })
+    .await;
+    stop.store(true, Ordering::Release);
+    let (written, failed) = tokio::time::timeout(std::time::Duration::from_secs(60), writes)
+        .await
+        .expect("the writers stop within 60 s")
+        .unwrap();
+    assert!(failed.is_empty(), "failed creates: {failed:?}");
+    let listed: std::collections::BTreeSet<String> = configmaps
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|cm| cm.metadata.name)
+        .filter(|name| name.starts_with('w'))
+        .collect();
+    let written: std::collections::BTreeSet<String> = written.into_iter().collect();
+    let lost: Vec<&String> = written.difference(&listed).collect();
+    assert!(lost.is_empty(), "written, then missing: {lost:?}");
+    assert_eq!(listed, written, "B lists exactly what was written");
+}

@@ -184,8 +184,17 @@ impl Pki {
                 names.push(name.clone());
             }
         }
+        // A leaf the CA did not sign (the CA files were replaced, say by another API
+        // server's of the same cluster) is issued again.
         let serving = match read_pair(&dir, "server")? {
-            Some(s) if !ca_changed && !expiring(&s.cert_pem, now)? && covers(&s, &names)? => s,
+            Some(s)
+                if !ca_changed
+                    && !expiring(&s.cert_pem, now)?
+                    && covers(&s, &names)?
+                    && issued_by(&s, &ca)? =>
+            {
+                s
+            }
             _ => {
                 report.issued.push("server");
                 let s = issue(&issuer, Leaf::Serving(&names), now)?;
@@ -194,7 +203,7 @@ impl Pki {
             }
         };
         let admin = match read_pair(&dir, "admin")? {
-            Some(a) if !ca_changed && !expiring(&a.cert_pem, now)? => a,
+            Some(a) if !ca_changed && !expiring(&a.cert_pem, now)? && issued_by(&a, &ca)? => a,
             _ => {
                 report.issued.push("admin");
                 let a = issue(&issuer, Leaf::Client(ADMIN_USER, &[GROUP_MASTERS]), now)?;
@@ -253,6 +262,18 @@ impl Pki {
         &self.report
     }
 
+    /// The public fingerprints of what every API server of one cluster must share: the CA
+    /// certificate and the service-account signing key (never the keys themselves).
+    pub fn identity(&self) -> Result<ClusterIdentity, PkiError> {
+        let ca = first_der(&self.ca.cert_pem)?;
+        let sa = KeyPair::from_pem(&self.service_account_key)
+            .map_err(|e| PkiError::crypto("sa.key", e))?;
+        Ok(ClusterIdentity {
+            ca_certificate_sha256: fingerprint(&ca),
+            service_account_key_sha256: fingerprint(sa.public_key_raw()),
+        })
+    }
+
     /// Issues a client certificate for `user` in `groups` (CN = user, O = each group), valid
     /// for [`LEAF_VALIDITY`]: `system:node:<name>` in `system:nodes` for a kubelet, the
     /// cloud-controller-manager's own identity, a test user.
@@ -301,6 +322,30 @@ impl Pki {
     pub fn kubeconfig(&self, server: &str, client: &CertAndKey) -> String {
         kubeconfig_yaml(server, &self.ca.cert_pem, Credentials::Certificate(client))
     }
+}
+
+/// The public fingerprints of a cluster's PKI ([`Pki::identity`]): API servers that share
+/// a store must share the CA (their clients' certificates and their serving certificates
+/// are issued by it) and the service-account key (tokens one issues, another verifies).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterIdentity {
+    /// SHA-256 of the CA certificate (DER), as `openssl x509 -noout -fingerprint -sha256
+    /// -in ca.crt` prints it: upper-case hex pairs joined by colons.
+    pub ca_certificate_sha256: String,
+    /// SHA-256 of the service-account signing key's public key (the uncompressed EC point),
+    /// in the same form.
+    pub service_account_key_sha256: String,
+}
+
+/// SHA-256 of `bytes` as colon-separated upper-case hex pairs.
+fn fingerprint(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// How a kubeconfig's user authenticates.
@@ -530,6 +575,18 @@ fn expiring(cert_pem: &str, now: OffsetDateTime) -> Result<bool, PkiError> {
     Ok(left <= i64::try_from(RENEW_WITHIN.as_secs()).unwrap_or(i64::MAX))
 }
 
+/// Whether `ca` issued `leaf`: the leaf's issuer is the CA's subject and its signature
+/// verifies with the CA's public key.
+fn issued_by(leaf: &CertAndKey, ca: &CertAndKey) -> Result<bool, PkiError> {
+    let (leaf_der, ca_der) = (first_der(&leaf.cert_pem)?, first_der(&ca.cert_pem)?);
+    let (_, leaf) = x509_parser::parse_x509_certificate(&leaf_der)
+        .map_err(|e| PkiError::crypto("certificate", e))?;
+    let (_, ca) =
+        x509_parser::parse_x509_certificate(&ca_der).map_err(|e| PkiError::crypto("ca.crt", e))?;
+    Ok(leaf.issuer().as_raw() == ca.subject().as_raw()
+        && leaf.verify_signature(Some(ca.public_key())).is_ok())
+}
+
 /// Whether the serving certificate names every one of `names`.
 fn covers(serving: &CertAndKey, names: &[String]) -> Result<bool, PkiError> {
     use x509_parser::extensions::GeneralName;
@@ -680,6 +737,32 @@ mod tests {
         assert_eq!(third.report().issued, ["server"]);
         assert_eq!(first.ca_pem(), third.ca_pem());
         assert!(covers(third.serving(), &["10.1.2.3".to_owned()]).unwrap());
+    }
+
+    /// The files every API server of one cluster shares (kubeadm's "copy the certificates
+    /// to the other control-plane nodes": `ca.crt`, `ca.key`, `sa.key`): copied into a data
+    /// directory that has leaves of its own, they give the same identity, and the leaves
+    /// the copied CA did not sign are issued again by it.
+    #[test]
+    fn copied_ca_and_service_account_key_give_the_same_identity_and_reissue_leaves() {
+        let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let a = Pki::load_or_create(first.path(), &[]).unwrap();
+        let b = Pki::load_or_create(second.path(), &[]).unwrap();
+        assert_ne!(a.identity().unwrap(), b.identity().unwrap());
+        for file in ["ca.crt", "ca.key", "sa.key"] {
+            std::fs::copy(
+                first.path().join("pki").join(file),
+                second.path().join("pki").join(file),
+            )
+            .unwrap();
+        }
+        let b = Pki::load_or_create(second.path(), &[]).unwrap();
+        assert_eq!(a.identity().unwrap(), b.identity().unwrap());
+        assert_eq!(b.report().issued, ["server", "admin"]);
+        assert!(issued_by(b.serving(), &a.ca).unwrap());
+        assert!(issued_by(b.admin(), &a.ca).unwrap());
+        let fingerprint = &a.identity().unwrap().ca_certificate_sha256;
+        assert_eq!(fingerprint.len(), 32 * 3 - 1, "{fingerprint}");
     }
 
     /// k3s renews every certificate with 90 days or less left on start; a renewed CA
