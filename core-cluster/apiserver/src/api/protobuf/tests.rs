@@ -549,3 +549,31 @@ fn a_definition_from_a_go_client_reads_without_its_false_plain_bools() {
                "items": [{"type": "string"}, {"type": "integer"}]})
     );
 }
+
+/// A projected volume's `downwardAPI` source is a struct with an `items` list
+/// (`DownwardAPIProjection`), not one of Go's named `[]string` types: it keeps its `items`
+/// key both ways, so a pod with a service-account token volume (every pod) reads back.
+#[test]
+fn a_projected_downward_api_source_keeps_its_items() {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}],
+                 "volumes": [{"name": "v", "projected": {"sources": [{"downwardAPI": {"items": [
+                     {"path": "labels", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.labels"}}]}}]}}]},
+    });
+    let bytes = encode_object(&pod).unwrap();
+    let typed = core::Pod::decode(unwrap_envelope(&bytes).raw.unwrap().as_slice()).unwrap();
+    let projection = typed.spec.unwrap().volumes[0]
+        .volume_source
+        .clone()
+        .unwrap()
+        .projected
+        .unwrap()
+        .sources[0]
+        .downward_api
+        .clone()
+        .unwrap();
+    assert_eq!(projection.items[0].path.as_deref(), Some("labels"));
+    assert_eq!(decode_object(&bytes).unwrap(), pod);
+}

@@ -155,10 +155,11 @@ fn json_type(value: &Value) -> &'static str {
 
 // ------------------------------------------------------------------ decoding
 
-/// A message that only wraps a list (`ExtraValue`, `Verbs`: Go's `[]string` types, which
-/// protobuf cannot nest in a map or name otherwise) is the bare list in JSON.
+/// A message that only wraps a list of strings (`ExtraValue`, `Verbs`: Go's named `[]string`
+/// types, which protobuf cannot nest in a map or name otherwise) is the bare list in JSON. A
+/// struct whose one field is a list of messages (`DownwardAPIProjection`'s `items`) is not.
 fn is_bare_list(message: &schema::Message) -> bool {
-    matches!(message.fields.as_slice(), [f] if f.json == "items" && f.repeated)
+    matches!(message.fields.as_slice(), [f] if f.json == "items" && f.repeated && f.kind == Kind::String)
 }
 
 /// Decodes `bytes` as the message `name`; `None` for a value that is absent in JSON (an
