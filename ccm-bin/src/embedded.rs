@@ -20,7 +20,7 @@ use cloud_provider::CloudProvider;
 use cloud_provider_app::{
     CloudControllerManagerOptions, HealthChecks, LeaderElectionConfig, LeaderElector,
 };
-use cloud_provider_fake::{FakeCloud, FakeInstance};
+use cloud_provider_fake::{FakeCloud, FakeInstance, LoadBalancerLimits};
 use core_cluster::{
     ApiServer,
     auth::{node::node_user, rbac::service_account_user},
@@ -35,8 +35,8 @@ use core_cluster::{
         ttl_after_finished::TtlAfterFinishedController,
     },
     sim::{
-        KubeletApiConfig, KubeletAuthConfig, NodeSimulator, ServingCa, SimConfig, SimNode,
-        UNINITIALIZED_TAINT_KEY,
+        KubeletApiConfig, KubeletAuthConfig, NodeSimulator, ServiceProxyLimits, ServingCa,
+        SimConfig, SimNode, UNINITIALIZED_TAINT_KEY,
     },
     store::Store,
 };
@@ -173,6 +173,17 @@ pub(crate) struct EmbeddedArgs {
     /// reaches a pod.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     sim_data_path: bool,
+    /// The data path's idle timeout: a connection to a load balancer or a node port with no
+    /// byte either way for this long is closed, both sides, as an AWS Classic or Application
+    /// Load Balancer closes one after its idle timeout (60 s by default).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    sim_data_path_idle_timeout: Duration,
+    /// The data path's cap on connections per listener (each load balancer port, each node's
+    /// node port): a new connection beyond it is reset, as a load balancer at its limit
+    /// resets it. Whatever the cap, the data path as a whole holds at most a quarter of the
+    /// process's open-files limit (`ulimit -n`), so the API server keeps the rest.
+    #[arg(long, default_value_t = 1024)]
+    sim_data_path_max_connections: usize,
     /// Whether each simulated node (with `--sim-kubelet-api`) runs an agent that dials out
     /// to the API server, and the API server reaches kubelets only through those agents
     /// (`--node-egress=agent-tunnel`, Konnectivity's model) instead of dialling them.
@@ -717,15 +728,15 @@ fn fake_cloud_builder(nodes: &[SimNode]) -> cloud_provider_fake::FakeCloudBuilde
 fn embedded_cloud(
     ccm: &CloudControllerManagerOptions,
     nodes: &[SimNode],
-    data_path: bool,
+    data_path: Option<LoadBalancerLimits>,
 ) -> anyhow::Result<Arc<dyn CloudProvider>> {
     if ccm.cloud_provider == cloud_provider_fake::PROVIDER_NAME && ccm.cloud_config.is_none() {
-        let cloud = if data_path {
-            fake_cloud_builder(nodes)
+        let cloud = match data_path {
+            Some(limits) => fake_cloud_builder(nodes)
                 .serve_load_balancers(LOAD_BALANCER_BASE)
-                .build()
-        } else {
-            fake_cloud_for(nodes)
+                .load_balancer_limits(limits)
+                .build(),
+            None => fake_cloud_for(nodes),
         };
         return Ok(Arc::new(cloud));
     }
@@ -736,6 +747,27 @@ fn embedded_cloud(
                 ccm.cloud_provider
             )
         })
+}
+
+/// The data path's bounds (`--sim-data-path-idle-timeout`, `--sim-data-path-max-connections`):
+/// the load balancers' and the node ports', drawing on one budget of descriptors, a quarter
+/// of the process's open-files limit.
+fn data_path_limits(
+    args: &EmbeddedArgs,
+) -> anyhow::Result<(LoadBalancerLimits, ServiceProxyLimits)> {
+    let (idle, max) = (
+        args.sim_data_path_idle_timeout,
+        args.sim_data_path_max_connections,
+    );
+    if idle.is_zero() {
+        bail!("--sim-data-path-idle-timeout must be more than 0s");
+    }
+    if max == 0 {
+        bail!("--sim-data-path-max-connections must be at least 1");
+    }
+    // One type (ccm-serving's `ConnectionLimits`): the clone shares the budget.
+    let load_balancers = LoadBalancerLimits::new(idle, max)?;
+    Ok((load_balancers.clone(), load_balancers))
 }
 
 /// Runs the embedded cluster until SIGTERM or Ctrl-C, or until the cloud-controller-manager
@@ -770,7 +802,8 @@ pub(crate) async fn run(
     }
     let (sim_config, nodes) = sim_fleet(&args, &zones)?;
     let data_path = args.sim_data_path && args.sim_kubelet_api;
-    let cloud = embedded_cloud(&ccm, &nodes, data_path)?;
+    let (load_balancer_limits, node_port_limits) = data_path_limits(&args)?;
+    let cloud = embedded_cloud(&ccm, &nodes, data_path.then_some(load_balancer_limits))?;
 
     let temp;
     let data_dir = match &args.data_dir {
@@ -1101,7 +1134,7 @@ pub(crate) async fn run(
         });
     }
     if data_path {
-        simulator = simulator.with_service_proxy();
+        simulator = simulator.with_service_proxy_limits(node_port_limits);
     }
     if agent_tunnel {
         simulator = simulator.with_agent_tunnel(agent_tunnel_config(&data_dir, secure.addr)?);
@@ -1361,6 +1394,43 @@ mod tests {
                 && text.contains("node \"sim-node-1\": evictionHard: unsupported eviction signal"),
             "{text}"
         );
+    }
+
+    /// The data path's bounds: an AWS Classic or Application Load Balancer's idle timeout
+    /// (60 s) and 1,024 connections per listener by default, one descriptor budget for the
+    /// load balancers and the node ports, and a bound of 0 stops `ccm` naming its flag.
+    #[test]
+    fn data_path_flags_bound_both_halves_of_the_data_path_with_one_budget() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["ccm"];
+            argv.extend_from_slice(extra);
+            <EmbeddedArgsParser as clap::Parser>::parse_from(argv).args
+        };
+        let (load_balancers, node_ports) = data_path_limits(&parse(&[])).unwrap();
+        assert_eq!(load_balancers.idle_timeout(), Duration::from_secs(60));
+        assert_eq!(node_ports.idle_timeout(), Duration::from_secs(60));
+        assert_eq!(load_balancers.max_connections(), 1024);
+        assert_eq!(node_ports.max_connections(), 1024);
+        assert!(Arc::ptr_eq(
+            load_balancers.descriptors(),
+            node_ports.descriptors()
+        ));
+        let (load_balancers, _) = data_path_limits(&parse(&[
+            "--sim-data-path-idle-timeout",
+            "350s",
+            "--sim-data-path-max-connections",
+            "10",
+        ]))
+        .unwrap();
+        assert_eq!(load_balancers.idle_timeout(), Duration::from_secs(350));
+        assert_eq!(load_balancers.max_connections(), 10);
+        for (flag, value) in [
+            ("--sim-data-path-idle-timeout", "0s"),
+            ("--sim-data-path-max-connections", "0"),
+        ] {
+            let e = data_path_limits(&parse(&[flag, value])).unwrap_err();
+            assert!(e.to_string().starts_with(flag), "{e}");
+        }
     }
 
     #[derive(clap::Parser)]

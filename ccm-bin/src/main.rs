@@ -36,5 +36,11 @@ use cloud_provider_fake as _;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
+    // The soft limit on open files (`RLIMIT_NOFILE`) raised to the hard limit, as every Go
+    // program does at start since Go 1.19, kube-apiserver among them: this process serves API
+    // clients, simulated nodes and their data path, which may take at most a quarter of the
+    // raised limit (`ccm_serving::connections::process_descriptor_budget`, read later). Not
+    // allowed: the limit stays as it is. No child process is started, so none inherits it.
+    let _ = ccm_serving::connections::raise_open_files_limit();
     cli::main()
 }

@@ -15,9 +15,16 @@
 //! - [`healthz`]: `/healthz`, `/livez`, `/readyz` bodies as `k8s.io/apiserver/pkg/server/healthz`
 //!   writes them;
 //! - [`self_signed`]: a serving certificate when none is given (client-go's
-//!   `GenerateSelfSignedCertKey`).
+//!   `GenerateSelfSignedCertKey`);
+//! - [`connections`]: bounds on plain TCP connections carried in process for what would run
+//!   outside it (a cloud's load balancer, kube-proxy's node ports): an idle timeout on a
+//!   spliced or served connection, a cap of concurrent connections per listener, and a
+//!   process-wide budget of file descriptors (a quarter of `RLIMIT_NOFILE`) shared by
+//!   several listeners, each connection taking as many permits as the descriptors it holds;
+//!   a connection beyond them is reset at accept, with a warning at most once a minute.
 
 mod bearer;
+pub mod connections;
 pub mod healthz;
 mod identity;
 mod selfsigned;

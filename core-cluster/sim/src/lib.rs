@@ -142,6 +142,10 @@ pub use registration::{
     KUBELET_LABEL_NAMESPACES, KUBELET_LABELS, allocatable, is_qualified_name, is_valid_label_value,
     parse_node_labels, parse_register_with_taints, parse_reserved,
 };
+pub use service_proxy::{
+    ServiceProxyLimits, ServiceProxyLimitsError,
+    process_descriptor_budget as service_proxy_descriptor_budget,
+};
 pub use shutdown::{
     SYSTEM_CRITICAL_PRIORITY, ShutdownPriorityGroup, group_by_priority, pod_priority,
     shutdown_groups,
@@ -527,8 +531,21 @@ impl NodeSimulator {
     /// name; `externalTrafficPolicy: Local` keeps to the node's own endpoints and serves
     /// the `healthCheckNodePort` (the `service_proxy` module's documentation says what is
     /// and is not simulated). Set before [`run`](Self::run).
+    ///
+    /// Its connections are bounded by [`ServiceProxyLimits::default`]: closed after 60 s
+    /// idle, 1,024 per listener, within the process's descriptor budget; see
+    /// [`with_service_proxy_limits`](Self::with_service_proxy_limits).
     pub fn with_service_proxy(self) -> Self {
-        self.shared.service_proxy.enable();
+        self.with_service_proxy_limits(ServiceProxyLimits::default())
+    }
+
+    /// [`with_service_proxy`](Self::with_service_proxy) with these bounds on its
+    /// connections: their idle timeout, their cap per listener and the descriptor budget
+    /// they draw on (give the one a fake cloud's load balancers in the same process draw
+    /// on, so that the whole data path stays within one budget). Set before
+    /// [`run`](Self::run).
+    pub fn with_service_proxy_limits(self, limits: ServiceProxyLimits) -> Self {
+        self.shared.service_proxy.enable(limits);
         self
     }
 

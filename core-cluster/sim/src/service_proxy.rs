@@ -22,6 +22,16 @@
 //! the Services and close when their Service goes. No host commands, no iptables: only
 //! sockets on addresses the simulator owns. Not done: UDP and SCTP ports, ClusterIPs,
 //! session affinity, topology hints (`trafficDistribution`), `internalTrafficPolicy`.
+//!
+//! kube-proxy forwards in the kernel and holds no descriptor per connection; here every
+//! connection is a socket of the process that also runs the API server, so connections are
+//! bounded ([`ServiceProxyLimits`]): closed after 60 s without a byte either way (an AWS
+//! Classic or Application Load Balancer's default idle timeout), at most so many per
+//! listener, and within a budget of the process's file descriptors; a connection beyond a
+//! bound is reset at accept. The bounds are ccm-serving's ([`ccm_serving::connections`]),
+//! shared with a fake cloud's load balancers.
+
+pub use ccm_serving::connections::process_descriptor_budget;
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
@@ -33,6 +43,7 @@ use std::{
     },
 };
 
+use ccm_serving::connections::{self, ConnectionLimits, ConnectionLimitsError, Ended, IdleTracked};
 use futures::StreamExt;
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::{
@@ -47,7 +58,7 @@ use kube::{
         watcher,
     },
 };
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -56,6 +67,21 @@ use crate::{Shared, kubelet_api::responder};
 
 /// The label naming an EndpointSlice's Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// The descriptors one connection holds: its socket (the simulated pod answers on it).
+const DESCRIPTORS_PER_CONNECTION: u32 = 1;
+
+/// How the simulated nodes' data path (see
+/// [`NodeSimulator::with_service_proxy`](crate::NodeSimulator::with_service_proxy)) bounds
+/// the connections to its node ports and health-check ports: an idle timeout (60 s by
+/// default, an AWS Classic or Application Load Balancer's, so that a load balancer in front
+/// closes its side no later than the node does), a cap per listener, a budget of
+/// descriptors ([`ConnectionLimits`] says how). Each connection takes one descriptor of the
+/// budget, its socket. Give the same budget to a fake cloud's load balancers in the same
+/// process so that the data path as a whole stays within it.
+pub type ServiceProxyLimits = ConnectionLimits;
+
+/// A configuration of [`ServiceProxyLimits`] that cannot be used.
+pub type ServiceProxyLimitsError = ConnectionLimitsError;
 
 /// What a listener serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +107,8 @@ struct Listener {
 #[derive(Default)]
 pub(crate) struct ServiceProxy {
     enabled: AtomicBool,
+    /// The bounds of its connections.
+    limits: RwLock<ServiceProxyLimits>,
     listeners: Mutex<HashMap<SocketAddr, Listener>>,
     /// Woken when nodes are added, to give them listeners.
     nodes_changed: Notify,
@@ -92,14 +120,16 @@ impl std::fmt::Debug for ServiceProxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServiceProxy")
             .field("enabled", &self.enabled())
+            .field("limits", &*self.limits.read())
             .field("listeners", &self.listeners.lock().len())
             .finish_non_exhaustive()
     }
 }
 
 impl ServiceProxy {
-    /// Turns the data path on (before the simulator runs).
-    pub(crate) fn enable(&self) {
+    /// Turns the data path on, within `limits` (before the simulator runs).
+    pub(crate) fn enable(&self, limits: ServiceProxyLimits) {
+        *self.limits.write() = limits;
         self.enabled.store(true, Ordering::Relaxed);
     }
 
@@ -293,17 +323,17 @@ async fn reconcile(ctx: &Arc<Ctx>) {
     }
 }
 
+/// Accepts the listener's connections and serves each, within the data path's limits: a
+/// connection beyond the listener's cap or the descriptor budget is reset at once (the
+/// listener keeps accepting, so its backlog never fills), with a warning at most once a
+/// minute; a connection idle for the idle timeout is closed.
 async fn accept(ctx: Arc<Ctx>, listener: TcpListener, addr: SocketAddr, cancel: CancellationToken) {
+    let limits = ctx.shared.service_proxy.limits.read().clone();
+    let admission = limits.listener("service proxy", addr);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer, admitted) = tokio::select! {
             _ = cancel.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(error) => {
-                    tracing::debug!(%addr, %error, "service proxy: accept failed");
-                    continue;
-                }
-            },
+            accepted = admission.accept(&listener, DESCRIPTORS_PER_CONNECTION) => accepted,
         };
         let target = ctx
             .shared
@@ -314,14 +344,22 @@ async fn accept(ctx: Arc<Ctx>, listener: TcpListener, addr: SocketAddr, cancel: 
             .map(|l| l.target.clone());
         let Some(target) = target else { return };
         let ctx = ctx.clone();
+        let idle_timeout = limits.idle_timeout();
         tokio::spawn(async move {
-            match target {
-                Target::NodePort { service, node } => {
-                    node_port(&ctx, stream, addr.port(), &service, &node).await;
+            let _admitted = admitted;
+            let ended = connections::serve_until_idle(stream, idle_timeout, |stream| async move {
+                match target {
+                    Target::NodePort { service, node } => {
+                        node_port(&ctx, stream, addr.port(), &service, &node).await;
+                    }
+                    Target::HealthCheck { service, node } => {
+                        health_check(&ctx, stream, service, node).await;
+                    }
                 }
-                Target::HealthCheck { service, node } => {
-                    health_check(&ctx, stream, service, node).await;
-                }
+            })
+            .await;
+            if ended == Ended::Idle {
+                tracing::debug!(%addr, %peer, ?idle_timeout, "service proxy: closed an idle connection");
             }
         });
     }
@@ -452,18 +490,18 @@ fn local_ready(slices: &Store<EndpointSlice>, service: &ObjectRef<Service>, node
 }
 
 /// Resets a connection (an RST, as a rejected or dropped connection shows to the client).
-fn reset(ctx: &Ctx, stream: TcpStream) {
+fn reset(ctx: &Ctx, stream: IdleTracked<TcpStream>) {
     ctx.shared
         .service_proxy
         .refused
         .fetch_add(1, Ordering::Relaxed);
-    let _ = stream.set_zero_linger();
+    let _ = stream.get_ref().set_zero_linger();
     drop(stream);
 }
 
 async fn node_port(
     ctx: &Arc<Ctx>,
-    stream: TcpStream,
+    stream: IdleTracked<TcpStream>,
     node_port: u16,
     service: &ObjectRef<Service>,
     node: &str,
@@ -555,7 +593,7 @@ pub(crate) fn health_body(namespace: &str, name: &str, local_endpoints: usize) -
 
 async fn health_check(
     ctx: &Arc<Ctx>,
-    stream: TcpStream,
+    stream: IdleTracked<TcpStream>,
     service: ObjectRef<Service>,
     node: String,
 ) {

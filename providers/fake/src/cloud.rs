@@ -199,6 +199,7 @@ pub struct FakeCloudBuilder {
     quota: Option<(f64, u32)>,
     platforms: Vec<String>,
     serve_load_balancers: Option<Ipv4Addr>,
+    load_balancer_limits: Option<crate::LoadBalancerLimits>,
 }
 
 impl Default for FakeCloudBuilder {
@@ -216,6 +217,7 @@ impl Default for FakeCloudBuilder {
             quota: None,
             platforms: Vec::new(),
             serve_load_balancers: None,
+            load_balancer_limits: None,
         }
     }
 }
@@ -300,9 +302,21 @@ impl FakeCloudBuilder {
     /// there on its Service's TCP ports and splices each connection to a backend node's
     /// node port, only to nodes whose health-check port answers 200 when the Service has
     /// one (`externalTrafficPolicy: Local`). For a cluster whose nodes' addresses are
-    /// reachable on this machine, such as simulated nodes on loopback addresses.
+    /// reachable on this machine, such as simulated nodes on loopback addresses. The
+    /// connections are bounded by [`load_balancer_limits`](Self::load_balancer_limits).
     pub fn serve_load_balancers(mut self, base: Ipv4Addr) -> Self {
         self.serve_load_balancers = Some(base);
+        self
+    }
+
+    /// The bounds of the served load balancers' connections (see
+    /// [`serve_load_balancers`](Self::serve_load_balancers)): their idle timeout, their cap
+    /// per listener and the descriptor budget they draw on. Default:
+    /// [`LoadBalancerLimits::default`](crate::LoadBalancerLimits::default), 60 s idle (an
+    /// AWS Classic or Application Load Balancer's default), 1,024 connections per listener,
+    /// the process's descriptor budget.
+    pub fn load_balancer_limits(mut self, limits: crate::LoadBalancerLimits) -> Self {
+        self.load_balancer_limits = Some(limits);
         self
     }
 
@@ -345,9 +359,12 @@ impl FakeCloudBuilder {
                 default_zone: self.default_zone,
                 clusters: self.clusters,
                 platforms: self.platforms,
-                data_plane: self
-                    .serve_load_balancers
-                    .map(crate::data_plane::DataPlane::new),
+                data_plane: self.serve_load_balancers.map(|base| {
+                    crate::data_plane::DataPlane::new(
+                        base,
+                        self.load_balancer_limits.unwrap_or_default(),
+                    )
+                }),
             }),
         }
     }

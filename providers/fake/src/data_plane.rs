@@ -11,6 +11,14 @@
 //! the client's address. Not served: UDP and SCTP listeners, and addresses that are not
 //! loopback (a Service asking for `loadBalancerIP` elsewhere gets its load balancer
 //! recorded, not served).
+//!
+//! Connections are bounded as a cloud's load balancer bounds them ([`LoadBalancerLimits`]):
+//! closed when idle (60 s by default, an AWS Classic or Application Load Balancer's idle
+//! timeout), at most so many per listener, and within a budget of the process's file
+//! descriptors, beyond which new connections are reset. The bounds are ccm-serving's
+//! ([`ccm_serving::connections`]), shared with the simulated nodes' node ports.
+
+pub use ccm_serving::connections::process_descriptor_budget;
 
 use std::{
     collections::HashMap,
@@ -22,6 +30,7 @@ use std::{
     time::Duration,
 };
 
+use ccm_serving::connections::{self, ConnectionLimits, ConnectionLimitsError, Ended};
 use ipnet::IpNet;
 use parking_lot::{Mutex, RwLock};
 use tokio::{
@@ -34,6 +43,22 @@ use tokio::{
 const BACKEND_TIMEOUT: Duration = Duration::from_secs(2);
 /// Addresses tried for a new load balancer before giving up.
 const ADDRESS_ATTEMPTS: u32 = 64;
+/// The descriptors one carried connection holds: the client's socket and the socket to the
+/// node port.
+const DESCRIPTORS_PER_CONNECTION: u32 = 2;
+
+/// How the served load balancers (see
+/// [`FakeCloudBuilder::serve_load_balancers`](crate::FakeCloudBuilder::serve_load_balancers))
+/// bound the connections they carry, as a cloud's load balancer bounds them outside the
+/// control plane: an idle timeout, a cap per listener, a budget of descriptors
+/// ([`ConnectionLimits`] says how). Each carried connection takes two descriptors of the
+/// budget: the client's socket and the socket to the node port. Give the same budget to the
+/// simulated nodes' node ports in the same process so that the data path as a whole stays
+/// within it.
+pub type LoadBalancerLimits = ConnectionLimits;
+
+/// A configuration of [`LoadBalancerLimits`] that cannot be used.
+pub type LoadBalancerLimitsError = ConnectionLimitsError;
 
 /// Where one load balancer sends traffic: read by its connections, updated in place.
 #[derive(Debug, Default)]
@@ -65,6 +90,7 @@ impl Drop for Served {
 /// The served load balancers, by name.
 pub(crate) struct DataPlane {
     base: Ipv4Addr,
+    limits: LoadBalancerLimits,
     served: Mutex<HashMap<String, Served>>,
 }
 
@@ -72,15 +98,17 @@ impl std::fmt::Debug for DataPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DataPlane")
             .field("base", &self.base)
+            .field("limits", &self.limits)
             .field("served", &self.served.lock().len())
             .finish()
     }
 }
 
 impl DataPlane {
-    pub(crate) fn new(base: Ipv4Addr) -> Self {
+    pub(crate) fn new(base: Ipv4Addr, limits: LoadBalancerLimits) -> Self {
         Self {
             base,
+            limits,
             served: Mutex::new(HashMap::new()),
         }
     }
@@ -168,6 +196,7 @@ impl DataPlane {
                 served.backends.clone(),
                 served.next.clone(),
                 node_port.clone(),
+                self.limits.clone(),
             ));
             served.listeners.insert(port, (node_port, task));
         }
@@ -188,32 +217,41 @@ impl DataPlane {
     }
 }
 
+/// Accepts the listener's connections and forwards each, within `limits`: a connection
+/// beyond the listener's cap or the descriptor budget is reset at once (the listener keeps
+/// accepting, so its backlog never fills), with a warning at most once a minute.
 async fn accept(
     listener: TcpListener,
     backends: Arc<RwLock<Backends>>,
     next: Arc<AtomicUsize>,
     node_port: Arc<AtomicUsize>,
+    limits: LoadBalancerLimits,
 ) {
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
+    let admission = limits.listener("load balancer", addr);
     loop {
-        let Ok((client, peer)) = listener.accept().await else {
-            // Out of file descriptors, say: try again shortly.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
+        let (client, peer, permits) = admission
+            .accept(&listener, DESCRIPTORS_PER_CONNECTION)
+            .await;
         let (backends, next, node_port) = (backends.clone(), next.clone(), node_port.clone());
+        let idle_timeout = limits.idle_timeout();
         tokio::spawn(async move {
+            let _permits = permits;
             let port = u16::try_from(node_port.load(Ordering::Relaxed)).unwrap_or_default();
-            forward(client, peer.ip(), &backends, &next, port).await;
+            forward(client, peer.ip(), &backends, &next, port, idle_timeout).await;
         });
     }
 }
 
 async fn forward(
-    mut client: TcpStream,
+    client: TcpStream,
     peer: IpAddr,
     backends: &RwLock<Backends>,
     next: &AtomicUsize,
     node_port: u16,
+    idle_timeout: Duration,
 ) {
     let (nodes, health_check, allowed) = {
         let b = backends.read();
@@ -234,10 +272,12 @@ async fn forward(
             continue;
         }
         let connect = TcpStream::connect(SocketAddr::new(node, node_port));
-        let Ok(Ok(mut backend)) = tokio::time::timeout(BACKEND_TIMEOUT, connect).await else {
+        let Ok(Ok(backend)) = tokio::time::timeout(BACKEND_TIMEOUT, connect).await else {
             continue;
         };
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
+        if connections::splice(client, backend, idle_timeout).await == Ended::Idle {
+            tracing::debug!(%peer, %node, node_port, ?idle_timeout, "load balancer: closed an idle connection");
+        }
         return;
     }
     let _ = client.set_zero_linger();

@@ -17,6 +17,10 @@
 //! - **Live changes**: add, stop, start, terminate and remove instances while controllers run.
 //! - **Batching**: [`InstancesV2::instance_metadata_batch`](cloud_provider::InstancesV2::instance_metadata_batch)
 //!   is one recorded call for many Nodes, so tests can count what batching saves.
+//! - **Load balancers that carry traffic** ([`FakeCloudBuilder::serve_load_balancers`]) on
+//!   loopback addresses, their connections bounded as a cloud bounds them
+//!   ([`LoadBalancerLimits`]: 60 s idle timeout, a cap per listener, a share of the
+//!   process's file descriptors).
 //!
 //! Upstream's fake has one sticky global error and defaults "exists" to false. Here faults are
 //! per method and instances exist until a test terminates them.
@@ -47,6 +51,7 @@ use k8s_openapi::api::core::v1::Service;
 pub use calls::{Call, Method, UnknownMethod};
 pub use cloud::{CallHook, FakeCloud, FakeCloudBuilder, Parts};
 pub use config::FakeConfigError;
+pub use data_plane::{LoadBalancerLimits, LoadBalancerLimitsError, process_descriptor_budget};
 pub use faults::{Fault, FaultRule};
 pub use model::{FakeInstance, FakeListener, FakeLoadBalancer, FakeRoute, InstanceState};
 

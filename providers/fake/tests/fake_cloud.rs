@@ -751,3 +751,223 @@ async fn a_served_load_balancer_forwards_to_healthy_nodes_only() {
     }
     assert!(refused, "{lb} still accepts connections");
 }
+
+/// A stand-in node at `ip` whose node port `port` echoes what it reads, for as long as the
+/// connection lasts.
+async fn echo_node(ip: std::net::IpAddr, port: u16) {
+    let listener = tokio::net::TcpListener::bind((ip, port)).await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+}
+
+/// A Node at `ip`, as the service controller hands it to a load balancer.
+fn node_at(name: &str, ip: std::net::IpAddr) -> Arc<Node> {
+    let mut n = node(name);
+    n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+        addresses: Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+            type_: "InternalIP".into(),
+            address: ip.to_string(),
+        }]),
+        ..Default::default()
+    });
+    Arc::new(n)
+}
+
+/// A cloud serving load balancers on `127.<net>.<pid>.1` onwards with `limits`, and the
+/// address of the load balancer of a Service `uid` forwarding port 8080 to an echoing
+/// node port on `127.<net + 1>.<pid>.1`.
+async fn echo_load_balancer(
+    net: u8,
+    limits: cloud_provider_fake::LoadBalancerLimits,
+) -> (FakeCloud, Service, std::net::SocketAddr) {
+    let third = (std::process::id() % 250) as u8 + 1;
+    let node_ip = std::net::IpAddr::from([127, net + 1, third, 1]);
+    let node_port = 31090;
+    echo_node(node_ip, node_port).await;
+    let cloud = FakeCloud::builder()
+        .serve_load_balancers(std::net::Ipv4Addr::new(127, net, third, 0))
+        .load_balancer_limits(limits)
+        .build();
+    let (svc, lb) = echo_service(&cloud, "uid-1", node_port, node_ip).await;
+    (cloud, svc, lb)
+}
+
+/// Ensures a load balancer for Service `uid` (port 8080 to `node_port` on the node at
+/// `node_ip`); its address.
+async fn echo_service(
+    cloud: &FakeCloud,
+    uid: &str,
+    node_port: u16,
+    node_ip: std::net::IpAddr,
+) -> (Service, std::net::SocketAddr) {
+    let mut svc = service(uid, Some(i32::from(node_port)));
+    svc.metadata.name = Some(format!("web-{uid}"));
+    svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 8080;
+    let status = cloud
+        .ensure_load_balancer("c", &svc, &[node_at("node-1", node_ip)])
+        .await
+        .unwrap();
+    let ip: std::net::IpAddr = status.ingress.unwrap()[0]
+        .ip
+        .clone()
+        .unwrap()
+        .parse()
+        .unwrap();
+    (svc, std::net::SocketAddr::new(ip, 8080))
+}
+
+/// Whether `s` carries a round trip through the load balancer and the echoing node.
+async fn echoes(s: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let round_trip = async {
+        s.write_all(b"ping").await.ok()?;
+        let mut buf = [0u8; 4];
+        s.read_exact(&mut buf).await.ok()?;
+        (&buf == b"ping").then_some(())
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), round_trip).await,
+        Ok(Some(()))
+    )
+}
+
+/// Whether `s` is closed (or reset) by the other side within `within`.
+async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 16];
+    matches!(
+        tokio::time::timeout(within, s.read(&mut buf)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+/// Whether a new connection to `addr` is reset (at connect or right after it).
+async fn reset(addr: std::net::SocketAddr) -> bool {
+    match tokio::net::TcpStream::connect(addr).await {
+        Err(_) => true,
+        Ok(mut s) => closed_within(&mut s, Duration::from_secs(5)).await,
+    }
+}
+
+/// A new connection to `addr` that echoes, once one does (a slot may take a moment to be
+/// given back).
+async fn eventually_connected(addr: std::net::SocketAddr) -> Option<tokio::net::TcpStream> {
+    for _ in 0..50 {
+        if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await
+            && echoes(&mut s).await
+        {
+            return Some(s);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// A connection through a load balancer to its echoing node that echoes.
+async fn connected(lb: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(lb).await.unwrap();
+    assert!(echoes(&mut s).await, "a connection through {lb} echoes");
+    s
+}
+
+/// An AWS Classic or Application Load Balancer closes a connection on which no byte has
+/// been sent or received for its idle timeout (60 s by default, `idle_timeout.timeout_seconds`;
+/// 1 s here, on real sockets), while a connection with bytes flowing stays open however
+/// long it lasts. The default is that 60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_load_balancer_closes_idle_connections_and_keeps_active_ones() {
+    use cloud_provider_fake::LoadBalancerLimits;
+    assert_eq!(
+        LoadBalancerLimits::default().idle_timeout(),
+        Duration::from_secs(60)
+    );
+    let idle_timeout = Duration::from_secs(1);
+    let limits = LoadBalancerLimits::new(idle_timeout, 16).unwrap();
+    let (_cloud, _svc, lb) = echo_load_balancer(95, limits).await;
+    let since = tokio::time::Instant::now();
+    let mut idle = connected(lb).await;
+    let mut active = connected(lb).await;
+    // Bytes every 150 ms on `active` for 3 s: three idle timeouts.
+    let keep_busy = tokio::spawn(async move {
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            assert!(
+                echoes(&mut active).await,
+                "the active connection stays open"
+            );
+        }
+        active
+    });
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(5)).await,
+        "the idle connection is closed"
+    );
+    assert!(since.elapsed() >= idle_timeout, "{:?}", since.elapsed());
+    let mut active = keep_busy.await.unwrap();
+    assert!(echoes(&mut active).await);
+    assert!(
+        closed_within(&mut active, Duration::from_secs(5)).await,
+        "idle in turn, it is closed too"
+    );
+}
+
+/// A load balancer at its connection limit resets new connections and keeps carrying the
+/// ones it has, as an AWS load balancer over its capacity does; a connection that ends gives
+/// its slot to the next. The default limit is 1,024 per listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancer_at_its_connection_limit_resets_new_connections() {
+    use cloud_provider_fake::LoadBalancerLimits;
+    assert_eq!(LoadBalancerLimits::default().max_connections(), 1024);
+    let limits = LoadBalancerLimits::new(Duration::from_secs(60), 2).unwrap();
+    let (_cloud, _svc, lb) = echo_load_balancer(97, limits).await;
+    let mut first = connected(lb).await;
+    let mut second = connected(lb).await;
+    for _ in 0..3 {
+        assert!(reset(lb).await, "a third connection is reset");
+    }
+    assert!(echoes(&mut first).await && echoes(&mut second).await);
+    drop(first);
+    let next = eventually_connected(lb).await;
+    assert!(next.is_some(), "the closed connection's slot is free again");
+    assert!(echoes(&mut second).await);
+}
+
+/// The data path's share of the process's file descriptors (kube-proxy and a cloud's load
+/// balancers hold none of the API server's): every load balancer draws on one budget, two
+/// descriptors per connection, and once it is spent new connections are reset whatever
+/// their listener; a connection that ends gives its descriptors back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_balancers_stop_taking_descriptors_when_their_budget_is_spent() {
+    use cloud_provider_fake::LoadBalancerLimits;
+    let budget = Arc::new(tokio::sync::Semaphore::new(4));
+    let limits = LoadBalancerLimits::new(Duration::from_secs(60), 1024)
+        .unwrap()
+        .with_descriptors(budget.clone());
+    let (cloud, _svc, lb) = echo_load_balancer(99, limits).await;
+    let node_ip = std::net::IpAddr::from([127, 100, (std::process::id() % 250) as u8 + 1, 1]);
+    let (_other_svc, other_lb) = echo_service(&cloud, "uid-2", 31090, node_ip).await;
+    assert_ne!(lb, other_lb);
+    let mut first = connected(lb).await;
+    let mut second = connected(other_lb).await;
+    assert_eq!(budget.available_permits(), 0, "two descriptors each");
+    for addr in [lb, other_lb] {
+        assert!(
+            reset(addr).await,
+            "{addr} resets a connection beyond the budget"
+        );
+    }
+    assert_eq!(budget.available_permits(), 0);
+    assert!(echoes(&mut first).await && echoes(&mut second).await);
+    drop(first);
+    let next = eventually_connected(other_lb).await;
+    assert!(
+        next.is_some(),
+        "the ended connection's descriptors are free again"
+    );
+}
