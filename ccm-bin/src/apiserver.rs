@@ -246,7 +246,7 @@ pub(crate) async fn run(args: ApiServerArgs) -> anyhow::Result<()> {
             temp.path().to_owned()
         }
     };
-    let secure = SecureServing::start_on(
+    let secure = SecureServing::start(
         &server,
         &pki_dir,
         &args.listen,
@@ -285,26 +285,11 @@ pub(crate) struct SecureServing {
 impl SecureServing {
     /// Loads or creates the PKI in `data_dir` (the listen address and `tls_san` in the
     /// serving certificate), binds `listen`, writes the admin kubeconfig to `kubeconfig` and
-    /// serves until `shutdown`.
-    pub(crate) async fn start(
-        server: &ApiServer,
-        data_dir: &Path,
-        listen: &str,
-        tls_san: &[String],
-        kubeconfig: Option<&Path>,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<SecureServing> {
-        Self::start_on(
-            server, data_dir, listen, tls_san, kubeconfig, false, shutdown,
-        )
-        .await
-    }
-
-    /// [`SecureServing::start`]; on a store `shared` with other API servers (etcd), first
+    /// serves until `shutdown`. On a store `shared` with other API servers (etcd), it first
     /// records this PKI's identity there or refuses to start when it differs from the one
     /// the first server recorded ([`serve::Security::check_cluster_identity`]: the error
     /// names the files to copy), before the CA is published or anything served.
-    pub(crate) async fn start_on(
+    pub(crate) async fn start(
         server: &ApiServer,
         data_dir: &Path,
         listen: &str,

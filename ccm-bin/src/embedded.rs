@@ -872,12 +872,16 @@ pub(crate) async fn run(
         // definitions and namespace deletions follow their writes too.
         server.spawn_store_follower(shutdown.clone());
     }
+    // On etcd shared with other control planes, this one's PKI must be theirs (the same CA
+    // and service-account key, as kubeadm copies them to each control-plane node): checked
+    // before anything is served, as `ccm apiserver --etcd-servers` does.
     let secure = crate::apiserver::SecureServing::start(
         &server,
         &data_dir,
         &args.listen,
         &[],
         Some(&args.write_kubeconfig),
+        !args.store.etcd_servers.is_empty(),
         shutdown.clone(),
     )
     .await?;

@@ -43,9 +43,30 @@ impl Embedded {
         Self::start_with(0, extra, Stdio::from(file))
     }
 
-    fn start_with(secure_port: u16, extra: &[&str], stderr: Stdio) -> Self {
-        let secure_port = secure_port.to_string();
+    /// [`start_logging_to`](Self::start_logging_to) a control plane that joins `first`'s
+    /// cluster: its data directory starts with `first`'s CA and service-account key, as
+    /// kubeadm copies them to each control-plane node.
+    pub(crate) fn join_logging_to(first: &Self, log: &std::path::Path, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("data").join("pki");
+        std::fs::create_dir_all(&pki).unwrap();
+        for file in ["ca.crt", "ca.key", "sa.key"] {
+            std::fs::copy(
+                first.dir.path().join("data").join("pki").join(file),
+                pki.join(file),
+            )
+            .unwrap_or_else(|e| panic!("copy the first control plane's {file}: {e}"));
+        }
+        let file = std::fs::File::create(log).expect("create the log file");
+        Self::start_in(dir, 0, extra, Stdio::from(file))
+    }
+
+    fn start_with(secure_port: u16, extra: &[&str], stderr: Stdio) -> Self {
+        Self::start_in(tempfile::tempdir().unwrap(), secure_port, extra, stderr)
+    }
+
+    fn start_in(dir: tempfile::TempDir, secure_port: u16, extra: &[&str], stderr: Stdio) -> Self {
+        let secure_port = secure_port.to_string();
         let mut child = Command::new(env!("CARGO_BIN_EXE_ccm"))
             .args([
                 "--listen",

@@ -304,7 +304,8 @@ struct TwoControlPlanes {
     _logs: tempfile::TempDir,
 }
 
-/// Starts A on `etcd`, waits until it holds both [`LEADER_LEASES`], then starts B.
+/// Starts A on `etcd`, waits until it holds both [`LEADER_LEASES`], then starts B with
+/// A's CA and service-account key (B refuses to start with a PKI of its own).
 fn two_control_planes(etcd: &Etcd) -> TwoControlPlanes {
     let servers = format!("--etcd-servers={}", etcd.servers_flag());
     let logs = tempfile::tempdir().unwrap();
@@ -317,7 +318,34 @@ fn two_control_planes(etcd: &Etcd) -> TwoControlPlanes {
             "A leads {lease}"
         );
     }
-    let b = crate::embedded::Embedded::start_logging_to(
+    // The embedded default checks the PKI as `ccm apiserver` does: a second control plane
+    // with a CA of its own exits 1, naming the files to copy, before it serves anything.
+    let own = tempfile::tempdir().unwrap();
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--secure-port",
+            "0",
+            "--sim-nodes",
+            "1",
+        ])
+        .arg("--data-dir")
+        .arg(own.path().join("data"))
+        .arg("--write-kubeconfig")
+        .arg(own.path().join("kubeconfig"))
+        .arg(&servers)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("copy ca.crt, ca.key, sa.key"), "{stderr}");
+    assert!(
+        !own.path().join("kubeconfig").exists(),
+        "a refused control plane writes no kubeconfig"
+    );
+    let b = crate::embedded::Embedded::join_logging_to(
+        &a,
         &log_b,
         &[&servers, "--sim-node-names", "b-node"],
     );
