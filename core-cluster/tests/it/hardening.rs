@@ -290,8 +290,10 @@ async fn an_unreadable_stored_object_is_quarantined_at_startup() {
 }
 
 /// JSON-patch `copy` cannot grow an object without bound (kube-apiserver's
-/// accumulated copy size limit: 422), and no write stores an object over the 1.5 MiB
-/// per-object limit (etcd's request limit upstream: 413).
+/// accumulated copy size limit: 422), a ConfigMap's data stops at 1 MiB (upstream
+/// `ValidateConfigMap`, `core.MaxSecretSize`: 422), and no write stores an object over the
+/// 1.5 MiB per-object limit (etcd's request limit upstream: 413), here a Pod whose image
+/// names, free text, a small patch copies.
 #[tokio::test]
 async fn objects_are_bounded_in_size_after_patching() {
     let (router, _) = server().await;
@@ -310,24 +312,41 @@ async fn objects_are_bounded_in_size_after_patching() {
     }
     let a = patch(&router, &uri, JSON_PATCH, &Value::Array(ops)).await;
     assert_eq!(a.code, 422, "{}", a.body);
-    // Under the copy limit but over the object limit.
+    // A ConfigMap's data is bounded before the object is: a `field.TooLong` on the path
+    // `field.NewPath("")`, which upstream prints as `[]`.
     let mb = "y".repeat(1024 * 1024);
     let a = patch(&router, &uri, MERGE_PATCH, &json!({"data": {"one": mb}})).await;
+    assert_eq!(a.code, 422, "{}", a.body);
+    assert!(
+        a.body["message"].as_str().is_some_and(
+            |m| m.ends_with("is invalid: []: Too long: may not be more than 1048576 bytes")
+        ),
+        "{}",
+        a.body
+    );
+
+    // Under the object limit, then over it by a copy.
+    let pods = "/api/v1/namespaces/default/pods";
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "big"},
+                     "spec": {"containers": [{"name": "a", "image": "i"},
+                                             {"name": "b", "image": "i"}]}});
+    let a = json_req(&router, "POST", pods, &pod).await;
+    assert_eq!(a.code, 201, "{}", a.body);
+    let uri = format!("{pods}/big");
+    let set = json!([{"op": "replace", "path": "/spec/containers/0/image", "value": mb}]);
+    let a = patch(&router, &uri, JSON_PATCH, &set).await;
     assert_eq!(a.code, 200, "{}", a.code);
-    let a = patch(&router, &uri, MERGE_PATCH, &json!({"data": {"two": mb}})).await;
+    let copy = json!([{"op": "copy", "from": "/spec/containers/0/image",
+                       "path": "/spec/containers/1/image"}]);
+    let a = patch(&router, &uri, JSON_PATCH, &copy).await;
     assert_eq!(a.code, 413, "{}", a.body);
     assert_eq!(a.body["reason"], "RequestEntityTooLarge");
-    let a = patch(
-        &router,
-        &uri,
-        JSON_PATCH,
-        &json!([{"op": "copy", "from": "/data/one", "path": "/data/three"}]),
-    )
-    .await;
-    assert_eq!(a.code, 413, "{}", a.body);
     let got = get(&router, &uri).await.body;
-    assert!(got["data"].get("two").is_none() && got["data"].get("three").is_none());
-    assert_eq!(got["data"]["one"].as_str().map(str::len), Some(1024 * 1024));
+    assert_eq!(got["spec"]["containers"][1]["image"], "i");
+    assert_eq!(
+        got["spec"]["containers"][0]["image"].as_str().map(str::len),
+        Some(1024 * 1024)
+    );
 }
 
 /// A YAML apply body of nested aliases ("billion laughs") is refused

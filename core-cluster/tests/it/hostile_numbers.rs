@@ -242,7 +242,9 @@ async fn negative_requests_and_limits_are_refused_with_422() {
         status_of(e),
         (
             422,
-            "Pod \"neg-limit\" is invalid: spec.initContainers[0].resources.limits[memory]: Invalid value: \"-1Mi\": must be greater than or equal to 0".to_owned()
+            // Upstream's `SetDefaults_Pod` copies a limit without a request into the
+            // requests, so both are refused (limits first, `ValidateResourceRequirements`).
+            "Pod \"neg-limit\" is invalid: [spec.initContainers[0].resources.limits[memory]: Invalid value: \"-1Mi\": must be greater than or equal to 0, spec.initContainers[0].resources.requests[memory]: Invalid value: \"-1Mi\": must be greater than or equal to 0]".to_owned()
         )
     );
     assert!(get_pod(&client, "neg").await.is_none());

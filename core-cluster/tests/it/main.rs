@@ -54,6 +54,7 @@ mod sim_shutdown;
 mod store_failures;
 mod tls_auth;
 mod type_meta;
+mod upstream_answers;
 mod watch_backlogs;
 mod watch_history;
 mod workloads;

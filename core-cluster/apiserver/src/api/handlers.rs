@@ -66,6 +66,8 @@ pub(crate) struct RequestScope {
     pub(crate) headers: HeaderMap,
     /// The body, read whole (bounded by `max_request_bytes`).
     pub(crate) body: Bytes,
+    /// What the Accept header asked for, negotiated against what the endpoint serves.
+    pub(crate) repr: Representation,
 }
 
 impl RequestScope {
@@ -122,7 +124,7 @@ impl RequestScope {
     }
 
     fn render(&self, obj: &Value, code: StatusCode) -> Result<Response, ApiError> {
-        render_one(self.def(), obj, &self.headers, code)
+        Ok(render_one(self.def(), obj, self.repr, code))
     }
 }
 
@@ -194,6 +196,9 @@ async fn scope_of(
         let sub = target.subresource.as_deref().unwrap_or("");
         return Err(ApiError::no_route(&format!("{}/{sub}", def.plural)));
     }
+    // Negotiated before the body is read, and so before anything is written: a write must
+    // not be committed and then answered 406 (upstream negotiates first in every handler).
+    let repr = negotiate::representation(request.headers(), has_table(&target))?;
     let user = request
         .extensions()
         .get::<UserInfo>()
@@ -227,7 +232,20 @@ async fn scope_of(
         query,
         headers,
         body,
+        repr,
     })
+}
+
+/// Whether the endpoint has a table convertor (upstream's `RequestScope.TableConvertor`,
+/// set from the storage when it implements `rest.TableConvertor`): every resource's generic
+/// store, and the `status` and `scale` subresources, which delegate to it. The other
+/// subresources (`binding`, `eviction`, `ephemeralcontainers`, `approval`, `finalize`)
+/// have none, nor do the reviews and TokenRequests, which are answered elsewhere.
+pub(crate) fn has_table(target: &Target) -> bool {
+    matches!(
+        target.subresource.as_deref(),
+        None | Some("status" | "scale")
+    )
 }
 
 /// Runs one request (without its warnings).
@@ -245,13 +263,10 @@ async fn handle_inner(
     let verb = Verb::of(&method, target.name.is_some(), watch);
     let scope = match scope_of(state, target, request).await {
         Ok(scope) => scope,
+        Err(e) if e.code == 406 => return (verb.error_label(&method), e.into_response()),
         Err(e) => return (method.to_string(), e.into_response()),
     };
-    // Negotiate before acting: a write must not be committed and then answered 406.
     let label = verb.error_label(&method);
-    if let Err(e) = representation(&scope.headers) {
-        return (label, e.into_response());
-    }
     let answered = dispatch(&scope, &method, verb).await;
     match answered {
         Ok(response) => (verb.label(&method), response),
@@ -302,36 +317,35 @@ async fn get(scope: &RequestScope) -> Result<Response, ApiError> {
 
 /// A watch of a resource (`?watch=true`).
 async fn watch(scope: &RequestScope) -> Result<Response, ApiError> {
-    let repr = representation(&scope.headers)?;
     let ns = scope.target.namespace.clone();
-    super::watch::watch(scope.state.clone(), scope.def(), ns, &scope.query, repr).await
+    super::watch::watch(
+        scope.state.clone(),
+        scope.def(),
+        ns,
+        &scope.query,
+        scope.repr,
+    )
+    .await
 }
 
 /// POST of a new object.
 async fn create(scope: &RequestScope) -> Result<Response, ApiError> {
     let ctx = scope.write_context();
-    let obj = create_object(
-        &scope.state,
-        &ctx,
-        scope.def(),
-        scope.namespace(),
-        scope.json_body()?,
-    )
-    .await?;
+    let (def, ns) = (scope.def(), scope.namespace());
+    let mut obj = scope.json_body()?;
+    check_body(def, &mut obj, &ctx.query, Some(&scope.body))?;
+    let obj = storage::create::create_object(scope.storage(), &ctx, def, ns, obj).await?;
     scope.render(&obj, StatusCode::CREATED)
 }
 
 /// PUT of an object, its status or a namespace's finalizers.
 async fn update(scope: &RequestScope) -> Result<Response, ApiError> {
     let ctx = scope.write_context();
-    let obj = update_object(
-        &scope.state,
-        &ctx,
-        scope.key(),
-        scope.subresource(),
-        scope.json_body()?,
-    )
-    .await?;
+    let key = scope.key();
+    let mut obj = scope.json_body()?;
+    check_body(key.def, &mut obj, &ctx.query, Some(&scope.body))?;
+    let obj = storage::update::update_object(scope.storage(), &ctx, key, scope.subresource(), obj)
+        .await?;
     scope.render(&obj, StatusCode::OK)
 }
 
@@ -412,7 +426,7 @@ pub(crate) async fn create_object(
     ns: Option<&str>,
     mut obj: Value,
 ) -> Result<Value, ApiError> {
-    check_body(def, &mut obj, &ctx.query)?;
+    check_body(def, &mut obj, &ctx.query, None)?;
     storage::create::create_object(&state.storage, ctx, def, ns, obj).await
 }
 
@@ -424,7 +438,7 @@ pub(crate) async fn update_object(
     sub: Option<&str>,
     mut obj: Value,
 ) -> Result<Value, ApiError> {
-    check_body(key.def, &mut obj, &ctx.query)?;
+    check_body(key.def, &mut obj, &ctx.query, None)?;
     storage::update::update_object(&state.storage, ctx, key, sub, obj).await
 }
 
@@ -481,17 +495,9 @@ pub(crate) fn metric_resource(target: &Target) -> String {
     }
 }
 
-fn representation(headers: &HeaderMap) -> Result<Representation, ApiError> {
-    negotiate::representation(headers).map_err(|accept| ApiError::not_acceptable(&accept))
-}
-
-fn render_one(
-    def: &ResourceDef,
-    obj: &Value,
-    headers: &HeaderMap,
-    code: StatusCode,
-) -> Result<Response, ApiError> {
-    Ok(match representation(headers)? {
+/// One object in the negotiated representation.
+fn render_one(def: &ResourceDef, obj: &Value, repr: Representation, code: StatusCode) -> Response {
+    match repr {
         Representation::Object => json_response(code, obj, "application/json"),
         Representation::Table => {
             let rv = str_at(obj, &["metadata", "resourceVersion"]).unwrap_or("");
@@ -506,7 +512,7 @@ fn render_one(
             &table::partial_metadata(obj),
             negotiate::PARTIAL_CONTENT_TYPE,
         ),
-    })
+    }
 }
 
 /// Parses a JSON body (YAML bodies are accepted for apply patches in [`patch_object`]).
@@ -530,7 +536,7 @@ fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
 /// GET of a collection.
 async fn list(scope: &RequestScope) -> Result<Response, ApiError> {
     let def = scope.def();
-    let repr = representation(&scope.headers)?;
+    let repr = scope.repr;
     let opts = ListOptions::parse(def, &scope.query)?;
     let (items, revision, cont) =
         list_objects(&*scope.state.store, def, scope.namespace(), &opts).await?;
@@ -590,19 +596,40 @@ fn field_validation(query: &Query) -> Result<FieldValidation, ApiError> {
 
 /// Checks the nesting depth, defaults `apiVersion`/`kind` from the endpoint and checks them
 /// ([`super::type_meta`]), decodes through the typed model, and applies `fieldValidation` to
-/// the fields the model does not know: `Strict` rejects them
-/// (400 "unknown field"), `Warn` (the default) drops them with a `Warning` header and
-/// `Ignore` drops them silently, as kube-apiserver prunes unknown fields of built-in types.
-fn check_body(def: &ResourceDef, obj: &mut Value, query: &Query) -> Result<(), ApiError> {
+/// what strict decoding finds: the fields the model does not know and, in a request's own
+/// body (`raw`, the JSON the object was parsed from), duplicate fields ([`super::strict`]).
+/// `Strict` refuses them (400, upstream's `<Kind> in version "<v>" cannot be handled as a
+/// <Kind>: strict decoding error: unknown field "…", duplicate field "…"`), `Warn` (the
+/// default) warns of each and `Ignore` says nothing; unknown fields are then dropped, as
+/// kube-apiserver prunes them from built-in types, and of duplicates the last is kept.
+/// Without `raw` (a patched object, one the server writes itself) only unknown fields are
+/// found.
+fn check_body(
+    def: &ResourceDef,
+    obj: &mut Value,
+    query: &Query,
+    raw: Option<&[u8]>,
+) -> Result<(), ApiError> {
     patch::limits::check_depth(obj).map_err(ApiError::bad_request)?;
     super::type_meta::default_from_path(obj, &def.api_version(), def.kind)?;
     let validation = field_validation(query)?;
+    let strict = Strictness {
+        def,
+        validation,
+        in_body: raw.is_some(),
+    };
     if let Some(custom) = crate::crd::custom(def) {
-        // A custom resource: its structural schema prunes and defaults (upstream's
-        // `pruning.PruneWithOptions` and `structuraldefaulting.Default` on decode); the
-        // pruned fields are the unknown ones `fieldValidation` reports.
+        // A custom resource: decoded as unstructured JSON (every duplicate), then its
+        // structural schema prunes and defaults (upstream's `pruning.PruneWithOptions` and
+        // `structuraldefaulting.Default` on decode); the pruned fields are the unknown ones.
         let normalized = custom.normalize(obj);
-        report_unknown(&unknown_fields(obj, &normalized), validation)?;
+        let mut findings = raw
+            .filter(|_| validation != FieldValidation::Ignore)
+            .map(super::strict::duplicate_fields)
+            .unwrap_or_default();
+        let unknown = unknown_fields(obj, &normalized);
+        findings.extend(unknown.iter().map(String::as_str).map(unknown_field));
+        strict.report(findings)?;
         *obj = normalized;
         return Ok(());
     }
@@ -612,36 +639,65 @@ fn check_body(def: &ResourceDef, obj: &mut Value, query: &Query) -> Result<(), A
             def.kind, def.version, def.kind
         ))
     })?;
-    let unknown = unknown_fields(obj, &normalized);
-    if unknown.is_empty() {
+    let findings = match raw {
+        Some(raw) if validation != FieldValidation::Ignore => {
+            super::strict::typed_findings(raw, obj, &normalized)
+        }
+        _ => unknown_fields(obj, &normalized)
+            .iter()
+            .map(String::as_str)
+            .map(unknown_field)
+            .collect(),
+    };
+    if findings.is_empty() {
         return Ok(());
     }
-    report_unknown(&unknown, validation)?;
+    strict.report(findings)?;
     prune_unknown(obj, &normalized);
     Ok(())
 }
 
-/// `fieldValidation` over the unknown fields of a write: `Strict` refuses them (400
-/// "unknown field"), `Warn` warns of each, `Ignore` says nothing.
-fn report_unknown(unknown: &[String], validation: FieldValidation) -> Result<(), ApiError> {
-    if unknown.is_empty() {
-        return Ok(());
-    }
-    let list: Vec<String> = unknown
-        .iter()
-        .map(|f| format!("unknown field \"{f}\""))
-        .collect();
-    match validation {
-        FieldValidation::Strict => {
-            return Err(ApiError::bad_request(format!(
-                "strict decoding error: {}",
-                list.join(", ")
-            )));
+/// `unknown field "<path>"`.
+fn unknown_field(path: &str) -> String {
+    format!("unknown field {}", super::strict::quote(path))
+}
+
+/// How one write reports what strict decoding found.
+struct Strictness<'a> {
+    def: &'a ResourceDef,
+    validation: FieldValidation,
+    /// Whether the findings are of the request's own body (a create or an update): its
+    /// refusal is worded as upstream's decoder error (`transformDecodeError`).
+    in_body: bool,
+}
+
+impl Strictness<'_> {
+    /// `fieldValidation` over the findings of a write: `Strict` refuses them (400), `Warn`
+    /// warns of each (`addStrictDecodingWarnings`), `Ignore` says nothing.
+    fn report(&self, findings: Vec<String>) -> Result<(), ApiError> {
+        if findings.is_empty() {
+            return Ok(());
         }
-        FieldValidation::Warn => list.into_iter().take(MAX_WARNINGS).for_each(warn),
-        FieldValidation::Ignore => {}
+        match self.validation {
+            FieldValidation::Strict => {
+                let error = format!("strict decoding error: {}", findings.join(", "));
+                let def = self.def;
+                Err(ApiError::bad_request(if self.in_body {
+                    format!(
+                        "{} in version \"{}\" cannot be handled as a {}: {error}",
+                        def.kind, def.version, def.kind
+                    )
+                } else {
+                    error
+                }))
+            }
+            FieldValidation::Warn => {
+                findings.into_iter().take(MAX_WARNINGS).for_each(warn);
+                Ok(())
+            }
+            FieldValidation::Ignore => Ok(()),
+        }
     }
-    Ok(())
 }
 
 /// Removes from `given` the members absent from `known` (its typed round-trip), keeping
@@ -787,7 +843,7 @@ async fn patch_object(scope: &RequestScope) -> Result<(StatusCode, Value), ApiEr
             o.insert("apiVersion".into(), json!(def.api_version()));
             o.insert("kind".into(), json!(def.kind));
         }
-        check_body(def, &mut patched, query)?;
+        check_body(def, &mut patched, query, None)?;
         let mut ctx = scope.write_context();
         if is_apply {
             // Apply ownership was recorded by the apply itself.

@@ -17,9 +17,11 @@ mod port_forward;
 pub mod protobuf;
 mod scale;
 pub mod status;
+mod strict;
 mod tokens;
 mod type_meta;
 mod watch;
+mod websocket;
 
 use std::{net::IpAddr, ops::RangeInclusive, sync::Arc, time::Duration};
 
@@ -500,6 +502,8 @@ impl ApiServer {
     fn routes(&self) -> Router {
         Router::new()
             .route("/version", get(version))
+            // go-restful serves its web services' root paths with a trailing slash too.
+            .route("/version/", get(version))
             .route("/healthz", get(health))
             .route("/healthz/{check}", get(health))
             .route("/livez", get(health))
@@ -508,7 +512,9 @@ impl ApiServer {
             .route("/readyz/{check}", get(health))
             .route("/metrics", get(metrics_endpoint))
             .route("/api", get(api_root))
+            .route("/api/", get(api_root))
             .route("/apis", get(apis_root))
+            .route("/apis/", get(apis_group_list))
             .route("/openapi/v3", get(openapi_index))
             .route("/openapi/v3/{*path}", get(openapi_group_version))
             .route(core_cluster_tunnel::PATH, get(agent_tunnel))
@@ -953,10 +959,18 @@ async fn apis_root(State(state): State<Arc<ServerState>>, request: Request) -> R
             negotiate::AGGREGATED_DISCOVERY_CONTENT_TYPE,
         )
     } else {
-        let mut body = discovery::group_list(&state.registry);
-        metrics_api::add_to_group_list(&mut body);
-        json_response(StatusCode::OK, &body, "application/json")
+        apis_group_list(State(state)).await
     }
+}
+
+/// `/apis/`: the `APIGroupList`, whatever the Accept header asks. kube-apiserver's director
+/// hands `/apis` and `/apis/` alike to the legacy group list (`k8s.io/apiserver/pkg/server/
+/// handler.go`, `director.ServeHTTP`), and wraps only `/apis` in aggregated discovery, so
+/// `/apis/` never answers an `APIGroupDiscoveryList`.
+async fn apis_group_list(State(state): State<Arc<ServerState>>) -> Response {
+    let mut body = discovery::group_list(&state.registry);
+    metrics_api::add_to_group_list(&mut body);
+    json_response(StatusCode::OK, &body, "application/json")
 }
 
 /// A parsed resource path.
@@ -1112,7 +1126,8 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
 
 /// An access review or a SelfSubjectReview: POST only, answered and not stored. As upstream
 /// installs a POST route alone for them, any other method is a 405 and a path with a name a
-/// 404.
+/// 404. Their storage has no table convertor: an Accept header that takes only a Table is a
+/// 406 before the body is read ([`negotiate::representation`]).
 async fn review(state: &ServerState, target: Target, request: Request<Body>) -> (String, Response) {
     let verb = request.method().to_string();
     if target.name.is_some() {
@@ -1122,6 +1137,10 @@ async fn review(state: &ServerState, target: Target, request: Request<Body>) -> 
     if request.method() != Method::POST {
         return (verb, ApiError::method_not_served().into_response());
     }
+    let repr = match negotiate::representation(request.headers(), false) {
+        Ok(repr) => repr,
+        Err(e) => return (verb, e.into_response()),
+    };
     let user = request
         .extensions()
         .get::<UserInfo>()
@@ -1156,11 +1175,22 @@ async fn review(state: &ServerState, target: Target, request: Request<Body>) -> 
         Err(e) => Err(e),
     };
     match result {
-        Ok(obj) => (
-            verb,
-            json_response(StatusCode::CREATED, &obj, "application/json"),
-        ),
+        Ok(obj) => (verb, created(&obj, repr)),
         Err(e) => (verb, e.into_response()),
+    }
+}
+
+/// The 201 of an object that is answered and not stored (a review, a TokenRequest), in the
+/// negotiated representation: the object, or its `PartialObjectMetadata` (a Table was
+/// refused by the negotiation).
+pub(crate) fn created(obj: &Value, repr: negotiate::Representation) -> Response {
+    match repr {
+        negotiate::Representation::PartialMetadata => json_response(
+            StatusCode::CREATED,
+            &crate::registry::table::partial_metadata(obj),
+            negotiate::PARTIAL_CONTENT_TYPE,
+        ),
+        _ => json_response(StatusCode::CREATED, obj, "application/json"),
     }
 }
 

@@ -556,7 +556,8 @@ fn log_container(pod: &Value, name: &str, asked: Option<&str>) -> Result<String,
 }
 
 /// `GET …/pods/{name}/log`: the container's log from the kubelet of the pod's node,
-/// streamed (`pkg/registry/core/pod/rest/log.go LogREST.Get`).
+/// streamed (`pkg/registry/core/pod/rest/log.go LogREST.Get`), over a WebSocket when the
+/// request asks for one (`responsewriters.StreamObject`, see [`super::websocket`]).
 pub(crate) async fn pod_log(
     state: &Arc<ServerState>,
     target: &Target,
@@ -571,7 +572,7 @@ pub(crate) async fn pod_log(
 async fn pod_log_inner(
     state: &Arc<ServerState>,
     target: &Target,
-    request: Request<Body>,
+    mut request: Request<Body>,
 ) -> Result<Response, ApiError> {
     if request.method() != Method::GET {
         return Err(ApiError::method_not_served());
@@ -592,9 +593,9 @@ async fn pod_log_inner(
     let container = log_container(&pod, name, asked)?;
     let node_name = pod["spec"]["nodeName"].as_str().unwrap_or("");
     if node_name.is_empty() {
-        // Upstream's `LogLocation` gives no location for a pod not yet bound: an empty
-        // log.
-        return Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], "").into_response());
+        // Upstream's `LogLocation` gives no location for a pod not yet bound, and
+        // `StreamObject` answers a stream without output 204, WebSocket or not.
+        return Ok(StatusCode::NO_CONTENT.into_response());
     }
     let node = get_object(&*state.store, &resources::NODES, None, node_name)
         .await?
@@ -616,6 +617,10 @@ async fn pod_log_inner(
         .map_err(ApiError::internal)?;
     if !response.status().is_success() {
         return Err(backend_error(response).await);
+    }
+    if super::websocket::requested(request.headers()) {
+        let body = Body::new(response.into_body());
+        return Ok(super::websocket::stream(&mut request, body));
     }
     Ok(streamed(response, "text/plain"))
 }

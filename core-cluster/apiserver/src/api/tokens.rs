@@ -8,19 +8,19 @@ use std::sync::Arc;
 use axum::{
     body::Body,
     extract::Request,
-    http::{Method, StatusCode},
+    http::Method,
     response::{IntoResponse, Response},
 };
 use serde_json::{Value, json};
 
 use super::{
-    ServerState, Target, json_response,
+    ServerState, Target,
     status::{ApiError, FieldError},
 };
 use crate::{
     auth::{
         UserInfo,
-        token::{ObjectRef, TokenAuthenticator},
+        token::{ObjectRef, PodBinding, TokenAuthenticator},
     },
     registry::{meta, resources},
     storage::{
@@ -62,6 +62,11 @@ pub(crate) async fn route(
         // Upstream installs a POST route alone for both.
         return Ok((verb, ApiError::method_not_served().into_response()));
     }
+    // Neither has a table convertor: a Table alone is a 406, before the body is read.
+    let repr = match super::negotiate::representation(request.headers(), false) {
+        Ok(repr) => repr,
+        Err(e) => return Ok((verb, e.into_response())),
+    };
     let tokens = request
         .extensions()
         .get::<Arc<TokenAuthenticator>>()
@@ -111,7 +116,7 @@ pub(crate) async fn route(
     Ok((
         "POST".into(),
         match result {
-            Ok(value) => json_response(StatusCode::CREATED, &value, "application/json"),
+            Ok(value) => super::created(&value, repr),
             Err(e) => e.into_response(),
         },
     ))
@@ -199,12 +204,15 @@ async fn token_request(
     Ok(body)
 }
 
-/// The pod a token is bound to: it must exist, and have the given UID if one is given.
+/// The pod a token is bound to: it must exist, and have the given UID if one is given; with
+/// the node it is scheduled to, if any, whose name and UID the token records
+/// (`pkg/registry/core/serviceaccount/storage/token.go`, `TokenREST.Create` with
+/// `ServiceAccountTokenPodNodeInfo`: a node that cannot be found is recorded by name alone).
 async fn bound_pod(
     state: &Arc<ServerState>,
     ns: &str,
     bound: &Value,
-) -> Result<ObjectRef, ApiError> {
+) -> Result<PodBinding, ApiError> {
     let kind = bound["kind"].as_str().unwrap_or("");
     if kind != "Pod" {
         return Err(ApiError::bad_request(format!(
@@ -226,9 +234,28 @@ async fn bound_pod(
             ),
         ));
     }
-    Ok(ObjectRef {
-        name: name.to_owned(),
-        uid,
+    let node = match meta::str_at(&pod, &["spec", "nodeName"]).filter(|n| !n.is_empty()) {
+        None => None,
+        Some(node_name) => {
+            let uid = match get_object(&*state.store, &resources::NODES, None, node_name).await {
+                Ok((_, node)) => meta::str_at(&node, &["metadata", "uid"])
+                    .unwrap_or("")
+                    .to_owned(),
+                Err(e) if e.code == 404 => String::new(),
+                Err(e) => return Err(ApiError::internal(e.message)),
+            };
+            Some(ObjectRef {
+                name: node_name.to_owned(),
+                uid,
+            })
+        }
+    };
+    Ok(PodBinding {
+        pod: ObjectRef {
+            name: name.to_owned(),
+            uid,
+        },
+        node,
     })
 }
 

@@ -1,6 +1,7 @@
 //! Service-account tokens: JWTs signed ES256 (ECDSA P-256, with ring) by the key in the
 //! data directory, with upstream's claims (`iss`, `sub`, `aud`, `exp`, `iat`, `nbf`,
-//! `jti`, and `kubernetes.io` {namespace, serviceaccount {name, uid}, pod when bound}).
+//! `jti`, and `kubernetes.io` {namespace, serviceaccount {name, uid}, pod when bound, and
+//! the node that pod runs on}).
 //!
 //! A token authenticates as `system:serviceaccount:<ns>:<name>` in `system:serviceaccounts`,
 //! `system:serviceaccounts:<ns>` and `system:authenticated`, only while its service account
@@ -39,6 +40,10 @@ pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 /// The `extra` key holding the token's ID.
 pub const EXTRA_CREDENTIAL_ID: &str = "authentication.kubernetes.io/credential-id";
+/// The `extra` key naming the node of the pod a token is bound to.
+pub const EXTRA_NODE_NAME: &str = "authentication.kubernetes.io/node-name";
+/// The `extra` key holding the UID of that node.
+pub const EXTRA_NODE_UID: &str = "authentication.kubernetes.io/node-uid";
 
 /// How long after its deletion time an account or bound pod still backs its tokens
 /// (`jwt.DefaultLeeway`, which `pkg/serviceaccount/claims.go` uses).
@@ -76,13 +81,27 @@ pub enum TokenError {
     Store(String),
 }
 
-/// The service account a token is for.
+/// An object a token names (its service account, bound pod, that pod's node): upstream's
+/// `ref` of `pkg/serviceaccount/claims.go`, both fields `omitempty`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectRef {
     /// Name.
     pub name: String,
-    /// UID.
+    /// UID (empty for a node that was not found when the token was issued).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub uid: String,
+}
+
+/// The pod a token is bound to, and the node that pod is scheduled to if any (upstream's
+/// `ServiceAccountTokenPodNodeInfo`, on by default: the `kubernetes.io.node` claim of a
+/// pod-bound token, `pkg/registry/core/serviceaccount/storage/token.go`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodBinding {
+    /// The pod: its deletion or recreation invalidates the token.
+    pub pod: ObjectRef,
+    /// Its node: recorded and reported as the user's `node-name`/`node-uid` extras, not
+    /// checked (upstream validates the node only of node-bound tokens).
+    pub node: Option<ObjectRef>,
 }
 
 /// The `kubernetes.io` private claim.
@@ -95,6 +114,9 @@ pub struct KubernetesClaims {
     /// The pod the token is bound to, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<ObjectRef>,
+    /// The node of the bound pod, if it was scheduled when the token was issued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<ObjectRef>,
 }
 
 /// The claims of a service-account token.
@@ -189,18 +211,22 @@ impl TokenAuthenticator {
         (self.clock)()
     }
 
-    /// Signs a token for the service account `namespace/account` (bound to `pod` if given),
-    /// valid for `expiration_seconds` from now, for `audiences`. Returns the token and its
-    /// expiry (Unix seconds).
+    /// Signs a token for the service account `namespace/account` (bound to `pod` and its
+    /// node if given), valid for `expiration_seconds` from now, for `audiences`. Returns the
+    /// token and its expiry (Unix seconds).
     pub fn issue(
         &self,
         namespace: &str,
         account: ObjectRef,
-        pod: Option<ObjectRef>,
+        pod: Option<PodBinding>,
         audiences: Vec<String>,
         expiration_seconds: i64,
     ) -> Result<(String, i64), TokenError> {
         let now = self.now();
+        let (pod, node) = match pod {
+            Some(PodBinding { pod, node }) => (Some(pod), node),
+            None => (None, None),
+        };
         let claims = Claims {
             iss: self.issuer.clone(),
             sub: format!("{SERVICE_ACCOUNT_USER_PREFIX}{namespace}:{}", account.name),
@@ -213,6 +239,7 @@ impl TokenAuthenticator {
                 namespace: namespace.to_owned(),
                 serviceaccount: account,
                 pod,
+                node,
             },
         };
         let header = serde_json::json!({"alg": "ES256", "kid": self.key_id});
@@ -314,6 +341,16 @@ impl TokenAuthenticator {
                 .insert(EXTRA_POD_NAME.to_owned(), vec![pod.name.clone()]);
             user.extra
                 .insert(EXTRA_POD_UID.to_owned(), vec![pod.uid.clone()]);
+            // `claims.go`: the node claims of a pod-bound token are taken as they are;
+            // `ServiceAccountInfo.UserInfo` reports the UID only with the name.
+            if let Some(node) = k.node.as_ref().filter(|n| !n.name.is_empty()) {
+                user.extra
+                    .insert(EXTRA_NODE_NAME.to_owned(), vec![node.name.clone()]);
+                if !node.uid.is_empty() {
+                    user.extra
+                        .insert(EXTRA_NODE_UID.to_owned(), vec![node.uid.clone()]);
+                }
+            }
         }
         user.extra.insert(
             EXTRA_CREDENTIAL_ID.to_owned(),
@@ -446,9 +483,12 @@ mod tests {
             .create(&key, Bytes::from(serde_json::to_vec(&pod).unwrap()))
             .await
             .unwrap();
-        let bound = ObjectRef {
-            name: "p".into(),
-            uid: "pod-1".into(),
+        let bound = PodBinding {
+            pod: ObjectRef {
+                name: "p".into(),
+                uid: "pod-1".into(),
+            },
+            node: None,
         };
         let (token, _) = tokens
             .issue(
@@ -473,6 +513,89 @@ mod tests {
             tokens.authenticate(&token, None).await.unwrap_err(),
             TokenError::Revoked("pod ns/p has been deleted".into())
         );
+    }
+
+    /// `pkg/serviceaccount/claims.go`: a pod-bound token carries the pod's node as the
+    /// `kubernetes.io.node` claim (`Claims`), and authenticates with the node's name and UID
+    /// as `authentication.kubernetes.io/node-name` and `node-uid` extras
+    /// (`k8s.io/apiserver/pkg/authentication/serviceaccount/util.go`
+    /// `ServiceAccountInfo.UserInfo`: the UID only with the name, and a node not found when
+    /// the token was issued has no UID).
+    #[tokio::test]
+    async fn a_pod_bound_tokens_node_claim_becomes_the_node_extras() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        account(&store, "u1").await;
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "pod-1"}});
+        store
+            .create(
+                &resources::PODS.key(Some("ns"), "p"),
+                Bytes::from(serde_json::to_vec(&pod).unwrap()),
+            )
+            .await
+            .unwrap();
+        let tokens = TokenAuthenticator::new(&key_pem(), store.clone()).unwrap();
+        let bound = |node: Option<ObjectRef>| PodBinding {
+            pod: ObjectRef {
+                name: "p".into(),
+                uid: "pod-1".into(),
+            },
+            node,
+        };
+        let node = ObjectRef {
+            name: "n1".into(),
+            uid: "node-1".into(),
+        };
+        let (token, _) = tokens
+            .issue(
+                "ns",
+                sa("u1"),
+                Some(bound(Some(node))),
+                vec![DEFAULT_ISSUER.into()],
+                600,
+            )
+            .unwrap();
+        let payload = token.split('.').nth(1).unwrap();
+        let claims: Value =
+            serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap();
+        assert_eq!(
+            claims["kubernetes.io"]["node"],
+            json!({"name": "n1", "uid": "node-1"})
+        );
+        let (user, _) = tokens.authenticate(&token, None).await.unwrap();
+        assert_eq!(user.extra[EXTRA_NODE_NAME], ["n1"]);
+        assert_eq!(user.extra[EXTRA_NODE_UID], ["node-1"]);
+        assert_eq!(user.extra[EXTRA_POD_UID], ["pod-1"]);
+
+        let unknown_node = ObjectRef {
+            name: "gone".into(),
+            uid: String::new(),
+        };
+        let (token, _) = tokens
+            .issue(
+                "ns",
+                sa("u1"),
+                Some(bound(Some(unknown_node))),
+                vec![DEFAULT_ISSUER.into()],
+                600,
+            )
+            .unwrap();
+        let (user, _) = tokens.authenticate(&token, None).await.unwrap();
+        assert_eq!(user.extra[EXTRA_NODE_NAME], ["gone"]);
+        assert!(!user.extra.contains_key(EXTRA_NODE_UID));
+
+        let (unscheduled, _) = tokens
+            .issue(
+                "ns",
+                sa("u1"),
+                Some(bound(None)),
+                vec![DEFAULT_ISSUER.into()],
+                600,
+            )
+            .unwrap();
+        let (user, _) = tokens.authenticate(&unscheduled, None).await.unwrap();
+        assert!(!user.extra.contains_key(EXTRA_NODE_NAME));
+        assert_eq!(user.extra[EXTRA_POD_NAME], ["p"]);
     }
 
     #[tokio::test]

@@ -236,6 +236,9 @@ pub(crate) async fn delete_object(
             m.insert("deletionTimestamp".into(), json!(deletion_at));
             m.insert("deletionGracePeriodSeconds".into(), json!(grace));
         }
+        if !already_deleting {
+            bump_generation(m);
+        }
         if finalizers.is_empty() {
             m.remove("finalizers");
         } else {
@@ -268,6 +271,22 @@ pub(crate) async fn delete_object(
         }
     }
     Err(ApiError::modified(&q))
+}
+
+/// The generation bump of an object whose deletion starts: its controllers must stop acting
+/// on it, so `metadata.generation` moves on, if the object has one (> 0). Upstream does it
+/// where the deletionTimestamp is first set: `k8s.io/apiserver/pkg/registry/rest/delete.go
+/// BeforeDelete` for a graceful deletion, `pkg/registry/generic/registry/store.go
+/// markAsDeleting` for one held by finalizers; never again once the object is deleting (a
+/// shortened grace period does not bump it).
+fn bump_generation(meta: &mut serde_json::Map<String, Value>) {
+    if let Some(generation) = meta
+        .get("generation")
+        .and_then(Value::as_i64)
+        .filter(|g| *g > 0)
+    {
+        meta.insert("generation".into(), json!(generation.saturating_add(1)));
+    }
 }
 
 /// Deletes every object of `def` that `query`'s list options select.

@@ -184,7 +184,9 @@ async fn record_one(
         "action": finding.action,
         "source": {"component": finding.controller},
         "reportingComponent": finding.controller,
-        "reportingInstance": "",
+        // client-go's events recorder names the instance after the controller (and its
+        // host); `legacyValidateEvent` requires one on an event with an eventTime.
+        "reportingInstance": finding.controller,
         "eventTime": now_micro(),
         "firstTimestamp": now,
         "lastTimestamp": now,

@@ -245,18 +245,26 @@ pub(crate) async fn commit_update(
         }
     }
     meta.remove("resourceVersion");
+    // Upstream defaults every decoded body, whatever it writes (the object, its status or
+    // another subresource), before comparing it with the stored object.
+    (def.prepare_update)(&mut new);
     let spec_changed = if crate::crd::is_custom(def) {
         // A custom resource's generation counts every change but metadata and status.
         crate::crd::schema::spec_changed(current, &new)
     } else {
         differs(&new, current, "spec")
     };
-    if def.generation && sub.is_none() && spec_changed {
+    // A pod's ephemeral containers are its spec too: upstream's
+    // `podEphemeralContainersStrategy.PrepareForUpdate` bumps the generation as a pod
+    // update does (`pkg/registry/core/pod/strategy.go updatePodGeneration`); `status` never.
+    let counts_generation = match sub {
+        None => true,
+        Some(super::ephemeral::SUBRESOURCE) => def.kind == "Pod",
+        Some(_) => false,
+    };
+    if def.generation && counts_generation && spec_changed {
         let generation = old_meta["generation"].as_i64().unwrap_or(0) + 1;
         meta_mut(&mut new).insert("generation".into(), json!(generation));
-    }
-    if sub.is_none() {
-        (def.prepare_update)(&mut new);
     }
     state
         .mutate(

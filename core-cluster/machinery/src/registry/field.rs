@@ -68,6 +68,19 @@ impl FieldError {
         }
     }
 
+    /// `Too long: may not be more than <max> bytes` (upstream's `field.TooLong`, whose value
+    /// is never shown).
+    pub fn too_long(field: impl Into<String>, max: usize) -> Self {
+        FieldError {
+            reason: "FieldValueTooLong",
+            field: field.into(),
+            message: format!(
+                "Too long: may not be more than {max} {}",
+                if max == 1 { "byte" } else { "bytes" }
+            ),
+        }
+    }
+
     /// `<field>: <message>`, as the message of an `Invalid` answer lists it (upstream's
     /// `field.Error.Error()`).
     pub fn full(&self) -> String {

@@ -104,6 +104,194 @@ pub fn is_qualified_name(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
+/// Upstream's `RegexError`: `msg (e.g. 'a',  or 'b', regex used for validation is 'fmt')`.
+pub fn regex_error(msg: &str, fmt: &str, examples: &[&str]) -> String {
+    if examples.is_empty() {
+        return format!("{msg} (regex used for validation is '{fmt}')");
+    }
+    let quoted: Vec<String> = examples.iter().map(|e| format!("'{e}', ")).collect();
+    format!(
+        "{msg} (e.g. {}regex used for validation is '{fmt}')",
+        quoted.join(" or ")
+    )
+}
+
+/// Whether `s` matches `[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*`.
+fn is_subdomain_chars(s: &str) -> bool {
+    s.split('.').all(|part| {
+        let b = part.as_bytes();
+        !b.is_empty()
+            && is_alnum(b[0])
+            && is_alnum(b[b.len() - 1])
+            && b.iter().all(|c| is_alnum(*c) || *c == b'-')
+    })
+}
+
+/// The problems with a qualified name (a label key: `[prefix/]name`), worded as upstream's
+/// `IsQualifiedName` (`k8s.io/apimachinery/pkg/api/validate/content`, `IsLabelKey`).
+pub fn qualified_name_errors(value: &str) -> Vec<String> {
+    const NAME_FMT: &str = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]";
+    const NAME_MSG: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+    const EXAMPLES: [&str; 3] = ["MyName", "my.name", "123-abc"];
+    let mut errors = Vec::new();
+    let parts: Vec<&str> = value.split('/').collect();
+    let name = match parts.as_slice() {
+        [name] => *name,
+        [prefix, name] => {
+            if prefix.is_empty() {
+                errors.push("prefix part must be non-empty".to_owned());
+            } else {
+                if prefix.len() > DNS1123_SUBDOMAIN_MAX {
+                    errors.push(format!(
+                        "prefix part must be no more than {DNS1123_SUBDOMAIN_MAX} bytes"
+                    ));
+                }
+                if !is_subdomain_chars(prefix) {
+                    errors.push(format!(
+                        "prefix part {}",
+                        regex_error(
+                            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+                            "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*",
+                            &["example.com"],
+                        )
+                    ));
+                }
+            }
+            *name
+        }
+        _ => {
+            return vec![format!(
+                "a valid label key {} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')",
+                regex_error(NAME_MSG, NAME_FMT, &EXAMPLES)
+            )];
+        }
+    };
+    if name.is_empty() {
+        errors.push("name part must be non-empty".to_owned());
+    } else if name.len() > DNS1123_LABEL_MAX {
+        errors.push(format!(
+            "name part must be no more than {DNS1123_LABEL_MAX} bytes"
+        ));
+    }
+    let b = name.as_bytes();
+    let matches = !b.is_empty()
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
+    if !matches {
+        errors.push(format!(
+            "name part {}",
+            regex_error(NAME_MSG, NAME_FMT, &EXAMPLES)
+        ));
+    }
+    errors
+}
+
+/// The problems with a ConfigMap or Secret key, worded as upstream's `IsConfigMapKey`: at
+/// most 253 characters of `[-._a-zA-Z0-9]`, and not `.`, `..` or anything starting `..`.
+pub fn config_map_key_errors(key: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if key.len() > DNS1123_SUBDOMAIN_MAX {
+        errors.push(format!(
+            "must be no more than {DNS1123_SUBDOMAIN_MAX} characters"
+        ));
+    }
+    let valid = !key.is_empty()
+        && key
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
+    if !valid {
+        errors.push(regex_error(
+            "a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+            "[-._a-zA-Z0-9]+",
+            &["key.name", "KEY_NAME", "key-name"],
+        ));
+    }
+    if key == "." {
+        errors.push("must not be '.'".to_owned());
+    } else if key == ".." {
+        errors.push("must not be '..'".to_owned());
+    } else if key.starts_with("..") {
+        errors.push("must not start with '..'".to_owned());
+    }
+    errors
+}
+
+/// Upstream `metav1validation.ValidateConditions` of a `metav1.Condition` list at `path`:
+/// types are unique qualified names, statuses `True`, `False` or `Unknown`, a
+/// non-negative observed generation, a transition time, a reason of
+/// `[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?` up to 1024 bytes and a message up to 32 KiB.
+pub fn validate_conditions(conditions: &Value, path: &str) -> Vec<FieldError> {
+    const MAX_REASON: usize = 1024;
+    const MAX_MESSAGE: usize = 32 * 1024;
+    let mut errors = Vec::new();
+    let mut types: Vec<&str> = Vec::new();
+    for (i, c) in conditions.as_array().into_iter().flatten().enumerate() {
+        let at = |field: &str| format!("{path}[{i}].{field}");
+        let type_ = c["type"].as_str().unwrap_or("");
+        if types.contains(&type_) {
+            errors.push(FieldError::duplicate(at("type"), &json!(type_)));
+        } else {
+            types.push(type_);
+        }
+        for message in qualified_name_errors(type_) {
+            errors.push(FieldError::invalid(at("type"), &json!(type_), message));
+        }
+        let status = c["status"].as_str().unwrap_or("");
+        if !matches!(status, "True" | "False" | "Unknown") {
+            errors.push(FieldError::not_supported(
+                at("status"),
+                &json!(status),
+                &["False", "True", "Unknown"],
+            ));
+        }
+        if let Some(generation) = c["observedGeneration"].as_i64()
+            && generation < 0
+        {
+            errors.push(FieldError::invalid(
+                at("observedGeneration"),
+                &json!(generation),
+                "must be greater than or equal to zero",
+            ));
+        }
+        let time = c["lastTransitionTime"].as_str().unwrap_or("");
+        if time.is_empty() || time.starts_with("0001-01-01T00:00:00") {
+            errors.push(FieldError::required(at("lastTransitionTime"), ""));
+        }
+        let reason = c["reason"].as_str().unwrap_or("");
+        if reason.is_empty() {
+            errors.push(FieldError::required(at("reason"), ""));
+        } else {
+            let b = reason.as_bytes();
+            let valid = b[0].is_ascii_alphabetic()
+                && (b.len() == 1
+                    || ((b[b.len() - 1].is_ascii_alphanumeric() || b[b.len() - 1] == b'_')
+                        && b.iter().all(|c| {
+                            c.is_ascii_alphanumeric() || matches!(c, b'_' | b',' | b':')
+                        })));
+            if !valid {
+                errors.push(FieldError::invalid(
+                    at("reason"),
+                    &json!(reason),
+                    regex_error(
+                        "a condition reason must start with alphabetic character, optionally followed by a string of alphanumeric characters or '_,:', and must end with an alphanumeric character or '_'",
+                        "[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?",
+                        &["my_name", "MY_NAME", "MyName", "ReasonA,ReasonB", "ReasonA:ReasonB"],
+                    ),
+                ));
+            }
+            if reason.len() > MAX_REASON {
+                errors.push(FieldError::too_long(at("reason"), MAX_REASON));
+            }
+        }
+        if c["message"].as_str().map_or(0, str::len) > MAX_MESSAGE {
+            errors.push(FieldError::too_long(at("message"), MAX_MESSAGE));
+        }
+    }
+    errors
+}
+
 /// Whether `s` is a valid label value (empty, or up to 63 characters of `[A-Za-z0-9_.-]`,
 /// starting and ending alphanumeric).
 pub fn is_label_value(s: &str) -> bool {

@@ -197,6 +197,58 @@ pub fn typed<K: DeserializeOwned + Serialize>(obj: &Value) -> Result<Value, Stri
     serde_json::to_value(typed).map_err(|e| e.to_string())
 }
 
+/// Go's zero `metav1.Time`, put in for an unset condition time while the object goes
+/// through its k8s-openapi type (which requires one) and taken out again after.
+const ZERO_TIME: &str = "0001-01-01T00:00:00Z";
+
+/// Round-trips through `K` as [`typed`] does, decoding the `metav1.Condition` lists at the
+/// JSON pointers `lists` (`/status/conditions`) as upstream's decoder does: a condition
+/// without `lastTransitionTime`, or with a null one, is a zero time there (its validation,
+/// where a kind has one, decides whether that is allowed), where k8s-openapi's `Condition`
+/// requires the field. The result keeps such a time as it was given: absent or null.
+pub fn typed_with_conditions<K: DeserializeOwned + Serialize>(
+    obj: &Value,
+    lists: &[&str],
+) -> Result<Value, String> {
+    let mut filled = obj.clone();
+    // (list, entry, whether the time was an explicit null)
+    let mut unset: Vec<(&str, usize, bool)> = Vec::new();
+    for list in lists {
+        let Some(entries) = filled.pointer_mut(list).and_then(Value::as_array_mut) else {
+            continue;
+        };
+        for (i, entry) in entries.iter_mut().enumerate() {
+            let Some(condition) = entry.as_object_mut() else {
+                continue;
+            };
+            let explicit_null = match condition.get("lastTransitionTime") {
+                None => false,
+                Some(Value::Null) => true,
+                Some(_) => continue,
+            };
+            unset.push((list, i, explicit_null));
+            condition.insert("lastTransitionTime".into(), Value::from(ZERO_TIME));
+        }
+    }
+    let mut normalized = typed::<K>(&filled)?;
+    for (list, i, explicit_null) in unset {
+        let Some(condition) = normalized
+            .pointer_mut(list)
+            .and_then(Value::as_array_mut)
+            .and_then(|entries| entries.get_mut(i))
+            .and_then(Value::as_object_mut)
+        else {
+            continue;
+        };
+        if explicit_null {
+            condition.insert("lastTransitionTime".into(), Value::Null);
+        } else {
+            condition.remove("lastTransitionTime");
+        }
+    }
+    Ok(normalized)
+}
+
 /// The paths of keys present (and not null) in `given` but absent from `known`: the unknown
 /// fields of a write, for `fieldValidation=Strict`.
 pub fn unknown_fields(given: &Value, known: &Value) -> Vec<String> {

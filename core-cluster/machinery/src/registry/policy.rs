@@ -9,9 +9,10 @@ use serde_json::{Value, json};
 use super::{
     Column, NameRule, ResourceDef,
     events::identity,
+    meta::validate_conditions,
     no_defaults,
     table::{AGE, NAME},
-    typed,
+    typed_with_conditions,
 };
 use crate::registry::FieldError;
 
@@ -61,8 +62,15 @@ fn int_or_percent_errors(v: &Value, field: &str, errors: &mut Vec<FieldError>) {
     }
 }
 
+/// Round-trips a budget through its type, its status conditions (`metav1.Condition`) decoded
+/// as upstream's decoder does (see [`typed_with_conditions`]); their validation is
+/// [`validate_pdb`]'s.
+fn typed_pdb(o: &Value) -> Result<Value, String> {
+    typed_with_conditions::<PodDisruptionBudget>(o, &["/status/conditions"])
+}
+
 /// Upstream `ValidatePodDisruptionBudgetSpec` (and the status rules of
-/// `ValidatePodDisruptionBudgetStatusUpdate`: no negative counts).
+/// `ValidatePodDisruptionBudgetStatusUpdate`: valid conditions, no negative counts).
 fn validate_pdb(new: &Value, _old: Option<&Value>) -> Vec<FieldError> {
     let mut errors = Vec::new();
     let spec = &new["spec"];
@@ -88,6 +96,10 @@ fn validate_pdb(new: &Value, _old: Option<&Value>) -> Vec<FieldError> {
             UNHEALTHY_POD_EVICTION_POLICIES,
         ));
     }
+    errors.extend(validate_conditions(
+        &new["status"]["conditions"],
+        "status.conditions",
+    ));
     for f in [
         "disruptionsAllowed",
         "currentHealthy",
@@ -122,7 +134,7 @@ pub static POD_DISRUPTION_BUDGETS: ResourceDef = ResourceDef {
     extra_subresources: &[],
     storage: "policy/poddisruptionbudgets",
     name_rule: NameRule::Subdomain,
-    typed: typed::<PodDisruptionBudget>,
+    typed: typed_pdb,
     columns: &[
         NAME,
         Column {

@@ -15,10 +15,12 @@ use serde_json::{Value, json};
 
 use super::{
     Column, NameRule, ResourceDef,
-    events::{identity, to_core, to_events_v1},
-    meta::{is_qualified_name, str_at},
+    events::{identity, to_core, to_events_v1, validate_core_event, validate_events_v1_event},
+    meta::{config_map_key_errors, is_qualified_name, str_at},
     no_defaults,
-    pod_spec::{default_pod_spec, validate_pod_spec},
+    pod_spec::{
+        default_pod, default_ptr, default_str, defaulted_volumes, pod_qos_class, validate_pod_spec,
+    },
     quantity::check_pod_spec_quantities,
     table::{AGE, NAME, age, key_values_cell, none_if_empty, s},
     typed,
@@ -328,30 +330,25 @@ pub static NODES: ResourceDef = ResourceDef {
 
 // ---------------------------------------------------------------- pods
 
+/// Upstream's `PrepareForCreate` of pods after the decode defaults ([`default_pod`]): the
+/// admission defaults of pods (not of templates), and the status: `Pending` with the QoS
+/// class of the defaulted spec (`qos.GetPodQOS`).
 fn prepare_pod(o: &mut Value) {
+    default_pod(o);
     let spec = &mut o["spec"];
     if spec.is_object() {
-        default_pod_spec(spec);
-        // Admission defaults of pods only (not of templates).
         for (field, value) in [
-            ("enableServiceLinks", json!(true)),
             ("preemptionPolicy", json!("PreemptLowerPriority")),
             ("priority", json!(0)),
         ] {
-            if spec[field].is_null() {
-                spec[field] = value;
-            }
+            default_ptr(spec, field, value);
         }
         // The NoExecute tolerations come from the API server's DefaultTolerationSeconds
         // admission plugin, with its flags' seconds.
     }
-    let has_resources = o["spec"]["containers"].as_array().is_some_and(|cs| {
-        cs.iter()
-            .any(|c| c["resources"].as_object().is_some_and(|r| !r.is_empty()))
-    });
     o["status"] = json!({
         "phase": "Pending",
-        "qosClass": if has_resources { "Burstable" } else { "BestEffort" },
+        "qosClass": pod_qos_class(&o["spec"]),
     });
 }
 
@@ -366,7 +363,7 @@ fn typed_pod(o: &Value) -> Result<Value, String> {
 const POD_SPEC_IMMUTABLE: &str = "pod updates may not change fields other than `spec.containers[*].image`, `spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing tolerations), `spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)";
 
 fn validate_pod(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
-    let mut errors = validate_pod_spec(&new["spec"], "spec");
+    let mut errors = validate_pod_spec(&new["spec"], old.map(|o| &o["spec"]), "spec");
     if let Some(old) = old {
         let old_node = old["spec"]["nodeName"].as_str().unwrap_or("");
         if !old_node.is_empty() && new["spec"]["nodeName"].as_str().unwrap_or("") != old_node {
@@ -380,7 +377,11 @@ fn validate_pod(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
             "automountServiceAccountToken",
             "volumes",
         ] {
-            let (was, is) = (&old["spec"][field], &new["spec"][field]);
+            let (mut was, mut is) = (old["spec"][field].clone(), new["spec"][field].clone());
+            if field == "volumes" {
+                // A pod stored before a volume default existed compares as defaulted.
+                (was, is) = (defaulted_volumes(&was), defaulted_volumes(&is));
+            }
             if was != is {
                 errors.push(FieldError::forbidden("spec", POD_SPEC_IMMUTABLE));
                 break;
@@ -519,7 +520,7 @@ pub static PODS: ResourceDef = ResourceDef {
         "status.podIP",
         "status.nominatedNodeName",
     ],
-    prepare_update: no_defaults,
+    prepare_update: default_pod,
     prepare_create: prepare_pod,
     validate: validate_pod,
     to_storage: identity,
@@ -528,35 +529,73 @@ pub static PODS: ResourceDef = ResourceDef {
 
 // ---------------------------------------------------------------- services
 
-fn prepare_service(o: &mut Value) {
-    let spec = &mut o["spec"];
-    if spec.is_object() {
-        if spec["type"].is_null() {
-            spec["type"] = json!("ClusterIP");
+/// Upstream `SetDefaults_Service` (`pkg/apis/core/v1/defaults.go`), which runs on every
+/// decode of a Service, its status writes included: type, session affinity (and its
+/// config), port protocols and target ports, traffic policies, node ports of load
+/// balancers, and `ipMode: VIP` on a load balancer's ingress points that have an IP.
+fn default_service(o: &mut Value) {
+    let Some(spec) = o.get_mut("spec").filter(|s| s.is_object()) else {
+        return;
+    };
+    default_str(spec, "sessionAffinity", "None");
+    match spec["sessionAffinity"].as_str() {
+        Some("None") => {
+            if let Some(spec) = spec.as_object_mut() {
+                spec.remove("sessionAffinityConfig");
+            }
         }
-        if spec["sessionAffinity"].is_null() {
-            spec["sessionAffinity"] = json!("None");
+        Some("ClientIP")
+            if spec
+                .pointer("/sessionAffinityConfig/clientIP/timeoutSeconds")
+                .is_none_or(Value::is_null) =>
+        {
+            // `DefaultClientIPServiceAffinitySeconds`: three hours.
+            spec["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": 10800}});
         }
-        if spec["internalTrafficPolicy"].is_null() && spec["type"] != "ExternalName" {
-            spec["internalTrafficPolicy"] = json!("Cluster");
+        _ => {}
+    }
+    default_str(spec, "type", "ClusterIP");
+    if let Some(ports) = spec["ports"].as_array_mut() {
+        for p in ports.iter_mut().filter(|p| p.is_object()) {
+            default_str(p, "protocol", "TCP");
+            // An unset targetPort, or the zero IntOrString (0 or "", which Go's protobuf
+            // clients send for an unset one), is the port.
+            if p["targetPort"].is_null() || p["targetPort"] == 0 || p["targetPort"] == "" {
+                p["targetPort"] = p["port"].clone();
+            }
         }
-        let external = matches!(spec["type"].as_str(), Some("NodePort" | "LoadBalancer"));
-        if external && spec["externalTrafficPolicy"].is_null() {
-            spec["externalTrafficPolicy"] = json!("Cluster");
-        }
-        if let Some(ports) = spec["ports"].as_array_mut() {
-            for p in ports {
-                if p["protocol"].is_null() {
-                    p["protocol"] = json!("TCP");
-                }
-                // SetDefaults_Service: an unset targetPort, or the zero IntOrString (0 or
-                // "", which Go's protobuf clients send for an unset one), is the port.
-                if p["targetPort"].is_null() || p["targetPort"] == 0 || p["targetPort"] == "" {
-                    p["targetPort"] = p["port"].clone();
+    }
+    let type_ = spec["type"].as_str().unwrap_or("").to_owned();
+    // `service.ExternallyAccessible`.
+    let external = matches!(type_.as_str(), "NodePort" | "LoadBalancer")
+        || (type_ == "ClusterIP"
+            && spec["externalIPs"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty()));
+    if external {
+        default_str(spec, "externalTrafficPolicy", "Cluster");
+    }
+    if matches!(type_.as_str(), "NodePort" | "LoadBalancer" | "ClusterIP") {
+        default_ptr(spec, "internalTrafficPolicy", json!("Cluster"));
+    }
+    if type_ == "LoadBalancer" {
+        default_ptr(spec, "allocateLoadBalancerNodePorts", json!(true));
+        if let Some(ingress) = o
+            .pointer_mut("/status/loadBalancer/ingress")
+            .and_then(Value::as_array_mut)
+        {
+            for point in ingress.iter_mut().filter(|i| i.is_object()) {
+                if point["ip"].as_str().is_some_and(|ip| !ip.is_empty()) {
+                    default_ptr(point, "ipMode", json!("VIP"));
                 }
             }
         }
     }
+}
+
+/// A new Service: the decode defaults, and an empty status (upstream's `PrepareForCreate`).
+fn prepare_service(o: &mut Value) {
+    default_service(o);
     o["status"] = json!({"loadBalancer": {}});
 }
 
@@ -622,6 +661,14 @@ fn validate_service(new: &Value, _old: Option<&Value>) -> Vec<FieldError> {
     errors
 }
 
+/// Round-trips a Service through its type, its status conditions (`metav1.Condition`)
+/// decoded as upstream's decoder does: a condition without `lastTransitionTime` is a zero
+/// time, which `ValidateServiceStatusUpdate` does not check (see
+/// [`super::typed_with_conditions`]).
+fn typed_service(o: &Value) -> Result<Value, String> {
+    super::typed_with_conditions::<Service>(o, &["/status/conditions"])
+}
+
 fn service_external_ip(o: &Value, _: i64) -> Value {
     let mut ips: Vec<String> = o["status"]["loadBalancer"]["ingress"]
         .as_array()
@@ -685,7 +732,7 @@ pub static SERVICES: ResourceDef = ResourceDef {
     extra_subresources: &[],
     storage: "core/services",
     name_rule: NameRule::Label,
-    typed: typed::<Service>,
+    typed: typed_service,
     columns: &[
         NAME,
         Column {
@@ -736,7 +783,7 @@ pub static SERVICES: ResourceDef = ResourceDef {
         _ => None,
     },
     field_paths: &["spec.clusterIP", "spec.type"],
-    prepare_update: no_defaults,
+    prepare_update: default_service,
     prepare_create: prepare_service,
     validate: validate_service,
     to_storage: identity,
@@ -822,6 +869,12 @@ fn event_object_cell(r: &Value) -> Value {
     ))
 }
 
+/// A field-selector value of an event (upstream `ToSelectableFields` in
+/// `pkg/registry/core/event/strategy.go`, with events.k8s.io/v1's names mapped to it by
+/// `AddFieldLabelConversionsForEvent`): the reference's fields under `reference`
+/// (`involvedObject` or `regarding`), `reason`, `type`, the reporting controller (as
+/// `reportingComponent` in core/v1, `reportingController` in events.k8s.io/v1) and, in
+/// core/v1, `source`: `source.component`, else the reporting controller.
 fn event_field(reference: &str, o: &Value, p: &str) -> Option<String> {
     if let Some(sub) = p
         .strip_prefix(reference)
@@ -837,7 +890,14 @@ fn event_field(reference: &str, o: &Value, p: &str) -> Option<String> {
         "reason" | "type" | "reportingComponent" | "reportingController" => {
             Some(o[p].as_str().unwrap_or("").to_owned())
         }
-        "source" => Some(s(o, &["source", "component"])),
+        "source" => {
+            let component = s(o, &["source", "component"]);
+            Some(if component.is_empty() {
+                s(o, &["reportingComponent"])
+            } else {
+                component
+            })
+        }
         _ => None,
     }
 }
@@ -925,21 +985,7 @@ pub static EVENTS: ResourceDef = ResourceDef {
             o["count"] = json!(1);
         }
     },
-    validate: |o, _| {
-        let mut errors = Vec::new();
-        if o["involvedObject"]["name"]
-            .as_str()
-            .unwrap_or("")
-            .is_empty()
-            && o["involvedObject"]["kind"]
-                .as_str()
-                .unwrap_or("")
-                .is_empty()
-        {
-            errors.push(FieldError::required("involvedObject", ""));
-        }
-        errors
-    },
+    validate: validate_core_event,
     to_storage: identity,
     from_storage: identity,
 };
@@ -1003,13 +1049,7 @@ pub static EVENTS_V1: ResourceDef = ResourceDef {
     ],
     prepare_update: no_defaults,
     prepare_create: no_defaults,
-    validate: |o, _| {
-        let mut errors = Vec::new();
-        if o["eventTime"].is_null() {
-            errors.push(FieldError::required("eventTime", ""));
-        }
-        errors
-    },
+    validate: validate_events_v1_event,
     to_storage: to_core,
     from_storage: to_events_v1,
 };
@@ -1053,6 +1093,194 @@ pub static SERVICE_ACCOUNTS: ResourceDef = ResourceDef {
     from_storage: identity,
 };
 
+/// Upstream `core.MaxSecretSize`: the most a ConfigMap's or Secret's data may hold.
+const MAX_DATA_SIZE: usize = 1024 * 1024;
+
+/// Upstream's refusal of a change to an immutable ConfigMap or Secret.
+const IMMUTABLE_WHEN_SET: &str = "field is immutable when `immutable` is set";
+
+/// The bytes a base64 value (of a Secret's `data` or a ConfigMap's `binaryData`) holds.
+fn decoded(value: &Value) -> Option<Vec<u8>> {
+    use base64::{Engine, engine::general_purpose::STANDARD};
+    STANDARD.decode(value.as_str()?).ok()
+}
+
+/// Whether two maps of a ConfigMap or Secret hold the same entries, as upstream's
+/// `reflect.DeepEqual` of the decoded maps sees them: an absent map is an empty one (Go
+/// writes neither), and base64 values compare by the bytes they hold.
+fn same_entries(a: &Value, b: &Value, base64: bool) -> bool {
+    let empty = serde_json::Map::new();
+    let (a, b) = (
+        a.as_object().unwrap_or(&empty),
+        b.as_object().unwrap_or(&empty),
+    );
+    a.len() == b.len()
+        && a.iter().all(|(k, v)| {
+            b.get(k).is_some_and(|w| {
+                v == w || (base64 && decoded(v).is_some_and(|x| decoded(w) == Some(x)))
+            })
+        })
+}
+
+/// Upstream's rule of an immutable ConfigMap or Secret (`ValidateConfigMapUpdate`,
+/// `ValidateSecretUpdate`): once `immutable` is true it stays so, and the maps in `fields`
+/// do not change.
+fn immutable_errors(new: &Value, old: &Value, fields: &[(&str, bool)]) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if old["immutable"] != true {
+        return errors;
+    }
+    if new["immutable"] != true {
+        errors.push(FieldError::forbidden("immutable", IMMUTABLE_WHEN_SET));
+    }
+    for (field, base64) in fields {
+        if !same_entries(&new[*field], &old[*field], *base64) {
+            errors.push(FieldError::forbidden(*field, IMMUTABLE_WHEN_SET));
+        }
+    }
+    errors
+}
+
+/// The invalid keys of the map at `o[field]` (upstream `IsConfigMapKey`).
+fn key_errors(o: &Value, field: &str, errors: &mut Vec<FieldError>) {
+    for key in o[field].as_object().into_iter().flat_map(|m| m.keys()) {
+        for message in config_map_key_errors(key) {
+            errors.push(FieldError::invalid(
+                format!("{field}[{key}]"),
+                &json!(key),
+                message,
+            ));
+        }
+    }
+}
+
+/// Upstream `ValidateConfigMap` and `ValidateConfigMapUpdate`: valid keys, none in both
+/// `data` and `binaryData`, at most 1 MiB in all, and nothing changed once immutable.
+fn validate_config_map(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let mut errors = match old {
+        Some(old) => immutable_errors(new, old, &[("data", false), ("binaryData", true)]),
+        None => Vec::new(),
+    };
+    key_errors(new, "data", &mut errors);
+    let binary = new["binaryData"].as_object();
+    let mut total = 0;
+    for (key, value) in new["data"].as_object().into_iter().flatten() {
+        if binary.is_some_and(|b| b.contains_key(key)) {
+            errors.push(FieldError::invalid(
+                format!("data[{key}]"),
+                &json!(key),
+                "duplicate of key present in binaryData",
+            ));
+        }
+        total += value.as_str().map_or(0, str::len);
+    }
+    key_errors(new, "binaryData", &mut errors);
+    for value in binary.into_iter().flat_map(|b| b.values()) {
+        total += decoded(value).map_or(0, |d| d.len());
+    }
+    if total > MAX_DATA_SIZE {
+        // Upstream names the whole object with `field.NewPath("")`, which reads `[]`.
+        errors.push(FieldError::too_long("[]", MAX_DATA_SIZE));
+    }
+    errors
+}
+
+/// Upstream `ValidateSecret`'s rules of each secret type: the keys (or annotation) each
+/// needs, and well-formed JSON for the docker configurations.
+fn secret_type_errors(secret: &Value, errors: &mut Vec<FieldError>) {
+    let data = &secret["data"];
+    let has = |key: &str| data.get(key).is_some_and(|v| !v.is_null());
+    let required = |key: &str| FieldError::required(format!("data[{key}]"), "");
+    let json_errors = |key: &str, errors: &mut Vec<FieldError>| {
+        if !has(key) {
+            errors.push(required(key));
+            return;
+        }
+        let bytes = decoded(&data[key]).unwrap_or_default();
+        if let Err(e) = serde_json::from_slice::<serde_json::Map<String, Value>>(&bytes) {
+            errors.push(FieldError::invalid(
+                format!("data[{key}]"),
+                &json!("<secret contents redacted>"),
+                e.to_string(),
+            ));
+        }
+    };
+    match secret["type"].as_str().unwrap_or("") {
+        "kubernetes.io/service-account-token" => {
+            let annotation = "kubernetes.io/service-account.name";
+            if str_at(secret, &["metadata", "annotations", annotation]).is_none_or(str::is_empty) {
+                errors.push(FieldError::required(
+                    format!("metadata.annotations[{annotation}]"),
+                    "",
+                ));
+            }
+        }
+        "kubernetes.io/dockercfg" => json_errors(".dockercfg", errors),
+        "kubernetes.io/dockerconfigjson" => json_errors(".dockerconfigjson", errors),
+        "kubernetes.io/basic-auth" if !has("username") && !has("password") => {
+            errors.push(required("username"));
+            errors.push(required("password"));
+        }
+        "kubernetes.io/ssh-auth"
+            if decoded(&data["ssh-privatekey"]).is_none_or(|d| d.is_empty()) =>
+        {
+            errors.push(required("ssh-privatekey"));
+        }
+        "kubernetes.io/tls" => {
+            for key in ["tls.crt", "tls.key"] {
+                if !has(key) {
+                    errors.push(required(key));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Upstream `ValidateSecret` and `ValidateSecretUpdate`: valid keys, at most 1 MiB of
+/// data, each type's keys, a type that does not change, and nothing changed once
+/// immutable (`stringData` is already merged into `data`).
+fn validate_secret(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if let Some(old) = old {
+        // A type never written is the default one (upstream defaults the stored object too).
+        let type_of = |o: &Value| -> String {
+            o["type"]
+                .as_str()
+                .filter(|t| !t.is_empty())
+                .unwrap_or("Opaque")
+                .to_owned()
+        };
+        if type_of(new) != type_of(old) {
+            errors.push(FieldError::invalid(
+                "type",
+                &new["type"],
+                "field is immutable",
+            ));
+        }
+        errors.extend(immutable_errors(new, old, &[("data", true)]));
+    }
+    key_errors(new, "data", &mut errors);
+    let total: usize = new["data"]
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.values())
+        .map(|v| decoded(v).map_or(0, |d| d.len()))
+        .sum();
+    if total > MAX_DATA_SIZE {
+        errors.push(FieldError::too_long("data", MAX_DATA_SIZE));
+    }
+    secret_type_errors(new, &mut errors);
+    errors
+}
+
+/// Upstream `SetDefaults_Secret`, on every decode: the type is `Opaque` unless given; and
+/// `stringData` is merged into `data` (the conversion to the internal type).
+fn default_secret(o: &mut Value) {
+    default_str(o, "type", "Opaque");
+    merge_string_data(o);
+}
+
 fn data_count(o: &Value) -> usize {
     o["data"].as_object().map_or(0, |m| m.len())
         + o["binaryData"].as_object().map_or(0, |m| m.len())
@@ -1090,7 +1318,7 @@ pub static CONFIG_MAPS: ResourceDef = ResourceDef {
     field_paths: &[],
     prepare_update: no_defaults,
     prepare_create: no_defaults,
-    validate: no_rules,
+    validate: validate_config_map,
     to_storage: identity,
     from_storage: identity,
 };
@@ -1133,14 +1361,9 @@ pub static SECRETS: ResourceDef = ResourceDef {
     ],
     field: |o, p| (p == "type").then(|| s(o, &["type"])),
     field_paths: &["type"],
-    prepare_update: merge_string_data,
-    prepare_create: |o| {
-        if o["type"].is_null() {
-            o["type"] = json!("Opaque");
-        }
-        merge_string_data(o);
-    },
-    validate: no_rules,
+    prepare_update: default_secret,
+    prepare_create: default_secret,
+    validate: validate_secret,
     to_storage: identity,
     // Secrets a server before this rule stored with their `stringData`.
     from_storage: |mut o| {

@@ -11,8 +11,7 @@ use serde_json::{Value, json};
 use super::{
     Column, NameRule, ResourceDef,
     events::identity,
-    no_defaults,
-    pod_spec::{default_pod_spec, validate_pod_spec},
+    pod_spec::{child, default_pod_spec, default_ptr, default_str, validate_pod_spec},
     quantity::check_pod_spec_quantities,
     table::{AGE, NAME, age, key_values_cell, none_if_empty, s},
     typed,
@@ -135,12 +134,14 @@ const fn int_column(
     }
 }
 
-/// A pod template with the defaults the API server gives templates on create, so that
-/// controllers compare templates written with and without defaults alike (upstream
-/// defaults on every decode; this server defaults on create).
+/// A pod template with the defaults the API server gives templates on every write, so that
+/// controllers compare templates written before a default existed with those written since
+/// alike.
 pub fn defaulted_template(template: &Value) -> Value {
     let mut t = template.clone();
-    default_pod_spec(&mut t["spec"]);
+    if let Some(spec) = child(&mut t, "spec") {
+        default_pod_spec(spec);
+    }
     t
 }
 
@@ -153,10 +154,25 @@ fn typed_template<K: serde::de::DeserializeOwned + serde::Serialize>(
     typed::<K>(o)
 }
 
-/// Defaults every workload's template gets; the status starts empty (upstream's
-/// `PrepareForCreate`).
-fn prepare_template(o: &mut Value) {
-    default_pod_spec(&mut o["spec"]["template"]["spec"]);
+/// The defaults every workload's pod template gets on every decode (upstream's generated
+/// defaulters call `SetDefaults_PodSpec` and those under it on templates too; not
+/// `SetDefaults_Pod`).
+fn default_template(o: &mut Value) {
+    if let Some(spec) = o.pointer_mut("/spec/template/spec")
+        && spec.is_object()
+    {
+        default_pod_spec(spec);
+    }
+}
+
+/// The object's `spec`, if it is an object.
+fn spec_mut(o: &mut Value) -> Option<&mut Value> {
+    child(o, "spec")
+}
+
+/// What upstream's `PrepareForCreate` of every workload does after the decode defaults: the
+/// status starts empty.
+fn reset_status(o: &mut Value) {
     o["status"] = json!({});
 }
 
@@ -222,6 +238,7 @@ fn validate_selector_and_template(
     }
     errors.extend(validate_pod_spec(
         &spec["template"]["spec"],
+        old.map(|o| &o["spec"]["template"]["spec"]),
         "spec.template.spec",
     ));
     let policy = spec["template"]["spec"]["restartPolicy"]
@@ -248,35 +265,34 @@ fn validate_selector_and_template(
 
 // ---------------------------------------------------------------- deployments
 
-fn prepare_deployment(o: &mut Value) {
-    prepare_template(o);
-    let spec = &mut o["spec"];
-    if !spec.is_object() {
+/// Upstream `SetDefaults_Deployment` and the template's defaults, on every decode: 1
+/// replica, a RollingUpdate strategy of 25 % surge and 25 % unavailable, 10 revisions of
+/// history, a progress deadline of 600 s.
+fn default_deployment(o: &mut Value) {
+    default_template(o);
+    let Some(spec) = spec_mut(o) else {
         return;
-    }
-    for (field, value) in [
-        ("replicas", json!(1)),
-        ("revisionHistoryLimit", json!(10)),
-        ("progressDeadlineSeconds", json!(600)),
-        ("strategy", json!({"type": "RollingUpdate"})),
-    ] {
-        if spec[field].is_null() {
-            spec[field] = value;
+    };
+    default_ptr(spec, "replicas", json!(1));
+    // `strategy` is a struct, not a pointer: an absent one is the zero strategy.
+    default_ptr(spec, "strategy", json!({}));
+    if let Some(strategy) = child(spec, "strategy") {
+        default_str(strategy, "type", "RollingUpdate");
+        if strategy["type"] == "RollingUpdate" {
+            default_ptr(strategy, "rollingUpdate", json!({}));
+            if let Some(rolling) = child(strategy, "rollingUpdate") {
+                default_ptr(rolling, "maxUnavailable", json!("25%"));
+                default_ptr(rolling, "maxSurge", json!("25%"));
+            }
         }
     }
-    // `strategy: {}` (as `kubectl create deployment` writes it) is a RollingUpdate.
-    if spec["strategy"]["type"].is_null() {
-        spec["strategy"]["type"] = json!("RollingUpdate");
-    }
-    if spec["strategy"]["type"] == "RollingUpdate" {
-        let ru = &mut spec["strategy"]["rollingUpdate"];
-        if ru["maxSurge"].is_null() {
-            ru["maxSurge"] = json!("25%");
-        }
-        if ru["maxUnavailable"].is_null() {
-            ru["maxUnavailable"] = json!("25%");
-        }
-    }
+    default_ptr(spec, "revisionHistoryLimit", json!(10));
+    default_ptr(spec, "progressDeadlineSeconds", json!(600));
+}
+
+fn prepare_deployment(o: &mut Value) {
+    default_deployment(o);
+    reset_status(o);
 }
 
 fn validate_deployment(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
@@ -370,7 +386,7 @@ pub static DEPLOYMENTS: ResourceDef = ResourceDef {
     ],
     field: |_, _| None,
     field_paths: &[],
-    prepare_update: no_defaults,
+    prepare_update: default_deployment,
     prepare_create: prepare_deployment,
     validate: validate_deployment,
     to_storage: identity,
@@ -379,11 +395,17 @@ pub static DEPLOYMENTS: ResourceDef = ResourceDef {
 
 // ---------------------------------------------------------------- replicasets
 
-fn prepare_replica_set(o: &mut Value) {
-    prepare_template(o);
-    if o["spec"].is_object() && o["spec"]["replicas"].is_null() {
-        o["spec"]["replicas"] = json!(1);
+/// Upstream `SetDefaults_ReplicaSet` and the template's defaults, on every decode.
+fn default_replica_set(o: &mut Value) {
+    default_template(o);
+    if let Some(spec) = spec_mut(o) {
+        default_ptr(spec, "replicas", json!(1));
     }
+}
+
+fn prepare_replica_set(o: &mut Value) {
+    default_replica_set(o);
+    reset_status(o);
 }
 
 fn validate_replica_set(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
@@ -432,7 +454,7 @@ pub static REPLICA_SETS: ResourceDef = ResourceDef {
     ],
     field: |o, p| (p == "status.replicas").then(|| count(o, &["status", "replicas"]).to_string()),
     field_paths: &["status.replicas"],
-    prepare_update: no_defaults,
+    prepare_update: default_replica_set,
     prepare_create: prepare_replica_set,
     validate: validate_replica_set,
     to_storage: identity,
@@ -441,27 +463,31 @@ pub static REPLICA_SETS: ResourceDef = ResourceDef {
 
 // ---------------------------------------------------------------- daemonsets
 
-fn prepare_daemon_set(o: &mut Value) {
-    prepare_template(o);
-    let spec = &mut o["spec"];
-    if !spec.is_object() {
+/// Upstream `SetDefaults_DaemonSet` and the template's defaults, on every decode: a
+/// RollingUpdate strategy of 1 unavailable and no surge, 10 revisions of history.
+fn default_daemon_set(o: &mut Value) {
+    default_template(o);
+    let Some(spec) = spec_mut(o) else {
         return;
-    }
-    if spec["revisionHistoryLimit"].is_null() {
-        spec["revisionHistoryLimit"] = json!(10);
-    }
-    if spec["updateStrategy"].is_null() {
-        spec["updateStrategy"] = json!({"type": "RollingUpdate"});
-    }
-    if spec["updateStrategy"]["type"] == "RollingUpdate" {
-        let ru = &mut spec["updateStrategy"]["rollingUpdate"];
-        if ru["maxUnavailable"].is_null() {
-            ru["maxUnavailable"] = json!(1);
-        }
-        if ru["maxSurge"].is_null() {
-            ru["maxSurge"] = json!(0);
+    };
+    // `updateStrategy` is a struct, not a pointer.
+    default_ptr(spec, "updateStrategy", json!({}));
+    if let Some(strategy) = child(spec, "updateStrategy") {
+        default_str(strategy, "type", "RollingUpdate");
+        if strategy["type"] == "RollingUpdate" {
+            default_ptr(strategy, "rollingUpdate", json!({}));
+            if let Some(rolling) = child(strategy, "rollingUpdate") {
+                default_ptr(rolling, "maxUnavailable", json!(1));
+                default_ptr(rolling, "maxSurge", json!(0));
+            }
         }
     }
+    default_ptr(spec, "revisionHistoryLimit", json!(10));
+}
+
+fn prepare_daemon_set(o: &mut Value) {
+    default_daemon_set(o);
+    reset_status(o);
 }
 
 fn validate_daemon_set(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
@@ -542,7 +568,7 @@ pub static DAEMON_SETS: ResourceDef = ResourceDef {
     ],
     field: |_, _| None,
     field_paths: &[],
-    prepare_update: no_defaults,
+    prepare_update: default_daemon_set,
     prepare_create: prepare_daemon_set,
     validate: validate_daemon_set,
     to_storage: identity,
@@ -556,39 +582,83 @@ pub const JOB_CONTROLLER_UID: &str = "batch.kubernetes.io/controller-uid";
 /// The label carrying the Job's name on its pods.
 pub const JOB_NAME: &str = "batch.kubernetes.io/job-name";
 
-/// Upstream's `SetDefaults_Job` plus the generated selector of `PrepareForCreate`
-/// (`generateSelector`): unless `manualSelector`, the selector is the Job's uid and the
-/// template gets the uid and name labels (and their legacy unprefixed forms).
+/// Upstream `SetDefaults_Job` and the template's defaults, on every decode: completions
+/// and parallelism 1 when neither is set (else parallelism 1), a backoff limit of 6 (the
+/// largest int32 with a per-index limit), the template's labels on a Job with none,
+/// `NonIndexed`, not suspended, pods replaced once terminated or failed (failed only, with a
+/// pod failure policy), no manual selector; a pod failure policy's condition patterns
+/// match status `True`.
+fn default_job(o: &mut Value) {
+    default_template(o);
+    let template_labels = o
+        .pointer("/spec/template/metadata/labels")
+        .filter(|l| l.is_object())
+        .cloned();
+    let Some(spec) = spec_mut(o) else {
+        return;
+    };
+    if spec["completions"].is_null() && spec["parallelism"].is_null() {
+        spec["completions"] = json!(1);
+    }
+    default_ptr(spec, "parallelism", json!(1));
+    let backoff = if spec["backoffLimitPerIndex"].is_null() {
+        6
+    } else {
+        i64::from(i32::MAX)
+    };
+    default_ptr(spec, "backoffLimit", json!(backoff));
+    default_ptr(spec, "completionMode", json!("NonIndexed"));
+    default_ptr(spec, "suspend", json!(false));
+    let replacement = if spec["podFailurePolicy"].is_null() {
+        "TerminatingOrFailed"
+    } else {
+        "Failed"
+    };
+    default_ptr(spec, "podReplacementPolicy", json!(replacement));
+    default_ptr(spec, "manualSelector", json!(false));
+    if let Some(rules) = spec
+        .pointer_mut("/podFailurePolicy/rules")
+        .and_then(Value::as_array_mut)
+    {
+        for rule in rules {
+            let patterns = rule
+                .get_mut("onPodConditions")
+                .and_then(Value::as_array_mut);
+            for pattern in patterns.into_iter().flatten() {
+                default_str(pattern, "status", "True");
+            }
+        }
+    }
+    if let Some(labels) = template_labels
+        && o["metadata"]["labels"]
+            .as_object()
+            .is_none_or(|l| l.is_empty())
+        && o.get("metadata").is_some_and(Value::is_object)
+    {
+        o["metadata"]["labels"] = labels;
+    }
+}
+
+/// A new Job: the decode defaults, then upstream's `PrepareForCreate` (`generateSelector`):
+/// unless `manualSelector`, the selector is the Job's uid and the template gets the uid and
+/// name labels (and their legacy unprefixed forms); the status starts empty.
 fn prepare_job(o: &mut Value) {
-    prepare_template(o);
+    default_job(o);
+    reset_status(o);
     let uid = s(o, &["metadata", "uid"]);
     let name = s(o, &["metadata", "name"]);
-    let spec = &mut o["spec"];
-    if !spec.is_object() {
+    let Some(spec) = spec_mut(o) else {
         return;
-    }
-    match (spec["completions"].is_null(), spec["parallelism"].is_null()) {
-        (true, true) => {
-            spec["completions"] = json!(1);
-            spec["parallelism"] = json!(1);
-        }
-        (_, true) => spec["parallelism"] = json!(1),
-        _ => {}
-    }
-    for (field, value) in [
-        ("backoffLimit", json!(6)),
-        ("completionMode", json!("NonIndexed")),
-        ("suspend", json!(false)),
-        ("manualSelector", json!(false)),
-        ("podReplacementPolicy", json!("TerminatingOrFailed")),
-    ] {
-        if spec[field].is_null() {
-            spec[field] = value;
-        }
-    }
+    };
     if spec["manualSelector"] != true {
         spec["selector"] = json!({"matchLabels": {JOB_CONTROLLER_UID: uid}});
-        let labels = &mut spec["template"]["metadata"]["labels"];
+        let Some(template) = child(spec, "template") else {
+            return;
+        };
+        if !template["metadata"].is_object() {
+            template["metadata"] = json!({});
+        }
+        let labels = &mut template["metadata"]["labels"];
         if !labels.is_object() {
             *labels = json!({});
         }
@@ -623,8 +693,9 @@ fn validate_job(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
             "field is immutable",
         ));
     }
+    // A template stored before a default existed compares as defaulted.
     if let Some(old) = old
-        && old["spec"]["template"] != spec["template"]
+        && defaulted_template(&old["spec"]["template"]) != defaulted_template(&spec["template"])
     {
         errors.push(FieldError::invalid(
             "spec.template",
@@ -732,7 +803,7 @@ pub static JOBS: ResourceDef = ResourceDef {
         (p == "status.successful").then(|| count(o, &["status", "succeeded"]).to_string())
     },
     field_paths: &["status.successful"],
-    prepare_update: no_defaults,
+    prepare_update: default_job,
     prepare_create: prepare_job,
     validate: validate_job,
     to_storage: identity,

@@ -628,7 +628,9 @@ pub fn definition_errors_with(schema: &Value, path: &str, unchanged: bool) -> Ve
     if check.total > STATIC_ESTIMATED_CRD_COST_LIMIT {
         // Upstream's `TotalCost.MostExpensive`: the four costliest rules are named, of those
         // that take at least 1 % of the limit.
-        check.costs.sort_by_key(|(_, cost)| std::cmp::Reverse(*cost));
+        check
+            .costs
+            .sort_by_key(|(_, cost)| std::cmp::Reverse(*cost));
         for (at, _) in check
             .costs
             .iter()
