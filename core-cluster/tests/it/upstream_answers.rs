@@ -1032,3 +1032,60 @@ async fn graceful_pod_delete_bumps_generation_once() {
     assert_eq!(gone.metadata.generation, Some(1));
     assert!(pods.get_opt("gone").await.unwrap().is_none());
 }
+
+/// A patch of a `scale` subresource that sets no resourceVersion is applied to whatever is
+/// stored, however often a controller writes the object meanwhile (upstream's patcher runs
+/// inside the store's `GuaranteedUpdate`, which re-reads and re-applies on a conflict; the
+/// conformance spec "Replicaset should have a working scale subresource" patches the scale
+/// while the ReplicaSet controller writes its status). One that sets a stale
+/// resourceVersion is a 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_patches_without_a_resource_version_survive_concurrent_writes() {
+    use k8s_openapi::api::apps::v1::ReplicaSet;
+    use kube::api::{Patch, PatchParams};
+    let (_server, client) = start().await;
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), "default");
+    let rs: ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": "rs"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "rs"}},
+                 "template": {"metadata": {"labels": {"app": "rs"}},
+                              "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}
+    }))
+    .unwrap();
+    sets.create(&PostParams::default(), &rs).await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = tokio::spawn({
+        let (sets, stop) = (sets.clone(), stop.clone());
+        async move {
+            let mut writes = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let status = json!({"status": {"replicas": writes % 3, "observedGeneration": 1}});
+                sets.patch_status("rs", &PatchParams::default(), &Patch::Merge(&status))
+                    .await
+                    .unwrap();
+                writes += 1;
+            }
+            writes
+        }
+    });
+    for replicas in 0..40 {
+        let body = json!({"spec": {"replicas": replicas}});
+        let scale = sets
+            .patch_scale("rs", &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .unwrap_or_else(|e| panic!("scale patch {replicas}: {e}"));
+        assert_eq!(scale.spec.and_then(|s| s.replicas), Some(replicas));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(writer.await.unwrap() > 0, "the status writer ran alongside");
+
+    let stale = json!({"metadata": {"resourceVersion": "1"}, "spec": {"replicas": 7}});
+    let e = sets
+        .patch_scale("rs", &PatchParams::default(), &Patch::Merge(&stale))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, kube::Error::Api(s) if s.code == 409),
+        "a stale resourceVersion is a precondition: {e}"
+    );
+}

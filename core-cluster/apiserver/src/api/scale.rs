@@ -145,16 +145,35 @@ pub(crate) async fn patch(
         .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
     let patch =
         patch::decode_body(patch_type, body).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let mut scale = get(state, key).await?;
-    match patch_type {
-        PatchType::JsonPatch => {
-            scale = patch::json_patch::json_patch(&scale, &patch)
-                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let mut attempts = 0;
+    loop {
+        let read = get(state, key).await?;
+        let mut scale = read.clone();
+        match patch_type {
+            PatchType::JsonPatch => {
+                scale = patch::json_patch::json_patch(&scale, &patch)
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            }
+            _ => patch::merge_patch::merge_patch(&mut scale, &patch),
         }
-        _ => patch::merge_patch::merge_patch(&mut scale, &patch),
+        // The resourceVersion is a precondition only when the patch itself sets it; else the
+        // patch applies to whatever is stored, read again on a conflict (upstream's patcher
+        // runs its patch inside the store's `GuaranteedUpdate`, which re-reads and re-applies
+        // until its write is not raced).
+        let pinned = scale["metadata"]["resourceVersion"] != read["metadata"]["resourceVersion"];
+        match put(state, ctx, key, scale).await {
+            Err(e) if e.code == 409 && !pinned && attempts < PATCH_CONFLICT_RETRIES => {
+                attempts += 1;
+            }
+            answered => return answered,
+        }
     }
-    put(state, ctx, key, scale).await
 }
+
+/// How many times a patch of the scale that sets no resourceVersion is applied again to the
+/// object read anew after a conflict. Upstream's `GuaranteedUpdate` has no bound; this one
+/// keeps a request from looping under endless contention (it then answers the 409).
+const PATCH_CONFLICT_RETRIES: u32 = 16;
 
 #[cfg(test)]
 mod tests {
