@@ -26,7 +26,7 @@ const MAX_REPEAT: u32 = 1000;
 const NEST_LIMIT: u32 = 1000;
 
 /// Compiles `pattern` with Go's meaning, or gives Go's message for it
-/// (`error parsing regexp: <code>: `<expr>``).
+/// (``error parsing regexp: <code>: `<expr>` ``).
 pub fn compile(pattern: &str) -> Result<regex::Regex, String> {
     let parsed = ast::parse::ParserBuilder::new()
         .nest_limit(NEST_LIMIT)

@@ -167,7 +167,7 @@ pub fn merge_node(schema: &Value) -> TypeNode {
     }
 }
 
-/// The served versions of one definition (see the [module docs](self)); dropping the last
+/// The served versions of one definition (see the module docs of `crd::served`); dropping the last
 /// holder frees their [`Custom`]s and returns their shells to the pool.
 #[derive(Debug)]
 pub struct Served {
@@ -362,7 +362,7 @@ struct Version {
 }
 
 /// The served versions of the definition `crd`, built once per distinct content (see the
-/// [module docs](self)), or why it cannot be served:
+/// module docs of `crd::served`), or why it cannot be served:
 /// - its group is a built-in one ([`super::groups::is_builtin`]), or its storage keys would
 ///   be a built-in resource's: a custom resource never shares a key with a built-in one;
 /// - its spec is not valid ([`super::spec_errors`]): a definition written past validation

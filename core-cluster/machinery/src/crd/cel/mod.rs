@@ -16,16 +16,16 @@
 //! - a failed rule is `<path>: Invalid value: "<schema type>": <message>` (or the error of
 //!   its `reason`), the message from `messageExpression`, `message` or `failed rule: <rule>`,
 //!   at the rule's `fieldPath` when it has one;
-//! - compiling ([`compile`]): cel-go's limits (100,000 code points, recursion depth 250) are
+//! - compiling (`compile`): cel-go's limits (100,000 code points, recursion depth 250) are
 //!   applied before parsing, and the parse runs on a stack sized for them, so no rule can
 //!   overflow the stack, at startup or on a write; what the interpreter cannot evaluate
 //!   (message construction `Foo{...}`) is refused;
 //! - cost: when a definition is written, each rule's cost is estimated from the schema's
-//!   bounds ([`estimate`]: `maxLength`, `maxItems`, `maxProperties`) and a rule whose
+//!   bounds (`estimate`: `maxLength`, `maxItems`, `maxProperties`) and a rule whose
 //!   estimate times the times it can run per object (the `maxItems`/`maxProperties` above
 //!   it) exceeds [`STATIC_ESTIMATED_COST_LIMIT`] is refused (`estimated rule cost exceeds
 //!   budget by factor of ...`), as is a schema whose rules together exceed
-//!   [`STATIC_ESTIMATED_CRD_COST_LIMIT`], except rules an update keeps; on every write, each rule runs metered ([`meter`]): past [`PER_CALL_LIMIT`] it stops
+//!   [`STATIC_ESTIMATED_CRD_COST_LIMIT`], except rules an update keeps; on every write, each rule runs metered (`meter`): past [`PER_CALL_LIMIT`] it stops
 //!   with `operation cancelled: actual cost limit exceeded`, and once the rules of one
 //!   object have spent [`RUNTIME_COST_BUDGET`] the rest are not run (`validation failed due
 //!   to running out of cost budget, no further validation rules will be run`); an
