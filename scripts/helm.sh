@@ -17,7 +17,7 @@ set -euo pipefail
 dir="${HELM_DIR:-$HOME/.cache/ccm-rs/helm}"
 
 suitable() {
-    "$1" version --short 2>/dev/null | grep -q '^v3\.'
+    grep -q '^v3\.' <<<"$("$1" version --short 2>/dev/null)"
 }
 
 if command -v helm >/dev/null 2>&1 && suitable "$(command -v helm)"; then

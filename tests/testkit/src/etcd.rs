@@ -1,8 +1,8 @@
 //! Real etcd servers for the tests: each on free loopback ports with its own data directory.
 //!
 //! The binary is `$CCM_ETCD` when set, else `etcd` on PATH; tests fail (never skip) when it
-//! is missing. `scripts/etcd.sh` unpacks etcd 3.5.16 (Debian's `etcd-server` package) and prints
-//! its path; `scripts/test` exports it as `CCM_ETCD`.
+//! is missing. `scripts/etcd.sh` builds the etcd the served Kubernetes release tests with (3.6.6,
+//! through `scripts/upstream.sh`) and prints its path; `scripts/test` exports it as `CCM_ETCD`.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -72,8 +72,8 @@ impl EtcdMember {
             .stderr(Stdio::null());
         let child = command.spawn().unwrap_or_else(|error| {
             panic!(
-                "running etcd ({}) failed: {error}; the etcd tests need etcd 3.5 \
-                 (scripts/etcd.sh installs it; CCM_ETCD names the binary)",
+                "running etcd ({}) failed: {error}; the etcd tests need etcd 3.5 or 3.6 \
+                 (scripts/etcd.sh builds it; CCM_ETCD names the binary)",
                 binary.display()
             )
         });
