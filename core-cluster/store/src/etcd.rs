@@ -575,24 +575,15 @@ impl Inner {
         if revision == 0 {
             return None;
         }
-        let (index, client) = self.members.pick();
         let options = WatchOptions::new()
             .with_start_revision(rev_i64(revision + 1))
             .with_prev_key();
         let look = async {
-            let mut stream = match client
-                .watch_client()
-                .max_decoding_message_size(MAX_RESPONSE_BYTES)
-                .watch(key.to_vec(), Some(options))
+            let (_, mut stream) = self
+                .members
+                .watch(key.to_vec(), options, MAX_RESPONSE_BYTES)
                 .await
-            {
-                Ok(stream) => stream,
-                Err(error) => {
-                    let fate = etcd_members::fate(&error);
-                    self.members.failed(index, &error, fate);
-                    return None;
-                }
-            };
+                .ok()?;
             loop {
                 let response = stream.message().await.ok()??;
                 if response.canceled() {
@@ -771,17 +762,13 @@ async fn feed(inner: Arc<Inner>) {
             .with_progress_notify();
         // On a member of the balance set; when it fails, the feed watches on from the last
         // published revision on another.
-        let (member, client) = inner.members.pick();
-        let mut stream = match client
-            .watch_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
-            .watch(watch_key.clone(), Some(options))
-            .await
-        {
-            Ok(stream) => stream,
+        let opened = inner
+            .members
+            .watch(watch_key.clone(), options, MAX_RESPONSE_BYTES)
+            .await;
+        let (member, mut stream) = match opened {
+            Ok(opened) => opened,
             Err(error) => {
-                let fate = etcd_members::fate(&error);
-                inner.members.failed(member, &error, fate);
                 tracing::debug!(%error, "etcd: the watch feed could not start; retrying");
                 tokio::time::sleep(FEED_RETRY).await;
                 continue;

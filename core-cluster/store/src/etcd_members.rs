@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Client, GetOptions, WatchOptions, WatchStream};
 use tokio::time::Instant;
 
 /// The first pause of a probe of a member out of the balance set; it doubles after each
@@ -223,9 +223,35 @@ impl Members {
     }
 
     /// The member a long-lived stream (the watch feed) should open on, and its client.
-    pub(crate) fn pick(&self) -> (usize, Client) {
+    fn pick(&self) -> (usize, Client) {
         let index = self.order()[0];
         (index, self.members[index].client.clone())
+    }
+
+    /// Opens a watch of `key` with `options` on the member a long-lived stream should open
+    /// on ([`pick`](Self::pick)), taking responses of up to `max_bytes`; when it cannot be
+    /// opened, that member's failure counts as any request's does ([`failed`](Self::failed))
+    /// and the error is returned. The stream comes with its member's index, for the failures
+    /// of the stream itself.
+    pub(crate) async fn watch(
+        self: &Arc<Self>,
+        key: Vec<u8>,
+        options: WatchOptions,
+        max_bytes: usize,
+    ) -> Result<(usize, WatchStream), etcd_client::Error> {
+        let (index, client) = self.pick();
+        let opened = client
+            .watch_client()
+            .max_decoding_message_size(max_bytes)
+            .watch(key, Some(options))
+            .await;
+        match opened {
+            Ok(stream) => Ok((index, stream)),
+            Err(error) => {
+                self.failed(index, &error, fate(&error));
+                Err(error)
+            }
+        }
     }
 
     /// Whether `index` is in the balance set.

@@ -121,12 +121,28 @@ enum Unsupported {
 
 /// The first construct of `e` the interpreter would `panic!` on.
 fn unsupported(e: &IdedExpr) -> Option<Unsupported> {
+    find_in(e, |e| match &e.expr {
+        Expr::Unspecified => Some(Unsupported::Unspecified),
+        Expr::Struct(s) => Some(Unsupported::Message(s.type_name.clone())),
+        Expr::Map(m) => m.entries.iter().find_map(|entry| match &entry.expr {
+            EntryExpr::StructField(f) => Some(Unsupported::Message(f.field.clone())),
+            EntryExpr::MapEntry(_) => None,
+        }),
+        _ => None,
+    })
+}
+
+/// The first answer of `visit` over `e` and its subexpressions, depth first, each node
+/// before its children (a call's target before its arguments, a map's keys before their
+/// values, a comprehension's range, accumulator, condition, step, then result).
+pub(super) fn find_in<T>(e: &IdedExpr, mut visit: impl FnMut(&IdedExpr) -> Option<T>) -> Option<T> {
     let mut stack = vec![e];
     while let Some(e) = stack.pop() {
+        if let Some(found) = visit(e) {
+            return Some(found);
+        }
         match &e.expr {
-            Expr::Unspecified => return Some(Unsupported::Unspecified),
-            Expr::Struct(s) => return Some(Unsupported::Message(s.type_name.clone())),
-            Expr::Literal(_) | Expr::Ident(_) => {}
+            Expr::Literal(_) | Expr::Ident(_) | Expr::Unspecified => {}
             Expr::Select(s) => stack.push(&s.operand),
             Expr::Call(c) => {
                 stack.extend(c.target.as_deref());
@@ -137,9 +153,14 @@ fn unsupported(e: &IdedExpr) -> Option<Unsupported> {
                 for entry in &m.entries {
                     match &entry.expr {
                         EntryExpr::MapEntry(me) => stack.extend([&me.key, &me.value]),
-                        EntryExpr::StructField(f) => {
-                            return Some(Unsupported::Message(f.field.clone()));
-                        }
+                        EntryExpr::StructField(f) => stack.push(&f.value),
+                    }
+                }
+            }
+            Expr::Struct(s) => {
+                for entry in &s.entries {
+                    if let EntryExpr::StructField(f) = &entry.expr {
+                        stack.push(&f.value);
                     }
                 }
             }

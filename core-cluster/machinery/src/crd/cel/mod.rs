@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use kube_cel::cel::ExecutionError;
 use kube_cel::cel::Value as Cel;
-use kube_cel::cel::common::ast::{EntryExpr, Expr, IdedExpr};
+use kube_cel::cel::common::ast::{Expr, IdedExpr};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -157,42 +157,10 @@ struct Broken {
 
 /// Whether `e` reads `oldSelf` (upstream's `UsesOldSelf`).
 fn uses_old_self(e: &IdedExpr) -> bool {
-    let mut stack = vec![e];
-    while let Some(e) = stack.pop() {
-        match &e.expr {
-            Expr::Ident(name) if name == "oldSelf" => return true,
-            Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
-            Expr::Select(s) => stack.push(&s.operand),
-            Expr::Call(c) => {
-                stack.extend(c.target.as_deref());
-                stack.extend(&c.args);
-            }
-            Expr::List(l) => stack.extend(&l.elements),
-            Expr::Map(m) => {
-                for entry in &m.entries {
-                    match &entry.expr {
-                        EntryExpr::MapEntry(me) => stack.extend([&me.key, &me.value]),
-                        EntryExpr::StructField(f) => stack.push(&f.value),
-                    }
-                }
-            }
-            Expr::Struct(s) => {
-                for entry in &s.entries {
-                    if let EntryExpr::StructField(f) = &entry.expr {
-                        stack.push(&f.value);
-                    }
-                }
-            }
-            Expr::Comprehension(c) => stack.extend([
-                &c.iter_range,
-                &c.accu_init,
-                &c.loop_cond,
-                &c.loop_step,
-                &c.result,
-            ]),
-        }
-    }
-    false
+    compile::find_in(e, |e| {
+        matches!(&e.expr, Expr::Ident(name) if name == "oldSelf").then_some(())
+    })
+    .is_some()
 }
 
 fn trimmed(raw: &Value, key: &str) -> String {
