@@ -1089,3 +1089,42 @@ async fn scale_patches_without_a_resource_version_survive_concurrent_writes() {
         "a stale resourceVersion is a precondition: {e}"
     );
 }
+
+/// Every response carries an `Audit-Id` (upstream's `WithAuditInit`,
+/// `k8s.io/apiserver/pkg/endpoints/filters/audit_init.go`): the request's own `Audit-ID`
+/// echoed when it gives one, else a new UUID for each request, on errors too.
+#[tokio::test]
+async fn every_response_carries_an_audit_id() {
+    let (_server, client) = start().await;
+    let audit_id = |a: &Answer| {
+        a.headers
+            .get("audit-id")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let given = send_raw(
+        &client,
+        "GET",
+        "/api/v1/namespaces/default/configmaps",
+        &[("Audit-ID", "trace-me-42")],
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(given.code, 200);
+    assert_eq!(audit_id(&given).as_deref(), Some("trace-me-42"));
+    let mut seen = std::collections::BTreeSet::new();
+    for path in ["/version", "/api/v1/namespaces/default/configmaps/missing"] {
+        let answer = send_raw(&client, "GET", path, &[], Vec::new()).await;
+        let id = audit_id(&answer).unwrap_or_else(|| panic!("{path}: no Audit-Id"));
+        let uuid_shaped = id.len() == 36
+            && id.char_indices().all(|(i, c)| {
+                if matches!(i, 8 | 13 | 18 | 23) {
+                    c == '-'
+                } else {
+                    c.is_ascii_hexdigit()
+                }
+            });
+        assert!(uuid_shaped, "{path}: {id}");
+        seen.insert(id);
+    }
+    assert_eq!(seen.len(), 2, "a new id per request");
+}

@@ -539,8 +539,29 @@ impl ApiServer {
                 self.state.clone(),
                 bound_request,
             ))
+            .layer(middleware::from_fn(audit_id))
             .with_state(self.state.clone())
     }
+}
+
+/// The request's `Audit-ID` header, given by the client or a new UUID, echoed on every
+/// response, errors of authentication and authorization included (upstream's
+/// `WithAuditInit`, `k8s.io/apiserver/pkg/endpoints/filters/audit_init.go`); clients log it
+/// to find the request in the server's audit log. A response that carries one already (from
+/// whatever answered behind a proxy) keeps it.
+async fn audit_id(request: Request, next: Next) -> Response {
+    const AUDIT_ID: &str = "audit-id";
+    let id = request
+        .headers()
+        .get(AUDIT_ID)
+        .filter(|v| !v.is_empty())
+        .cloned()
+        .or_else(|| axum::http::HeaderValue::from_str(&uuid::Uuid::new_v4().to_string()).ok());
+    let mut response = next.run(request).await;
+    if let Some(id) = id {
+        response.headers_mut().entry(AUDIT_ID).or_insert(id);
+    }
+    response
 }
 
 /// The authorization step of every request, resource and non-resource URLs alike:
