@@ -421,6 +421,23 @@ impl Inner {
         }
     }
 
+    /// Sends a transaction, never blindly again: one that never reached etcd goes to the next
+    /// member, one whose outcome is unknown fails with [`SendError::Unknown`].
+    async fn send_txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, SendError> {
+        self.members
+            .send(Policy::NonRepeatable, |client| {
+                let txn = txn.clone();
+                async move {
+                    client
+                        .kv_client()
+                        .max_decoding_message_size(MAX_RESPONSE_BYTES)
+                        .txn(txn)
+                        .await
+                }
+            })
+            .await
+    }
+
     /// Runs a transaction comparing `compare` and doing `then`, reading the key otherwise.
     /// Returns the response on success, or the key's current state on failure. A write that
     /// never reached etcd is sent to the next member; one whose outcome is unknown fails
@@ -435,19 +452,7 @@ impl Inner {
             .when([compare])
             .and_then([then])
             .or_else([TxnOp::get(key, None)]);
-        let response = self
-            .members
-            .send(Policy::NonRepeatable, |client| {
-                let txn = txn.clone();
-                async move {
-                    client
-                        .kv_client()
-                        .max_decoding_message_size(MAX_RESPONSE_BYTES)
-                        .txn(txn)
-                        .await
-                }
-            })
-            .await?;
+        let response = self.send_txn(txn).await?;
         if response.succeeded() {
             return Ok(Ok(response));
         }
@@ -1039,17 +1044,7 @@ impl Store for EtcdStore {
             .and_then([TxnOp::put(key.clone(), revision.to_string(), None)])
             .or_else([TxnOp::get(key, None)]);
         let response = inner
-            .members
-            .send(Policy::NonRepeatable, |client| {
-                let txn = txn.clone();
-                async move {
-                    client
-                        .kv_client()
-                        .max_decoding_message_size(MAX_RESPONSE_BYTES)
-                        .txn(txn)
-                        .await
-                }
-            })
+            .send_txn(txn)
             .await
             .map_err(|e| backend("taking the compaction turn", e))?;
         if !response.succeeded() {
