@@ -1128,3 +1128,41 @@ async fn every_response_carries_an_audit_id() {
     }
     assert_eq!(seen.len(), 2, "a new id per request");
 }
+
+/// A built-in list's items carry no `apiVersion` or `kind`: kube-apiserver encodes the list
+/// through its Go type (`ConfigMapList`), whose items' empty TypeMeta is omitted; the list
+/// itself names them.
+#[tokio::test]
+async fn built_in_list_items_carry_no_type_meta() {
+    let (_server, client) = start().await;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "listed"}})).unwrap();
+    maps.create(&PostParams::default(), &cm).await.unwrap();
+    let list = send_raw(
+        &client,
+        "GET",
+        "/api/v1/namespaces/default/configmaps",
+        &[],
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(list.code, 200);
+    assert_eq!(list.body["kind"], "ConfigMapList");
+    assert_eq!(list.body["apiVersion"], "v1");
+    let item = list.body["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|i| i["metadata"]["name"] == "listed"))
+        .unwrap_or_else(|| panic!("{}", list.body));
+    assert!(item.get("apiVersion").is_none(), "{item}");
+    assert!(item.get("kind").is_none(), "{item}");
+    // And kube-rs reads such a list as it reads kube-apiserver's.
+    let names: Vec<_> = maps
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    assert!(names.contains(&"listed".to_owned()), "{names:?}");
+}

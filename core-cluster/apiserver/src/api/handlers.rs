@@ -538,7 +538,7 @@ async fn list(scope: &RequestScope) -> Result<Response, ApiError> {
     let def = scope.def();
     let repr = scope.repr;
     let opts = ListOptions::parse(def, &scope.query)?;
-    let (items, revision, cont) =
+    let (mut items, revision, cont) =
         list_objects(&*scope.state.store, def, scope.namespace(), &opts).await?;
     let rv = revision.to_string();
     Ok(match repr {
@@ -561,6 +561,15 @@ async fn list(scope: &RequestScope) -> Result<Response, ApiError> {
             json_response(StatusCode::OK, &list, negotiate::PARTIAL_LIST_CONTENT_TYPE)
         }
         Representation::Object => {
+            if !crate::crd::is_custom(def) {
+                // A typed list's items carry no apiVersion or kind: kube-apiserver encodes a
+                // built-in list through its Go type, whose items' TypeMeta is empty and
+                // omitted. A custom resource's list is unstructured; its items keep theirs.
+                for item in items.iter_mut().filter_map(Value::as_object_mut) {
+                    item.remove("apiVersion");
+                    item.remove("kind");
+                }
+            }
             let mut metadata = json!({"resourceVersion": rv});
             if let Some(c) = &cont {
                 metadata["continue"] = json!(c);
