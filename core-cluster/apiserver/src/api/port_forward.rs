@@ -23,15 +23,19 @@ use axum::{
     http::{HeaderValue, Method, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use base64::Engine as _;
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use hyper_util::rt::TokioIo;
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     sync::mpsc,
 };
 
-use super::{ServerState, Target, node_proxy::backend_error, status::ApiError};
+use super::{
+    ServerState, Target,
+    node_proxy::backend_error,
+    status::ApiError,
+    websocket::{accept_key, server_frame},
+};
 use crate::{registry::resources, storage::get_list::get_object};
 
 /// The WebSocket subprotocol prefix of SPDY tunnelled over WebSocket
@@ -273,14 +277,6 @@ async fn port_forward(
     Ok(out)
 }
 
-/// `Sec-WebSocket-Accept` for a client's `Sec-WebSocket-Key` (RFC 6455 section 4.2.2).
-fn accept_key(key: &str) -> String {
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
-    ctx.update(key.trim().as_bytes());
-    ctx.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
-    base64::engine::general_purpose::STANDARD.encode(ctx.finish().as_ref())
-}
-
 /// What the tunnel writes to the client.
 enum ToClient {
     Binary(Bytes),
@@ -367,25 +363,6 @@ where
         () = &mut down => { let _ = tokio::time::timeout(LINGER, up).await; }
     }
     let _ = tokio::time::timeout(LINGER, writer).await;
-}
-
-/// An unmasked server frame.
-fn server_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
-    let mut out = BytesMut::with_capacity(payload.len() + 10);
-    out.put_u8(0x80 | opcode);
-    match payload.len() {
-        n if n < 126 => out.put_u8(n as u8),
-        n if n <= 0xffff => {
-            out.put_u8(126);
-            out.put_u16(n as u16);
-        }
-        n => {
-            out.put_u8(127);
-            out.put_u64(n as u64);
-        }
-    }
-    out.put_slice(payload);
-    out.to_vec()
 }
 
 /// Reads a client's frames (RFC 6455 section 5.2), unmasked.

@@ -62,11 +62,32 @@ pub(crate) fn requested(headers: &HeaderMap) -> bool {
 }
 
 /// `Sec-WebSocket-Accept` for a client's `Sec-WebSocket-Key` (RFC 6455 section 4.2.2).
-fn accept_key(key: &str) -> String {
+pub(super) fn accept_key(key: &str) -> String {
     let mut digest = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
     digest.update(key.trim().as_bytes());
     digest.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
     base64::engine::general_purpose::STANDARD.encode(digest.finish().as_ref())
+}
+
+/// A server frame (unmasked, final, RFC 6455 section 5.2) of `opcode` with `payload`.
+pub(super) fn server_frame(opcode: u8, payload: &[u8]) -> BytesMut {
+    let mut frame = BytesMut::with_capacity(payload.len() + 10);
+    frame.put_u8(0x80 | opcode);
+    match payload.len() {
+        n if n < 126 => frame.put_u8(n as u8),
+        n => match u16::try_from(n) {
+            Ok(n) => {
+                frame.put_u8(126);
+                frame.put_u16(n);
+            }
+            Err(_) => {
+                frame.put_u8(127);
+                frame.put_u64(n as u64);
+            }
+        },
+    }
+    frame.put_slice(payload);
+    frame
 }
 
 /// The subprotocol to speak: the first the client offers that is served (`wsstream`'s
@@ -228,23 +249,7 @@ struct Writer<W> {
 
 impl<W: AsyncWrite + Unpin> Writer<W> {
     async fn frame(&mut self, opcode: u8, payload: &[u8]) -> std::io::Result<()> {
-        let mut frame = BytesMut::with_capacity(payload.len() + 10);
-        frame.put_u8(0x80 | opcode);
-        match payload.len() {
-            n if n < 126 => frame.put_u8(n as u8),
-            n => match u16::try_from(n) {
-                Ok(n) => {
-                    frame.put_u8(126);
-                    frame.put_u16(n);
-                }
-                Err(_) => {
-                    frame.put_u8(127);
-                    frame.put_u64(n as u64);
-                }
-            },
-        }
-        frame.put_slice(payload);
-        self.io.write_all(&frame).await?;
+        self.io.write_all(&server_frame(opcode, payload)).await?;
         self.io.flush().await
     }
 
