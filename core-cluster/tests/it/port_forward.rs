@@ -2,7 +2,8 @@
 //! WebSocket, `SPDY/3.1+portforward.k8s.io`, translated by the API server as upstream's
 //! `streamtunnel.go TunnelingHandler`) to a simulated kubelet's `/portForward`
 //! (`pkg/kubelet/cri/streaming/portforward/httpstream.go`), and a local HTTP client through
-//! it to the pod's declared port.
+//! it to the pod's declared port. Also `pods/log` over a WebSocket, which shares this
+//! module's WebSocket client frames.
 
 use std::{process::Stdio, time::Duration};
 
@@ -408,4 +409,61 @@ async fn measure_port_forward_first_byte_and_throughput() {
         );
     }
     forward.stop().await;
+}
+
+/// `pods/log` asked for with a WebSocket upgrade (`binary.k8s.io`), as kube-apiserver's
+/// `StreamObject` answers it through `wsstream`: 101 with the chosen subprotocol, an empty
+/// message first, then the log in binary messages (the same bytes a plain GET gives), then a
+/// normal close; an offer of only unknown subprotocols is refused with 403.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_logs_stream_over_a_websocket_as_wsstream_sends_them() {
+    let c = start(internal_ip_first(), KubeletApiConfig::default(), &["log-w"]).await;
+    web_pod(&c, "web", "log-w").await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let plain = pods.logs("web", &Default::default()).await.unwrap();
+    assert!(!plain.is_empty(), "the simulated container logs its start");
+    let upgrade = |protocols: &str| {
+        hyper::Request::get("/api/v1/namespaces/default/pods/web/log")
+            .header("connection", "Upgrade")
+            .header("upgrade", "websocket")
+            .header("sec-websocket-version", "13")
+            .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+            .header("sec-websocket-protocol", protocols)
+            .body(kube::client::Body::from(Vec::new()))
+            .unwrap()
+    };
+    let refused = c.client.send(upgrade("v4.channel.k8s.io")).await.unwrap();
+    assert_eq!(refused.status().as_u16(), 403);
+
+    let mut response = c
+        .client
+        .send(upgrade("v4.channel.k8s.io, binary.k8s.io"))
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 101);
+    assert_eq!(
+        response.headers()["sec-websocket-protocol"],
+        "binary.k8s.io"
+    );
+    assert_eq!(
+        response.headers()["sec-websocket-accept"],
+        "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+    );
+    let upgraded = hyper::upgrade::on(&mut response).await.unwrap();
+    let (r, _w) = tokio::io::split(hyper_util::rt::TokioIo::new(upgraded));
+    let frames = tokio::time::timeout(Duration::from_secs(30), server_frames(r))
+        .await
+        .expect("the stream ends with the log");
+    assert_eq!(frames.first(), Some(&(0x2, Vec::new())), "{frames:?}");
+    assert_eq!(
+        frames.last(),
+        Some(&(0x8, 1000u16.to_be_bytes().to_vec())),
+        "{frames:?}"
+    );
+    let streamed: Vec<u8> = frames[1..frames.len() - 1]
+        .iter()
+        .inspect(|(opcode, _)| assert_eq!(*opcode, 0x2))
+        .flat_map(|(_, payload)| payload.clone())
+        .collect();
+    assert_eq!(String::from_utf8(streamed).unwrap(), plain);
 }
