@@ -44,13 +44,7 @@ pub fn validate_name(name: &str, rule: NameRule) -> Vec<String> {
                     "must be no more than {DNS1123_SUBDOMAIN_MAX} characters"
                 ));
             }
-            if !name.split('.').all(|part| {
-                let b = part.as_bytes();
-                !b.is_empty()
-                    && is_alnum(b[0])
-                    && is_alnum(b[b.len() - 1])
-                    && b.iter().all(|c| is_alnum(*c) || *c == b'-')
-            }) {
+            if !is_subdomain_chars(name) {
                 errors.push("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".to_owned());
             }
         }
@@ -82,22 +76,15 @@ pub fn validate_name(name: &str, rule: NameRule) -> Vec<String> {
     errors
 }
 
-/// Whether `s` is a qualified name (`[prefix/]name`), as label keys and finalizers must be.
+/// Whether `s` is a qualified name (`[prefix/]name`), as label keys and finalizers must be
+/// ([`qualified_name_errors`] finds nothing).
 pub fn is_qualified_name(s: &str) -> bool {
-    let (prefix, name) = match s.split_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, s),
-    };
-    if let Some(prefix) = prefix
-        && (prefix.is_empty()
-            || prefix.len() > DNS1123_SUBDOMAIN_MAX
-            || !validate_name(prefix, NameRule::Subdomain).is_empty())
-    {
-        return false;
-    }
-    let b = name.as_bytes();
+    qualified_name_errors(s).is_empty()
+}
+
+/// Whether `b` matches a qualified name's name part, `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`.
+fn is_qualified_name_part(b: &[u8]) -> bool {
     !b.is_empty()
-        && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
         && b.iter()
@@ -134,10 +121,10 @@ pub fn qualified_name_errors(value: &str) -> Vec<String> {
     const NAME_MSG: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
     const EXAMPLES: [&str; 3] = ["MyName", "my.name", "123-abc"];
     let mut errors = Vec::new();
-    let parts: Vec<&str> = value.split('/').collect();
-    let name = match parts.as_slice() {
-        [name] => *name,
-        [prefix, name] => {
+    let mut parts = value.splitn(3, '/');
+    let name = match (parts.next(), parts.next(), parts.next()) {
+        (Some(name), None, _) => name,
+        (Some(prefix), Some(name), None) => {
             if prefix.is_empty() {
                 errors.push("prefix part must be non-empty".to_owned());
             } else {
@@ -157,7 +144,7 @@ pub fn qualified_name_errors(value: &str) -> Vec<String> {
                     ));
                 }
             }
-            *name
+            name
         }
         _ => {
             return vec![format!(
@@ -173,13 +160,7 @@ pub fn qualified_name_errors(value: &str) -> Vec<String> {
             "name part must be no more than {DNS1123_LABEL_MAX} bytes"
         ));
     }
-    let b = name.as_bytes();
-    let matches = !b.is_empty()
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
-    if !matches {
+    if !is_qualified_name_part(name.as_bytes()) {
         errors.push(format!(
             "name part {}",
             regex_error(NAME_MSG, NAME_FMT, &EXAMPLES)
