@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 
 use super::{
     FieldError,
-    meta::{NameRule, qualified_name_errors, str_at, validate_name},
+    meta::{NameRule, is_zero_time, qualified_name_errors, str_at, validate_name},
 };
 
 /// (core/v1 field, events.k8s.io/v1 field) pairs that differ only by name.
@@ -100,14 +100,6 @@ const REPORTING_INSTANCE_LENGTH_LIMIT: usize = 128;
 const ACTION_LENGTH_LIMIT: usize = 128;
 const REASON_LENGTH_LIMIT: usize = 128;
 const NOTE_LENGTH_LIMIT: usize = 1024;
-
-/// Whether a time is Go's zero time: unset, or written as the year 1.
-fn is_zero_time(v: &Value) -> bool {
-    match v.as_str() {
-        None => true,
-        Some(t) => t.is_empty() || t.starts_with("0001-01-01T00:00:00"),
-    }
-}
 
 /// Upstream `legacyValidateEvent`, which every event write passes: an event with no
 /// `eventTime` (one of the old API) only needs its involved object's namespace to match its

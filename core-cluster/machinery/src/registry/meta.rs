@@ -236,8 +236,7 @@ pub fn validate_conditions(conditions: &Value, path: &str) -> Vec<FieldError> {
                 "must be greater than or equal to zero",
             ));
         }
-        let time = c["lastTransitionTime"].as_str().unwrap_or("");
-        if time.is_empty() || time.starts_with("0001-01-01T00:00:00") {
+        if is_zero_time(&c["lastTransitionTime"]) {
             errors.push(FieldError::required(at("lastTransitionTime"), ""));
         }
         let reason = c["reason"].as_str().unwrap_or("");
@@ -271,6 +270,14 @@ pub fn validate_conditions(conditions: &Value, path: &str) -> Vec<FieldError> {
         }
     }
     errors
+}
+
+/// Whether a time is Go's zero time: unset, or written as the year 1.
+pub fn is_zero_time(v: &Value) -> bool {
+    match v.as_str() {
+        None => true,
+        Some(t) => t.is_empty() || t.starts_with("0001-01-01T00:00:00"),
+    }
 }
 
 /// Whether `s` is a valid label value (empty, or up to 63 characters of `[A-Za-z0-9_.-]`,
