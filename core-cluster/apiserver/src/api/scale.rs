@@ -14,7 +14,9 @@ use crate::{
     crd,
     patch::{self, PatchType},
     registry::{ResourceDef, meta::meta_mut, workloads::selector_string},
-    storage::{ObjectKey, WriteContext, get_list::get_object, update::update_object},
+    storage::{
+        MAX_WRITE_ATTEMPTS, ObjectKey, WriteContext, get_list::get_object, update::update_object,
+    },
 };
 
 /// The `Scale` of an object (upstream `scaleFromDeployment`): name, namespace, uid,
@@ -147,6 +149,7 @@ pub(crate) async fn patch(
         patch::decode_body(patch_type, body).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let mut attempts = 0;
     loop {
+        attempts += 1;
         let read = get(state, key).await?;
         let mut scale = read.clone();
         match patch_type {
@@ -162,18 +165,12 @@ pub(crate) async fn patch(
         // until its write is not raced).
         let pinned = scale["metadata"]["resourceVersion"] != read["metadata"]["resourceVersion"];
         match put(state, ctx, key, scale).await {
-            Err(e) if e.code == 409 && !pinned && attempts < PATCH_CONFLICT_RETRIES => {
-                attempts += 1;
-            }
+            // As often as the object's own patch tries (a conflict every time: the 409).
+            Err(e) if e.code == 409 && !pinned && attempts < MAX_WRITE_ATTEMPTS => {}
             answered => return answered,
         }
     }
 }
-
-/// How many times a patch of the scale that sets no resourceVersion is applied again to the
-/// object read anew after a conflict. Upstream's `GuaranteedUpdate` has no bound; this one
-/// keeps a request from looping under endless contention (it then answers the 409).
-const PATCH_CONFLICT_RETRIES: u32 = 16;
 
 #[cfg(test)]
 mod tests {
