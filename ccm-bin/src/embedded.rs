@@ -20,7 +20,7 @@ use cloud_provider::CloudProvider;
 use cloud_provider_app::{
     CloudControllerManagerOptions, HealthChecks, LeaderElectionConfig, LeaderElector,
 };
-use cloud_provider_fake::{FakeCloud, FakeInstance, LoadBalancerLimits};
+use cloud_provider_fake::{FakeCloud, FakeInstance, LoadBalancerLimits, LoadBalancerLimitsError};
 use core_cluster::{
     ApiServer,
     auth::{node::node_user, rbac::service_account_user},
@@ -759,14 +759,15 @@ fn data_path_limits(
         args.sim_data_path_idle_timeout,
         args.sim_data_path_max_connections,
     );
-    if idle.is_zero() {
-        bail!("--sim-data-path-idle-timeout must be more than 0s");
-    }
-    if max == 0 {
-        bail!("--sim-data-path-max-connections must be at least 1");
-    }
-    // One type (ccm-serving's `ConnectionLimits`): the clone shares the budget.
-    let load_balancers = LoadBalancerLimits::new(idle, max)?;
+    // One type (ccm-serving's `ConnectionLimits`): the clone shares the budget. Its refusal
+    // names the flag that caused it.
+    let load_balancers = LoadBalancerLimits::new(idle, max).map_err(|e| {
+        let flag = match e {
+            LoadBalancerLimitsError::ZeroIdleTimeout => "--sim-data-path-idle-timeout",
+            LoadBalancerLimitsError::MaxConnections { .. } => "--sim-data-path-max-connections",
+        };
+        anyhow::anyhow!("{flag}: {e}")
+    })?;
     Ok((load_balancers.clone(), load_balancers))
 }
 
