@@ -1045,28 +1045,14 @@ def diff(a, b, path, out, limit=200):
     if len(out) >= limit:
         return
     if isinstance(a, dict) and isinstance(b, dict):
-        for k in a:
-            if k in b:
-                diff(a[k], b[k], f"{path}.{k}", out, limit)
-            else:
-                out.append((f"{path}.{k}", a[k], "<absent>"))
-        for k in b:
-            if k not in a:
-                out.append((f"{path}.{k}", "<absent>", b[k]))
+        diff_keyed(a, b, lambda k: f"{path}.{k}", out, limit)
         return
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             # Lists keyed by name (items, conditions...) compare element-wise by key.
             ka, kb = list_keys(a), list_keys(b)
             if ka is not None and kb is not None:
-                for k in ka:
-                    if k in kb:
-                        diff(ka[k], kb[k], f"{path}[{k}]", out, limit)
-                    else:
-                        out.append((f"{path}[{k}]", ka[k], "<absent>"))
-                for k in kb:
-                    if k not in ka:
-                        out.append((f"{path}[{k}]", "<absent>", kb[k]))
+                diff_keyed(ka, kb, lambda k: f"{path}[{k}]", out, limit)
                 return
             out.append((f"{path}.length", len(a), len(b)))
         for i, (x, y) in enumerate(zip(a, b)):
@@ -1074,6 +1060,19 @@ def diff(a, b, path, out, limit=200):
         return
     if a != b:
         out.append((path, a, b))
+
+
+def diff_keyed(a, b, at, out, limit):
+    """diff of two mappings: each key of both compared, each of one only reported absent from
+    the other (`at(key)` is the key's path)."""
+    for k in a:
+        if k in b:
+            diff(a[k], b[k], at(k), out, limit)
+        else:
+            out.append((at(k), a[k], "<absent>"))
+    for k in b:
+        if k not in a:
+            out.append((at(k), "<absent>", b[k]))
 
 
 def list_keys(items):
