@@ -717,12 +717,7 @@ async fn a_served_load_balancer_forwards_to_healthy_nodes_only() {
     spec.external_traffic_policy = Some("Local".into());
     spec.health_check_node_port = Some(i32::from(health_port));
     let status = cloud.ensure_load_balancer("c", &svc, &nodes).await.unwrap();
-    let ip: std::net::IpAddr = status.ingress.unwrap()[0]
-        .ip
-        .clone()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let ip = first_ingress_ip(&status);
     assert!(ip.is_loopback(), "{ip}");
     let lb = std::net::SocketAddr::new(ip, 8080);
     for _ in 0..6 {
@@ -813,13 +808,15 @@ async fn echo_service(
         .ensure_load_balancer("c", &svc, &[node_at("node-1", node_ip)])
         .await
         .unwrap();
-    let ip: std::net::IpAddr = status.ingress.unwrap()[0]
-        .ip
-        .clone()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let ip = first_ingress_ip(&status);
     (svc, std::net::SocketAddr::new(ip, 8080))
+}
+
+/// The IP of a load balancer's first ingress point.
+fn first_ingress_ip(status: &k8s_openapi::api::core::v1::LoadBalancerStatus) -> std::net::IpAddr {
+    let ingress = status.ingress.as_deref().unwrap_or_default();
+    let ip = ingress.first().and_then(|i| i.ip.as_deref());
+    ip.expect("an ingress IP").parse().unwrap()
 }
 
 /// Whether `s` carries a round trip through the load balancer and the echoing node.
