@@ -217,7 +217,10 @@ fn collect(
     path: &mut Path,
     out: &mut BTreeSet<Path>,
 ) -> Result<(), ApplyError> {
-    let structured = !matches!(schema, TypeNode::Scalar | TypeNode::List { .. });
+    let structured = !matches!(
+        schema,
+        TypeNode::Scalar | TypeNode::Atomic | TypeNode::List { .. }
+    );
     match value {
         Value::Object(m) if structured => {
             if m.is_empty() && !path.is_empty() {
@@ -488,7 +491,10 @@ fn strip_nulls(value: &Value) -> Value {
 
 /// Merges an applied configuration into the live object, following `schema`.
 fn merge_applied(live: &mut Value, applied: &Value, schema: &TypeNode) {
-    let structured = !matches!(schema, TypeNode::Scalar | TypeNode::List { .. });
+    let structured = !matches!(
+        schema,
+        TypeNode::Scalar | TypeNode::Atomic | TypeNode::List { .. }
+    );
     match (live, applied) {
         (Value::Object(l), Value::Object(a)) if structured => {
             for (k, v) in a {
@@ -602,15 +608,27 @@ fn read_entries(object: &Value) -> Vec<Entry> {
         .collect()
 }
 
+/// Writes the non-empty entries in upstream's order (`sortEncodedManagedFields`): by
+/// operation (`Apply` first), then time in seconds, manager, API version and subresource.
 fn write_entries(object: &mut Value, entries: &[Entry]) {
     let Value::Object(obj) = object else {
         return;
     };
-    let entries: Vec<Value> = entries
-        .iter()
-        .filter(|e| !e.fields.is_empty())
-        .map(Entry::to_json)
-        .collect();
+    let mut kept: Vec<&Entry> = entries.iter().filter(|e| !e.fields.is_empty()).collect();
+    kept.sort_by_cached_key(|e| {
+        (
+            e.operation.clone(),
+            entry_seconds(e),
+            e.manager.clone(),
+            entry_version(e),
+            e.extra
+                .get("subresource")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+        )
+    });
+    let entries: Vec<Value> = kept.into_iter().map(Entry::to_json).collect();
     if entries.is_empty() {
         if let Some(Value::Object(meta)) = obj.get_mut("metadata") {
             meta.remove("managedFields");
@@ -826,20 +844,92 @@ pub fn apply(
     Ok(out)
 }
 
+/// Who made a non-apply write, as upstream's field manager identifies an `Update` entry:
+/// the manager's name, the API version written (the new object's `apiVersion`) and the
+/// subresource written through, so a write of `status` never merges into the entry of a
+/// write of the object.
+#[derive(Debug, Clone, Copy)]
+pub struct Updater<'a> {
+    /// The manager: the request's `fieldManager`, else the User-Agent's prefix (see
+    /// [`manager_from_user_agent`]), else `unknown`.
+    pub manager: &'a str,
+    /// The subresource written (`status`), none for the object itself.
+    pub subresource: Option<&'a str>,
+    /// Fields, dotted (`status`, `spec.finalizers`), that the write's strategy resets or
+    /// sets itself after upstream's field manager has run (upstream's `GetResetFields`,
+    /// such as `status` for a write of the object of a kind with a status subresource, and
+    /// what `PrepareForCreate` and admission add): never attributed to this writer.
+    pub reset: &'a [&'a str],
+}
+
+impl<'a> From<&'a str> for Updater<'a> {
+    fn from(manager: &'a str) -> Self {
+        Updater {
+            manager,
+            subresource: None,
+            reset: &[],
+        }
+    }
+}
+
+impl Updater<'_> {
+    fn owns(&self, entry: &Entry, api_version: Option<&Value>) -> bool {
+        entry.is(self.manager, UPDATE)
+            && entry.api_version.as_ref() == api_version
+            && entry.extra.get("subresource").and_then(Value::as_str) == self.subresource
+    }
+
+    fn resets(&self, path: &Path) -> bool {
+        self.reset.iter().any(|reset| {
+            let fields: Vec<&str> = reset.split('.').collect();
+            path.len() >= fields.len()
+                && fields
+                    .iter()
+                    .zip(path)
+                    .all(|(field, seg)| seg.strip_prefix("f:") == Some(*field))
+        })
+    }
+}
+
+/// Upstream's `prefixFromUserAgent`: the User-Agent up to its first `/`, without
+/// unprintable characters, cut at [`FIELD_MANAGER_MAX_LENGTH`] bytes; `unknown` when
+/// nothing is left (as `buildManagerInfo` names an empty manager).
+pub fn manager_from_user_agent(user_agent: &str) -> String {
+    let prefix = user_agent.split('/').next().unwrap_or("");
+    let mut out = String::new();
+    for c in prefix.chars().filter(|c| !c.is_control()) {
+        if out.len() + c.len_utf8() > FIELD_MANAGER_MAX_LENGTH {
+            break;
+        }
+        out.push(c);
+    }
+    if out.is_empty() {
+        out.push_str("unknown");
+    }
+    out
+}
+
+/// The longest field manager name (upstream's `validation.FieldManagerMaxLength`).
+pub const FIELD_MANAGER_MAX_LENGTH: usize = 128;
+
 /// Records a non-apply write (create, update, JSON/merge/strategic patch) by
-/// `manager` in `new`'s `metadata.managedFields` and returns the object to store.
+/// `updater` in `new`'s `metadata.managedFields` and returns the object to store.
 ///
-/// The manager's `Update` entry gains the fields this write added or changed (taking
-/// them away from every other manager) and every entry loses the fields the write
-/// removed. If the request itself changed `metadata.managedFields` (relative to
-/// `old`), those entries are the starting point, as upstream honours them.
-pub fn record_update(
+/// As upstream's `managedFieldsUpdater` over structured-merge-diff's `Updater.Update`:
+/// the fields this write added or changed (but those the strategy resets) are taken from
+/// every other manager and added to the updater's `Update` entry, whose time is set
+/// whenever it gains or changes a field; every entry loses the fields the write removed;
+/// entries left empty are dropped. If the request itself changed
+/// `metadata.managedFields` (relative to `old`), those entries are the starting point, as
+/// upstream honours them.
+pub fn record_update<'a>(
     old: Option<&Value>,
     new: &Value,
-    manager: &str,
+    updater: impl Into<Updater<'a>>,
     schema: &TypeNode,
     now: &str,
 ) -> Value {
+    let updater = updater.into();
     let fields_of =
         |v: &Value| FieldSet::of_object(v, schema).unwrap_or_else(|_| lenient_fields(v, schema));
     let new_fields = fields_of(new);
@@ -856,46 +946,91 @@ pub fn record_update(
     let changed: BTreeSet<Path> = new_fields
         .0
         .iter()
+        .filter(|p| !updater.resets(p))
         .filter(|p| differs(&before, &after, p) || !old_fields.0.contains(*p))
         .cloned()
         .collect();
 
+    let changed = with_new_parents(changed, &before, &after, old.is_none(), schema);
+    let api_version = new.get("apiVersion");
     for entry in entries.iter_mut() {
         entry.fields.0.retain(|p| new_fields.0.contains(p));
-        if !entry.is(manager, UPDATE) {
+        if !updater.owns(entry, api_version) {
             entry.fields.0.retain(|p| !changed.contains(p));
         }
     }
-    let stamp = |e: &mut Entry| {
-        e.time = Some(Value::String(now.to_owned()));
-        e.api_version = new.get("apiVersion").cloned();
-    };
-    match entries.iter_mut().find(|e| e.is(manager, UPDATE)) {
-        Some(entry) => {
-            let before = entry.fields.0.len();
-            entry.fields.0.extend(changed);
-            if entry.fields.0.len() != before {
-                stamp(entry);
+    if !changed.is_empty() {
+        let now = Value::String(now.to_owned());
+        match entries.iter_mut().find(|e| updater.owns(e, api_version)) {
+            Some(entry) => {
+                entry.fields.0.extend(changed);
+                entry.time = Some(now);
+            }
+            None => {
+                let mut extra = Map::new();
+                if let Some(sub) = updater.subresource {
+                    extra.insert("subresource".into(), Value::String(sub.to_owned()));
+                }
+                entries.push(Entry {
+                    manager: updater.manager.to_owned(),
+                    operation: UPDATE.into(),
+                    api_version: api_version.cloned(),
+                    time: Some(now),
+                    extra,
+                    fields: FieldSet(changed),
+                });
             }
         }
-        None if !changed.is_empty() => {
-            let mut entry = Entry {
-                manager: manager.to_owned(),
-                operation: UPDATE.into(),
-                api_version: None,
-                time: None,
-                extra: Map::new(),
-                fields: FieldSet(changed),
-            };
-            stamp(&mut entry);
-            entries.push(entry);
-        }
-        None => {}
     }
     cap_update_managers(&mut entries);
     let mut out = new.clone();
     write_entries(&mut out, &entries);
     out
+}
+
+/// Adds to a write's changed fields the maps and structs the write brought into being, as
+/// structured-merge-diff's comparison of the old and new objects counts them (`Added`): they
+/// show as `".": {}` beside their fields. Lists themselves never count (their elements do).
+/// A create compares with Go's zero value of the kind, in which the non-pointer structs
+/// (`spec`, `spec.template`, ...) exist already; without the Go types to tell them from
+/// pointer structs, a create counts only maps (labels, annotations, `data`, selectors' maps).
+fn with_new_parents(
+    mut changed: BTreeSet<Path>,
+    before: &Lookup<'_>,
+    after: &Lookup<'_>,
+    create: bool,
+    schema: &TypeNode,
+) -> BTreeSet<Path> {
+    let mut parents = BTreeSet::new();
+    for path in &changed {
+        for end in 1..path.len() {
+            let prefix = &path[..end];
+            if !prefix[end - 1].starts_with("f:") || parents.contains(prefix) {
+                continue;
+            }
+            if !after.get(prefix).is_some_and(Value::is_object) {
+                continue;
+            }
+            if before.get(prefix).is_some_and(|v| !v.is_null()) {
+                continue;
+            }
+            if create && !matches!(schema_at(schema, prefix), TypeNode::Map(_)) {
+                continue;
+            }
+            parents.insert(prefix.to_vec());
+        }
+    }
+    changed.extend(parents);
+    changed
+}
+
+/// The schema node at `path` (`f:` fields and list elements).
+fn schema_at<'s>(schema: &'s TypeNode, path: &[String]) -> &'s TypeNode {
+    path.iter()
+        .fold(schema, |node, seg| match seg.strip_prefix("f:") {
+            Some(name) => node.field(name),
+            None => node.list().1,
+        })
 }
 
 /// Field set of an object that does not fit its schema (a keyed list element without
@@ -914,7 +1049,12 @@ fn collect_lenient(value: &Value, schema: &TypeNode, path: &mut Path, out: &mut 
         return;
     }
     match value {
-        Value::Object(m) if !matches!(schema, TypeNode::Scalar | TypeNode::List { .. }) => {
+        Value::Object(m)
+            if !matches!(
+                schema,
+                TypeNode::Scalar | TypeNode::Atomic | TypeNode::List { .. }
+            ) =>
+        {
             for (k, v) in m {
                 if v.is_null() {
                     continue;
@@ -1455,7 +1595,8 @@ mod tests {
             entry(&created, "creator", "Update").unwrap(),
             &json!({"manager": "creator", "operation": "Update", "apiVersion": "v1", "time": T0,
                     "fieldsType": "FieldsV1",
-                    "fieldsV1": {"f:data": {"f:a": {}, "f:b": {}}, "f:metadata": {"f:labels": {"f:app": {}}}}})
+                    "fieldsV1": {"f:data": {".": {}, "f:a": {}, "f:b": {}},
+                                 "f:metadata": {"f:labels": {".": {}, "f:app": {}}}}})
         );
         // An update that changes a, removes b and leaves the label: the editor owns a,
         // the creator keeps only the label, b is nobody's.
@@ -1524,7 +1665,7 @@ mod tests {
             let mut next = obj.clone();
             next["data"][format!("k{i}")] = json!("v");
             let now = format!("2026-01-01T00:{i:02}:00Z");
-            obj = record_update(Some(&obj), &next, &format!("m{i:02}"), schema, &now);
+            obj = record_update(Some(&obj), &next, format!("m{i:02}").as_str(), schema, &now);
         }
         let entries = obj["metadata"]["managedFields"].as_array().unwrap();
         let updaters: Vec<&str> = entries
@@ -1564,6 +1705,142 @@ mod tests {
         assert_eq!(
             entry(&out, "m", "Update").unwrap()["fieldsV1"],
             json!({"f:status": {"f:conditions": {}}})
+        );
+    }
+
+    // Upstream's `managedFieldsUpdater` and `buildManagerInfoManager`: an Update entry is
+    // one per manager, API version and subresource.
+    #[test]
+    fn writes_through_a_subresource_get_an_entry_of_their_own() {
+        let mut registered = node(json!([]));
+        registered["metadata"]["labels"] = json!({"zone": "a"});
+        let created = record_update(None, &registered, "kubelet", node_schema(), T0);
+        let mut next = created.clone();
+        next["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+        let status = Updater {
+            manager: "kubelet",
+            subresource: Some("status"),
+            reset: &[],
+        };
+        let out = record_update(Some(&created), &next, status, node_schema(), T1);
+        let entries = out["metadata"]["managedFields"].as_array().unwrap();
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        let sub = entries
+            .iter()
+            .find(|e| e["subresource"] == "status")
+            .expect("an entry of the status subresource");
+        assert_eq!(sub["manager"], "kubelet");
+        assert_eq!(sub["apiVersion"], "v1");
+        assert_eq!(sub["time"], T1);
+        assert_eq!(
+            sub["fieldsV1"],
+            json!({"f:status": {"f:conditions": {"k:{\"type\":\"Ready\"}": {
+                ".": {}, "f:status": {}, "f:type": {}}}}})
+        );
+    }
+
+    // Upstream's `GetResetFields`: what the strategy resets is never the writer's.
+    #[test]
+    fn reset_fields_are_not_attributed() {
+        let mut pod = node(json!([{"type": "Ready", "status": "True"}]));
+        pod["metadata"]["labels"] = json!({"a": "1"});
+        let writer = Updater {
+            manager: "kubectl",
+            subresource: None,
+            reset: &["status"],
+        };
+        let out = record_update(None, &pod, writer, node_schema(), T0);
+        assert_eq!(
+            entry(&out, "kubectl", "Update").unwrap()["fieldsV1"],
+            json!({"f:metadata": {"f:labels": {".": {}, "f:a": {}}}})
+        );
+    }
+
+    // `managedFieldsUpdater`: the time moves whenever the write changed a field, even one
+    // the manager owned already.
+    #[test]
+    fn the_time_moves_when_an_owned_field_changes() {
+        let created = record_update(
+            None,
+            &cm(json!({"a": "1"}), json!({})),
+            "m",
+            cm_schema(),
+            T0,
+        );
+        let changed = record_update(
+            Some(&created),
+            &cm(json!({"a": "2"}), json!({})),
+            "m",
+            cm_schema(),
+            T1,
+        );
+        assert_eq!(entry(&changed, "m", "Update").unwrap()["time"], T1);
+        let same = record_update(Some(&changed), &changed, "m", cm_schema(), T0);
+        assert_eq!(entry(&same, "m", "Update").unwrap()["time"], T1);
+    }
+
+    // `sortEncodedManagedFields`: Apply before Update, then by time and manager.
+    #[test]
+    fn entries_are_written_in_upstreams_order() {
+        let created = record_update(
+            None,
+            &cm(json!({"a": "1"}), json!({})),
+            "zeta",
+            cm_schema(),
+            T1,
+        );
+        let edited = record_update(
+            Some(&created),
+            &cm(json!({"a": "1", "b": "2"}), json!({})),
+            "alpha",
+            cm_schema(),
+            T1,
+        );
+        let applied = apply(
+            Some(&edited),
+            &cm(json!({"c": "3"}), json!({})),
+            "applier",
+            false,
+            cm_schema(),
+            T1,
+        )
+        .unwrap();
+        let order: Vec<&str> = applied["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["manager"].as_str().unwrap())
+            .collect();
+        assert_eq!(order, ["applier", "alpha", "zeta"]);
+    }
+
+    // `+structType=atomic`: a label selector is owned whole, not field by field.
+    #[test]
+    fn atomic_structs_are_owned_whole() {
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": "u1"}]},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}}});
+        let out = record_update(None, &deployment, "m", schema_for("apps", "Deployment"), T0);
+        assert_eq!(
+            entry(&out, "m", "Update").unwrap()["fieldsV1"],
+            json!({"f:metadata": {"f:ownerReferences": {"k:{\"uid\":\"u1\"}": {}}},
+                   "f:spec": {"f:selector": {}}})
+        );
+    }
+
+    // `prefixFromUserAgent` and `buildManagerInfo`.
+    #[test]
+    fn managers_are_named_after_the_user_agent() {
+        assert_eq!(
+            manager_from_user_agent("kubectl/v1.35.4 (linux/amd64) kubernetes/abc"),
+            "kubectl"
+        );
+        assert_eq!(manager_from_user_agent("kube-\u{7}rs/2.0"), "kube-rs");
+        assert_eq!(manager_from_user_agent(""), "unknown");
+        assert_eq!(
+            manager_from_user_agent(&"x".repeat(300)).len(),
+            FIELD_MANAGER_MAX_LENGTH
         );
     }
 }

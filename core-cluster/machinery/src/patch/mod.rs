@@ -24,7 +24,10 @@ use std::sync::atomic::AtomicBool;
 
 use serde_json::Value;
 
-pub use apply::{ApplyError, FieldSet, apply, record_update};
+pub use apply::{
+    ApplyError, FIELD_MANAGER_MAX_LENGTH, FieldSet, Updater, apply, manager_from_user_agent,
+    record_update,
+};
 pub use schema::{ListStrategy, TypeNode, schema_for};
 
 /// The patch formats, named by the request's `Content-Type`.

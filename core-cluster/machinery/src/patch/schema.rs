@@ -84,6 +84,12 @@ pub enum TypeNode {
     },
     /// A string, number, boolean or other value replaced whole.
     Scalar,
+    /// A struct that server-side apply owns and replaces whole (`+structType=atomic` in
+    /// the Go types: `LabelSelector`, `ObjectReference`, `OwnerReference`, `RoleRef`, the
+    /// key selectors of `env[].valueFrom`): its fields are never owned one by one.
+    /// Strategic merge patch, which reads only the patch tags, still merges it field by
+    /// field.
+    Atomic,
     /// Unknown structure: objects merge recursively field by field, lists are atomic.
     Any,
 }
@@ -158,18 +164,7 @@ fn object_meta() -> TypeNode {
         ("labels", string_map()),
         ("annotations", string_map()),
         ("finalizers", set()),
-        (
-            "ownerReferences",
-            keyed(
-                "uid",
-                obj([
-                    ("apiVersion", TypeNode::Scalar),
-                    ("kind", TypeNode::Scalar),
-                    ("name", TypeNode::Scalar),
-                    ("uid", TypeNode::Scalar),
-                ]),
-            ),
-        ),
+        ("ownerReferences", keyed("uid", TypeNode::Atomic)),
         ("managedFields", atomic(TypeNode::Any)),
     ])
 }
@@ -189,7 +184,22 @@ fn container() -> TypeNode {
         ("args", atomic(TypeNode::Scalar)),
         ("ports", keyed("containerPort", TypeNode::Any)),
         ("envFrom", atomic(TypeNode::Any)),
-        ("env", keyed("name", TypeNode::Any)),
+        (
+            "env",
+            keyed(
+                "name",
+                obj([(
+                    "valueFrom",
+                    obj([
+                        ("configMapKeyRef", TypeNode::Atomic),
+                        ("secretKeyRef", TypeNode::Atomic),
+                        ("fieldRef", TypeNode::Atomic),
+                        ("resourceFieldRef", TypeNode::Atomic),
+                        ("fileKeyRef", TypeNode::Atomic),
+                    ]),
+                )]),
+            ),
+        ),
         (
             "resources",
             obj([
@@ -279,6 +289,7 @@ fn workload(extra_spec: TypeNode) -> TypeNode {
         unreachable!("workload specs are objects")
     };
     spec.insert("template", pod_template());
+    spec.insert("selector", TypeNode::Atomic);
     kind([
         ("spec", TypeNode::Object(spec)),
         ("status", obj([("conditions", conditions())])),
@@ -311,7 +322,10 @@ fn pod_template_kind() -> TypeNode {
 }
 
 fn pod_disruption_budget() -> TypeNode {
-    kind([("status", obj([("conditions", conditions())]))])
+    kind([
+        ("spec", obj([("selector", TypeNode::Atomic)])),
+        ("status", obj([("conditions", conditions())])),
+    ])
 }
 
 fn service() -> TypeNode {
@@ -343,7 +357,14 @@ fn endpoints() -> TypeNode {
 }
 
 fn core_event() -> TypeNode {
-    kind([])
+    kind([
+        ("involvedObject", TypeNode::Atomic),
+        ("related", TypeNode::Atomic),
+    ])
+}
+
+fn role_binding() -> TypeNode {
+    kind([("roleRef", TypeNode::Atomic)])
 }
 
 fn namespace() -> TypeNode {
@@ -380,7 +401,10 @@ fn endpoint_slice() -> TypeNode {
 }
 
 fn events_event() -> TypeNode {
-    kind([])
+    kind([
+        ("regarding", TypeNode::Atomic),
+        ("related", TypeNode::Atomic),
+    ])
 }
 
 fn generic() -> TypeNode {
@@ -400,6 +424,7 @@ static LEASE: LazyLock<TypeNode> = LazyLock::new(lease);
 static ENDPOINT_SLICE: LazyLock<TypeNode> = LazyLock::new(endpoint_slice);
 static EVENTS_EVENT: LazyLock<TypeNode> = LazyLock::new(events_event);
 static GENERIC: LazyLock<TypeNode> = LazyLock::new(generic);
+static ROLE_BINDING: LazyLock<TypeNode> = LazyLock::new(role_binding);
 static WORKLOAD: LazyLock<TypeNode> = LazyLock::new(|| workload(obj([])));
 static STATEFUL_SET: LazyLock<TypeNode> = LazyLock::new(stateful_set);
 static CRON_JOB: LazyLock<TypeNode> = LazyLock::new(cron_job);
@@ -431,6 +456,7 @@ pub fn schema_for(group: &str, kind: &str) -> &'static TypeNode {
         ("batch", "CronJob") => &CRON_JOB,
         ("", "PodTemplate") => &POD_TEMPLATE,
         ("policy", "PodDisruptionBudget") => &POD_DISRUPTION_BUDGET,
+        ("rbac.authorization.k8s.io", "RoleBinding" | "ClusterRoleBinding") => &ROLE_BINDING,
         _ => &GENERIC,
     }
 }
