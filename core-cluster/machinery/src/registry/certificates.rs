@@ -13,8 +13,7 @@ use serde_json::{Value, json};
 use super::{
     Column, NameRule, ResourceDef,
     events::identity,
-    meta::validate_name,
-    no_defaults,
+    meta::{is_zero_time, validate_name},
     table::{AGE, NAME, human_duration},
     typed,
 };
@@ -408,17 +407,56 @@ pub static CERTIFICATE_SIGNING_REQUESTS: ResourceDef = ResourceDef {
         (p == "spec.signerName").then(|| o["spec"]["signerName"].as_str().unwrap_or("").to_owned())
     },
     field_paths: &["spec.signerName"],
-    prepare_update: no_defaults,
-    // `PrepareForCreate`: nobody creates a request already approved or issued.
+    // Go writes the status (a non-pointer struct) as `{}` when a write leaves it out.
+    prepare_update: |o| {
+        if o.is_object() {
+            super::zero::object_at(o, "status");
+        }
+    },
+    // `PrepareForCreate`: nobody creates a request already approved or issued; the status
+    // is the zero one, which Go writes as `{}` (a non-pointer struct).
     prepare_create: |o| {
-        if let Some(m) = o.as_object_mut() {
-            m.remove("status");
+        if o.is_object() {
+            o["status"] = json!({});
         }
     },
     validate: validate_csr,
     to_storage: identity,
     from_storage: identity,
 };
+
+/// Upstream `populateConditionTimestamps` (`pkg/registry/certificates/certificates/
+/// strategy.go`), which the `status` and `approval` subresources run on every write: a
+/// condition's unset `lastUpdateTime` is `now`; its unset `lastTransitionTime` is that of
+/// the old condition of the same type and status that has one, else `now`.
+pub(super) fn populate_condition_timestamps(new: &mut Value, old: &Value, now: &str) {
+    let old_conditions = old["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let Some(conditions) = new
+        .pointer_mut("/status/conditions")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for c in conditions.iter_mut().filter(|c| c.is_object()) {
+        if is_zero_time(&c["lastUpdateTime"]) {
+            c["lastUpdateTime"] = json!(now);
+        }
+        if is_zero_time(&c["lastTransitionTime"]) {
+            let kept = old_conditions
+                .iter()
+                .find(|o| {
+                    o["type"] == c["type"]
+                        && o["status"] == c["status"]
+                        && !is_zero_time(&o["lastTransitionTime"])
+                })
+                .map(|o| o["lastTransitionTime"].clone());
+            c["lastTransitionTime"] = kept.unwrap_or_else(|| json!(now));
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -496,6 +534,37 @@ mod tests {
     }
 
     /// kubectl's Condition column.
+    /// Upstream `csrStrategy.PrepareForCreate`: the status is the zero one, which Go writes
+    /// as `{}`.
+    #[test]
+    fn new_requests_start_with_an_empty_status() {
+        let mut c = csr(json!([{"type": "Approved", "status": "True"}]));
+        (CERTIFICATE_SIGNING_REQUESTS.prepare_create)(&mut c);
+        assert_eq!(c["status"], json!({}));
+    }
+
+    /// Upstream `populateConditionTimestamps`: an unset `lastUpdateTime` is now; an unset
+    /// `lastTransitionTime` is the old one of a condition of the same type and status,
+    /// else now; set times stay.
+    #[test]
+    fn condition_timestamps_are_populated() {
+        let now = "2026-02-02T00:00:00Z";
+        let old = csr(json!([{"type": "Approved", "status": "True",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]));
+        let mut new = csr(json!([
+            {"type": "Approved", "status": "True"},
+            {"type": "Failed", "status": "True", "lastUpdateTime": "2026-01-05T00:00:00Z"}]));
+        populate_condition_timestamps(&mut new, &old, now);
+        assert_eq!(
+            new["status"]["conditions"],
+            json!([
+                {"type": "Approved", "status": "True", "lastUpdateTime": now,
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "Failed", "status": "True", "lastUpdateTime": "2026-01-05T00:00:00Z",
+                    "lastTransitionTime": now}])
+        );
+    }
+
     #[test]
     fn the_condition_column_reads_as_kubectls() {
         assert_eq!(condition_cell(&csr(json!([]))), "Pending");

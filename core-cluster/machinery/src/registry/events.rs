@@ -37,33 +37,79 @@ fn rename(obj: Value, from_new: bool, api_version: &str) -> Value {
     Value::Object(out)
 }
 
-/// events.k8s.io/v1 → stored (core/v1) form.
+/// events.k8s.io/v1 → stored (core/v1) form: upstream's conversion
+/// (`Convert_v1_Event_To_core_Event`, `pkg/apis/events/v1/conversion.go`) renames the
+/// fields and fills in nothing (an event of the new API has no `count` nor `lastTimestamp`
+/// in core/v1 either); the result carries what core/v1 always writes
+/// ([`core_event_fields`]).
 pub fn to_core(obj: Value) -> Value {
     let mut core = rename(obj, true, "v1");
-    // core/v1 readers (kubectl describe) look at lastTimestamp/count; fill them from the
-    // series or eventTime when the new API left them out, as upstream's conversion does.
-    if core.get("lastTimestamp").is_none_or(Value::is_null)
-        && let Some(t) = core
-            .pointer("/series/lastObservedTime")
-            .or_else(|| core.get("eventTime"))
-            .and_then(Value::as_str)
-    {
-        let seconds = t.split('.').next().unwrap_or(t).trim_end_matches('Z');
-        core["lastTimestamp"] = json!(format!("{seconds}Z"));
-    }
-    if core.get("count").is_none_or(Value::is_null) {
-        let count = core
-            .pointer("/series/count")
-            .and_then(Value::as_i64)
-            .unwrap_or(1);
-        core["count"] = json!(count);
-    }
+    core_event_fields(&mut core);
     core
 }
 
-/// Stored (core/v1) form → events.k8s.io/v1.
+/// Stored (core/v1) form → events.k8s.io/v1 (`Convert_core_Event_To_v1_Event`: the same
+/// renames), with what events.k8s.io/v1 writes ([`events_v1_fields`]).
 pub fn to_events_v1(obj: Value) -> Value {
-    rename(obj, false, "events.k8s.io/v1")
+    let mut event = rename(obj, false, "events.k8s.io/v1");
+    events_v1_fields(&mut event);
+    event
+}
+
+/// What Go writes of a core/v1 Event whatever is set (`k8s.io/api/core/v1/types.go`):
+/// `involvedObject` and `source` (non-pointer structs, `{}`), `firstTimestamp`,
+/// `lastTimestamp` and `eventTime` (`metav1.Time`, `MicroTime`: `null`),
+/// `reportingComponent` and `reportingInstance` (no `omitempty`: `""`), and a series's
+/// `lastObservedTime`.
+pub fn core_event_fields(o: &mut Value) {
+    let Some(map) = o.as_object_mut() else {
+        return;
+    };
+    for (field, zero) in [
+        ("involvedObject", json!({})),
+        ("source", json!({})),
+        ("firstTimestamp", Value::Null),
+        ("lastTimestamp", Value::Null),
+        ("eventTime", Value::Null),
+        ("reportingComponent", json!("")),
+        ("reportingInstance", json!("")),
+    ] {
+        map.entry(field).or_insert(zero);
+    }
+    if let Some(series) = map.get_mut("series").and_then(Value::as_object_mut) {
+        series.entry("lastObservedTime").or_insert(Value::Null);
+    }
+}
+
+/// What Go writes of an events.k8s.io/v1 Event whatever is set
+/// (`k8s.io/api/events/v1/types.go`): `eventTime` and the deprecated times (`null`),
+/// `regarding` and `deprecatedSource` (`{}`); and what it leaves out when empty, which the
+/// core form writes: `reportingController` and `reportingInstance` when `""`,
+/// `deprecatedCount` when 0.
+pub fn events_v1_fields(o: &mut Value) {
+    let Some(map) = o.as_object_mut() else {
+        return;
+    };
+    for (field, zero) in [
+        ("eventTime", Value::Null),
+        ("regarding", json!({})),
+        ("deprecatedSource", json!({})),
+        ("deprecatedFirstTimestamp", Value::Null),
+        ("deprecatedLastTimestamp", Value::Null),
+    ] {
+        map.entry(field).or_insert(zero);
+    }
+    for field in ["reportingController", "reportingInstance"] {
+        if map.get(field).is_some_and(|v| v.is_null() || v == "") {
+            map.remove(field);
+        }
+    }
+    if map
+        .get("deprecatedCount")
+        .is_some_and(|v| v.is_null() || v.as_i64() == Some(0))
+    {
+        map.remove("deprecatedCount");
+    }
 }
 
 /// Identity conversion for resources stored as served.
@@ -210,7 +256,7 @@ fn zeroish(v: &Value) -> bool {
 }
 
 /// Upstream's `Semantic.DeepEqual` of decoded values: unset and zero are alike.
-fn semantic_eq(a: &Value, b: &Value) -> bool {
+pub(super) fn semantic_eq(a: &Value, b: &Value) -> bool {
     if zeroish(a) && zeroish(b) {
         return true;
     }
@@ -282,9 +328,7 @@ fn validate_new_event_create(o: &Value, errors: &mut Vec<FieldError>) {
 }
 
 /// Upstream `ValidateEventUpdate` for an events.k8s.io/v1 write, after the legacy rules: a
-/// changed series is checked, and what the event says is immutable. The deprecated
-/// `lastTimestamp` and `count`, which the core form fills in for core readers (see
-/// [`to_core`]), are compared only when the update sets them.
+/// changed series is checked, and what the event says is immutable.
 fn validate_new_event_update(new: &Value, old: &Value, errors: &mut Vec<FieldError>) {
     if !semantic_eq(&new["series"], &old["series"]) {
         validate_series(new, errors);
@@ -308,7 +352,6 @@ fn validate_new_event_update(new: &Value, old: &Value, errors: &mut Vec<FieldErr
         let name = api.name(field);
         let (is, was) = (&new[name], &old[name]);
         let same = match field {
-            "lastTimestamp" | "count" if zeroish(is) => true,
             "firstTimestamp" | "lastTimestamp" => instant(is, 1) == instant(was, 1),
             "eventTime" => instant(is, 1_000_000) == instant(was, 1_000_000),
             _ => semantic_eq(is, was),
@@ -345,8 +388,12 @@ pub fn validate_events_v1_event(new: &Value, old: Option<&Value>) -> Vec<FieldEr
 mod tests {
     use super::*;
 
+    /// Upstream `Convert_v1_Event_To_core_Event` / `Convert_core_Event_To_v1_Event`
+    /// (`pkg/apis/events/v1/conversion.go`): the fields are renamed and nothing is filled
+    /// in, so an event of the new API has neither `count` nor a `lastTimestamp` in core/v1,
+    /// nor a `deprecatedCount` back in events.k8s.io/v1.
     #[test]
-    fn new_events_read_as_core_events_and_back() {
+    fn new_events_convert_to_core_by_renaming_alone() {
         let new = json!({
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
             "metadata": {"name": "e1", "namespace": "default"},
@@ -361,11 +408,58 @@ mod tests {
         assert_eq!(core["involvedObject"]["name"], "n1");
         assert_eq!(core["message"], "Node synced successfully");
         assert_eq!(core["reportingComponent"], "cloud-node-controller");
-        assert_eq!(core["lastTimestamp"], "2026-11-22T01:02:03Z");
-        assert_eq!(core["count"], 1);
+        assert_eq!(core.get("lastTimestamp"), Some(&Value::Null));
+        assert_eq!(core.get("count"), None);
         let back = to_events_v1(core);
         assert_eq!(back["regarding"], new["regarding"]);
         assert_eq!(back["note"], new["note"]);
         assert_eq!(back["apiVersion"], "events.k8s.io/v1");
+        assert_eq!(back.get("deprecatedCount"), None);
+        assert_eq!(back.get("deprecatedLastTimestamp"), Some(&Value::Null));
+    }
+
+    /// `k8s.io/api/core/v1/types.go` `Event`: `involvedObject` and `source` are non-pointer
+    /// structs, the times `metav1.Time`/`MicroTime` (`null` when unset), and
+    /// `reportingComponent`/`reportingInstance` have no `omitempty`; nothing sets `count`
+    /// (the core event strategy's `PrepareForCreate` is empty).
+    #[test]
+    fn core_events_carry_the_fields_go_always_writes() {
+        let mut e = json!({"metadata": {"name": "e"}, "involvedObject": {"kind": "Pod"},
+            "reason": "R", "lastTimestamp": "2026-01-01T00:00:00Z", "series": {"count": 2}});
+        core_event_fields(&mut e);
+        assert_eq!(
+            e,
+            json!({"metadata": {"name": "e"}, "involvedObject": {"kind": "Pod"}, "reason": "R",
+                "source": {}, "firstTimestamp": null, "lastTimestamp": "2026-01-01T00:00:00Z",
+                "eventTime": null, "reportingComponent": "", "reportingInstance": "",
+                "series": {"count": 2, "lastObservedTime": null}})
+        );
+    }
+
+    /// `k8s.io/api/events/v1/types.go` `Event`: `regarding` and `deprecatedSource` are
+    /// non-pointer structs, `eventTime` and the deprecated times are written as `null`;
+    /// `reportingController`, `reportingInstance` and `deprecatedCount` are `omitempty`, so
+    /// a core event read through events.k8s.io/v1 has none of them when empty.
+    #[test]
+    fn events_v1_carry_the_fields_go_always_writes() {
+        let core = json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "e", "namespace": "default"},
+            "involvedObject": {"kind": "Pod", "name": "p"}, "message": "m",
+            "reportingComponent": "", "reportingInstance": "", "count": 0});
+        let v1 = to_events_v1(core);
+        assert_eq!(
+            v1,
+            json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                "metadata": {"name": "e", "namespace": "default"},
+                "regarding": {"kind": "Pod", "name": "p"}, "note": "m", "eventTime": null,
+                "deprecatedSource": {}, "deprecatedFirstTimestamp": null,
+                "deprecatedLastTimestamp": null})
+        );
+        let mut created = json!({"metadata": {"name": "e"}, "eventTime": "2026-01-01T00:00:00.000000Z",
+            "reportingController": "c", "reportingInstance": "i", "deprecatedCount": 3});
+        events_v1_fields(&mut created);
+        assert_eq!(created["reportingController"], "c");
+        assert_eq!(created["deprecatedCount"], 3);
+        assert_eq!(created["deprecatedSource"], json!({}));
     }
 }

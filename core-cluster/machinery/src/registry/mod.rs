@@ -15,6 +15,7 @@ pub mod resources;
 pub mod selectors;
 pub mod table;
 pub mod workloads;
+mod zero;
 
 use std::sync::Arc;
 
@@ -190,6 +191,37 @@ pub fn serves_deletecollection(group: &str, plural: &str) -> bool {
 
 /// No defaulting (a [`ResourceDef::prepare_create`] or [`ResourceDef::prepare_update`]).
 pub fn no_defaults(_: &mut Value) {}
+
+/// What upstream's `PrepareForUpdate` of some kinds derives from the stored object, for a
+/// write of `def` (of its `subresource`, if any), to run right after
+/// [`ResourceDef::prepare_update`] (and before the managed fields are recorded, which own
+/// what it sets, as upstream's do): `new` is the object to store, with the system metadata
+/// of `old`, the stored one.
+///
+/// - DaemonSets: the template-generation annotation is the old one, one more when the
+///   template changed (`pkg/registry/apps/daemonset/strategy.go`).
+/// - EndpointSlices: the generation counts any change but of the metadata, and a change of
+///   the labels (`pkg/registry/discovery/endpointslice/strategy.go`).
+/// - CertificateSigningRequests, through `status` and `approval`: the conditions' unset
+///   times are now, a condition's transition time the old one of the same type and status
+///   (`populateConditionTimestamps`, `pkg/registry/certificates/certificates/strategy.go`).
+pub fn prepare_update_from_old(
+    def: &ResourceDef,
+    new: &mut Value,
+    old: &Value,
+    subresource: Option<&str>,
+) {
+    match (def.group, def.plural) {
+        ("apps", "daemonsets") => workloads::update_daemon_set(new, old),
+        ("discovery.k8s.io", "endpointslices") => resources::update_endpoint_slice(new, old),
+        ("certificates.k8s.io", "certificatesigningrequests")
+            if matches!(subresource, Some("status" | "approval")) =>
+        {
+            certificates::populate_condition_timestamps(new, old, &meta::now_rfc3339());
+        }
+        _ => {}
+    }
+}
 
 /// Round-trips through the k8s-openapi type `K` (see [`ResourceDef::typed`]).
 pub fn typed<K: DeserializeOwned + Serialize>(obj: &Value) -> Result<Value, String> {
@@ -411,6 +443,45 @@ mod tests {
             unknown_fields(&given, &known),
             ["spec.bogus", "spec.list[0].y"]
         );
+    }
+
+    /// The stored object's part in an update, by kind: the DaemonSet's template generation
+    /// (`daemonSetStrategy.PrepareForUpdate`), the EndpointSlice's generation
+    /// (`endpointSliceStrategy.PrepareForUpdate`), a CSR's condition times through its
+    /// `status` and `approval` subresources only (`populateConditionTimestamps`).
+    #[test]
+    fn updates_take_what_upstream_derives_from_the_stored_object() {
+        let registry = Registry::standard();
+        let ds = registry.find("apps", "v1", "daemonsets").unwrap();
+        let old = json!({"metadata": {"annotations": {workloads::TEMPLATE_GENERATION: "2"}},
+            "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "a"}]}}}});
+        let mut new = json!({"metadata": {},
+            "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "b"}]}}}});
+        prepare_update_from_old(ds, &mut new, &old, None);
+        assert_eq!(
+            new["metadata"]["annotations"][workloads::TEMPLATE_GENERATION],
+            "3"
+        );
+        let slices = registry
+            .find("discovery.k8s.io", "v1", "endpointslices")
+            .unwrap();
+        let old = json!({"metadata": {"generation": 1}, "addressType": "IPv4"});
+        let mut new = json!({"metadata": {"generation": 1}, "addressType": "IPv6"});
+        prepare_update_from_old(slices, &mut new, &old, None);
+        assert_eq!(new["metadata"]["generation"], 2);
+        let csrs = registry
+            .find("certificates.k8s.io", "v1", "certificatesigningrequests")
+            .unwrap();
+        let old = json!({"status": {}});
+        let conditions =
+            json!({"status": {"conditions": [{"type": "Approved", "status": "True"}]}});
+        let mut main = conditions.clone();
+        prepare_update_from_old(csrs, &mut main, &old, None);
+        assert_eq!(main, conditions);
+        let mut approval = conditions.clone();
+        prepare_update_from_old(csrs, &mut approval, &old, Some("approval"));
+        assert!(approval["status"]["conditions"][0]["lastUpdateTime"].is_string());
+        assert!(approval["status"]["conditions"][0]["lastTransitionTime"].is_string());
     }
 
     #[test]

@@ -141,6 +141,9 @@ fn default_field_ref(holder: &mut Value) {
 /// generated defaults under a container: port protocols, downward API field references,
 /// probes and lifecycle hooks.
 fn default_container(c: &mut Value) {
+    // `Container.Resources` is a non-pointer struct (`json:"resources,omitempty"`), which
+    // Go writes as `{}` when unset (`k8s.io/api/core/v1/types.go`).
+    default_ptr(c, "resources", json!({}));
     if unset_str(c.get("imagePullPolicy")) {
         let policy = default_pull_policy(c.get("image").and_then(Value::as_str).unwrap_or(""));
         default_str(c, "imagePullPolicy", policy);
@@ -237,10 +240,16 @@ fn default_volume(v: &mut Value) {
         default_str(scale_io, "storageMode", "ThinProvisioned");
         default_str(scale_io, "fsType", "xfs");
     }
-    if let Some(claim_spec) = v.pointer_mut("/ephemeral/volumeClaimTemplate/spec")
-        && claim_spec.is_object()
+    if let Some(claim) = v.pointer_mut("/ephemeral/volumeClaimTemplate")
+        && claim.is_object()
     {
-        default_ptr(claim_spec, "volumeMode", json!("Filesystem"));
+        // `PersistentVolumeClaimTemplate`'s `ObjectMeta` and `Spec`, and the claim spec's
+        // `Resources`, are non-pointer structs, written as `{}` when unset.
+        default_ptr(claim, "metadata", json!({}));
+        if let Some(claim_spec) = super::zero::object_at(claim, "spec") {
+            default_ptr(claim_spec, "volumeMode", json!("Filesystem"));
+            default_ptr(claim_spec, "resources", json!({}));
+        }
     }
 }
 
@@ -251,6 +260,7 @@ pub(super) fn default_pod_spec(spec: &mut Value) {
     if !spec.is_object() {
         return;
     }
+    service_account_alias(spec);
     default_str(spec, "dnsPolicy", "ClusterFirst");
     default_str(spec, "restartPolicy", "Always");
     default_ptr(spec, "securityContext", json!({}));
@@ -266,6 +276,23 @@ pub(super) fn default_pod_spec(spec: &mut Value) {
     }
 }
 
+/// Upstream's conversions of a pod spec (`Convert_v1_PodSpec_To_core_PodSpec` and back,
+/// `pkg/apis/core/v1/conversion.go`), on every decode and answer: the deprecated
+/// `serviceAccount` stands for `serviceAccountName` when that is unset, and is written back
+/// as its alias, the same name.
+fn service_account_alias(spec: &mut Value) {
+    let name = [spec.get("serviceAccountName"), spec.get("serviceAccount")]
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .find(|n| !n.is_empty())
+        .map(str::to_owned);
+    if let (Some(name), Some(map)) = (name, spec.as_object_mut()) {
+        map.insert("serviceAccountName".into(), json!(name));
+        map.insert("serviceAccount".into(), json!(name));
+    }
+}
+
 /// A pod's volumes with upstream's defaults, to compare volumes stored before a default
 /// existed with volumes written since.
 pub(super) fn defaulted_volumes(volumes: &Value) -> Value {
@@ -278,8 +305,10 @@ pub(super) fn defaulted_volumes(volumes: &Value) -> Value {
 
 /// The defaults upstream gives a Pod (not a pod template) on every decode: `SetDefaults_Pod`
 /// (requests from limits, pod-level requests, `enableServiceLinks`, host ports under host
-/// networking) then [`default_pod_spec`].
+/// networking) then [`default_pod_spec`]; and the status fields Go always writes
+/// ([`pod_status_fields`]).
 pub(super) fn default_pod(pod: &mut Value) {
+    pod_status_fields(pod);
     let Some(spec) = child(pod, "spec") else {
         return;
     };
@@ -305,6 +334,31 @@ pub(super) fn default_pod(pod: &mut Value) {
         }
     }
     default_pod_spec(spec);
+}
+
+/// What Go writes of a pod's status whatever is set (`k8s.io/api/core/v1/types.go`): the
+/// status itself (`PodStatus`, a non-pointer struct); each condition's `lastProbeTime` and
+/// `lastTransitionTime` (`metav1.Time`, `null` when unset); and each container status's
+/// `name`, `state` and `lastState` (structs, `{}`), `ready`, `restartCount`, `image` and
+/// `imageID` (no `omitempty`).
+fn pod_status_fields(pod: &mut Value) {
+    use super::zero::{always, condition_times, object_at};
+    let Some(status) = object_at(pod, "status") else {
+        return;
+    };
+    for list in [
+        "initContainerStatuses",
+        "containerStatuses",
+        "ephemeralContainerStatuses",
+    ] {
+        for c in each_mut(status, list) {
+            always(c, &["state", "lastState"], &json!({}));
+            always(c, &["name", "image", "imageID"], &json!(""));
+            always(c, &["ready"], &json!(false));
+            always(c, &["restartCount"], &json!(0));
+        }
+    }
+    condition_times(pod, &["lastProbeTime", "lastTransitionTime"]);
 }
 
 /// A container's requests default to its limits, resource by resource.

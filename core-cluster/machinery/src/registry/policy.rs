@@ -10,9 +10,9 @@ use super::{
     Column, NameRule, ResourceDef,
     events::identity,
     meta::validate_conditions,
-    no_defaults,
     table::{AGE, NAME},
     typed_with_conditions,
+    zero::{object_at, omit_zero_counts, status_counts},
 };
 use crate::registry::FieldError;
 
@@ -119,6 +119,27 @@ fn validate_pdb(new: &Value, _old: Option<&Value>) -> Vec<FieldError> {
     errors
 }
 
+/// The counts of a budget's status without `omitempty` (`PodDisruptionBudgetStatus`).
+const PDB_STATUS_COUNTS: &[&str] = &[
+    "disruptionsAllowed",
+    "currentHealthy",
+    "desiredHealthy",
+    "expectedPods",
+];
+
+/// What Go writes of a budget whatever is set (`k8s.io/api/policy/v1/types.go`): the `spec`
+/// (a non-pointer struct) and the status with its counts, on every write (the disruption
+/// controller's status writes included).
+fn pdb_fields(o: &mut Value) {
+    if !o.is_object() {
+        return;
+    }
+    object_at(o, "spec");
+    status_counts(o, PDB_STATUS_COUNTS);
+    // `observedGeneration` is a non-pointer integer tagged `omitempty`: left out when 0.
+    omit_zero_counts(o, &["observedGeneration"]);
+}
+
 /// policy/v1 poddisruptionbudgets.
 pub static POD_DISRUPTION_BUDGETS: ResourceDef = ResourceDef {
     group: "policy",
@@ -165,15 +186,14 @@ pub static POD_DISRUPTION_BUDGETS: ResourceDef = ResourceDef {
     ],
     field: |_, _| None,
     field_paths: &[],
-    prepare_update: no_defaults,
-    // Upstream's `PrepareForCreate`: the status starts empty.
+    prepare_update: pdb_fields,
+    // Upstream's `PrepareForCreate`: the status starts empty (the zero status, as Go
+    // writes it).
     prepare_create: |o| {
-        o["status"] = json!({
-            "disruptionsAllowed": 0,
-            "currentHealthy": 0,
-            "desiredHealthy": 0,
-            "expectedPods": 0,
-        });
+        if o.is_object() {
+            o["status"] = json!({});
+        }
+        pdb_fields(o);
     },
     validate: validate_pdb,
     to_storage: identity,
@@ -186,6 +206,26 @@ mod tests {
 
     /// Upstream `ValidatePodDisruptionBudgetSpec`: both bounds at once, a negative or
     /// over-100% bound and an unknown eviction policy are refused.
+    /// Upstream `podDisruptionBudgetStrategy.PrepareForCreate` starts from the zero
+    /// status, which Go writes with its four counts (no `omitempty`); a status write
+    /// without them reads the same.
+    #[test]
+    fn budget_statuses_carry_the_counts_go_always_writes() {
+        let mut created = json!({"spec": {"minAvailable": 1}, "status": {"expectedPods": 3}});
+        (POD_DISRUPTION_BUDGETS.prepare_create)(&mut created);
+        assert_eq!(
+            created["status"],
+            json!({"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0})
+        );
+        let mut written = json!({"status": {"observedGeneration": 1, "expectedPods": 2}});
+        (POD_DISRUPTION_BUDGETS.prepare_update)(&mut written);
+        assert_eq!(
+            written,
+            json!({"spec": {}, "status": {"observedGeneration": 1, "disruptionsAllowed": 0,
+                "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 2}})
+        );
+    }
+
     #[test]
     fn validate_pod_disruption_budget_spec_refuses_what_upstream_refuses() {
         let fields = |spec: Value| -> Vec<String> {

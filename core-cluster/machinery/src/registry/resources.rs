@@ -15,7 +15,10 @@ use serde_json::{Value, json};
 
 use super::{
     Column, NameRule, ResourceDef,
-    events::{identity, to_core, to_events_v1, validate_core_event, validate_events_v1_event},
+    events::{
+        core_event_fields, events_v1_fields, identity, semantic_eq, to_core, to_events_v1,
+        validate_core_event, validate_events_v1_event,
+    },
     meta::{config_map_key_errors, is_qualified_name, str_at},
     no_defaults,
     pod_spec::{
@@ -24,6 +27,7 @@ use super::{
     quantity::check_pod_spec_quantities,
     table::{AGE, NAME, age, key_values_cell, none_if_empty, s},
     typed,
+    zero::{always, condition_times, object_at},
 };
 use crate::registry::FieldError;
 
@@ -48,6 +52,53 @@ fn no_rules(_: &Value, _: Option<&Value>) -> Vec<FieldError> {
 }
 
 // ---------------------------------------------------------------- namespaces
+
+/// The label upstream gives every namespace, its name (`v1.LabelMetadataName`).
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// Upstream's defaults of a Namespace on every decode (`SetDefaults_Namespace`,
+/// `SetDefaults_NamespaceStatus`; the namespace strategy's `Canonicalize` sets the label
+/// again once a generated name is known): the `kubernetes.io/metadata.name` label is the
+/// name (whatever the write said), the phase `Active` when unset; and what Go always
+/// writes: `spec` and `status` (non-pointer structs) and the conditions' `lastTransitionTime`.
+fn default_namespace(o: &mut Value) {
+    if !o.is_object() {
+        return;
+    }
+    let name = s(o, &["metadata", "name"]);
+    if !name.is_empty()
+        && let Some(metadata) = o.get_mut("metadata").filter(|m| m.is_object())
+        && let Some(labels) = object_at(metadata, "labels")
+    {
+        labels[NAMESPACE_NAME_LABEL] = json!(name);
+    }
+    object_at(o, "spec");
+    if let Some(status) = object_at(o, "status") {
+        default_str(status, "phase", "Active");
+    }
+    condition_times(o, &["lastTransitionTime"]);
+}
+
+/// A new Namespace: the decode defaults, then upstream's `PrepareForCreate`: the status is
+/// `Active`, and the `kubernetes` finalizer is added to those given.
+fn prepare_namespace(o: &mut Value) {
+    default_namespace(o);
+    o["status"] = json!({"phase": "Active"});
+    if let Some(spec) = object_at(o, "spec") {
+        let finalizers = spec
+            .get_mut("finalizers")
+            .filter(|f| f.is_array())
+            .and_then(Value::as_array_mut);
+        match finalizers {
+            Some(list) => {
+                if !list.iter().any(|f| f == "kubernetes") {
+                    list.push(json!("kubernetes"));
+                }
+            }
+            None => spec["finalizers"] = json!(["kubernetes"]),
+        }
+    }
+}
 
 /// core/v1 namespaces.
 pub static NAMESPACES: ResourceDef = ResourceDef {
@@ -79,13 +130,8 @@ pub static NAMESPACES: ResourceDef = ResourceDef {
     ],
     field: |o, p| (p == "status.phase").then(|| s(o, &["status", "phase"])),
     field_paths: &["status.phase"],
-    prepare_update: no_defaults,
-    prepare_create: |o| {
-        o["status"] = json!({"phase": "Active"});
-        if o["spec"]["finalizers"].is_null() {
-            o["spec"] = json!({"finalizers": ["kubernetes"]});
-        }
-    },
+    prepare_update: default_namespace,
+    prepare_create: prepare_namespace,
     validate: no_rules,
     to_storage: identity,
     from_storage: identity,
@@ -228,6 +274,48 @@ fn validate_taints(taints: &Value, field: &str, errors: &mut Vec<FieldError>) {
     }
 }
 
+/// The fields of `NodeSystemInfo` without `omitempty`, which Go writes as `""` when unset.
+const NODE_INFO_FIELDS: &[&str] = &[
+    "machineID",
+    "systemUUID",
+    "bootID",
+    "kernelVersion",
+    "osImage",
+    "containerRuntimeVersion",
+    "kubeletVersion",
+    "kubeProxyVersion",
+    "operatingSystem",
+    "architecture",
+];
+
+/// Upstream's defaults of a Node on every decode (`SetObjectDefaults_Node`:
+/// `SetDefaults_NodeStatus` copies the capacity into an unset allocatable) and what Go
+/// always writes: `spec` and `status`, the status's `daemonEndpoints` (with the kubelet's
+/// `Port`) and `nodeInfo` (non-pointer structs, their fields without `omitempty`), and the
+/// conditions' `lastHeartbeatTime` and `lastTransitionTime`.
+fn default_node(o: &mut Value) {
+    if !o.is_object() {
+        return;
+    }
+    object_at(o, "spec");
+    if let Some(status) = object_at(o, "status") {
+        if status.get("allocatable").is_none_or(Value::is_null)
+            && let Some(capacity) = status.get("capacity").filter(|c| c.is_object()).cloned()
+        {
+            status["allocatable"] = capacity;
+        }
+        if let Some(endpoint) =
+            object_at(status, "daemonEndpoints").and_then(|d| object_at(d, "kubeletEndpoint"))
+        {
+            always(endpoint, &["Port"], &json!(0));
+        }
+        if let Some(info) = object_at(status, "nodeInfo") {
+            always(info, NODE_INFO_FIELDS, &json!(""));
+        }
+    }
+    condition_times(o, &["lastHeartbeatTime", "lastTransitionTime"]);
+}
+
 /// core/v1 nodes.
 pub static NODES: ResourceDef = ResourceDef {
     group: "",
@@ -321,8 +409,8 @@ pub static NODES: ResourceDef = ResourceDef {
         })
     },
     field_paths: &["spec.unschedulable"],
-    prepare_update: no_defaults,
-    prepare_create: no_defaults,
+    prepare_update: default_node,
+    prepare_create: default_node,
     validate: validate_node,
     to_storage: identity,
     from_storage: identity,
@@ -534,6 +622,14 @@ pub static PODS: ResourceDef = ResourceDef {
 /// config), port protocols and target ports, traffic policies, node ports of load
 /// balancers, and `ipMode: VIP` on a load balancer's ingress points that have an IP.
 fn default_service(o: &mut Value) {
+    // `ServiceStatus` and its `LoadBalancer` are non-pointer structs, which Go writes as
+    // `{}` when unset; so is a `metav1.Condition`'s unset `lastTransitionTime`, as `null`.
+    if o.is_object()
+        && let Some(status) = object_at(o, "status")
+    {
+        object_at(status, "loadBalancer");
+    }
+    condition_times(o, &["lastTransitionTime"]);
     let Some(spec) = o.get_mut("spec").filter(|s| s.is_object()) else {
         return;
     };
@@ -792,6 +888,22 @@ pub static SERVICES: ResourceDef = ResourceDef {
 
 // ---------------------------------------------------------------- endpoints
 
+/// Upstream `SetDefaults_Endpoints`, on every decode: a port's protocol is `TCP` when
+/// unset.
+fn default_endpoints(o: &mut Value) {
+    let Some(subsets) = o.get_mut("subsets").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for subset in subsets.iter_mut() {
+        let Some(ports) = subset.get_mut("ports").and_then(Value::as_array_mut) else {
+            continue;
+        };
+        for port in ports.iter_mut() {
+            default_str(port, "protocol", "TCP");
+        }
+    }
+}
+
 /// core/v1 endpoints.
 pub static ENDPOINTS: ResourceDef = ResourceDef {
     group: "",
@@ -838,8 +950,8 @@ pub static ENDPOINTS: ResourceDef = ResourceDef {
     ],
     field: no_fields,
     field_paths: &[],
-    prepare_update: no_defaults,
-    prepare_create: no_defaults,
+    prepare_update: default_endpoints,
+    prepare_create: default_endpoints,
     validate: no_rules,
     to_storage: identity,
     from_storage: identity,
@@ -979,12 +1091,8 @@ pub static EVENTS: ResourceDef = ResourceDef {
         "reportingComponent",
         "source",
     ],
-    prepare_update: no_defaults,
-    prepare_create: |o| {
-        if o["count"].is_null() {
-            o["count"] = json!(1);
-        }
-    },
+    prepare_update: core_event_fields,
+    prepare_create: core_event_fields,
     validate: validate_core_event,
     to_storage: identity,
     from_storage: identity,
@@ -1047,14 +1155,29 @@ pub static EVENTS_V1: ResourceDef = ResourceDef {
         "type",
         "reportingController",
     ],
-    prepare_update: no_defaults,
-    prepare_create: no_defaults,
+    prepare_update: events_v1_fields,
+    prepare_create: events_v1_fields,
     validate: validate_events_v1_event,
     to_storage: to_core,
     from_storage: to_events_v1,
 };
 
 // ---------------------------------------------------------------- the rest
+
+/// Upstream's service account strategy (`cleanSecretReferences`, on create and update): a
+/// listed secret is referred to by its name alone.
+fn clean_secret_references(o: &mut Value) {
+    let Some(secrets) = o.get_mut("secrets").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for secret in secrets.iter_mut().filter(|s| s.is_object()) {
+        let name = secret.get("name").cloned();
+        *secret = match name {
+            Some(name) if !name.is_null() && name != "" => json!({"name": name}),
+            _ => json!({}),
+        };
+    }
+}
 
 /// core/v1 serviceaccounts.
 pub static SERVICE_ACCOUNTS: ResourceDef = ResourceDef {
@@ -1086,8 +1209,8 @@ pub static SERVICE_ACCOUNTS: ResourceDef = ResourceDef {
     ],
     field: no_fields,
     field_paths: &[],
-    prepare_update: no_defaults,
-    prepare_create: no_defaults,
+    prepare_update: clean_secret_references,
+    prepare_create: clean_secret_references,
     validate: no_rules,
     to_storage: identity,
     from_storage: identity,
@@ -1403,6 +1526,14 @@ pub fn merge_string_data(secret: &mut Value) {
     }
 }
 
+/// What Go always writes of a Lease: its `spec` (`LeaseSpec`, a non-pointer struct), `{}`
+/// when unset.
+fn lease_spec(o: &mut Value) {
+    if o.is_object() {
+        object_at(o, "spec");
+    }
+}
+
 /// coordination.k8s.io/v1 leases.
 pub static LEASES: ResourceDef = ResourceDef {
     group: "coordination.k8s.io",
@@ -1433,8 +1564,8 @@ pub static LEASES: ResourceDef = ResourceDef {
     ],
     field: no_fields,
     field_paths: &[],
-    prepare_update: no_defaults,
-    prepare_create: no_defaults,
+    prepare_update: lease_spec,
+    prepare_create: lease_spec,
     validate: |o, _| {
         let mut errors = Vec::new();
         if let Some(d) = o["spec"]["leaseDurationSeconds"].as_i64()
@@ -1452,6 +1583,51 @@ pub static LEASES: ResourceDef = ResourceDef {
     from_storage: identity,
 };
 
+/// Upstream's defaults of an EndpointSlice on every decode (`SetDefaults_EndpointPort`,
+/// `pkg/apis/discovery/v1/defaults.go`: a port's unset name is `""`, its unset protocol
+/// `TCP`) and what Go always writes: `endpoints` and `ports` (no `omitempty`, `null` when
+/// unset), each endpoint's `addresses` and `conditions` (a non-pointer struct, `{}`).
+fn default_endpoint_slice(o: &mut Value) {
+    if !o.is_object() {
+        return;
+    }
+    always(o, &["endpoints", "ports"], &Value::Null);
+    if let Some(ports) = o.get_mut("ports").and_then(Value::as_array_mut) {
+        for port in ports.iter_mut() {
+            default_ptr(port, "name", json!(""));
+            default_ptr(port, "protocol", json!("TCP"));
+        }
+    }
+    if let Some(endpoints) = o.get_mut("endpoints").and_then(Value::as_array_mut) {
+        for endpoint in endpoints.iter_mut().filter(|e| e.is_object()) {
+            always(endpoint, &["addresses"], &Value::Null);
+            object_at(endpoint, "conditions");
+        }
+    }
+}
+
+/// Upstream's `endpointSliceStrategy.PrepareForUpdate`: the generation counts one more when
+/// anything but the metadata changed, or the labels did (see
+/// [`super::prepare_update_from_old`]).
+pub(super) fn update_endpoint_slice(new: &mut Value, old: &Value) {
+    let content = |o: &Value| -> Value {
+        let mut c = o.clone();
+        if let Some(m) = c.as_object_mut() {
+            for field in ["metadata", "apiVersion", "kind"] {
+                m.remove(field);
+            }
+        }
+        c
+    };
+    let labels = |o: &Value| o["metadata"]["labels"].clone();
+    if !semantic_eq(&content(new), &content(old)) || !semantic_eq(&labels(new), &labels(old)) {
+        let generation = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
+        if let Some(metadata) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+            metadata.insert("generation".into(), json!(generation));
+        }
+    }
+}
+
 /// discovery.k8s.io/v1 endpointslices.
 pub static ENDPOINT_SLICES: ResourceDef = ResourceDef {
     group: "discovery.k8s.io",
@@ -1463,7 +1639,9 @@ pub static ENDPOINT_SLICES: ResourceDef = ResourceDef {
     categories: &[],
     namespaced: true,
     status: false,
-    generation: false,
+    // `PrepareForCreate`: a new slice is generation 1; updates count in
+    // [`update_endpoint_slice`].
+    generation: true,
     extra_subresources: &[],
     storage: "discovery.k8s.io/endpointslices",
     name_rule: NameRule::Subdomain,
@@ -1522,8 +1700,8 @@ pub static ENDPOINT_SLICES: ResourceDef = ResourceDef {
     ],
     field: no_fields,
     field_paths: &[],
-    prepare_update: no_defaults,
-    prepare_create: no_defaults,
+    prepare_update: default_endpoint_slice,
+    prepare_create: default_endpoint_slice,
     validate: |o, _| {
         let mut errors = Vec::new();
         match o["addressType"].as_str() {
@@ -1677,6 +1855,216 @@ mod tests {
         let mut empty = json!({"stringData": {}, "data": null});
         merge_string_data(&mut empty);
         assert_eq!(empty, json!({"data": null}));
+    }
+
+    /// Upstream `SetDefaults_Namespace` (on every decode of a named namespace) and the
+    /// namespace strategy's `Canonicalize`: the `kubernetes.io/metadata.name` label is the
+    /// name, whatever the write said; `SetDefaults_NamespaceStatus`: an unset phase is
+    /// `Active`; `PrepareForCreate` adds the `kubernetes` finalizer to those given.
+    #[test]
+    fn namespaces_are_labelled_with_their_name() {
+        let mut created = json!({"metadata": {"name": "team-a", "labels": {"x": "y"}},
+            "spec": {"finalizers": ["example.com/f"]}});
+        prepare_namespace(&mut created);
+        assert_eq!(
+            created,
+            json!({"metadata": {"name": "team-a",
+                    "labels": {"x": "y", NAMESPACE_NAME_LABEL: "team-a"}},
+                "spec": {"finalizers": ["example.com/f", "kubernetes"]},
+                "status": {"phase": "Active"}})
+        );
+        let mut updated = json!({"metadata": {"name": "team-a",
+            "labels": {NAMESPACE_NAME_LABEL: "other"}}, "status": {}});
+        default_namespace(&mut updated);
+        assert_eq!(
+            updated["metadata"]["labels"],
+            json!({NAMESPACE_NAME_LABEL: "team-a"})
+        );
+        assert_eq!(updated["spec"], json!({}));
+        assert_eq!(updated["status"], json!({"phase": "Active"}));
+        let mut unnamed = json!({"metadata": {"generateName": "t-"}});
+        default_namespace(&mut unnamed);
+        assert_eq!(unnamed["metadata"].get("labels"), None);
+    }
+
+    /// Upstream `SetDefaults_NodeStatus` (an unset allocatable is the capacity) and what Go
+    /// always writes of a Node (`k8s.io/api/core/v1/types.go`): `daemonEndpoints` with the
+    /// kubelet's `Port`, every `nodeInfo` string, the conditions' times.
+    #[test]
+    fn nodes_carry_the_status_go_always_writes() {
+        let mut node = json!({"metadata": {"name": "n"}, "status": {
+            "capacity": {"cpu": "2"}, "nodeInfo": {"kubeletVersion": "v1.35.4"},
+            "conditions": [{"type": "Ready", "status": "True"}]}});
+        default_node(&mut node);
+        let status = &node["status"];
+        assert_eq!(status["allocatable"], json!({"cpu": "2"}));
+        assert_eq!(
+            status["daemonEndpoints"],
+            json!({"kubeletEndpoint": {"Port": 0}})
+        );
+        assert_eq!(status["nodeInfo"]["kubeletVersion"], "v1.35.4");
+        assert_eq!(status["nodeInfo"]["machineID"], "");
+        assert_eq!(status["nodeInfo"].as_object().unwrap().len(), 10);
+        assert_eq!(
+            status["conditions"][0],
+            json!({"type": "Ready", "status": "True", "lastHeartbeatTime": null, "lastTransitionTime": null})
+        );
+        assert_eq!(node["spec"], json!({}));
+        let mut bare = json!({"metadata": {"name": "n"}});
+        default_node(&mut bare);
+        assert_eq!(bare["status"].get("allocatable"), None);
+        assert_eq!(
+            bare["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"],
+            0
+        );
+    }
+
+    /// `k8s.io/api/core/v1` `Container.Resources` is a non-pointer struct: Go writes a
+    /// pod's containers' (init and ephemeral ones too) `resources` as `{}`; its status
+    /// writes carry the conditions' times and the container statuses' fields without
+    /// `omitempty`.
+    #[test]
+    fn pods_carry_what_go_always_writes() {
+        let mut pod = json!({"metadata": {"name": "p"}, "spec": {
+            "containers": [{"name": "c", "image": "nginx"}],
+            "initContainers": [{"name": "i", "image": "busybox"}],
+            "ephemeralContainers": [{"name": "e", "image": "busybox"}],
+            "volumes": [{"name": "v", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}]}});
+        prepare_pod(&mut pod);
+        for list in ["containers", "initContainers", "ephemeralContainers"] {
+            assert_eq!(pod["spec"][list][0]["resources"], json!({}), "{list}");
+        }
+        assert_eq!(
+            pod["spec"]["volumes"][0]["ephemeral"]["volumeClaimTemplate"],
+            json!({"metadata": {}, "spec": {"resources": {}, "volumeMode": "Filesystem"}})
+        );
+        let mut status_write = json!({"metadata": {"name": "p"}, "spec": {"containers": []},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "c", "ready": true}]}});
+        default_pod(&mut status_write);
+        assert_eq!(
+            status_write["status"]["conditions"][0],
+            json!({"type": "Ready", "status": "True", "lastProbeTime": null, "lastTransitionTime": null})
+        );
+        assert_eq!(
+            status_write["status"]["containerStatuses"][0],
+            json!({"name": "c", "ready": true, "restartCount": 0, "image": "", "imageID": "",
+                "state": {}, "lastState": {}})
+        );
+    }
+
+    /// Upstream's pod spec conversions (`pkg/apis/core/v1/conversion.go`): the deprecated
+    /// `serviceAccount` stands for an unset `serviceAccountName`, and is always written as
+    /// its alias; the new field wins when both are set.
+    #[test]
+    fn service_account_is_the_alias_of_service_account_name() {
+        let spec = |fields: Value| {
+            let mut pod = json!({"spec": {"containers": [{"name": "c", "image": "i"}]}});
+            for (k, v) in fields.as_object().unwrap() {
+                pod["spec"][k] = v.clone();
+            }
+            default_pod(&mut pod);
+            (
+                pod["spec"]["serviceAccountName"].clone(),
+                pod["spec"]["serviceAccount"].clone(),
+            )
+        };
+        assert_eq!(
+            spec(json!({"serviceAccount": "old"})),
+            (json!("old"), json!("old"))
+        );
+        assert_eq!(
+            spec(json!({"serviceAccountName": "new"})),
+            (json!("new"), json!("new"))
+        );
+        assert_eq!(
+            spec(json!({"serviceAccountName": "new", "serviceAccount": "old"})),
+            (json!("new"), json!("new"))
+        );
+        assert_eq!(spec(json!({})), (Value::Null, Value::Null));
+    }
+
+    /// `ServiceStatus.LoadBalancer` is a non-pointer struct: a status write without it
+    /// reads `loadBalancer: {}`.
+    #[test]
+    fn service_status_writes_keep_the_load_balancer() {
+        let mut svc = json!({"spec": {"ports": [{"port": 80}]}, "status": {}});
+        default_service(&mut svc);
+        assert_eq!(svc["status"], json!({"loadBalancer": {}}));
+    }
+
+    /// Upstream `SetDefaults_Endpoints`: a subset port's unset protocol is `TCP`.
+    #[test]
+    fn endpoints_ports_default_to_tcp() {
+        let mut ep = json!({"subsets": [{"addresses": [{"ip": "10.0.0.1"}],
+            "ports": [{"port": 80}, {"port": 53, "protocol": "UDP"}]}]});
+        default_endpoints(&mut ep);
+        assert_eq!(
+            ep["subsets"][0]["ports"],
+            json!([{"port": 80, "protocol": "TCP"}, {"port": 53, "protocol": "UDP"}])
+        );
+    }
+
+    /// Upstream `SetDefaults_EndpointPort` (`pkg/apis/discovery/v1/defaults.go`): an unset
+    /// name is `""`, an unset protocol `TCP`; Go always writes `endpoints`, `ports` and
+    /// each endpoint's `addresses` and `conditions`.
+    #[test]
+    fn endpoint_slices_carry_port_defaults_and_conditions() {
+        let mut slice = json!({"addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.1"]}, {"addresses": ["10.0.0.2"], "conditions": {"ready": true}}],
+            "ports": [{"port": 80}]});
+        default_endpoint_slice(&mut slice);
+        assert_eq!(slice["endpoints"][0]["conditions"], json!({}));
+        assert_eq!(slice["endpoints"][1]["conditions"], json!({"ready": true}));
+        assert_eq!(
+            slice["ports"],
+            json!([{"port": 80, "name": "", "protocol": "TCP"}])
+        );
+        let mut empty = json!({"addressType": "IPv4"});
+        default_endpoint_slice(&mut empty);
+        assert_eq!(
+            empty,
+            json!({"addressType": "IPv4", "endpoints": null, "ports": null})
+        );
+    }
+
+    /// Upstream `endpointSliceStrategy`: a new slice is generation 1, and an update counts
+    /// one more when anything but the metadata changed, or the labels did.
+    #[test]
+    fn endpoint_slice_generation_counts_content_and_label_changes() {
+        assert!(ENDPOINT_SLICES.generation);
+        let old = json!({"metadata": {"name": "s", "generation": 4, "labels": {"a": "1"}},
+            "addressType": "IPv4", "endpoints": null, "ports": null});
+        let mut annotated = old.clone();
+        annotated["metadata"]["annotations"] = json!({"x": "y"});
+        update_endpoint_slice(&mut annotated, &old);
+        assert_eq!(annotated["metadata"]["generation"], 4);
+        let mut relabelled = old.clone();
+        relabelled["metadata"]["labels"]["a"] = json!("2");
+        update_endpoint_slice(&mut relabelled, &old);
+        assert_eq!(relabelled["metadata"]["generation"], 5);
+        let mut changed = old.clone();
+        changed["endpoints"] = json!([{"addresses": ["10.0.0.1"], "conditions": {}}]);
+        update_endpoint_slice(&mut changed, &old);
+        assert_eq!(changed["metadata"]["generation"], 5);
+    }
+
+    /// Upstream `cleanSecretReferences` (`pkg/registry/core/serviceaccount/strategy.go`):
+    /// a service account's secrets are kept by name alone.
+    #[test]
+    fn service_account_secrets_are_kept_by_name() {
+        let mut sa =
+            json!({"secrets": [{"name": "s1", "namespace": "x", "kind": "Secret"}, {"uid": "u"}]});
+        clean_secret_references(&mut sa);
+        assert_eq!(sa["secrets"], json!([{"name": "s1"}, {}]));
+    }
+
+    /// `Lease.Spec` is a non-pointer struct, written as `{}` when unset.
+    #[test]
+    fn leases_always_have_a_spec() {
+        let mut lease = json!({"metadata": {"name": "l"}});
+        lease_spec(&mut lease);
+        assert_eq!(lease["spec"], json!({}));
     }
 
     #[test]

@@ -10,11 +10,12 @@ use serde_json::{Value, json};
 
 use super::{
     Column, NameRule, ResourceDef,
-    events::identity,
+    events::{identity, semantic_eq},
     pod_spec::{child, default_pod_spec, default_ptr, default_str, validate_pod_spec},
     quantity::check_pod_spec_quantities,
     table::{AGE, NAME, age, key_values_cell, none_if_empty, s},
     typed,
+    zero::{condition_times, object_at, omit_zero_counts, status_counts},
 };
 use crate::registry::FieldError;
 
@@ -156,8 +157,14 @@ fn typed_template<K: serde::de::DeserializeOwned + serde::Serialize>(
 
 /// The defaults every workload's pod template gets on every decode (upstream's generated
 /// defaulters call `SetDefaults_PodSpec` and those under it on templates too; not
-/// `SetDefaults_Pod`).
+/// `SetDefaults_Pod`). The template's `metadata` (`ObjectMeta`, a non-pointer struct) is
+/// written as `{}` when unset.
 fn default_template(o: &mut Value) {
+    if let Some(template) = o.pointer_mut("/spec/template")
+        && template.is_object()
+    {
+        default_ptr(template, "metadata", json!({}));
+    }
     if let Some(spec) = o.pointer_mut("/spec/template/spec")
         && spec.is_object()
     {
@@ -171,10 +178,46 @@ fn spec_mut(o: &mut Value) -> Option<&mut Value> {
 }
 
 /// What upstream's `PrepareForCreate` of every workload does after the decode defaults: the
-/// status starts empty.
-fn reset_status(o: &mut Value) {
+/// status starts empty (the zero status, with the counts Go writes unset: `counts`).
+fn reset_status(o: &mut Value, counts: &[&str]) {
     o["status"] = json!({});
+    status_counts(o, counts);
 }
+
+/// The counts of a ReplicaSet's status without `omitempty` (`ReplicaSetStatus`).
+const REPLICA_SET_COUNTS: &[&str] = &["replicas"];
+
+/// The counts of a DaemonSet's status without `omitempty` (`DaemonSetStatus`).
+const DAEMON_SET_COUNTS: &[&str] = &[
+    "currentNumberScheduled",
+    "numberMisscheduled",
+    "desiredNumberScheduled",
+    "numberReady",
+];
+
+/// The non-pointer counts tagged `omitempty` of each workload's status
+/// (`k8s.io/api/apps/v1`, `batch/v1` `types.go`), which Go leaves out when 0.
+const DEPLOYMENT_OMITTED_ZEROS: &[&str] = &[
+    "observedGeneration",
+    "replicas",
+    "updatedReplicas",
+    "readyReplicas",
+    "availableReplicas",
+    "unavailableReplicas",
+];
+const REPLICA_SET_OMITTED_ZEROS: &[&str] = &[
+    "fullyLabeledReplicas",
+    "readyReplicas",
+    "availableReplicas",
+    "observedGeneration",
+];
+const DAEMON_SET_OMITTED_ZEROS: &[&str] = &[
+    "observedGeneration",
+    "updatedNumberScheduled",
+    "numberAvailable",
+    "numberUnavailable",
+];
+const JOB_OMITTED_ZEROS: &[&str] = &["active", "succeeded", "failed"];
 
 /// An int-or-percent (`25%` or `1`) is well formed and not negative.
 fn valid_int_or_percent(v: &Value) -> bool {
@@ -270,6 +313,11 @@ fn validate_selector_and_template(
 /// history, a progress deadline of 600 s.
 fn default_deployment(o: &mut Value) {
     default_template(o);
+    // The status is a non-pointer struct (`{}` when unset); `DeploymentCondition`'s times
+    // are `metav1.Time` structs, `null` when unset.
+    status_counts(o, &[]);
+    omit_zero_counts(o, DEPLOYMENT_OMITTED_ZEROS);
+    condition_times(o, &["lastUpdateTime", "lastTransitionTime"]);
     let Some(spec) = spec_mut(o) else {
         return;
     };
@@ -292,7 +340,7 @@ fn default_deployment(o: &mut Value) {
 
 fn prepare_deployment(o: &mut Value) {
     default_deployment(o);
-    reset_status(o);
+    reset_status(o, &[]);
 }
 
 fn validate_deployment(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
@@ -398,6 +446,9 @@ pub static DEPLOYMENTS: ResourceDef = ResourceDef {
 /// Upstream `SetDefaults_ReplicaSet` and the template's defaults, on every decode.
 fn default_replica_set(o: &mut Value) {
     default_template(o);
+    status_counts(o, REPLICA_SET_COUNTS);
+    omit_zero_counts(o, REPLICA_SET_OMITTED_ZEROS);
+    condition_times(o, &["lastTransitionTime"]);
     if let Some(spec) = spec_mut(o) {
         default_ptr(spec, "replicas", json!(1));
     }
@@ -405,7 +456,7 @@ fn default_replica_set(o: &mut Value) {
 
 fn prepare_replica_set(o: &mut Value) {
     default_replica_set(o);
-    reset_status(o);
+    reset_status(o, REPLICA_SET_COUNTS);
 }
 
 fn validate_replica_set(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
@@ -467,6 +518,9 @@ pub static REPLICA_SETS: ResourceDef = ResourceDef {
 /// RollingUpdate strategy of 1 unavailable and no surge, 10 revisions of history.
 fn default_daemon_set(o: &mut Value) {
     default_template(o);
+    status_counts(o, DAEMON_SET_COUNTS);
+    omit_zero_counts(o, DAEMON_SET_OMITTED_ZEROS);
+    condition_times(o, &["lastTransitionTime"]);
     let Some(spec) = spec_mut(o) else {
         return;
     };
@@ -485,9 +539,71 @@ fn default_daemon_set(o: &mut Value) {
     default_ptr(spec, "revisionHistoryLimit", json!(10));
 }
 
+/// The annotation carrying a DaemonSet's template generation in apps/v1
+/// (`appsv1.DeprecatedTemplateGeneration`): upstream's internal `Spec.TemplateGeneration`,
+/// which the conversion to v1 writes into it and the conversion from v1 reads (and drops)
+/// from it.
+pub const TEMPLATE_GENERATION: &str = "deprecated.daemonset.template.generation";
+
+/// A DaemonSet's template generation as upstream's conversion reads it
+/// (`Convert_v1_DaemonSet_To_apps_DaemonSet`): the annotation as a base-10 int64; 0 when
+/// there is none. `Err` for an annotation that does not parse, which upstream's decoder
+/// refuses.
+fn template_generation(o: &Value) -> Result<i64, String> {
+    match o["metadata"]["annotations"][TEMPLATE_GENERATION].as_str() {
+        None => Ok(0),
+        Some(text) => text.parse::<i64>().map_err(|e| {
+            let why = match e.kind() {
+                std::num::IntErrorKind::PosOverflow | std::num::IntErrorKind::NegOverflow => {
+                    "value out of range"
+                }
+                _ => "invalid syntax",
+            };
+            format!("strconv.ParseInt: parsing {}: {why}", json!(text))
+        }),
+    }
+}
+
+/// Writes `generation` as the template-generation annotation, as upstream's conversion to
+/// v1 does on every answer (`Convert_apps_DaemonSet_To_v1_DaemonSet`).
+fn set_template_generation(o: &mut Value, generation: i64) {
+    let Some(metadata) = o.get_mut("metadata").filter(|m| m.is_object()) else {
+        return;
+    };
+    if let Some(annotations) = object_at(metadata, "annotations") {
+        annotations[TEMPLATE_GENERATION] = json!(generation.to_string());
+    }
+}
+
+/// A new DaemonSet: the decode defaults, then upstream's `PrepareForCreate`: the status
+/// starts empty and the template generation is the one given, at least 1.
 fn prepare_daemon_set(o: &mut Value) {
     default_daemon_set(o);
-    reset_status(o);
+    reset_status(o, DAEMON_SET_COUNTS);
+    let given = template_generation(o).unwrap_or(0);
+    set_template_generation(o, given.max(1));
+}
+
+/// An update of a DaemonSet (or of its status) against the stored `old`: upstream's
+/// `PrepareForUpdate` keeps the old template generation whatever the write says, and counts
+/// one more when the template changed (`daemonSetStrategy.PrepareForUpdate`; the status
+/// strategy keeps the old spec, the template generation with it).
+pub(super) fn update_daemon_set(new: &mut Value, old: &Value) {
+    let mut generation = template_generation(old).unwrap_or(0);
+    if !semantic_eq(
+        &defaulted_template(&new["spec"]["template"]),
+        &defaulted_template(&old["spec"]["template"]),
+    ) {
+        generation += 1;
+    }
+    set_template_generation(new, generation);
+}
+
+/// Round-trips a DaemonSet through its type, refusing first (400, as upstream's decoder) a
+/// template-generation annotation that is not an integer.
+fn typed_daemon_set(o: &Value) -> Result<Value, String> {
+    template_generation(o)?;
+    typed_template::<DaemonSet>(o)
 }
 
 fn validate_daemon_set(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
@@ -525,7 +641,7 @@ pub static DAEMON_SETS: ResourceDef = ResourceDef {
     extra_subresources: &[],
     storage: "apps/daemonsets",
     name_rule: NameRule::Subdomain,
-    typed: typed_template::<DaemonSet>,
+    typed: typed_daemon_set,
     columns: &[
         NAME,
         int_column(
@@ -590,6 +706,11 @@ pub const JOB_NAME: &str = "batch.kubernetes.io/job-name";
 /// match status `True`.
 fn default_job(o: &mut Value) {
     default_template(o);
+    // The status is a non-pointer struct (`{}` when unset); `JobCondition`'s times are
+    // `metav1.Time` structs, `null` when unset.
+    status_counts(o, &[]);
+    omit_zero_counts(o, JOB_OMITTED_ZEROS);
+    condition_times(o, &["lastProbeTime", "lastTransitionTime"]);
     let template_labels = o
         .pointer("/spec/template/metadata/labels")
         .filter(|l| l.is_object())
@@ -639,37 +760,39 @@ fn default_job(o: &mut Value) {
     }
 }
 
-/// A new Job: the decode defaults, then upstream's `PrepareForCreate` (`generateSelector`):
-/// unless `manualSelector`, the selector is the Job's uid and the template gets the uid and
-/// name labels (and their legacy unprefixed forms); the status starts empty.
+/// A new Job: the decode defaults, then upstream's `PrepareForCreate`
+/// (`pkg/registry/batch/job/strategy.go`, `generateSelector`): unless `manualSelector`, the
+/// template gets the name and uid labels (and their legacy unprefixed forms) it does not
+/// have already, and the selector the uid label unless it has one (a conflicting one is
+/// left for validation); the status starts empty.
 fn prepare_job(o: &mut Value) {
     default_job(o);
-    reset_status(o);
+    reset_status(o, &[]);
     let uid = s(o, &["metadata", "uid"]);
     let name = s(o, &["metadata", "name"]);
     let Some(spec) = spec_mut(o) else {
         return;
     };
-    if spec["manualSelector"] != true {
-        spec["selector"] = json!({"matchLabels": {JOB_CONTROLLER_UID: uid}});
-        let Some(template) = child(spec, "template") else {
-            return;
-        };
-        if !template["metadata"].is_object() {
-            template["metadata"] = json!({});
-        }
-        let labels = &mut template["metadata"]["labels"];
-        if !labels.is_object() {
-            *labels = json!({});
-        }
+    if spec["manualSelector"] == true {
+        return;
+    }
+    if let Some(labels) = child(spec, "template")
+        .and_then(|t| object_at(t, "metadata"))
+        .and_then(|m| object_at(m, "labels"))
+    {
         for (k, v) in [
-            (JOB_CONTROLLER_UID, &uid),
+            ("job-name", &name),
             (JOB_NAME, &name),
             ("controller-uid", &uid),
-            ("job-name", &name),
+            (JOB_CONTROLLER_UID, &uid),
         ] {
-            labels[k] = json!(v);
+            default_ptr(labels, k, json!(v));
         }
+    }
+    if let Some(match_labels) =
+        object_at(spec, "selector").and_then(|sel| object_at(sel, "matchLabels"))
+    {
+        default_ptr(match_labels, JOB_CONTROLLER_UID, json!(uid));
     }
 }
 
@@ -905,6 +1028,197 @@ mod tests {
         j["spec"]["template"]["spec"]["restartPolicy"] = json!("Always");
         let errors = validate_job(&j, None);
         assert_eq!(errors[0].field, "spec.template.spec.restartPolicy");
+    }
+
+    /// `k8s.io/api` `PodTemplateSpec.ObjectMeta` and `Container.Resources` are non-pointer
+    /// structs: Go writes a workload's template `metadata` and each container's `resources`
+    /// (init and ephemeral ones too) as `{}` when unset, on every write.
+    #[test]
+    fn templates_carry_metadata_and_container_resources() {
+        for default in [
+            default_deployment as fn(&mut Value),
+            default_replica_set,
+            default_daemon_set,
+            default_job,
+        ] {
+            let mut o = json!({"metadata": {"name": "w"}, "spec": {"template": {"spec": {
+                "containers": [{"name": "c", "image": "i"}],
+                "initContainers": [{"name": "i", "image": "i", "resources": {"limits": {"cpu": "1"}}}]}}}});
+            default(&mut o);
+            let template = &o["spec"]["template"];
+            assert_eq!(template["metadata"], json!({}));
+            assert_eq!(template["spec"]["containers"][0]["resources"], json!({}));
+            assert_eq!(
+                template["spec"]["initContainers"][0]["resources"],
+                json!({"limits": {"cpu": "1"}})
+            );
+        }
+    }
+
+    /// Upstream `PrepareForCreate` of each workload starts from the zero status, which Go
+    /// writes with the counts that have no `omitempty` (`ReplicaSetStatus.Replicas`; the
+    /// DaemonSet's current, misscheduled, desired and ready numbers); a status write
+    /// without them reads the same, a count tagged `omitempty` is left out when 0, and a
+    /// condition's unset times are `null`.
+    #[test]
+    fn workload_statuses_carry_the_counts_go_always_writes() {
+        let created = |prepare: fn(&mut Value)| {
+            let mut o = json!({"metadata": {"name": "w"}, "spec": {"template": {"spec": {"containers": []}}},
+                "status": {"replicas": 9}});
+            prepare(&mut o);
+            o["status"].clone()
+        };
+        assert_eq!(created(prepare_replica_set), json!({"replicas": 0}));
+        assert_eq!(
+            created(prepare_daemon_set),
+            json!({"currentNumberScheduled": 0, "numberMisscheduled": 0,
+                "desiredNumberScheduled": 0, "numberReady": 0})
+        );
+        assert_eq!(created(prepare_deployment), json!({}));
+        assert_eq!(created(prepare_job), json!({}));
+        let mut status_write = json!({"status": {"numberReady": 2,
+            "conditions": [{"type": "X", "status": "True"}]}});
+        default_daemon_set(&mut status_write);
+        assert_eq!(status_write["status"]["numberReady"], 2);
+        assert_eq!(status_write["status"]["desiredNumberScheduled"], 0);
+        assert_eq!(
+            status_write["status"]["conditions"][0]["lastTransitionTime"],
+            Value::Null
+        );
+        let mut deployment_status = json!({"status": {"conditions": [{"type": "Available"}]}});
+        default_deployment(&mut deployment_status);
+        assert_eq!(
+            deployment_status["status"]["conditions"][0],
+            json!({"type": "Available", "lastUpdateTime": null, "lastTransitionTime": null})
+        );
+        let mut counted =
+            json!({"status": {"replicas": 0, "readyReplicas": 0, "availableReplicas": 1}});
+        default_deployment(&mut counted);
+        assert_eq!(counted["status"], json!({"availableReplicas": 1}));
+        let mut job_status =
+            json!({"status": {"active": 0, "failed": 0, "conditions": [{"type": "Complete"}]}});
+        default_job(&mut job_status);
+        assert_eq!(job_status["status"].get("active"), None);
+        assert_eq!(
+            job_status["status"]["conditions"][0],
+            json!({"type": "Complete", "lastProbeTime": null, "lastTransitionTime": null})
+        );
+    }
+
+    fn daemon_set(annotations: Value, image: &str) -> Value {
+        json!({"metadata": {"name": "ds", "annotations": annotations},
+            "spec": {"selector": {"matchLabels": {"app": "ds"}},
+                "template": {"metadata": {"labels": {"app": "ds"}},
+                    "spec": {"containers": [{"name": "c", "image": image}]}}}})
+    }
+
+    /// Upstream `daemonSetStrategy.PrepareForCreate` (a template generation below 1 is 1)
+    /// and the apps/v1 conversions (`pkg/apis/apps/v1/conversion.go`), which read the
+    /// generation from the `deprecated.daemonset.template.generation` annotation and write
+    /// it back on every answer.
+    #[test]
+    fn daemon_sets_are_created_with_their_template_generation() {
+        let mut plain =
+            json!({"metadata": {"name": "ds"}, "spec": {"template": {"spec": {"containers": []}}}});
+        prepare_daemon_set(&mut plain);
+        assert_eq!(
+            plain["metadata"]["annotations"],
+            json!({TEMPLATE_GENERATION: "1"})
+        );
+        let mut given = daemon_set(json!({TEMPLATE_GENERATION: "+7", "a": "b"}), "nginx");
+        prepare_daemon_set(&mut given);
+        assert_eq!(
+            given["metadata"]["annotations"],
+            json!({TEMPLATE_GENERATION: "7", "a": "b"})
+        );
+        let mut zero = daemon_set(json!({TEMPLATE_GENERATION: "0"}), "nginx");
+        prepare_daemon_set(&mut zero);
+        assert_eq!(zero["metadata"]["annotations"][TEMPLATE_GENERATION], "1");
+    }
+
+    /// Upstream `daemonSetStrategy.PrepareForUpdate`: the template generation is the stored
+    /// one whatever the write says, one more when the template changed (a template stored
+    /// before a default existed compares as defaulted).
+    #[test]
+    fn daemon_set_updates_count_template_changes() {
+        let mut old = daemon_set(json!({}), "nginx");
+        prepare_daemon_set(&mut old);
+        old["metadata"]["annotations"][TEMPLATE_GENERATION] = json!("3");
+        let mut same = daemon_set(json!({TEMPLATE_GENERATION: "9"}), "nginx");
+        same["spec"]["minReadySeconds"] = json!(5);
+        default_daemon_set(&mut same);
+        update_daemon_set(&mut same, &old);
+        assert_eq!(same["metadata"]["annotations"][TEMPLATE_GENERATION], "3");
+        let mut dropped = daemon_set(Value::Null, "nginx");
+        dropped["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("annotations");
+        default_daemon_set(&mut dropped);
+        update_daemon_set(&mut dropped, &old);
+        assert_eq!(
+            dropped["metadata"]["annotations"],
+            json!({TEMPLATE_GENERATION: "3"})
+        );
+        let mut changed = daemon_set(json!({TEMPLATE_GENERATION: "3"}), "nginx:2");
+        default_daemon_set(&mut changed);
+        update_daemon_set(&mut changed, &old);
+        assert_eq!(changed["metadata"]["annotations"][TEMPLATE_GENERATION], "4");
+    }
+
+    /// Upstream `Convert_v1_DaemonSet_To_apps_DaemonSet` parses the annotation with
+    /// `strconv.ParseInt`; a value that does not parse fails the decode (a 400).
+    #[test]
+    fn daemon_set_template_generation_must_be_an_integer() {
+        let bad = daemon_set(json!({TEMPLATE_GENERATION: "x1"}), "nginx");
+        assert_eq!(
+            typed_daemon_set(&bad).unwrap_err(),
+            "strconv.ParseInt: parsing \"x1\": invalid syntax"
+        );
+        let huge = daemon_set(
+            json!({TEMPLATE_GENERATION: "99999999999999999999"}),
+            "nginx",
+        );
+        assert_eq!(
+            typed_daemon_set(&huge).unwrap_err(),
+            "strconv.ParseInt: parsing \"99999999999999999999\": value out of range"
+        );
+        assert!(typed_daemon_set(&daemon_set(json!({TEMPLATE_GENERATION: "2"}), "nginx")).is_ok());
+    }
+
+    /// Upstream `generateSelector` (`pkg/registry/batch/job/strategy.go`): the name and uid
+    /// labels are added to the template only where it has none of its own, and the uid
+    /// label to the selector's `matchLabels` only where missing; the rest of a given
+    /// selector stays (validation judges it).
+    #[test]
+    fn job_selector_generation_keeps_what_is_given() {
+        let mut j = json!({"metadata": {"name": "pi", "uid": "u-1"}, "spec": {
+            "selector": {"matchExpressions": [{"key": "tier", "operator": "Exists"}]},
+            "template": {"metadata": {"labels": {"job-name": "mine", "tier": "a"}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "pi", "image": "perl"}]}}}});
+        prepare_job(&mut j);
+        assert_eq!(
+            j["spec"]["template"]["metadata"]["labels"],
+            json!({"job-name": "mine", "tier": "a", JOB_NAME: "pi",
+                "controller-uid": "u-1", JOB_CONTROLLER_UID: "u-1"})
+        );
+        assert_eq!(
+            j["spec"]["selector"],
+            json!({"matchExpressions": [{"key": "tier", "operator": "Exists"}],
+                "matchLabels": {JOB_CONTROLLER_UID: "u-1"}})
+        );
+        let mut manual = json!({"metadata": {"name": "pi", "uid": "u-1"}, "spec": {
+            "manualSelector": true, "selector": {"matchLabels": {"a": "b"}},
+            "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": []}}}});
+        prepare_job(&mut manual);
+        assert_eq!(
+            manual["spec"]["selector"],
+            json!({"matchLabels": {"a": "b"}})
+        );
+        assert_eq!(
+            manual["spec"]["template"]["metadata"]["labels"],
+            json!({"a": "b"})
+        );
     }
 
     #[test]
