@@ -774,7 +774,10 @@ async fn service_status_defaults_ip_mode_and_takes_conditions_without_transition
         let condition = &service["status"]["conditions"][0];
         assert_eq!(condition["type"], "Ready");
         assert_eq!(condition["reason"], "Provisioned");
-        assert!(condition.get("lastTransitionTime").is_none(), "{condition}");
+        // `metav1.Condition.LastTransitionTime` is a `metav1.Time` without `omitempty`: Go
+        // writes the unset time as null.
+        assert_eq!(condition["lastTransitionTime"], Value::Null, "{condition}");
+        assert!(condition.get("lastTransitionTime").is_some(), "{condition}");
     }
     // A merge patch of the status is defaulted alike.
     let patched = send_raw(
@@ -1165,4 +1168,238 @@ async fn built_in_list_items_carry_no_type_meta() {
         .filter_map(|c| c.metadata.name)
         .collect();
     assert!(names.contains(&"listed".to_owned()), "{names:?}");
+}
+
+/// `fieldmanager.FieldManager.Update` behind every handler (`managerOrUserAgent`): a plain
+/// create or update without `fieldManager` is recorded under the User-Agent's prefix, with
+/// the API version written.
+#[tokio::test]
+async fn plain_writes_are_recorded_under_the_user_agent() {
+    let (_server, client) = start().await;
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "tracked", "labels": {"app": "web"}}, "data": {"k": "v"}});
+    let body = cm.to_string().into_bytes();
+    let created = send_raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        &[("user-agent", "kubectl/v1.35.4 (linux/amd64) kubernetes/abc")],
+        body,
+    )
+    .await;
+    assert_eq!(created.code, 201, "{}", created.body);
+    let entries = created.body["metadata"]["managedFields"]
+        .as_array()
+        .unwrap();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0]["manager"], "kubectl");
+    assert_eq!(entries[0]["operation"], "Update");
+    assert_eq!(entries[0]["apiVersion"], "v1");
+    assert_eq!(
+        entries[0]["fieldsV1"],
+        json!({"f:data": {".": {}, "f:k": {}}, "f:metadata": {"f:labels": {".": {}, "f:app": {}}}})
+    );
+    // Another writer's patch: recorded under its own name.
+    let patched = send_raw(
+        &client,
+        "PATCH",
+        "/api/v1/namespaces/default/configmaps/tracked",
+        &[
+            ("content-type", "application/merge-patch+json"),
+            ("user-agent", "editor/1.0"),
+        ],
+        json!({"data": {"k": "w"}}).to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(patched.code, 200, "{}", patched.body);
+    let managers: Vec<&str> = patched.body["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["manager"].as_str().unwrap())
+        .collect();
+    assert!(managers.contains(&"editor"), "{managers:?}");
+}
+
+/// `rest.BeforeDelete`: a precondition that does not hold names the object by its kind, and
+/// `ValidateDeleteOptions` (run by the handler before the object is looked up) refuses
+/// `orphanDependents` together with `propagationPolicy`, and a `dryRun` other than `All`.
+#[tokio::test]
+async fn delete_options_are_checked_as_upstream_checks_them() {
+    let (_server, client) = start().await;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let cm: ConfigMap = from(json!({"metadata": {"name": "pre"}}));
+    maps.create(&PostParams::default(), &cm).await.unwrap();
+    let path = "/api/v1/namespaces/default/configmaps/pre";
+    let stale = send(
+        &client,
+        "DELETE",
+        path,
+        &json!({"preconditions": {"resourceVersion": "1"}}),
+    )
+    .await;
+    assert_eq!(stale.code, 409, "{}", stale.body);
+    assert!(
+        stale.message().starts_with(
+            "Operation cannot be fulfilled on ConfigMap \"pre\": the ResourceVersion in the precondition (1) does not match the ResourceVersion in record ("
+        ),
+        "{}",
+        stale.message()
+    );
+    let both = send(
+        &client,
+        "DELETE",
+        "/api/v1/namespaces/default/configmaps/missing",
+        &json!({"orphanDependents": true, "propagationPolicy": "Background"}),
+    )
+    .await;
+    assert_eq!(both.code, 422, "before the 404: {}", both.body);
+    assert_eq!(
+        both.message(),
+        "DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Invalid value: \"Background\": orphanDependents and deletionPropagation cannot be both set"
+    );
+    let bad_dry_run = send(
+        &client,
+        "DELETE",
+        &format!("{path}?dryRun=Some"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(bad_dry_run.code, 422, "{}", bad_dry_run.body);
+    let bad_create = send(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/configmaps?dryRun=Some",
+        &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "dr"}}),
+    )
+    .await;
+    assert_eq!(bad_create.code, 422, "{}", bad_create.body);
+    assert_eq!(
+        bad_create.message(),
+        "CreateOptions.meta.k8s.io \"\" is invalid: dryRun: Unsupported value: \"Some\": supported values: \"All\""
+    );
+    // A dry-run deletion answers what the deletion would (a Status) and deletes nothing.
+    let dry = send(&client, "DELETE", &format!("{path}?dryRun=All"), &json!({})).await;
+    assert_eq!(dry.code, 200, "{}", dry.body);
+    assert_eq!(dry.body["kind"], "Status");
+    assert_eq!(dry.body["status"], "Success");
+    assert!(maps.get_opt("pre").await.unwrap().is_some());
+}
+
+/// `pkg/registry/batch/job/strategy.go DefaultGarbageCollectionPolicy`: a batch/v1 Job
+/// deleted without a propagation policy orphans its pods (the `orphan` finalizer), with
+/// the Job storage's warning; the collection's deletion answers the list it deleted.
+#[tokio::test]
+async fn jobs_orphan_their_pods_by_default_with_a_warning() {
+    let (_server, client) = start().await;
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "j", "finalizers": ["example.com/hold"]},
+        "spec": {"template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "busybox"}]}}}});
+    let jobs = "/apis/batch/v1/namespaces/default/jobs";
+    let created = send(&client, "POST", jobs, &job).await;
+    assert_eq!(created.code, 201, "{}", created.body);
+    let deleted = send(&client, "DELETE", &format!("{jobs}/j"), &json!({})).await;
+    assert_eq!(deleted.code, 200, "{}", deleted.body);
+    assert_eq!(deleted.body["kind"], "Job", "{}", deleted.body);
+    let finalizers = deleted.body["metadata"]["finalizers"].clone();
+    assert!(
+        finalizers.as_array().unwrap().contains(&json!("orphan")),
+        "{finalizers}"
+    );
+    assert!(
+        deleted.warnings().iter().any(|w| w.contains(
+            "child pods are preserved by default when jobs are deleted; set propagationPolicy=Background"
+        )),
+        "{:?}",
+        deleted.warnings()
+    );
+    // The collection: the list of what it deleted, as `ConfigMapList`.
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    for name in ["c1", "c2"] {
+        let cm: ConfigMap = from(json!({"metadata": {"name": name, "labels": {"set": "dc"}}}));
+        maps.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let collection = send(
+        &client,
+        "DELETE",
+        "/api/v1/namespaces/default/configmaps?labelSelector=set%3Ddc",
+        &json!({}),
+    )
+    .await;
+    assert_eq!(collection.code, 200, "{}", collection.body);
+    assert_eq!(collection.body["kind"], "ConfigMapList");
+    assert_eq!(collection.body["items"].as_array().unwrap().len(), 2);
+}
+
+/// kube-apiserver's YAML serializer: `Accept: application/yaml` gets YAML; a path outside
+/// every served group version gets the mux's plain `404 page not found`.
+#[tokio::test]
+async fn yaml_answers_and_plain_not_found() {
+    let (_server, client) = start().await;
+    let request = axum::http::Request::builder()
+        .uri("/api/v1/namespaces/default")
+        .header("accept", "application/yaml")
+        .body(Vec::new())
+        .unwrap();
+    let response = client.send(request.map(Into::into)).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/yaml");
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    assert!(text.contains("kind: Namespace\n"), "{text}");
+    let request = axum::http::Request::builder()
+        .uri("/nothing/here")
+        .body(Vec::new())
+        .unwrap();
+    let response = client.send(request.map(Into::into)).await.unwrap();
+    assert_eq!(response.status(), 404);
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&bytes[..], b"404 page not found\n");
+}
+
+/// The NamespaceLifecycle admission plugin: creating in a terminating namespace is
+/// forbidden with the `NamespaceTerminating` cause controllers look for.
+#[tokio::test]
+async fn creating_in_a_terminating_namespace_names_the_cause() {
+    let (_server, client) = start().await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = from(json!({"metadata": {"name": "term"}}));
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "term");
+    let held: ConfigMap =
+        from(json!({"metadata": {"name": "held", "finalizers": ["example.com/hold"]}}));
+    maps.create(&PostParams::default(), &held).await.unwrap();
+    namespaces
+        .delete("term", &DeleteParams::default())
+        .await
+        .unwrap();
+    let refused = send(
+        &client,
+        "POST",
+        "/api/v1/namespaces/term/configmaps",
+        &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "late"}}),
+    )
+    .await;
+    assert_eq!(refused.code, 403, "{}", refused.body);
+    assert_eq!(
+        refused.body["details"]["causes"][0]["reason"], "NamespaceTerminating",
+        "{}",
+        refused.body
+    );
+    // Let the namespace go.
+    let released = send_raw(
+        &client,
+        "PATCH",
+        "/api/v1/namespaces/term/configmaps/held",
+        &[("content-type", "application/merge-patch+json")],
+        json!({"metadata": {"finalizers": null}})
+            .to_string()
+            .into_bytes(),
+    )
+    .await;
+    assert_eq!(released.code, 200, "{}", released.body);
 }

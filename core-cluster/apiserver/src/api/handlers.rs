@@ -94,7 +94,12 @@ impl RequestScope {
 
     /// The write's user and options.
     fn write_context(&self) -> WriteContext {
-        WriteContext::new(self.user.clone(), self.query.clone())
+        let user_agent = self
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        WriteContext::of_request(self.user.clone(), self.query.clone(), user_agent)
     }
 
     fn storage(&self) -> &Storage {
@@ -328,8 +333,50 @@ async fn watch(scope: &RequestScope) -> Result<Response, ApiError> {
     .await
 }
 
+/// Upstream's `ValidateCreateOptions`, `ValidateUpdateOptions` and `ValidatePatchOptions`
+/// (`kind` names which), checked before the body is read: `fieldManager` (required by an
+/// apply, at most 128 bytes), `force` (apply only) and `dryRun` (`All` or nothing).
+fn check_write_options(kind: &str, query: &Query, apply: Option<bool>) -> Result<(), ApiError> {
+    let mut errors = Vec::new();
+    let manager = query.get("fieldManager").map_or("", String::as_str);
+    match apply {
+        Some(true) if manager.is_empty() => errors.push(FieldError::required(
+            "fieldManager",
+            "is required for apply patch",
+        )),
+        Some(false) if query.contains_key("force") => errors.push(FieldError::forbidden(
+            "force",
+            "may not be specified for non-apply patch",
+        )),
+        _ => {}
+    }
+    if manager.len() > patch::FIELD_MANAGER_MAX_LENGTH {
+        errors.push(FieldError {
+            reason: "FieldValueTooLong",
+            field: "fieldManager".into(),
+            message: format!(
+                "Too long: may not be more than {} bytes",
+                patch::FIELD_MANAGER_MAX_LENGTH
+            ),
+        });
+    }
+    if let Some(dry_run) = query.get("dryRun").filter(|d| *d != "All") {
+        errors.push(FieldError::not_supported(
+            "dryRun",
+            &json!(dry_run),
+            &["All"],
+        ));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(kind, "meta.k8s.io", "", errors))
+    }
+}
+
 /// POST of a new object.
 async fn create(scope: &RequestScope) -> Result<Response, ApiError> {
+    check_write_options("CreateOptions", &scope.query, None)?;
     let ctx = scope.write_context();
     let (def, ns) = (scope.def(), scope.namespace());
     let mut obj = scope.json_body()?;
@@ -340,6 +387,7 @@ async fn create(scope: &RequestScope) -> Result<Response, ApiError> {
 
 /// PUT of an object, its status or a namespace's finalizers.
 async fn update(scope: &RequestScope) -> Result<Response, ApiError> {
+    check_write_options("UpdateOptions", &scope.query, None)?;
     let ctx = scope.write_context();
     let key = scope.key();
     let mut obj = scope.json_body()?;
@@ -358,6 +406,9 @@ async fn patch(scope: &RequestScope) -> Result<Response, ApiError> {
 /// DELETE of an object.
 async fn delete(scope: &RequestScope) -> Result<Response, ApiError> {
     let options = scope.delete_options()?;
+    if let Some(w) = storage::delete::orphaning_warning(scope.def(), &options) {
+        warn(w.to_owned());
+    }
     let ctx = scope.write_context();
     let obj = delete_object(scope.storage(), &ctx, scope.key(), options).await?;
     Ok(json_response(StatusCode::OK, &obj, "application/json"))
@@ -366,8 +417,11 @@ async fn delete(scope: &RequestScope) -> Result<Response, ApiError> {
 /// DELETE of a collection.
 async fn delete_collection(scope: &RequestScope) -> Result<Response, ApiError> {
     let options = scope.delete_options()?;
+    if let Some(w) = storage::delete::orphaning_warning(scope.def(), &options) {
+        warn(w.to_owned());
+    }
     let ctx = scope.write_context();
-    storage::delete::delete_collection(
+    let deleted = storage::delete::delete_collection(
         scope.storage(),
         &ctx,
         scope.def(),
@@ -376,8 +430,11 @@ async fn delete_collection(scope: &RequestScope) -> Result<Response, ApiError> {
         options,
     )
     .await?;
-    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
-    Ok(json_response(StatusCode::OK, &status, "application/json"))
+    // Upstream's generic store answers a collection's deletion with the list it deleted
+    // (`Store.DeleteCollection` returns what it listed), as a `<Kind>List`.
+    let (items, revision, cont) = deleted;
+    let body = list_body(scope.def(), items, &revision.to_string(), cont.as_deref());
+    Ok(json_response(StatusCode::OK, &body, "application/json"))
 }
 
 /// POST of a pod's `binding`.
@@ -538,7 +595,7 @@ async fn list(scope: &RequestScope) -> Result<Response, ApiError> {
     let def = scope.def();
     let repr = scope.repr;
     let opts = ListOptions::parse(def, &scope.query)?;
-    let (mut items, revision, cont) =
+    let (items, revision, cont) =
         list_objects(&*scope.state.store, def, scope.namespace(), &opts).await?;
     let rv = revision.to_string();
     Ok(match repr {
@@ -560,28 +617,34 @@ async fn list(scope: &RequestScope) -> Result<Response, ApiError> {
             });
             json_response(StatusCode::OK, &list, negotiate::PARTIAL_LIST_CONTENT_TYPE)
         }
-        Representation::Object => {
-            if !crate::crd::is_custom(def) {
-                // A typed list's items carry no apiVersion or kind: kube-apiserver encodes a
-                // built-in list through its Go type, whose items' TypeMeta is empty and
-                // omitted. A custom resource's list is unstructured; its items keep theirs.
-                for item in items.iter_mut().filter_map(Value::as_object_mut) {
-                    item.remove("apiVersion");
-                    item.remove("kind");
-                }
-            }
-            let mut metadata = json!({"resourceVersion": rv});
-            if let Some(c) = &cont {
-                metadata["continue"] = json!(c);
-            }
-            let list = json!({
-                "kind": format!("{}List", def.kind),
-                "apiVersion": def.api_version(),
-                "metadata": metadata,
-                "items": items,
-            });
-            json_response(StatusCode::OK, &list, "application/json")
+        Representation::Object => json_response(
+            StatusCode::OK,
+            &list_body(def, items, &rv, cont.as_deref()),
+            "application/json",
+        ),
+    })
+}
+
+/// A list of `def`'s objects as its `<Kind>List` type.
+fn list_body(def: &ResourceDef, mut items: Vec<Value>, rv: &str, cont: Option<&str>) -> Value {
+    if !crate::crd::is_custom(def) {
+        // A typed list's items carry no apiVersion or kind: kube-apiserver encodes a
+        // built-in list through its Go type, whose items' TypeMeta is empty and
+        // omitted. A custom resource's list is unstructured; its items keep theirs.
+        for item in items.iter_mut().filter_map(Value::as_object_mut) {
+            item.remove("apiVersion");
+            item.remove("kind");
         }
+    }
+    let mut metadata = json!({"resourceVersion": rv});
+    if let Some(c) = cont {
+        metadata["continue"] = json!(c);
+    }
+    json!({
+        "kind": format!("{}List", def.kind),
+        "apiVersion": def.api_version(),
+        "metadata": metadata,
+        "items": items,
     })
 }
 
@@ -745,41 +808,7 @@ async fn patch_object(scope: &RequestScope) -> Result<(StatusCode, Value), ApiEr
     let is_apply = patch_type == patch::PatchType::ApplyPatch;
     let manager = query.get("fieldManager").cloned().unwrap_or_default();
     let force = flag(query, "force");
-    if !is_apply && query.contains_key("force") {
-        return Err(ApiError::invalid(
-            "PatchOptions",
-            "meta.k8s.io",
-            "",
-            vec![FieldError::invalid(
-                "force",
-                &json!(force),
-                "may not be specified for non-apply patch",
-            )],
-        ));
-    }
-    if is_apply && manager.is_empty() {
-        return Err(ApiError::invalid(
-            "PatchOptions",
-            "meta.k8s.io",
-            "",
-            vec![FieldError::required(
-                "fieldManager",
-                "is required for apply patch",
-            )],
-        ));
-    }
-    if manager.chars().count() > 128 {
-        return Err(ApiError::invalid(
-            "PatchOptions",
-            "meta.k8s.io",
-            "",
-            vec![FieldError {
-                reason: "FieldValueTooLong",
-                field: "fieldManager".into(),
-                message: "Too long: may not be more than 128 bytes".into(),
-            }],
-        ));
-    }
+    check_write_options("PatchOptions", query, Some(is_apply))?;
     let patch_doc = {
         let body = body.clone();
         let cancel = CancelOnDrop::default();
@@ -813,8 +842,7 @@ async fn patch_object(scope: &RequestScope) -> Result<(StatusCode, Value), ApiEr
             authorize_create(scope).await?;
             // The apply recorded its manager's ownership; an `Update` entry of the same
             // manager on top would make its next apply conflict with itself.
-            let mut ctx = scope.write_context();
-            ctx.query.remove("fieldManager");
+            let ctx = scope.write_context().untracked();
             let created = create_object(state, &ctx, def, ns, obj).await?;
             return Ok((StatusCode::CREATED, created));
         };
@@ -856,7 +884,7 @@ async fn patch_object(scope: &RequestScope) -> Result<(StatusCode, Value), ApiEr
         let mut ctx = scope.write_context();
         if is_apply {
             // Apply ownership was recorded by the apply itself.
-            ctx.query.remove("fieldManager");
+            ctx = ctx.untracked();
         }
         let key = scope.key();
         match commit_update(&state.storage, &ctx, key, sub, &kv, &current, patched).await {
@@ -1011,14 +1039,13 @@ fn patch_error(def: &ResourceDef, name: &str, e: patch::PatchError) -> ApiError 
 fn apply_error(def: &ResourceDef, name: &str, e: patch::ApplyError) -> ApiError {
     match &e {
         patch::ApplyError::Conflict { causes } => {
+            // Upstream's `NewApplyConflict`: the details carry the causes alone.
             let mut err = ApiError::conflict(&qualified(def, name), "");
             err.message = e.to_string();
-            if let Some(d) = err.details.as_mut() {
-                d["causes"] = json!(causes
-                    .iter()
-                    .map(|(field, manager)| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{manager}\""), "field": field}))
-                    .collect::<Vec<_>>());
-            }
+            err.details = Some(json!({"causes": causes
+                .iter()
+                .map(|(field, manager)| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{manager}\""), "field": field}))
+                .collect::<Vec<_>>()}));
             err
         }
         patch::ApplyError::Invalid(_) => ApiError::bad_request(e.to_string()),

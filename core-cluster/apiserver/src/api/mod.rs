@@ -22,6 +22,7 @@ mod tokens;
 mod type_meta;
 mod watch;
 mod websocket;
+mod yaml;
 
 use std::{net::IpAddr, ops::RangeInclusive, sync::Arc, time::Duration};
 
@@ -534,6 +535,10 @@ impl ApiServer {
                 self.state.clone(),
                 protobuf::codec,
             ))
+            .layer(middleware::from_fn_with_state(
+                self.state.clone(),
+                yaml::codec,
+            ))
             // Around everything, the codec's reading of the body included.
             .layer(middleware::from_fn_with_state(
                 self.state.clone(),
@@ -950,7 +955,8 @@ async fn openapi_group_version(
             );
             r
         }
-        None => ApiError::no_route(&format!("/openapi/v3/{path}")).into_response(),
+        // kube-openapi's v3 handler answers an unknown group version with a bare 404.
+        None => StatusCode::NOT_FOUND.into_response(),
     }
 }
 
@@ -1063,6 +1069,34 @@ fn group_has_namespaces(registry: &Registry, group: &str, version: &str, plural:
         .is_some_and(|d| d.namespaced)
 }
 
+/// A path nothing serves. Inside a served group version (`/api/v1/...`,
+/// `/apis/apps/v1/...`) kube-apiserver answers a `Status` (its API installer's not-found
+/// handler); anywhere else its mux answers go's plain `404 page not found`.
+fn not_found(registry: &Registry, path: &str) -> Response {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let in_group_version = match segments.as_slice() {
+        ["api", "v1", ..] => true,
+        ["apis", group, version, ..] => registry
+            .group_versions()
+            .iter()
+            .any(|(g, v)| g == group && v == version),
+        _ => false,
+    };
+    if in_group_version {
+        return ApiError::no_route(path).into_response();
+    }
+    let mut response = (StatusCode::NOT_FOUND, "404 page not found\n").into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response.headers_mut().insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
 async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>) -> Response {
     let started = tokio::time::Instant::now();
     let path = request.uri().path().to_owned();
@@ -1091,7 +1125,7 @@ async fn dispatch(State(state): State<Arc<ServerState>>, request: Request<Body>)
         Parsed::Discovery(_) | Parsed::NotFound => (
             method.to_string(),
             String::new(),
-            ApiError::no_route(&path).into_response(),
+            not_found(&state.registry, &path),
         ),
         Parsed::Resource(target)
             if target.def.group == authorization::AUTHORIZATION_GROUP

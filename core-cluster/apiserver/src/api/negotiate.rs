@@ -15,14 +15,13 @@ pub enum Representation {
     PartialMetadata,
 }
 
-/// The `Content-Type` of a Table answer.
-pub const TABLE_CONTENT_TYPE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
-/// The `Content-Type` of a partial-metadata answer.
-pub const PARTIAL_CONTENT_TYPE: &str =
-    "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io";
-/// The `Content-Type` of a partial-metadata list.
-pub const PARTIAL_LIST_CONTENT_TYPE: &str =
-    "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io";
+/// The `Content-Type` of a Table answer: kube-apiserver writes the serializer's media type,
+/// without the `as=`, `g=` and `v=` the client asked with (clients read the body's `kind`).
+pub const TABLE_CONTENT_TYPE: &str = "application/json";
+/// The `Content-Type` of a partial-metadata answer (as [`TABLE_CONTENT_TYPE`]).
+pub const PARTIAL_CONTENT_TYPE: &str = "application/json";
+/// The `Content-Type` of a partial-metadata list (as [`TABLE_CONTENT_TYPE`]).
+pub const PARTIAL_LIST_CONTENT_TYPE: &str = "application/json";
 /// The `Content-Type` of aggregated discovery.
 pub const AGGREGATED_DISCOVERY_CONTENT_TYPE: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
@@ -204,6 +203,32 @@ pub fn prefers_protobuf(headers: &HeaderMap) -> Option<bool> {
         }
     }
     None
+}
+
+/// Whether YAML (`application/yaml`, with or without `as=`) is the client's first choice
+/// among what the server serves, negotiated as [`prefers_protobuf`] does: kubectl's
+/// `-o yaml` reads JSON, but curl and other clients ask for YAML and get it from
+/// kube-apiserver.
+pub fn prefers_yaml(headers: &HeaderMap) -> bool {
+    let mut ranges = media_ranges(headers);
+    let quality = |params: &[(String, String)]| {
+        param(params, "q")
+            .and_then(|q| q.parse::<f32>().ok())
+            .unwrap_or(1.0)
+    };
+    ranges.retain(|(_, params)| quality(params) > 0.0);
+    ranges.sort_by(|(_, a), (_, b)| quality(b).total_cmp(&quality(a)));
+    for (media, _) in &ranges {
+        match media.as_str() {
+            "application/yaml" => return true,
+            "application/json"
+            | "*/*"
+            | "application/*"
+            | "application/vnd.kubernetes.protobuf" => return false,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Whether the client asked for aggregated discovery (apidiscovery.k8s.io/v2).

@@ -146,12 +146,25 @@ fn render(def: &ResourceDef, repr: Representation, obj: &Value, first: &mut bool
     }
 }
 
-fn bookmark(def: &ResourceDef, revision: u64, initial_events_end: bool) -> Value {
+/// A BOOKMARK's object: the watched kind, or `PartialObjectMetadata` for a watch of
+/// metadata only (as upstream converts every event of such a watch: its clients, the
+/// garbage collector's metadata informers, cannot decode the resource's own kind).
+fn bookmark(
+    def: &ResourceDef,
+    repr: Representation,
+    revision: u64,
+    initial_events_end: bool,
+) -> Value {
     let mut metadata = json!({"resourceVersion": revision.to_string()});
     if initial_events_end {
         metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
-    json!({"kind": def.kind, "apiVersion": def.api_version(), "metadata": metadata})
+    match repr {
+        Representation::PartialMetadata => json!({
+            "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": metadata
+        }),
+        _ => json!({"kind": def.kind, "apiVersion": def.api_version(), "metadata": metadata}),
+    }
 }
 
 /// A store event decoded once and shared by every watcher of the resource, with its
@@ -965,7 +978,11 @@ impl WatchTask {
             }
         }
         if send_initial {
-            let marker = value_frame(format, "BOOKMARK", bookmark(def, self.last_revision, true));
+            let marker = value_frame(
+                format,
+                "BOOKMARK",
+                bookmark(def, self.repr, self.last_revision, true),
+            );
             if let Flow::Stop = self.send_live(marker).await {
                 return;
             }
@@ -1068,7 +1085,7 @@ impl WatchTask {
             }
         }
         self.last_revision = self.last_revision.max(current);
-        let marker = bookmark(self.def, self.last_revision, false);
+        let marker = bookmark(self.def, self.repr, self.last_revision, false);
         // A bookmark never waits: upstream's cacher offers it to a watcher without
         // blocking (`nonblockingAdd`) and drops it when the watcher's buffer is full.
         match self

@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use super::{
-    GENERATE_NAME_ATTEMPTS, ObjectKey, Query, Storage, WriteContext,
+    GENERATE_NAME_ATTEMPTS, ObjectKey, Storage, WriteContext,
     admission::{AdmissionAttributes, Operation},
     encode,
     get_list::get_object,
@@ -35,12 +35,23 @@ pub(crate) async fn check_namespace(
     match get_object(&*state.store, namespaces, None, ns).await {
         Ok((_, namespace)) => {
             if !namespace["metadata"]["deletionTimestamp"].is_null() {
-                return Err(ApiError::forbidden(
+                // The NamespaceLifecycle admission plugin's refusal, with the cause
+                // controllers look for (`errors.HasStatusCause(err,
+                // v1.NamespaceTerminatingCause)`) to stop retrying.
+                let mut error = ApiError::forbidden(
                     &qualified(def, name),
                     &format!(
                         "unable to create new content in namespace {ns} because it is being terminated"
                     ),
-                ));
+                );
+                if let Some(details) = error.details.as_mut() {
+                    details["causes"] = json!([{
+                        "reason": "NamespaceTerminating",
+                        "message": format!("namespace {ns} is being terminated"),
+                        "field": "metadata.namespace",
+                    }]);
+                }
+                return Err(error);
             }
             Ok(())
         }
@@ -176,7 +187,12 @@ pub(crate) async fn create_object(
         // status is written through it alone.
         o.remove("status");
     }
+    // Upstream's `BeforeCreate` names the object from its `generateName` before the
+    // strategy runs, so what the strategy derives from the name (a Job's `job-name` label,
+    // a namespace's `kubernetes.io/metadata.name`) sees it.
+    meta_mut(&mut obj).insert("name".into(), json!(probe_name));
     (def.prepare_create)(&mut obj);
+    record_manager(def, &mut obj, None, ctx, None);
     state
         .mutate(
             &AdmissionAttributes {
@@ -212,7 +228,6 @@ pub(crate) async fn create_object(
         .await?;
     let allocation = allocate(state, def, &mut obj, None, &probe_name).await?;
     let dry_run = ctx.dry_run();
-    record_manager(def, &mut obj, None, &ctx.query);
     for attempt in 0..GENERATE_NAME_ATTEMPTS {
         let name = if given_name.is_empty() {
             if attempt == 0 {
@@ -303,18 +318,46 @@ pub(crate) async fn commit(state: &Storage, allocation: &Option<Allocation>) {
     }
 }
 
-/// Records the writer in `metadata.managedFields` (field manager from the query).
+/// Records the write's manager in `metadata.managedFields`, as upstream's handlers do
+/// before admission: on the decoded, defaulted object, through `subresource`, never
+/// attributing what the strategy resets (`status` when the object itself is written and its
+/// kind has a status subresource).
 pub(crate) fn record_manager(
     def: &ResourceDef,
     obj: &mut Value,
     old: Option<&Value>,
-    query: &Query,
+    ctx: &WriteContext,
+    subresource: Option<&str>,
 ) {
-    let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()) else {
+    let Some(manager) = ctx.manager.as_deref() else {
         return;
     };
+    let mut reset: Vec<&str> = Vec::new();
+    if subresource.is_none() {
+        if def.status {
+            reset.push("status");
+        }
+        reset.extend_from_slice(set_after_field_manager(def));
+    }
+    let updater = patch::Updater {
+        manager,
+        subresource,
+        reset: &reset,
+    };
     let merge = crate::crd::merge_schema(def);
-    *obj = patch::record_update(old, obj, manager, &merge, &meta::now_rfc3339());
+    *obj = patch::record_update(old, obj, updater, &merge, &meta::now_rfc3339());
+}
+
+/// Fields our `prepare_create` sets that upstream sets after its field manager has run
+/// (in `PrepareForCreate` or admission), so no writer owns them there: a namespace's
+/// `spec.finalizers` (namespace strategy) and a pod's priority (the Priority admission
+/// plugin).
+fn set_after_field_manager(def: &ResourceDef) -> &'static [&'static str] {
+    match (def.group, def.kind) {
+        ("", "Namespace") => &["spec.finalizers"],
+        ("", "Pod") => &["spec.priority", "spec.preemptionPolicy"],
+        _ => &[],
+    }
 }
 
 /// Frees what a deleted object held (Service IPs and ports).

@@ -49,9 +49,7 @@ impl DeleteOptions {
                 .as_array()
                 .is_some_and(|d| d.iter().any(|v| v == "All")),
         };
-        if body["orphanDependents"].as_bool() == Some(true) {
-            o.propagation_policy.get_or_insert_with(|| "Orphan".into());
-        }
+        let mut orphan = body["orphanDependents"].as_bool();
         if let Some(g) = query.get("gracePeriodSeconds") {
             o.grace_period_seconds =
                 Some(g.parse().map_err(|_| {
@@ -61,11 +59,42 @@ impl DeleteOptions {
         if let Some(p) = query.get("propagationPolicy") {
             o.propagation_policy = Some(p.clone());
         }
-        if flag(query, "orphanDependents") {
-            o.propagation_policy.get_or_insert_with(|| "Orphan".into());
+        if let Some(q) = query.get("orphanDependents") {
+            orphan = Some(flag(query, "orphanDependents") && !q.is_empty());
         }
         if query.get("dryRun").is_some_and(|d| d == "All") {
             o.dry_run = true;
+        }
+        // `ValidateDeleteOptions`, which upstream's handler runs before it looks the object up.
+        let body_dry_run = body["dryRun"].as_array().into_iter().flatten();
+        let query_dry_run = query.get("dryRun").map(|d| Value::String(d.clone()));
+        if let Some(other) = body_dry_run
+            .cloned()
+            .chain(query_dry_run)
+            .find(|d| d != "All")
+        {
+            return Err(ApiError::invalid(
+                "DeleteOptions",
+                "meta.k8s.io",
+                "",
+                vec![FieldError::not_supported("dryRun", &other, &["All"])],
+            ));
+        }
+        if let (Some(_), Some(policy)) = (orphan, &o.propagation_policy) {
+            return Err(ApiError::invalid(
+                "DeleteOptions",
+                "meta.k8s.io",
+                "",
+                vec![FieldError::invalid(
+                    "propagationPolicy",
+                    &json!(policy),
+                    "orphanDependents and deletionPropagation cannot be both set",
+                )],
+            ));
+        }
+        // The deprecated `orphanDependents`: true orphans, false deletes the dependents.
+        if let Some(orphan) = orphan {
+            o.propagation_policy = Some(if orphan { "Orphan" } else { "Background" }.into());
         }
         if let Some(p) = &o.propagation_policy
             && !matches!(p.as_str(), "Orphan" | "Background" | "Foreground")
@@ -86,6 +115,41 @@ impl DeleteOptions {
         }
         Ok(o)
     }
+}
+
+/// The propagation policy of a deletion that names none (upstream's
+/// `DefaultGarbageCollectionPolicy`): batch/v1 Jobs orphan their pods, for backward
+/// compatibility (`pkg/registry/batch/job/strategy.go`); every other kind served deletes its
+/// dependents in the background, which needs no finalizer.
+pub(crate) fn default_propagation_policy(def: &ResourceDef) -> Option<&'static str> {
+    (def.group == "batch" && def.version == "v1" && def.plural == "jobs").then_some("Orphan")
+}
+
+/// The warning upstream's Job storage gives a deletion that names no propagation policy
+/// (`pkg/registry/batch/job/storage/storage.go deleteOptionWarnings`), before it looks the
+/// Job up.
+pub(crate) fn orphaning_warning(
+    def: &ResourceDef,
+    options: &DeleteOptions,
+) -> Option<&'static str> {
+    (options.propagation_policy.is_none() && default_propagation_policy(def) == Some("Orphan"))
+        .then_some("child pods are preserved by default when jobs are deleted; set propagationPolicy=Background to remove them or set propagationPolicy=Orphan to suppress this warning")
+}
+
+/// A delete's precondition that does not hold: upstream's `rest.BeforeDelete` names the
+/// object by its kind (`DaemonSet.apps "a"`, `Pod "p"`), not by its resource.
+fn precondition_failed(def: &ResourceDef, name: &str, why: &str) -> ApiError {
+    let kind = if def.group.is_empty() {
+        def.kind.to_owned()
+    } else {
+        format!("{}.{}", def.kind, def.group)
+    };
+    let mut error = ApiError::conflict(&qualified(def, name), why);
+    error.message = format!("Operation cannot be fulfilled on {kind} \"{name}\": {why}");
+    if let Some(details) = error.details.as_mut() {
+        details["kind"] = json!(def.kind);
+    }
+    error
 }
 
 /// Deletes an object with upstream's semantics: preconditions, graceful deletion for pods on
@@ -125,10 +189,11 @@ pub(crate) async fn delete_object(
         if let Some(uid) = &options.precondition_uid
             && meta["uid"].as_str() != Some(uid)
         {
-            return Err(ApiError::conflict(
-                &q,
+            return Err(precondition_failed(
+                def,
+                name,
                 &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    "the UID in the precondition ({uid}) does not match the UID in record ({}). The object might have been deleted and then recreated",
                     meta["uid"].as_str().unwrap_or("")
                 ),
             ));
@@ -136,10 +201,11 @@ pub(crate) async fn delete_object(
         if let Some(rv) = &options.precondition_rv
             && *rv != kv.mod_revision.to_string()
         {
-            return Err(ApiError::conflict(
-                &q,
+            return Err(precondition_failed(
+                def,
+                name,
                 &format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({}). The object might have been modified",
                     kv.mod_revision
                 ),
             ));
@@ -154,7 +220,11 @@ pub(crate) async fn delete_object(
             })
             .unwrap_or_default();
         if !already_deleting {
-            match options.propagation_policy.as_deref() {
+            let policy = options
+                .propagation_policy
+                .as_deref()
+                .or(default_propagation_policy(def));
+            match policy {
                 Some("Orphan") => {
                     finalizers.retain(|f| f != "foregroundDeletion");
                     if !finalizers.iter().any(|f| f == "orphan") {
@@ -197,10 +267,17 @@ pub(crate) async fn delete_object(
             && current["spec"]["finalizers"]
                 .as_array()
                 .is_some_and(|f| !f.is_empty());
-        if options.dry_run {
-            return Ok(current);
+        let immediate = finalizers.is_empty() && grace == 0 && !namespace_pending;
+        if immediate && options.dry_run {
+            // What the deletion would answer (upstream's dry run goes through the same path
+            // and stops before the store).
+            return Ok(if def.plural == "pods" {
+                current
+            } else {
+                success_status(&q, meta["uid"].as_str())
+            });
         }
-        if finalizers.is_empty() && grace == 0 && !namespace_pending {
+        if immediate {
             match state.delete_key(key, &current, kv.mod_revision).await {
                 Ok((revision, _)) => {
                     released(state, def, &current).await;
@@ -255,6 +332,11 @@ pub(crate) async fn delete_object(
         } {
             return Ok(current);
         }
+        if options.dry_run {
+            let rv = meta["resourceVersion"].clone();
+            meta_mut(&mut marked).insert("resourceVersion".into(), rv);
+            return Ok(marked);
+        }
         let bytes = encode(state, def, &marked)?;
         match state
             .update_key(key, &current, &marked, bytes, kv.mod_revision)
@@ -297,10 +379,10 @@ pub(crate) async fn delete_collection(
     ns: Option<&str>,
     query: &Query,
     options: DeleteOptions,
-) -> Result<(), ApiError> {
+) -> Result<(Vec<Value>, u64, Option<String>), ApiError> {
     let opts = ListOptions::parse(def, query)?;
-    let (items, _, _) = list_objects(&*state.store, def, ns, &opts).await?;
-    for item in items {
+    let listed = list_objects(&*state.store, def, ns, &opts).await?;
+    for item in &listed.0 {
         let name = str_at(&item, &["metadata", "name"])
             .unwrap_or("")
             .to_owned();
@@ -324,5 +406,5 @@ pub(crate) async fn delete_collection(
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(listed)
 }

@@ -80,12 +80,38 @@ pub(crate) struct WriteContext {
     pub(crate) user: UserInfo,
     /// The request's query parameters.
     pub(crate) query: Query,
+    /// The field manager recorded in `metadata.managedFields` for this write (an `Update`
+    /// entry); none for writes that are not tracked (the server's own, and applies, which
+    /// record their `Apply` entry themselves).
+    pub(crate) manager: Option<String>,
 }
 
 impl WriteContext {
-    /// A write of `user` with `query`.
+    /// A write of `user` with `query`, tracked under the query's `fieldManager` if it names
+    /// one.
     pub(crate) fn new(user: UserInfo, query: Query) -> Self {
-        WriteContext { user, query }
+        let manager = query.get("fieldManager").filter(|m| !m.is_empty()).cloned();
+        WriteContext {
+            user,
+            query,
+            manager,
+        }
+    }
+
+    /// An API request's write: tracked under the query's `fieldManager`, else the prefix of
+    /// the request's User-Agent (upstream's `managerOrUserAgent`).
+    pub(crate) fn of_request(user: UserInfo, query: Query, user_agent: &str) -> Self {
+        let mut ctx = WriteContext::new(user, query);
+        if ctx.manager.is_none() {
+            ctx.manager = Some(patch::manager_from_user_agent(user_agent));
+        }
+        ctx
+    }
+
+    /// The same write, not tracked as an `Update` (an apply records its own entry).
+    pub(crate) fn untracked(mut self) -> Self {
+        self.manager = None;
+        self
     }
 
     /// A write of the server itself (bootstrap, manifests, namespace cleanup).

@@ -167,8 +167,11 @@ pub(crate) fn spawn_namespace_cleanup(state: &Storage, namespace: String) {
                         let name = str_at(&item, &["metadata", "name"])
                             .unwrap_or("")
                             .to_owned();
+                        // As upstream's namespaced-resources deleter: in the background,
+                        // each object with its own grace period, so a pod on a node is
+                        // terminated by its kubelet (preStop, SIGTERM) before it goes.
                         let options = DeleteOptions {
-                            grace_period_seconds: Some(0),
+                            propagation_policy: Some("Background".into()),
                             ..DeleteOptions::default()
                         };
                         let key = ObjectKey::new(def, Some(&namespace), &name);

@@ -248,6 +248,7 @@ pub(crate) async fn commit_update(
     // Upstream defaults every decoded body, whatever it writes (the object, its status or
     // another subresource), before comparing it with the stored object.
     (def.prepare_update)(&mut new);
+    crate::registry::prepare_update_from_old(def, &mut new, current, sub);
     let spec_changed = if crate::crd::is_custom(def) {
         // A custom resource's generation counts every change but metadata and status.
         crate::crd::schema::spec_changed(current, &new)
@@ -266,6 +267,7 @@ pub(crate) async fn commit_update(
         let generation = old_meta["generation"].as_i64().unwrap_or(0) + 1;
         meta_mut(&mut new).insert("generation".into(), json!(generation));
     }
+    record_manager(def, &mut new, Some(current), ctx, sub);
     state
         .mutate(
             &AdmissionAttributes {
@@ -321,7 +323,6 @@ pub(crate) async fn commit_update(
     } else {
         None
     };
-    record_manager(def, &mut new, Some(current), &ctx.query);
     let mut unchanged = current.clone();
     meta_mut(&mut unchanged).remove("resourceVersion");
     if new == unchanged {
