@@ -52,6 +52,30 @@ struct Cli {
 enum Command {
     /// Run core-cluster's Kubernetes API server (kubectl and kube-rs work against it).
     Apiserver(Box<crate::apiserver::ApiServerArgs>),
+    /// Run core-cluster's controllers and scheduler against any API server, by kubeconfig.
+    ///
+    /// kube-controller-manager's share (node lifecycle and taint eviction, garbage
+    /// collector, pod GC, service accounts, root CA publisher, TTL-after-finished, node
+    /// IPAM with --allocate-node-cidrs, ReplicaSet, Deployment, DaemonSet, Job,
+    /// EndpointSlice, Endpoints, EndpointSlice mirroring, disruption, and the CSR signer
+    /// with --cluster-signing-cert-file/--cluster-signing-key-file) and kube-scheduler's,
+    /// with kube-controller-manager's flags, under the Leases kube-controller-manager and
+    /// kube-scheduler lead by (kube-system/kube-controller-manager,
+    /// kube-system/kube-scheduler) unless --leader-elect=false. The namespace controller is
+    /// not among them: core-cluster's API server finalizes namespaces itself, another API
+    /// server needs its own.
+    ControllerManager(Box<crate::controller_manager::ControllerManagerArgs>),
+    /// Run simulated nodes against any API server, by kubeconfig, as kwok does.
+    ///
+    /// The nodes register as kubelets (with --sim-cloud-provider external, the default: with
+    /// the node.cloudprovider.kubernetes.io/uninitialized taint, for a
+    /// cloud-controller-manager to initialize), renew their Leases, post their status and
+    /// run the pods bound to them. Every kubelet acts through the kubeconfig's user (not as
+    /// system:node:<name>). What needs the embedded API server is off: the kubelet API
+    /// (logs, exec, port-forward, the node proxy, serving certificates), the Service data
+    /// path and the agent tunnel. --write-fake-cloud-config FILE writes the fake cloud of
+    /// these nodes for `ccm --kubeconfig ... --cloud-provider fake --cloud-config FILE`.
+    NodeSimulator(Box<crate::node_simulator::NodeSimulatorArgs>),
     /// List the cloud providers linked into this binary.
     Providers,
     /// Run the provider conformance kit against a cloud provider and print the report.
@@ -93,6 +117,8 @@ pub(crate) fn main() -> ExitCode {
     let result = match cli.command {
         None => manage(cli.ccm, cli.embedded, cli.ipam, &matches),
         Some(Command::Apiserver(args)) => apiserver(*args),
+        Some(Command::ControllerManager(args)) => block_on(crate::controller_manager::run(*args)),
+        Some(Command::NodeSimulator(args)) => block_on(crate::node_simulator::run(*args)),
         Some(Command::Providers) => providers(),
         Some(Command::Conformance(args)) => conformance(args),
     };
@@ -172,11 +198,16 @@ fn manage(
 }
 
 fn apiserver(args: crate::apiserver::ApiServerArgs) -> anyhow::Result<ExitCode> {
+    block_on(crate::apiserver::run(args))
+}
+
+/// Runs a subcommand on a multi-threaded runtime: exit code 0 once it returns.
+fn block_on(run: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(crate::apiserver::run(args))?;
+    runtime.block_on(run)?;
     Ok(ExitCode::SUCCESS)
 }
 

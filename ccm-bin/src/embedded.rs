@@ -6,37 +6,33 @@
 //! (`cloud_provider_app::run_with`, the four shared controllers, leader election), through
 //! the API server's REST API. It prints progress (nodes registered, initialized, Ready;
 //! load balancers ensured) and a summary; `kubectl` works through the kubeconfig it writes.
+//!
+//! The controllers and the scheduler are assembled by [`crate::control_plane::spawn`], the
+//! simulator by [`crate::simulation::spawn`], exactly as `ccm controller-manager` and
+//! `ccm node-simulator` assemble them against another API server; this module gives them
+//! in-process clients and what only its own API server makes possible.
 
-use std::{
-    net::{IpAddr, Ipv4Addr},
-    path::PathBuf,
-    sync::Arc,
-    time::Duration,
+use std::{net::Ipv4Addr, path::PathBuf, sync::Arc, time::Duration};
+
+use crate::{
+    control_plane::ControlPlane,
+    nodeipam::NodeIpamArgs,
+    simulation::{Fleet, InProcess, fake_cloud_builder},
 };
-
-use crate::nodeipam::NodeIpamArgs;
-use anyhow::{Context, bail};
+use anyhow::Context;
 use cloud_provider::CloudProvider;
-use cloud_provider_app::{
-    CloudControllerManagerOptions, HealthChecks, LeaderElectionConfig, LeaderElector,
-};
-use cloud_provider_fake::{FakeCloud, FakeInstance, LoadBalancerLimits, LoadBalancerLimitsError};
+use cloud_provider_app::{CloudControllerManagerOptions, HealthChecks};
+use cloud_provider_fake::{LoadBalancerLimits, LoadBalancerLimitsError};
 use core_cluster::{
     ApiServer,
     auth::{node::node_user, rbac::service_account_user},
     controllers::{
-        garbage_collector::GarbageCollector,
-        node_lifecycle::{NodeLifecycleConfig, NodeLifecycleController},
-        pod_gc::{PodGcConfig, PodGcController},
-        root_ca_publisher::RootCaPublisher,
-        serviceaccounts::ServiceAccountsController,
+        csr_signing::SigningCa,
         supervisor::{PANICS_HELP, PANICS_METRIC, Supervisor},
-        taint_eviction::TaintEvictionController,
-        ttl_after_finished::TtlAfterFinishedController,
     },
     sim::{
-        KubeletApiConfig, KubeletAuthConfig, NodeSimulator, ServiceProxyLimits, ServingCa,
-        SimConfig, SimNode, UNINITIALIZED_TAINT_KEY,
+        KubeletApiConfig, KubeletAuthConfig, NodeClientFactory, ServiceProxyLimits, ServingCa,
+        SimNode, UNINITIALIZED_TAINT_KEY,
     },
     store::Store,
 };
@@ -65,106 +61,15 @@ pub(crate) struct EmbeddedArgs {
     /// Where to write the kubeconfig for kubectl.
     #[arg(long, value_name = "FILE", default_value = "ccm.kubeconfig")]
     write_kubeconfig: PathBuf,
-    /// How many simulated nodes to run.
-    #[arg(long, default_value_t = 3)]
-    sim_nodes: usize,
-    /// Zones the simulated nodes are spread over, comma-separated.
-    #[arg(long, default_value = "zone-a,zone-b,zone-c")]
-    sim_zones: String,
-    /// Names of the simulated nodes, comma-separated, instead of `sim-node-<i>` (for a
-    /// cloud whose instances already exist, such as `--cloud-provider aws`). Overrides
-    /// `--sim-nodes`.
-    #[arg(long, value_delimiter = ',')]
-    sim_node_names: Vec<String>,
-    /// The simulated kubelets' `nodeLeaseDurationSeconds`; they renew at a quarter of it.
-    #[arg(long, default_value = "40s", value_parser = parse_duration)]
-    sim_node_lease_duration: Duration,
-    /// The simulated kubelets' `nodeStatusUpdateFrequency`.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    sim_node_status_update_frequency: Duration,
-    /// The simulated kubelets' `shutdownGracePeriod` for a graceful node shutdown (0: off,
-    /// as kubelet's default: a node shut down just powers off).
-    #[arg(long, default_value = "0s", value_parser = parse_duration)]
-    sim_shutdown_grace_period: Duration,
-    /// The simulated kubelets' `shutdownGracePeriodCriticalPods`: the part of
-    /// `--sim-shutdown-grace-period` kept for critical pods, stopped last.
-    #[arg(long, default_value = "0s", value_parser = parse_duration)]
-    sim_shutdown_grace_period_critical_pods: Duration,
-    /// The simulated kubelets' `--register-with-taints`: `key=value:Effect`,
-    /// comma-separated, put on each Node at registration (beside the cloud provider's
-    /// uninitialized taint).
-    #[arg(long, default_value = "")]
-    sim_register_with_taints: String,
-    /// The simulated kubelets' `--node-labels`: `key=value`, comma-separated; labels in
-    /// the `kubernetes.io`/`k8s.io` namespaces must be ones kubelet may set.
-    #[arg(long, default_value = "")]
-    sim_node_labels: String,
-    /// The simulated kubelets' `--register-node`: false leaves creating the Nodes to an
-    /// administrator; each simulated kubelet waits for its Node, then heartbeats.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    sim_register_node: bool,
-    /// The simulated kubelets' `--kube-reserved` (`cpu=100m,memory=1Gi,...`), taken from
-    /// allocatable.
-    #[arg(long, default_value = "")]
-    sim_kube_reserved: String,
-    /// The simulated kubelets' `--system-reserved`, taken from allocatable.
-    #[arg(long, default_value = "")]
-    sim_system_reserved: String,
-    /// The simulated kubelets' `--eviction-hard` (`signal<value`, comma-separated):
-    /// `nodefs.available`/`imagefs.available` drive disk-pressure eviction, and
-    /// `memory.available`/`nodefs.available` are taken from allocatable.
-    #[arg(long, default_value = core_cluster::sim::DEFAULT_EVICTION_HARD)]
-    sim_eviction_hard: String,
-    /// The simulated kubelets' `--eviction-pressure-transition-period`: how long
-    /// `DiskPressure` stays True after the last threshold met.
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
-    sim_eviction_pressure_transition_period: Duration,
-    /// A simulator config file (YAML, `kind: NodeSimulatorConfiguration`): each node's or
-    /// group's KubeletConfiguration (failSwapOn, memorySwap, topologyManagerPolicy, image GC
-    /// thresholds, reservations, taints...) over the `--sim-*` flags, its machine (CPUs,
-    /// memory, swap, NUMA nodes) and the per-node flags `--node-ip`, `--hostname-override`
-    /// and `--node-labels`. Nodes it names beyond `--sim-nodes` are added. A malformed file
-    /// stops `ccm` at start, naming the node and the field.
-    #[arg(long = "sim-config", value_name = "FILE")]
-    sim_config_file: Option<PathBuf>,
-    /// `--terminated-pod-gc-threshold`: terminated pods kept before pod GC deletes the
-    /// oldest (0: keep them all).
-    #[arg(long, default_value_t = 12_500)]
-    terminated_pod_gc_threshold: usize,
-    /// `--node-monitor-grace-period`.
-    #[arg(long, default_value = "50s", value_parser = parse_duration)]
-    node_monitor_grace_period: Duration,
-    /// `--node-startup-grace-period`.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
-    node_startup_grace_period: Duration,
-    /// `--node-eviction-rate` (NoExecute taints per second per zone).
-    #[arg(long, default_value_t = 0.1)]
-    node_eviction_rate: f64,
-    /// `--secondary-node-eviction-rate`.
-    #[arg(long, default_value_t = 0.01)]
-    secondary_node_eviction_rate: f64,
-    /// `--large-cluster-size-threshold`.
-    #[arg(long, default_value_t = 50)]
-    large_cluster_size_threshold: usize,
-    /// `--unhealthy-zone-threshold`.
-    #[arg(long, default_value_t = 0.55)]
-    unhealthy_zone_threshold: f64,
+    #[command(flatten)]
+    pub(crate) sim: crate::simulation::SimArgs,
+    #[command(flatten)]
+    pub(crate) controllers: crate::control_plane::ControllerArgs,
     /// Whether the simulated nodes serve kubelet's HTTPS API (`kubectl logs`, `get --raw
     /// /api/v1/nodes/N/proxy/healthz`), each on a loopback address of its own, with a
     /// serving certificate from the cluster's kubelet-serving CA.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     sim_kubelet_api: bool,
-    /// kube-controller-manager's `--cluster-signing-duration`: how long the certificates the
-    /// `kubernetes.io/kubelet-serving` signer issues (from the kubelet-serving CA, for
-    /// approved CertificateSigningRequests) last, unless a request asks for less.
-    #[arg(long, default_value = "8760h", value_parser = parse_duration)]
-    cluster_signing_duration: Duration,
-    /// Approve `kubernetes.io/kubelet-serving` CertificateSigningRequests that a node makes
-    /// for its own name and addresses (as the Node shows them), so nodes with
-    /// `serverTLSBootstrap` serve without `kubectl certificate approve`. Off by default, as
-    /// upstream leaves these requests to the administrator or a third-party approver.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
-    approve_kubelet_serving_certificates: bool,
     /// Whether Service traffic flows, in kube-proxy's place (with `--sim-kubelet-api`, whose
     /// nodes have loopback addresses): each simulated node listens on the NodePort and
     /// LoadBalancer Services' node ports and forwards to a ready endpoint's pod, which
@@ -318,140 +223,25 @@ pub(crate) fn embedded_only_flags() -> Vec<String> {
         .collect()
 }
 
-/// Starts one run of a supervised controller (see [`Supervisor::run`]).
-type BoxedStart =
-    Box<dyn FnMut(CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send + 'static>;
-
-/// The Lease kube-controller-manager leads by (`cmd/kube-controller-manager/app/options`
-/// `LeaderElection.ResourceName`), in `kube-system`.
-pub(crate) const CONTROLLER_MANAGER_LEASE: &str = "kube-controller-manager";
-/// The Lease kube-scheduler leads by, in `kube-system`.
-pub(crate) const SCHEDULER_LEASE: &str = "kube-scheduler";
-
 /// This control plane's identity in its Leases: `hostname_<random>`, made once and kept in
 /// the data directory, so that a restarted process takes its own Lease back at once
 /// (client-go lets the holder renew) instead of waiting out the lease duration, while
 /// control planes with their own data directories stay distinct.
 fn leader_identity(data_dir: &std::path::Path) -> anyhow::Result<String> {
-    use std::hash::BuildHasher;
     let path = data_dir.join("leader-identity");
     if let Ok(saved) = std::fs::read_to_string(&path)
         && !saved.trim().is_empty()
     {
         return Ok(saved.trim().to_owned());
     }
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_owned());
-    let random = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
-    let identity = format!("{host}_{random:016x}");
+    let identity = crate::control_plane::new_leader_identity();
     std::fs::write(&path, &identity)
         .with_context(|| format!("writing the leader identity to {}", path.display()))?;
     Ok(identity)
 }
 
-/// Runs `group` under `supervisor` while this process holds the Lease `kube-system/<lease>`
-/// (client-go's `leaderelection` with upstream's 15 s lease, 10 s renew deadline and 2 s
-/// retry period): campaigns, starts the group on acquiring, stops it when leadership is
-/// lost and campaigns again, until `shutdown`. On shutdown the Lease is released once the
-/// group has stopped (client-go's `ReleaseOnCancel`, which kube-scheduler sets; here
-/// kube-controller-manager's Lease too), so another control plane takes over at its next
-/// retry rather than after the 15 s lease.
-async fn run_while_leading(
-    client: kube::Client,
-    lease: &'static str,
-    identity: String,
-    supervisor: Supervisor,
-    group: Vec<(&'static str, BoxedStart)>,
-    shutdown: CancellationToken,
-) {
-    type Shared = Arc<tokio::sync::Mutex<BoxedStart>>;
-    let group: Vec<(&'static str, Shared)> = group
-        .into_iter()
-        .map(|(name, start)| (name, Arc::new(tokio::sync::Mutex::new(start))))
-        .collect();
-    loop {
-        let elector = LeaderElector::new(
-            client.clone(),
-            LeaderElectionConfig::new("kube-system", lease).with_identity(identity.clone()),
-        )
-        .with_shutdown(shutdown.clone())
-        .with_release_on_cancel(true);
-        let (group, supervisor) = (group.clone(), supervisor.clone());
-        let me = identity.clone();
-        let led = elector
-            .run(move |leading: CancellationToken| async move {
-                eprintln!("leader election: leading kube-system/{lease} as {me}");
-                let mut runs = tokio::task::JoinSet::new();
-                for (name, start) in group {
-                    runs.spawn(supervisor.run(name, leading.clone(), move |t| {
-                        let start = start.clone();
-                        async move {
-                            let run = (start.lock().await)(t);
-                            run.await;
-                        }
-                    }));
-                }
-                while runs.join_next().await.is_some() {}
-                Ok::<(), std::convert::Infallible>(())
-            })
-            .await;
-        if shutdown.is_cancelled() {
-            return;
-        }
-        if let Err(e) = led {
-            eprintln!("leader election: {e}; kube-system/{lease} campaigning again");
-        }
-    }
-}
-
 /// The fake cloud's load balancers' addresses with `--sim-data-path`: 127.2.0.1 onwards.
 const LOAD_BALANCER_BASE: Ipv4Addr = Ipv4Addr::new(127, 2, 0, 0);
-
-/// The region of the fake cloud the embedded default builds.
-const FAKE_REGION: &str = "fake-region-1";
-
-fn lifecycle_config(
-    args: &EmbeddedArgs,
-    ccm: &CloudControllerManagerOptions,
-) -> anyhow::Result<NodeLifecycleConfig> {
-    let node_monitor_period = ccm.node_monitor_period.value;
-    if ccm.node_monitor_period.is_non_positive() {
-        bail!("--node-monitor-period must be greater than 0");
-    }
-    if args.node_monitor_grace_period <= node_monitor_period {
-        bail!("--node-monitor-grace-period must be longer than --node-monitor-period");
-    }
-    for (name, rate) in [
-        ("--node-eviction-rate", args.node_eviction_rate),
-        (
-            "--secondary-node-eviction-rate",
-            args.secondary_node_eviction_rate,
-        ),
-    ] {
-        if !(rate.is_finite() && rate >= 0.0) {
-            bail!("{name} must be a number of at least 0, got {rate}");
-        }
-    }
-    if !(args.unhealthy_zone_threshold > 0.0 && args.unhealthy_zone_threshold <= 1.0) {
-        bail!(
-            "--unhealthy-zone-threshold must be in (0, 1], got {}",
-            args.unhealthy_zone_threshold
-        );
-    }
-    Ok(NodeLifecycleConfig {
-        node_monitor_period,
-        node_monitor_grace_period: args.node_monitor_grace_period,
-        node_startup_grace_period: args.node_startup_grace_period,
-        unhealthy_zone_threshold: args.unhealthy_zone_threshold,
-        large_cluster_size_threshold: args.large_cluster_size_threshold,
-        node_eviction_rate: args.node_eviction_rate,
-        secondary_node_eviction_rate: args.secondary_node_eviction_rate,
-    })
-}
 
 /// Prints a progress line. A closed stdout (a pipe whose reader went away) must not stop
 /// the cluster, so write errors are ignored instead of panicking as `println!` would.
@@ -595,134 +385,6 @@ fn progress_of(nodes: &[Arc<Node>], services: &[Arc<Service>]) -> Progress {
     p
 }
 
-/// The simulated nodes: `--sim-node-names`, else `sim-node-<i>` with an IP of its own that
-/// the fake cloud's instance reports too (so the provided node IP matches).
-fn sim_nodes(args: &EmbeddedArgs, zones: &[String]) -> Vec<SimNode> {
-    if !args.sim_node_names.is_empty() {
-        return args
-            .sim_node_names
-            .iter()
-            .map(|n| n.trim())
-            .filter(|n| !n.is_empty())
-            .enumerate()
-            .map(|(i, name)| SimNode::new(name).zone(zones[i % zones.len()].clone()))
-            .collect();
-    }
-    (0..args.sim_nodes)
-        .map(|i| {
-            // With the kubelet API, 127.1.0.0/16 onwards (loopback: the API server reaches
-            // each node's kubelet on its own address); else 10.0.0.0/9 from .1, as the
-            // simulator's own default addresses.
-            let ip = if args.sim_kubelet_api {
-                Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 1, 0, 1)) + (i as u32 & 0xfe_ffff))
-            } else {
-                Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 1)) + (i as u32 & 0x7f_ffff))
-            };
-            SimNode::new(format!("sim-node-{i}"))
-                .zone(zones[i % zones.len()].clone())
-                .ip(IpAddr::V4(ip))
-        })
-        .collect()
-}
-
-/// The simulated kubelets' configuration from the `--sim-*` flags, checked as kubelet
-/// checks its own: a bad one stops `ccm` before anything starts.
-fn sim_config(args: &EmbeddedArgs) -> anyhow::Result<SimConfig> {
-    use core_cluster::sim;
-    let flag = |name: &'static str| move |e: String| anyhow::anyhow!("--{name}: {e}");
-    let register_with_taints = sim::parse_register_with_taints(&args.sim_register_with_taints)
-        .map_err(flag("sim-register-with-taints"))?;
-    let node_labels =
-        sim::parse_node_labels(&args.sim_node_labels).map_err(flag("sim-node-labels"))?;
-    let kube_reserved =
-        sim::parse_reserved(&args.sim_kube_reserved).map_err(flag("sim-kube-reserved"))?;
-    let system_reserved =
-        sim::parse_reserved(&args.sim_system_reserved).map_err(flag("sim-system-reserved"))?;
-    let hard =
-        sim::parse_eviction_hard(&args.sim_eviction_hard).map_err(flag("sim-eviction-hard"))?;
-    let defaults = SimConfig::default();
-    let allocatable = sim::allocatable(&defaults.capacity, &kube_reserved, &system_reserved, &hard)
-        .map_err(flag("sim-kube-reserved"))?;
-    let config = SimConfig {
-        kube_reserved,
-        system_reserved,
-        node_lease_duration: args.sim_node_lease_duration,
-        node_status_update_frequency: args.sim_node_status_update_frequency,
-        shutdown_grace_period: args.sim_shutdown_grace_period,
-        shutdown_grace_period_critical_pods: args.sim_shutdown_grace_period_critical_pods,
-        register_node: args.sim_register_node,
-        register_with_taints,
-        node_labels,
-        allocatable,
-        eviction: sim::EvictionConfig {
-            hard,
-            pressure_transition_period: args.sim_eviction_pressure_transition_period,
-            ..sim::EvictionConfig::default()
-        },
-        ..defaults
-    }
-    .external_cloud_provider();
-    config
-        .validate()
-        .context("the simulated kubelets' configuration (--sim-* flags)")?;
-    Ok(config)
-}
-
-/// The simulated nodes and the simulator's configuration: the flags', then the simulator
-/// config file's (`--sim-config`) over them, per node. Nodes the file adds get a zone of
-/// `--sim-zones` and an address (as `sim-node-<i>`s do) unless it gives theirs.
-fn sim_fleet(args: &EmbeddedArgs, zones: &[String]) -> anyhow::Result<(SimConfig, Vec<SimNode>)> {
-    let nodes = sim_nodes(args, zones);
-    let config = sim_config(args)?;
-    let Some(path) = &args.sim_config_file else {
-        return Ok((config, nodes));
-    };
-    let context = || format!("--sim-config {}", path.display());
-    let text = std::fs::read_to_string(path).with_context(context)?;
-    let file = core_cluster::sim::NodeConfigFile::parse(&text).with_context(context)?;
-    let (config, mut nodes) = file.apply(&config, nodes).with_context(context)?;
-    for (i, node) in nodes.iter_mut().enumerate() {
-        if node.zone.is_none() {
-            node.zone = Some(zones[i % zones.len()].clone());
-        }
-        if node.ip.is_none() && args.sim_node_names.is_empty() {
-            node.ip = Some(IpAddr::V4(if args.sim_kubelet_api {
-                Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 1, 0, 1)) + (i as u32 & 0xfe_ffff))
-            } else {
-                Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 1)) + (i as u32 & 0x7f_ffff))
-            }));
-        }
-    }
-    Ok((config, nodes))
-}
-
-/// The fake cloud of the embedded default: one running instance per simulated node, in the
-/// node's zone, with the node's IP.
-fn fake_cloud_for(nodes: &[SimNode]) -> FakeCloud {
-    fake_cloud_builder(nodes).build()
-}
-
-/// [`fake_cloud_for`]'s builder: with `--sim-data-path` its load balancers are served on
-/// 127.2.0.1 onwards, and forward to the nodes' loopback addresses.
-fn fake_cloud_builder(nodes: &[SimNode]) -> cloud_provider_fake::FakeCloudBuilder {
-    FakeCloud::builder()
-        .default_zone(
-            nodes
-                .first()
-                .and_then(|n| n.zone.clone())
-                .unwrap_or_default(),
-        )
-        .instances(nodes.iter().enumerate().map(|(i, n)| {
-            let mut instance = FakeInstance::new(format!("i-{i:08x}"), n.name.clone())
-                .in_zone(n.zone.clone().unwrap_or_default(), FAKE_REGION)
-                .with_type("fake.medium");
-            if let Some(ip) = n.ip {
-                instance = instance.with_internal_ip(ip);
-            }
-            instance
-        }))
-}
-
 /// The cloud the embedded cluster's ccm runs with: the fake built for the simulated nodes,
 /// the fake from `--cloud-config`, or any linked provider through the registry.
 fn embedded_cloud(
@@ -736,7 +398,7 @@ fn embedded_cloud(
                 .serve_load_balancers(LOAD_BALANCER_BASE)
                 .load_balancer_limits(limits)
                 .build(),
-            None => fake_cloud_for(nodes),
+            None => fake_cloud_builder(nodes).build(),
         };
         return Ok(Arc::new(cloud));
     }
@@ -778,7 +440,13 @@ pub(crate) async fn run(
     mut ipam_args: NodeIpamArgs,
     mut ccm: CloudControllerManagerOptions,
 ) -> anyhow::Result<()> {
-    let lifecycle = lifecycle_config(&args, &ccm)?;
+    // kube-controller-manager's `--node-monitor-period` is the ccm's flag of that name here.
+    let node_monitor_period = if ccm.node_monitor_period.is_non_positive() {
+        Duration::ZERO
+    } else {
+        ccm.node_monitor_period.value
+    };
+    let lifecycle = args.controllers.lifecycle_config(node_monitor_period)?;
     let service_range = ipam_args
         .service_cluster_ip_range
         .get_or_insert_with(|| DEFAULT_SERVICE_CLUSTER_IP_RANGE.to_owned())
@@ -792,19 +460,14 @@ pub(crate) async fn run(
         .map_err(anyhow::Error::msg)?;
     let mut apiserver_args = crate::apiserver::parse_config_from(&service_range, "30000-32767")?;
     args.tolerations.apply(&mut apiserver_args);
-    let zones: Vec<String> = args
-        .sim_zones
-        .split(',')
-        .map(|z| z.trim().to_owned())
-        .filter(|z| !z.is_empty())
-        .collect();
-    if zones.is_empty() {
-        bail!("--sim-zones must name at least one zone");
-    }
-    let (sim_config, nodes) = sim_fleet(&args, &zones)?;
+    let fleet = Fleet::from_args(&args.sim, args.sim_kubelet_api)?;
     let data_path = args.sim_data_path && args.sim_kubelet_api;
     let (load_balancer_limits, node_port_limits) = data_path_limits(&args)?;
-    let cloud = embedded_cloud(&ccm, &nodes, data_path.then_some(load_balancer_limits))?;
+    let cloud = embedded_cloud(
+        &ccm,
+        &fleet.nodes,
+        data_path.then_some(load_balancer_limits),
+    )?;
 
     let temp;
     let data_dir = match &args.data_dir {
@@ -914,176 +577,25 @@ pub(crate) async fn run(
     let mut tasks = tokio::task::JoinSet::new();
     let supervisor = Supervisor::default();
     server.register_metric(PANICS_METRIC, PANICS_HELP, supervisor.panics_metric());
-    let mut controller_manager: Vec<(&'static str, BoxedStart)> = Vec::new();
-    let mut scheduler: Vec<(&'static str, BoxedStart)> = Vec::new();
-    let mut supervise = |name: &'static str, start: BoxedStart| {
-        supervisor.register(name);
-        controller_manager.push((name, start));
-    };
-    supervise("node-lifecycle-controller", {
-        let client = client.clone();
-        Box::new(move |s| {
-            let c = NodeLifecycleController::new(client.clone(), lifecycle.clone());
-            Box::pin(async move {
-                if let Err(e) = c.run(s).await {
-                    eprintln!("node lifecycle controller stopped: {e}");
-                }
-            })
-        })
-    });
-    supervise("taint-eviction-controller", {
-        let client = client.clone();
-        Box::new(move |s| Box::pin(TaintEvictionController::new(client.clone()).run(s)))
-    });
-    supervise("garbage-collector-controller", {
-        let client = client.clone();
-        Box::new(move |s| Box::pin(GarbageCollector::new(client.clone()).run(s)))
-    });
-    supervise("pod-garbage-collector-controller", {
-        let client = client.clone();
-        let config = PodGcConfig {
-            terminated_pod_gc_threshold: args.terminated_pod_gc_threshold,
-            ..PodGcConfig::default()
-        };
-        Box::new(move |s| Box::pin(PodGcController::new(client.clone(), config.clone()).run(s)))
-    });
-    // A pod's identity: the `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap
-    // (the CA the API server's serving certificate chains to) in every namespace.
-    supervise("serviceaccount-controller", {
-        let client = client.clone();
-        Box::new(move |s| Box::pin(ServiceAccountsController::new(client.clone()).run(s)))
-    });
     let ca_path = data_dir.join("pki").join("ca.crt");
     let root_ca = std::fs::read_to_string(&ca_path)
         .with_context(|| format!("reading the cluster CA {}", ca_path.display()))?;
-    supervise("root-ca-cert-publisher", {
-        let client = client.clone();
-        Box::new(move |s| Box::pin(RootCaPublisher::new(client.clone(), root_ca.clone()).run(s)))
-    });
-    // The kubelet-serving signer (kube-controller-manager's csrsigning controller), and the
-    // opt-in approver of nodes' own serving requests.
-    if let Some(ca) = &serving_ca {
-        use core_cluster::controllers::{
-            csr_approving::KubeletServingApprover,
-            csr_signing::{CsrSigner, SigningCa},
-        };
-        let signing = SigningCa {
+    let plan = ControlPlane {
+        client: client.clone(),
+        lifecycle,
+        args: args.controllers.clone(),
+        root_ca: Some(root_ca),
+        // The kubelet-serving signer issues from the CA the simulated kubelets' serving
+        // certificates come from.
+        signing_ca: serving_ca.as_ref().map(|ca| SigningCa {
             cert_pem: ca.cert_pem.clone(),
             key_pem: ca.key_pem.clone(),
-        };
-        let duration = args.cluster_signing_duration;
-        let c = client.clone();
-        supervise(
-            "certificatesigningrequest-signing-controller",
-            Box::new(move |s| {
-                Box::pin(CsrSigner::new(c.clone(), signing.clone(), duration).run(s))
-            }),
-        );
-        if args.approve_kubelet_serving_certificates {
-            let c = client.clone();
-            supervise(
-                "kubelet-serving-certificate-approver",
-                Box::new(move |s| Box::pin(KubeletServingApprover::new(c.clone()).run(s))),
-            );
-        }
-    }
-    supervise("ttl-after-finished-controller", {
-        let client = client.clone();
-        Box::new(move |s| Box::pin(TtlAfterFinishedController::new(client.clone()).run(s)))
-    });
-    if ipam.config.allocate_node_cidrs {
-        // Checked once here, so a restart cannot fail on the configuration.
-        ipam.controller(client.clone())
-            .map_err(|e| anyhow::anyhow!("node IPAM controller: {e}"))?;
-        let client = client.clone();
-        supervise(
-            "node-ipam-controller",
-            Box::new(move |s| match ipam.controller(client.clone()) {
-                Ok(c) => Box::pin(c.run(s)),
-                Err(e) => Box::pin(async move { eprintln!("node IPAM controller: {e}") }),
-            }),
-        );
-    }
-    // Pods run: the scheduler binds them, the workload controllers make them.
-    {
-        use core_cluster::controllers::{
-            daemonset::DaemonSetController,
-            deployment::DeploymentController,
-            disruption::DisruptionController,
-            endpoints::EndpointsController,
-            endpointslice::EndpointSliceController,
-            endpointslice_mirroring::EndpointSliceMirroringController,
-            job::JobController,
-            replicaset::ReplicaSetController,
-            scheduler::{Scheduler, SchedulerConfig},
-        };
-        let c = client.clone();
-        supervisor.register("scheduler");
-        scheduler.push((
-            "scheduler",
-            Box::new(move |s| {
-                Box::pin(Scheduler::new(c.clone(), SchedulerConfig::default()).run(s))
-            }),
-        ));
-        let c = client.clone();
-        supervise(
-            "replicaset-controller",
-            Box::new(move |s| Box::pin(ReplicaSetController::new(c.clone()).run(s))),
-        );
-        let c = client.clone();
-        supervise(
-            "deployment-controller",
-            Box::new(move |s| Box::pin(DeploymentController::new(c.clone()).run(s))),
-        );
-        let c = client.clone();
-        supervise(
-            "daemonset-controller",
-            Box::new(move |s| Box::pin(DaemonSetController::new(c.clone()).run(s))),
-        );
-        let c = client.clone();
-        supervise(
-            "job-controller",
-            Box::new(move |s| Box::pin(JobController::new(c.clone()).run(s))),
-        );
-        // Services' endpoints: EndpointSlices, Endpoints, and selectorless Services'
-        // Endpoints mirrored as slices.
-        let c = client.clone();
-        supervise(
-            "endpointslice-controller",
-            Box::new(move |s| Box::pin(EndpointSliceController::new(c.clone()).run(s))),
-        );
-        let c = client.clone();
-        supervise(
-            "endpoints-controller",
-            Box::new(move |s| Box::pin(EndpointsController::new(c.clone()).run(s))),
-        );
-        let c = client.clone();
-        supervise(
-            "endpointslice-mirroring-controller",
-            Box::new(move |s| Box::pin(EndpointSliceMirroringController::new(c.clone()).run(s))),
-        );
-        // PodDisruptionBudgets' status, which evictions (`kubectl drain`) honour.
-        let c = client.clone();
-        supervise(
-            "disruption-controller",
-            Box::new(move |s| Box::pin(DisruptionController::new(c.clone()).run(s))),
-        );
-    }
+        }),
+        ipam: ipam.config.allocate_node_cidrs.then_some(ipam),
+        leader_identity: Some(leader_identity(&data_dir)?),
+    };
+    crate::control_plane::spawn(plan, &supervisor, &mut tasks, &shutdown)?;
     server.add_livez_checks(supervisor.health_checks());
-    let identity = leader_identity(&data_dir)?;
-    for (lease, group) in [
-        (CONTROLLER_MANAGER_LEASE, controller_manager),
-        (SCHEDULER_LEASE, scheduler),
-    ] {
-        tasks.spawn(run_while_leading(
-            client.clone(),
-            lease,
-            identity.clone(),
-            supervisor.clone(),
-            group,
-            shutdown.clone(),
-        ));
-    }
 
     // The cloud-controller-manager, exactly as against any cluster.
     say(format_args!(
@@ -1106,11 +618,11 @@ pub(crate) async fn run(
         HealthChecks::new(),
     ));
 
-    if args.sim_node_lease_duration / 4 >= args.node_monitor_grace_period {
+    if fleet.config.lease_renew_interval() >= args.controllers.node_monitor_grace_period {
         eprintln!(
             "warning: simulated nodes renew every {:?}, longer than --node-monitor-grace-period {:?}: healthy nodes will flap to Unknown",
-            args.sim_node_lease_duration / 4,
-            args.node_monitor_grace_period
+            fleet.config.lease_renew_interval(),
+            args.controllers.node_monitor_grace_period
         );
     }
     // Each kubelet acts as its own node (`system:node:<name>`), under the Node authorizer
@@ -1119,44 +631,34 @@ pub(crate) async fn run(
     // authenticator in process as on the network.
     let per_node = server.clone();
     let node_tokens = secure.tokens.clone();
-    let mut simulator = NodeSimulator::new(client.clone(), sim_config).with_node_clients(Arc::new(
-        move |name: &str| {
-            let mut router = per_node.router_as(node_user(name));
-            if let Some(tokens) = node_tokens.clone() {
-                router = router.layer(axum::Extension(tokens));
-            }
-            kube::Client::new(router, "default")
-        },
-    ));
-    if let Some(ca) = serving_ca {
-        simulator = simulator.with_kubelet_api(KubeletApiConfig {
+    let node_clients: NodeClientFactory = Arc::new(move |name: &str| {
+        let mut router = per_node.router_as(node_user(name));
+        if let Some(tokens) = node_tokens.clone() {
+            router = router.layer(axum::Extension(tokens));
+        }
+        kube::Client::new(router, "default")
+    });
+    let extras = InProcess {
+        node_clients: Some(node_clients),
+        kubelet_api: serving_ca.map(|ca| KubeletApiConfig {
             serving_ca: Some(ca),
             auth: KubeletAuthConfig {
                 client_ca: kubelet_client_ca,
                 ..KubeletAuthConfig::default()
             },
             ..KubeletApiConfig::default()
-        });
-    }
-    if data_path {
-        simulator = simulator.with_service_proxy_limits(node_port_limits);
-    }
-    if agent_tunnel {
-        simulator = simulator.with_agent_tunnel(agent_tunnel_config(&data_dir, secure.addr)?);
-    }
-    let node_count = nodes.len();
-    simulator.add_nodes(nodes);
-    tasks.spawn({
-        let s = shutdown.clone();
-        async move {
-            if let Err(e) = simulator.run(s).await {
-                eprintln!("node simulator stopped: {e}");
-            }
-        }
-    });
+        }),
+        service_proxy: data_path.then_some(node_port_limits),
+        agent_tunnel: if agent_tunnel {
+            Some(agent_tunnel_config(&data_dir, secure.addr)?)
+        } else {
+            None
+        },
+    };
+    let zones = fleet.zones.join(", ");
+    let node_count = crate::simulation::spawn(client.clone(), fleet, extras, &mut tasks, &shutdown);
     say(format_args!(
-        "  {node_count} simulated nodes across {}",
-        zones.join(", ")
+        "  {node_count} simulated nodes across {zones}"
     ));
 
     // Progress comes from two watches kept in reflector stores: one list at the start, then
@@ -1206,6 +708,7 @@ pub(crate) async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simulation::{sim_config, sim_fleet, sim_nodes};
 
     fn node(provider_id: Option<&str>, tainted: bool) -> Node {
         let mut node = Node::default();
@@ -1229,8 +732,8 @@ mod tests {
     fn every_simulated_node_has_a_running_instance_with_its_ip() {
         let zones = vec!["a".to_owned(), "b".to_owned()];
         let args = <EmbeddedArgsParser as clap::Parser>::parse_from(["ccm", "--sim-nodes", "3"]);
-        let nodes = sim_nodes(&args.args, &zones);
-        let cloud = fake_cloud_for(&nodes);
+        let nodes = sim_nodes(&args.args.sim, &zones, args.args.sim_kubelet_api);
+        let cloud = fake_cloud_builder(&nodes).build();
         let instances = cloud.instances();
         assert_eq!(instances.len(), 3);
         for (node, instance) in nodes.iter().zip(&instances) {
@@ -1249,7 +752,7 @@ mod tests {
             "--sim-node-names",
             "i-1,i-2",
         ]);
-        let nodes = sim_nodes(&named.args, &zones);
+        let nodes = sim_nodes(&named.args.sim, &zones, true);
         assert_eq!(nodes.len(), 2);
         assert_eq!(nodes[1].name, "i-2");
         assert!(
@@ -1266,7 +769,9 @@ mod tests {
         let parse = |extra: &[&str]| {
             let mut argv = vec!["ccm"];
             argv.extend_from_slice(extra);
-            <EmbeddedArgsParser as clap::Parser>::parse_from(argv).args
+            <EmbeddedArgsParser as clap::Parser>::parse_from(argv)
+                .args
+                .sim
         };
         let ok = sim_config(&parse(&[
             "--sim-shutdown-grace-period",
@@ -1300,7 +805,9 @@ mod tests {
         let parse = |extra: &[&str]| {
             let mut argv = vec!["ccm"];
             argv.extend_from_slice(extra);
-            <EmbeddedArgsParser as clap::Parser>::parse_from(argv).args
+            <EmbeddedArgsParser as clap::Parser>::parse_from(argv)
+                .args
+                .sim
         };
         let ok = sim_config(&parse(&[
             "--sim-register-with-taints",
@@ -1372,7 +879,8 @@ mod tests {
         )
         .unwrap();
         let zones = ["zone-a".to_owned(), "zone-b".to_owned()];
-        let (config, nodes) = sim_fleet(&parse(&["--sim-kube-reserved", "cpu=1"]), &zones).unwrap();
+        let (config, nodes) =
+            sim_fleet(&parse(&["--sim-kube-reserved", "cpu=1"]).sim, &zones, true).unwrap();
         assert_eq!(config.allocatable.cpu, "3");
         let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, ["sim-node-0", "sim-node-1", "extra"]);
@@ -1393,7 +901,10 @@ mod tests {
             "apiVersion: sim.ccm-rs.io/v1alpha1\nkind: NodeSimulatorConfiguration\nnodes:\n  - name: sim-node-1\n    kubelet: {evictionHard: {disk.available: 1Gi}}\n",
         )
         .unwrap();
-        let text = format!("{:#}", sim_fleet(&parse(&[]), &zones).unwrap_err());
+        let text = format!(
+            "{:#}",
+            sim_fleet(&parse(&[]).sim, &zones, true).unwrap_err()
+        );
         assert!(
             text.contains("--sim-config")
                 && text.contains("node \"sim-node-1\": evictionHard: unsupported eviction signal"),

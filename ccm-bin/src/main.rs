@@ -9,16 +9,25 @@
 //!
 //! Subcommands:
 //! - `ccm apiserver`: core-cluster's Kubernetes API server on a durable data directory;
+//! - `ccm controller-manager`: core-cluster's controllers and scheduler against any API
+//!   server, by kubeconfig (the embedded default runs the same ones);
+//! - `ccm node-simulator`: core-cluster's simulated nodes against any API server, by
+//!   kubeconfig (the embedded default runs the same simulator);
 //! - `ccm providers`: the providers linked into this binary;
 //! - `ccm conformance`: the provider conformance kit against a provider, by default the fake
 //!   on a built-in demo cloud.
 
 mod apiserver;
+mod attach;
 mod cli;
+mod control_plane;
+mod controller_manager;
 mod embedded;
 mod flags;
+mod node_simulator;
 mod nodeipam;
 mod signals;
+mod simulation;
 
 // Link the providers so that their registrations run (a crate only listed in Cargo.toml is
 // not linked; see the README). `cli` uses the fake directly too, but this line states the

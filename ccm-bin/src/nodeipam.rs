@@ -91,11 +91,24 @@ pub(crate) fn setup(
     args: &NodeIpamArgs,
     ccm: &CloudControllerManagerOptions,
 ) -> Result<NodeIpamSetup, String> {
-    let allocator = ccm
-        .accepted
-        .cidr_allocator_type
-        .as_deref()
-        .unwrap_or(RANGE_ALLOCATOR);
+    setup_from(
+        args,
+        &ccm.cluster_cidr,
+        ccm.allocate_node_cidrs,
+        ccm.accepted.cidr_allocator_type.as_deref(),
+    )
+}
+
+/// [`setup`] from `--cluster-cidr`, `--allocate-node-cidrs` and `--cidr-allocator-type`
+/// (`None`: the range allocator) wherever they come from (`ccm controller-manager` has
+/// them as kube-controller-manager's).
+pub(crate) fn setup_from(
+    args: &NodeIpamArgs,
+    cluster_cidr: &str,
+    allocate_node_cidrs: bool,
+    cidr_allocator_type: Option<&str>,
+) -> Result<NodeIpamSetup, String> {
+    let allocator = cidr_allocator_type.unwrap_or(RANGE_ALLOCATOR);
     match allocator {
         RANGE_ALLOCATOR => {}
         "CloudAllocator" => {
@@ -106,7 +119,7 @@ pub(crate) fn setup(
         }
         other => return Err(format!("invalid CIDR allocator type: {other}")),
     }
-    let clusters = parse_cidrs(&ccm.cluster_cidr, "--cluster-cidr")?;
+    let clusters = parse_cidrs(cluster_cidr, "--cluster-cidr")?;
     let dual_stack = is_dual_stack(&clusters);
     if clusters.len() > 1 && !dual_stack {
         return Err(format!(
@@ -136,7 +149,7 @@ pub(crate) fn setup(
                 .to_owned(),
         );
     }
-    if ccm.allocate_node_cidrs && clusters.is_empty() {
+    if allocate_node_cidrs && clusters.is_empty() {
         return Err(
             "Controller: Must specify --cluster-cidr if --allocate-node-cidrs is set".to_owned(),
         );
@@ -152,7 +165,7 @@ pub(crate) fn setup(
         }
     }
     let config = NodeIpamConfig {
-        allocate_node_cidrs: ccm.allocate_node_cidrs,
+        allocate_node_cidrs,
         cluster_cidrs: clusters,
         node_cidr_mask_size_ipv4: ipv4,
         node_cidr_mask_size_ipv6: ipv6,

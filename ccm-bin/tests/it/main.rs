@@ -1,6 +1,7 @@
 //! ccm-bin's integration tests: the `ccm` binary run as a process, one module per area,
 //! linked into one test binary.
 
+mod attach;
 // `ccm --cloud-provider aws` needs the provider linked (the default `aws` feature).
 #[cfg(feature = "aws")]
 mod aws_moto;

@@ -35,10 +35,26 @@ impl ApiServerProcess {
         Self::start_in(dir, &first.dir.join("data"), flags)
     }
 
+    /// `ccm apiserver --in-memory`: no store on disk, a throwaway PKI, its kubeconfig in
+    /// `dir`.
+    pub fn start_in_memory(dir: &Path, flags: &[&str]) -> Self {
+        let mut all = vec!["--in-memory"];
+        all.extend_from_slice(flags);
+        Self::spawn(dir, &all)
+    }
+
     fn start_in(dir: &Path, data_dir: &Path, flags: &[&str]) -> Self {
+        let mut all = vec![
+            "--data-dir",
+            data_dir.to_str().expect("a UTF-8 data directory"),
+        ];
+        all.extend_from_slice(flags);
+        Self::spawn(dir, &all)
+    }
+
+    fn spawn(dir: &Path, flags: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ccm"))
-            .args(["apiserver", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
+            .args(["apiserver", "--listen", "127.0.0.1:0"])
             .arg("--write-kubeconfig")
             .arg(dir.join("kubeconfig"))
             .args(flags)
