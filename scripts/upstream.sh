@@ -167,7 +167,7 @@ stamp_of() { # the stamp NAME should have
             echo "k8s.io/kubernetes@$KUBE_VERSION flags=$build_flags_id" ;;
         ginkgo) echo "github.com/onsi/ginkgo/v2@$GINKGO_VERSION k8s.io/kubernetes@$KUBE_VERSION flags=$build_flags_id" ;;
         etcd) echo "go.etcd.io/etcd/server/v3@$ETCD_VERSION" ;;
-        kwok) echo "sigs.k8s.io/kwok@$KWOK_VERSION" ;;
+        kwok) echo "sigs.k8s.io/kwok@$KWOK_VERSION stages" ;;
         cloud-controller-manager)
             echo "fake-ccm $(cd "$fake_ccm_src" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-16) flags=$build_flags_id" ;;
     esac
@@ -309,6 +309,18 @@ build() { # build NAME: builds one program and stamps it
             CGO_ENABLED=0 go_in "$src/kwok" build -trimpath \
                 -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" -o "$tmp" \
                 sigs.k8s.io/kwok/cmd/kwok
+            # kwok run on its own has no stages: beside it, the ones kwokctl gives a cluster
+            # by default (kustomize/stage/fast: node-initialize, node-heartbeat-with-lease,
+            # pod-ready, pod-complete, pod-delete), read from the module's own source.
+            local kwok_dir stage
+            kwok_dir="$(go_in "$src/kwok" list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+            for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
+                pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
+                [ -f "$kwok_dir/kustomize/stage/$stage.yaml" ] ||
+                    die "sigs.k8s.io/kwok@$KWOK_VERSION has no kustomize/stage/$stage.yaml"
+                echo "---"
+                cat "$kwok_dir/kustomize/stage/$stage.yaml"
+            done >"$bin/kwok-stages.yaml"
             ;;
         cloud-controller-manager)
             # Our module, in the repository: built where it is, its go.mod and go.sum read
