@@ -3,7 +3,7 @@
 //! - `failSwapOn` (true by default): a kubelet whose machine has swap refuses to start
 //!   (`pkg/kubelet/cm/container_manager_linux.go` `validateSwapConfiguration`);
 //! - `status.nodeInfo.swap.capacity`: the machine's swap (`pkg/kubelet/nodestatus/setters.go`
-//!   `MachineInfo`, with the NodeSwap feature);
+//!   `MachineInfo`, with the NodeSwap feature; absent when the machine has none);
 //! - `memorySwap.swapBehavior`: `NoSwap` (the default: `memory.swap.max=0` for every
 //!   container) or `LimitedSwap`, where a Burstable container that requests memory, without a
 //!   limit equal to its request and outside critical pods, may swap
@@ -167,9 +167,11 @@ impl SwapConfig {
     }
 
     /// `status.nodeInfo.swap.capacity` (`nodestatus/setters.go` `MachineInfo`): reported
-    /// only with the `NodeSwap` gate on.
+    /// only with the `NodeSwap` gate on and when the machine has swap
+    /// (`info.SwapCapacity != 0`); kube-apiserver refuses a capacity of 0
+    /// (`metadata.nodeSwapStatus.capacity: must be greater than zero`).
     pub fn node_info_capacity(&self) -> Option<i64> {
-        self.node_swap_gate
+        (self.node_swap_gate && self.capacity > 0)
             .then(|| i64::try_from(self.capacity).unwrap_or(i64::MAX))
     }
 }
@@ -491,6 +493,21 @@ mod tests {
             Some(4 << 30),
             "v1 still reports swap"
         );
+    }
+
+    /// `nodestatus/setters.go` `MachineInfo` sets `nodeInfo.swap` only when
+    /// `info.SwapCapacity != 0`: a machine without swap reports none (kube-apiserver refuses
+    /// a capacity of 0: `metadata.nodeSwapStatus.capacity: must be greater than zero`).
+    #[test]
+    fn a_machine_without_swap_reports_no_node_info_swap() {
+        let no_swap = SwapConfig {
+            capacity: 0,
+            ..limited()
+        };
+        assert!(no_swap.node_swap_gate);
+        assert_eq!(no_swap.node_info_capacity(), None);
+        assert_eq!(SwapConfig::default().node_info_capacity(), None);
+        assert_eq!(limited().node_info_capacity(), Some(4 << 30));
     }
 
     /// `validation_linux.go` `validateKubeletOSConfiguration`: `failCgroupV1` refuses a cgroup
