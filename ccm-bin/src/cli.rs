@@ -55,15 +55,14 @@ enum Command {
     /// Run core-cluster's controllers and scheduler against any API server, by kubeconfig.
     ///
     /// kube-controller-manager's share (node lifecycle and taint eviction, garbage
-    /// collector, pod GC, service accounts, root CA publisher, TTL-after-finished, node
-    /// IPAM with --allocate-node-cidrs, ReplicaSet, Deployment, DaemonSet, Job,
-    /// EndpointSlice, Endpoints, EndpointSlice mirroring, disruption, and the CSR signer
-    /// with --cluster-signing-cert-file/--cluster-signing-key-file) and kube-scheduler's,
-    /// with kube-controller-manager's flags, under the Leases kube-controller-manager and
-    /// kube-scheduler lead by (kube-system/kube-controller-manager,
-    /// kube-system/kube-scheduler) unless --leader-elect=false. The namespace controller is
-    /// not among them: core-cluster's API server finalizes namespaces itself, another API
-    /// server needs its own.
+    /// collector, namespace, pod GC, service accounts, root CA publisher,
+    /// TTL-after-finished, node IPAM with --allocate-node-cidrs, ReplicaSet, Deployment,
+    /// DaemonSet, Job, EndpointSlice, Endpoints, EndpointSlice mirroring, disruption, and
+    /// the CSR signer with --cluster-signing-cert-file/--cluster-signing-key-file) and
+    /// kube-scheduler's, with kube-controller-manager's flags, under the Leases
+    /// kube-controller-manager and kube-scheduler lead by
+    /// (kube-system/kube-controller-manager, kube-system/kube-scheduler) unless
+    /// --leader-elect=false.
     ControllerManager(Box<crate::controller_manager::ControllerManagerArgs>),
     /// Run simulated nodes against any API server, by kubeconfig, as kwok does.
     ///

@@ -24,6 +24,7 @@ use core_cluster::controllers::{
     endpointslice_mirroring::EndpointSliceMirroringController,
     garbage_collector::GarbageCollector,
     job::JobController,
+    namespace::NamespaceController,
     node_lifecycle::{NodeLifecycleConfig, NodeLifecycleController},
     pod_gc::{PodGcConfig, PodGcController},
     replicaset::ReplicaSetController,
@@ -143,6 +144,11 @@ pub(crate) struct ControlPlane {
     /// Leader election (`--leader-elect`): this process's identity in the Leases, or `None`
     /// to act without them.
     pub(crate) leader_identity: Option<String>,
+    /// Whether the namespace controller runs: `ccm controller-manager` runs it (an API
+    /// server such as kube-apiserver leaves a deleted namespace `Terminating` until a
+    /// namespace controller empties and finalizes it); the embedded default does not, since
+    /// its API server does that work itself (running both converges, but does it twice).
+    pub(crate) namespace_controller: bool,
 }
 
 /// Starts one run of a supervised controller (see [`Supervisor::run`]).
@@ -230,6 +236,14 @@ fn groups(plan: &ControlPlane) -> anyhow::Result<(Group, Group)> {
         "garbage-collector-controller",
         Box::new(move |s| Box::pin(GarbageCollector::new(c.clone()).run(s))),
     ));
+    // Deleted namespaces emptied, then finalized.
+    if plan.namespace_controller {
+        let c = client.clone();
+        cm.push((
+            "namespace-controller",
+            Box::new(move |s| Box::pin(NamespaceController::new(c.clone()).run(s))),
+        ));
+    }
     let c = client.clone();
     let pod_gc = PodGcConfig {
         terminated_pod_gc_threshold: plan.args.terminated_pod_gc_threshold,

@@ -1,7 +1,8 @@
 //! `ccm controller-manager`: core-cluster's share of kube-controller-manager and the
 //! scheduler against any API server, by kubeconfig, as kube-controller-manager and
 //! kube-scheduler run: the same controllers, under the same Leases, the embedded default
-//! runs ([`crate::control_plane`]).
+//! runs ([`crate::control_plane`]), and the namespace controller, whose work the embedded
+//! default's API server does itself.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -114,6 +115,7 @@ pub(crate) async fn run(args: ControllerManagerArgs) -> anyhow::Result<()> {
         leader_identity: args
             .leader_elect
             .then(crate::control_plane::new_leader_identity),
+        namespace_controller: true,
     };
     let shutdown = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();

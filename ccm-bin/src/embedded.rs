@@ -593,6 +593,8 @@ pub(crate) async fn run(
         }),
         ipam: ipam.config.allocate_node_cidrs.then_some(ipam),
         leader_identity: Some(leader_identity(&data_dir)?),
+        // The API server deletes a namespace's contents and finalizes it itself.
+        namespace_controller: false,
     };
     crate::control_plane::spawn(plan, &supervisor, &mut tasks, &shutdown)?;
     server.add_livez_checks(supervisor.health_checks());

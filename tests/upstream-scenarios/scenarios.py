@@ -14,6 +14,7 @@ any check failed. Standard library only (CI has Python 3, nothing else is instal
 import argparse
 import base64
 import concurrent.futures
+import fnmatch
 import ipaddress
 import json
 import os
@@ -265,9 +266,9 @@ def register_nodes_for_kwok(api, count):
 
 
 def nodes_registered_by_simulator(api, count):
-    """Mode ours-on-upstream: core-cluster's node simulator registers the Nodes itself
-    (scripts/upstream-scenarios' launch_ours_on_upstream starts it); nothing to do here."""
-    raise NotImplementedError("mode ours-on-upstream is not implemented yet")
+    """Mode ours-on-upstream: core-cluster's node simulator registers its Nodes itself
+    (`sim-node-0`…, as kubelets with --cloud-provider=external: scripts/upstream-scenarios'
+    launch_ours_on_upstream starts it); the nodes-initialized check waits for them."""
 
 
 MODES = {
@@ -276,13 +277,24 @@ MODES = {
     "ours-on-upstream": nodes_registered_by_simulator,
 }
 
+# The providerID the cloud controller manager gives a Node, by mode (a shell-style pattern,
+# fnmatch): upstream's fake cloud (scripts/upstream/fake-ccm) names each instance as its Node;
+# core-cluster's fake provider (`ccm --cloud-provider fake`) gives the instance's ID, which
+# `ccm node-simulator --write-fake-cloud-config` numbers `i-<8 hex digits>`.
+PROVIDER_IDS = {
+    "upstream-on-ours": lambda name: f"fake://{name}",
+    "upstream-on-upstream": lambda name: f"fake://{name}",
+    "ours-on-upstream": lambda name: "fake://i-????????",
+}
+
 
 # ---- the checks ------------------------------------------------------------------------------
 
 
 def check_nodes_initialized(api, opts):
-    """(i) The cloud controller manager initializes every Node: provider ID fake://<name>, the
-    uninitialized taint removed, zone and region labels set; and the Node becomes Ready."""
+    """(i) The cloud controller manager initializes every Node: its provider ID (the mode's
+    PROVIDER_IDS), the uninitialized taint removed, zone and region labels set; and the Node
+    becomes Ready."""
     def probe():
         nodes = api.items("/api/v1/nodes")
         problems = []
@@ -292,8 +304,8 @@ def check_nodes_initialized(api, opts):
             taints = [t.get("key") for t in n.get("spec", {}).get("taints", []) or []]
             ready = [c.get("status") for c in n.get("status", {}).get("conditions", []) or []
                      if c.get("type") == "Ready"]
-            want = f"fake://{name}"
-            if n.get("spec", {}).get("providerID") != want:
+            want = PROVIDER_IDS[opts.mode](name)
+            if not fnmatch.fnmatchcase(n.get("spec", {}).get("providerID") or "", want):
                 problems.append(f"{name}: providerID {n.get('spec', {}).get('providerID')!r}, not {want!r}")
             if UNINITIALIZED_TAINT in taints:
                 problems.append(f"{name}: still tainted {UNINITIALIZED_TAINT} (taints {taints})")

@@ -5,7 +5,8 @@
 //! garbage collection, pod garbage collection, TTL-after-finished, the scheduler, the
 //! workload controllers (ReplicaSet, Deployment, Job, DaemonSet), the disruption controller,
 //! the Services' endpoint controllers (EndpointSlice, Endpoints, EndpointSlice mirroring),
-//! the serviceaccounts controller and the root-CA publisher (a pod's identity: the `default`
+//! the namespace controller (a deleted namespace's contents, then its finalizer), the
+//! serviceaccounts controller and the root-CA publisher (a pod's identity: the `default`
 //! ServiceAccount and the `kube-root-ca.crt` ConfigMap in every namespace); and the
 //! [`supervisor`] that restarts any of them after a panic.
 //!
@@ -27,6 +28,7 @@ pub mod endpointslice;
 pub mod endpointslice_mirroring;
 pub mod garbage_collector;
 pub mod job;
+pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod pod_gc;

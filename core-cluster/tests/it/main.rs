@@ -28,6 +28,7 @@ mod kubelet_api;
 mod kubelet_configz;
 mod kubelet_metrics;
 mod kubelet_proxy;
+mod namespace_controller;
 mod node_authorizer;
 mod node_graph_cost;
 mod node_lifecycle;
