@@ -954,7 +954,11 @@ pub fn record_update<'a>(
     let changed = with_new_parents(changed, &before, &after, old.is_none(), schema);
     let api_version = new.get("apiVersion");
     for entry in entries.iter_mut() {
-        entry.fields.0.retain(|p| new_fields.0.contains(p));
+        // A member stays while it is in the object: a leaf of its field set, or a map or
+        // list an earlier write brought into being (`"."`) that is still there.
+        entry.fields.0.retain(|p| {
+            new_fields.0.contains(p) || after.get(p).is_some_and(|v| v.is_object() || v.is_array())
+        });
         if !updater.owns(entry, api_version) {
             entry.fields.0.retain(|p| !changed.contains(p));
         }
@@ -993,7 +997,8 @@ pub fn record_update<'a>(
 /// show as `".": {}` beside their fields. Lists themselves never count (their elements do).
 /// A create compares with Go's zero value of the kind, in which the non-pointer structs
 /// (`spec`, `spec.template`, ...) exist already; without the Go types to tell them from
-/// pointer structs, a create counts only maps (labels, annotations, `data`, selectors' maps).
+/// pointer structs, a create counts only maps (labels, annotations, `data`, selectors' maps)
+/// and lists (but a pod spec's `containers`, which Go writes even empty).
 fn with_new_parents(
     mut changed: BTreeSet<Path>,
     before: &Lookup<'_>,
@@ -1008,13 +1013,19 @@ fn with_new_parents(
             if !prefix[end - 1].starts_with("f:") || parents.contains(prefix) {
                 continue;
             }
-            if !after.get(prefix).is_some_and(Value::is_object) {
+            let Some(value) = after.get(prefix).filter(|v| v.is_object() || v.is_array()) else {
                 continue;
-            }
+            };
             if before.get(prefix).is_some_and(|v| !v.is_null()) {
                 continue;
             }
-            if create && !matches!(schema_at(schema, prefix), TypeNode::Map(_)) {
+            // Go's zero value has the non-pointer structs, and the one list of the served
+            // kinds merged by key that has no `omitempty` (`PodSpec.containers`).
+            let zero_present = match value {
+                Value::Array(_) => prefix[end - 1] == "f:containers",
+                _ => !matches!(schema_at(schema, prefix), TypeNode::Map(_)),
+            };
+            if create && zero_present {
                 continue;
             }
             parents.insert(prefix.to_vec());
@@ -1309,10 +1320,10 @@ mod tests {
             entry(&forced, "kubectl", "Apply").unwrap()["fieldsV1"],
             json!({"f:metadata": {"f:labels": {"f:app": {}}}})
         );
-        // The creator keeps data.a.
+        // The creator keeps data.a, and the maps it brought into being.
         assert_eq!(
             entry(&forced, "creator", "Update").unwrap()["fieldsV1"],
-            json!({"f:data": {"f:a": {}}})
+            json!({"f:data": {".": {}, "f:a": {}}, "f:metadata": {"f:labels": {}}})
         );
         // Now the old owner is gone, applying again without force works.
         let again = apply(
@@ -1599,13 +1610,13 @@ mod tests {
                                  "f:metadata": {"f:labels": {".": {}, "f:app": {}}}}})
         );
         // An update that changes a, removes b and leaves the label: the editor owns a,
-        // the creator keeps only the label, b is nobody's.
+        // the creator keeps the label and the data map it made, b is nobody's.
         let mut edited = without_managed_fields(&created);
         edited["data"] = json!({"a": "9"});
         let edited = record_update(Some(&created), &edited, "editor", cm_schema(), T1);
         assert_eq!(
             entry(&edited, "creator", "Update").unwrap()["fieldsV1"],
-            json!({"f:metadata": {"f:labels": {"f:app": {}}}})
+            json!({"f:data": {}, "f:metadata": {"f:labels": {".": {}, "f:app": {}}}})
         );
         assert_eq!(
             entry(&edited, "editor", "Update").unwrap()["fieldsV1"],
@@ -1779,6 +1790,34 @@ mod tests {
         assert_eq!(entry(&same, "m", "Update").unwrap()["time"], T1);
     }
 
+    // structured-merge-diff's `Updater.update`: a member goes only when the write removed
+    // it; a map another write brought into being stays its creator's.
+    #[test]
+    fn a_map_brought_into_being_stays_with_its_creator() {
+        let created = record_update(
+            None,
+            &cm(json!({"a": "1"}), json!({})),
+            "creator",
+            cm_schema(),
+            T0,
+        );
+        let edited = record_update(
+            Some(&created),
+            &cm(json!({"a": "1", "b": "2"}), json!({})),
+            "editor",
+            cm_schema(),
+            T1,
+        );
+        assert_eq!(
+            entry(&edited, "creator", "Update").unwrap()["fieldsV1"],
+            json!({"f:metadata": {"f:labels": {".": {}, "f:a": {}}}})
+        );
+        assert_eq!(
+            entry(&edited, "editor", "Update").unwrap()["fieldsV1"],
+            json!({"f:metadata": {"f:labels": {"f:b": {}}}})
+        );
+    }
+
     // `sortEncodedManagedFields`: Apply before Update, then by time and manager.
     #[test]
     fn entries_are_written_in_upstreams_order() {
@@ -1824,7 +1863,7 @@ mod tests {
         let out = record_update(None, &deployment, "m", schema_for("apps", "Deployment"), T0);
         assert_eq!(
             entry(&out, "m", "Update").unwrap()["fieldsV1"],
-            json!({"f:metadata": {"f:ownerReferences": {"k:{\"uid\":\"u1\"}": {}}},
+            json!({"f:metadata": {"f:ownerReferences": {".": {}, "k:{\"uid\":\"u1\"}": {}}},
                    "f:spec": {"f:selector": {}}})
         );
     }

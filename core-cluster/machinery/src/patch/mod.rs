@@ -79,6 +79,9 @@ pub enum PatchError {
     /// The body is not valid JSON (or YAML, for apply). HTTP 400.
     #[error("the body of the request could not be decoded: {0}")]
     Decode(String),
+    /// An apply body that is neither JSON nor YAML. HTTP 400.
+    #[error("error decoding YAML: {0}")]
+    Yaml(String),
     /// The patch document is not a valid patch of its type: an unknown JSON patch op,
     /// a bad pointer, an unknown or malformed strategic merge directive. HTTP 400.
     #[error("invalid patch: {0}")]
@@ -97,7 +100,7 @@ impl PatchError {
     /// The HTTP status the API server answers with for this error.
     pub fn http_status(&self) -> u16 {
         match self {
-            PatchError::Decode(_) | PatchError::Malformed(_) => 400,
+            PatchError::Decode(_) | PatchError::Yaml(_) | PatchError::Malformed(_) => 400,
             PatchError::Unprocessable(_) => 422,
             PatchError::TooLarge(_) => 413,
         }
@@ -127,8 +130,16 @@ pub fn decode_body_cancellable(
 ) -> Result<Value, PatchError> {
     match serde_json::from_slice::<Value>(body) {
         Ok(v) => Ok(v),
-        Err(_) if patch_type == PatchType::ApplyPatch => yaml::decode(body, cancelled)
-            .map_err(|e| PatchError::Decode(format!("invalid YAML: {e}"))),
+        Err(_) if patch_type == PatchType::ApplyPatch => {
+            yaml::decode(body, cancelled).map_err(|e| match e {
+                // kube-apiserver's words (`sigs.k8s.io/yaml` `YAMLToJSON` under the patch
+                // handler's "error decoding YAML").
+                yaml::YamlError::Syntax(go) => {
+                    PatchError::Yaml(format!("error converting YAML to JSON: {go}"))
+                }
+                other => PatchError::Decode(format!("invalid YAML: {other}")),
+            })
+        }
         Err(e) => Err(PatchError::Decode(format!("invalid JSON: {e}"))),
     }
 }
@@ -211,7 +222,13 @@ mod tests {
         let err = decode_body(PatchType::MergePatch, yaml).unwrap_err();
         assert_eq!(err.http_status(), 400);
         let err = decode_body(PatchType::ApplyPatch, b"a: [unclosed").unwrap_err();
-        assert!(matches!(err, PatchError::Decode(_)));
+        assert!(matches!(err, PatchError::Yaml(_)), "{err:?}");
+        assert_eq!(err.http_status(), 400);
+        assert!(
+            err.to_string()
+                .starts_with("error decoding YAML: error converting YAML to JSON: yaml: "),
+            "{err}"
+        );
     }
 
     #[test]

@@ -51,9 +51,51 @@ pub enum YamlError {
     /// The request was abandoned while its body was being decoded.
     #[error("the request was cancelled")]
     Cancelled,
-    /// `serde_norway` refused the document.
+    /// libyaml refused the document: the message as go-yaml words it (`yaml: line N:
+    /// <problem>`), which kube-apiserver's answer quotes.
     #[error("{0}")]
     Syntax(String),
+}
+
+/// A libyaml error as go-yaml's `parser.fail` words it: `yaml: line N: <problem>`, where N
+/// is the 0-based line of the error's context if that is not 0, else the 0-based line of
+/// the problem (one more for a scanner's error, which has not moved past its line), and no
+/// line at all when both are 0. `message` is libyaml's as `serde_norway` displays it:
+/// `<problem> at line L column C[, while <context> at line L2 column C2]`, lines 1-based.
+/// A message of another form is kept as it is, after `yaml: `.
+pub fn go_yaml_message(message: &str) -> String {
+    fn mark(text: &str) -> Option<(&str, usize)> {
+        let (before, after) = text.rsplit_once(" at line ")?;
+        let line = after.split(' ').next()?.parse().ok()?;
+        Some((before, line))
+    }
+    let (problem_part, context) = match message.split_once(", while ") {
+        Some((problem, context)) => (problem, Some(context)),
+        None => (message, None),
+    };
+    let Some((problem, problem_line)) = mark(problem_part) else {
+        return format!("yaml: {message}");
+    };
+    // The scanner's errors: those with a "while scanning" context, and the two it raises
+    // without one.
+    let scanner = context.is_some_and(|c| c.starts_with("scanning"))
+        || problem.ends_with("are not allowed in this context");
+    let context_line = context
+        .and_then(mark)
+        .map_or(0, |(_, line)| line.saturating_sub(1));
+    let problem_line = problem_line.saturating_sub(1);
+    let line = if context_line != 0 {
+        context_line + usize::from(scanner)
+    } else if problem_line != 0 {
+        problem_line + usize::from(scanner)
+    } else {
+        0
+    };
+    if line == 0 {
+        format!("yaml: {problem}")
+    } else {
+        format!("yaml: line {line}: {problem}")
+    }
 }
 
 /// Decodes one YAML document into a JSON value: a UTF-16 body (with its byte order mark) is
@@ -83,7 +125,7 @@ pub fn decode(body: &[u8], cancelled: &AtomicBool) -> Result<Value, YamlError> {
         } else if budget.exhausted.get() {
             YamlError::ExcessiveAliasing
         } else {
-            YamlError::Syntax(e.to_string())
+            YamlError::Syntax(go_yaml_message(&e.to_string()))
         }
     })
 }
@@ -796,6 +838,20 @@ mod tests {
 
     fn nesting(yaml: &str) -> usize {
         max_nesting(yaml.as_bytes(), usize::MAX - 1)
+    }
+
+    /// go-yaml's `parser.fail`: the context's line if not the first, else the problem's.
+    #[test]
+    fn syntax_errors_are_worded_as_go_yaml_words_them() {
+        let Err(YamlError::Syntax(message)) = decoded("a: [1, 2\n") else {
+            panic!("not a syntax error")
+        };
+        assert_eq!(message, "yaml: line 1: did not find expected ',' or ']'");
+        assert_eq!(
+            go_yaml_message("mapping values are not allowed in this context at line 3 column 9"),
+            "yaml: line 3: mapping values are not allowed in this context"
+        );
+        assert_eq!(go_yaml_message("something else"), "yaml: something else");
     }
 
     /// Everyday manifests decode exactly as `serde_norway` decodes them.

@@ -359,7 +359,7 @@ pub static CERTIFICATE_SIGNING_REQUESTS: ResourceDef = ResourceDef {
     generation: false,
     extra_subresources: &["approval"],
     storage: "certificates.k8s.io/certificatesigningrequests",
-    name_rule: NameRule::Subdomain,
+    name_rule: NameRule::PathSegment,
     typed: typed::<CertificateSigningRequest>,
     columns: &[
         NAME,

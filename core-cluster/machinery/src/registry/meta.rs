@@ -349,20 +349,22 @@ pub fn validate_object_meta(obj: &Value) -> Vec<FieldError> {
     let mut errors = Vec::new();
     let meta = &obj["metadata"];
     if let Some(labels) = meta.get("labels").and_then(Value::as_object) {
+        // `ValidateLabels`: every message of `IsQualifiedName` and `IsValidLabelValue`, with
+        // the examples and the regex upstream's messages carry.
         for (k, v) in labels {
-            if !is_qualified_name(k) {
-                errors.push(FieldError::invalid(
-                    "metadata.labels",
-                    &json!(k),
-                    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
-                ));
+            for message in qualified_name_errors(k) {
+                errors.push(FieldError::invalid("metadata.labels", &json!(k), message));
             }
             match v.as_str() {
                 Some(v) if is_label_value(v) => {}
                 _ => errors.push(FieldError::invalid(
                     "metadata.labels",
                     v,
-                    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+                    regex_error(
+                        "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+                        "(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?",
+                        &["MyValue", "my_value", "12345"],
+                    ),
                 )),
             }
         }
@@ -380,8 +382,12 @@ pub fn validate_object_meta(obj: &Value) -> Vec<FieldError> {
             });
         }
         for k in annotations.keys() {
-            if !is_qualified_name(k) {
-                errors.push(FieldError::invalid("metadata.annotations", &json!(k), "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"));
+            for message in qualified_name_errors(k) {
+                errors.push(FieldError::invalid(
+                    "metadata.annotations",
+                    &json!(k),
+                    message,
+                ));
             }
         }
     }

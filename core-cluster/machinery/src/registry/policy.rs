@@ -154,7 +154,7 @@ pub static POD_DISRUPTION_BUDGETS: ResourceDef = ResourceDef {
     generation: true,
     extra_subresources: &[],
     storage: "policy/poddisruptionbudgets",
-    name_rule: NameRule::Subdomain,
+    name_rule: NameRule::PathSegment,
     typed: typed_pdb,
     columns: &[
         NAME,

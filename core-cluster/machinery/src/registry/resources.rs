@@ -185,8 +185,17 @@ fn node_address(o: &Value, type_: &str) -> Value {
     none_if_empty(found.to_owned())
 }
 
+/// `printNode`'s OS image, kernel and runtime cells: `<unknown>` when the kubelet has not
+/// reported them.
 fn node_info(field: &'static str) -> impl Fn(&Value) -> Value {
-    move |o| none_if_empty(s(o, &["status", "nodeInfo", field]))
+    move |o| {
+        let value = s(o, &["status", "nodeInfo", field]);
+        json!(if value.is_empty() {
+            "<unknown>".to_owned()
+        } else {
+            value
+        })
+    }
 }
 
 fn validate_node(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
@@ -498,12 +507,14 @@ fn pod_status(o: &Value, _: i64) -> Value {
     json!(s(o, &["status", "phase"]))
 }
 
+/// `printPod`'s Restarts cell: the count as a string.
 fn pod_restarts(o: &Value, _: i64) -> Value {
-    json!(o["status"]["containerStatuses"].as_array().map_or(0, |cs| {
+    let restarts = o["status"]["containerStatuses"].as_array().map_or(0, |cs| {
         cs.iter()
             .map(|c| c["restartCount"].as_i64().unwrap_or(0))
             .sum::<i64>()
-    }))
+    });
+    json!(restarts.to_string())
 }
 
 /// core/v1 pods.
@@ -973,6 +984,45 @@ fn event_last_seen(o: &Value, now: i64) -> Value {
     json!(age(o, &["metadata", "creationTimestamp"], now))
 }
 
+/// `printEvent`'s Source: the source's component (else the reporting controller), then
+/// `, ` and its host (else the reporting instance) when there is one.
+fn event_source_cell(o: &Value) -> String {
+    let first = |a: String, b: String| if a.is_empty() { b } else { a };
+    let component = first(
+        s(o, &["source", "component"]),
+        s(o, &["reportingComponent"]),
+    );
+    let instance = first(s(o, &["source", "host"]), s(o, &["reportingInstance"]));
+    if instance.is_empty() {
+        component
+    } else {
+        format!("{component}, {instance}")
+    }
+}
+
+/// `printEvent`'s First Seen: the first timestamp, else the event time.
+fn event_first_seen(o: &Value, now: i64) -> Value {
+    if str_at(o, &["firstTimestamp"]).is_some() {
+        json!(age(o, &["firstTimestamp"], now))
+    } else if str_at(o, &["eventTime"]).is_some() {
+        json!(age(o, &["eventTime"], now))
+    } else {
+        json!("<unknown>")
+    }
+}
+
+/// `printEvent`'s Count: the series' count, else the count, and 1 for a singleton (the
+/// newer API sets none).
+fn event_count(o: &Value) -> i64 {
+    if let Some(count) = o["series"]["count"].as_i64() {
+        return count;
+    }
+    match o["count"].as_i64() {
+        Some(c) if c != 0 => c,
+        _ => 1,
+    }
+}
+
 fn event_object_cell(r: &Value) -> Value {
     json!(format!(
         "{}/{}",
@@ -1068,13 +1118,55 @@ pub static EVENTS: ResourceDef = ResourceDef {
             priority: 0,
             cell: |o, _| event_object_cell(&o["involvedObject"]),
         },
+        // The wide columns kube-apiserver's table convertor always includes (`printEvent`
+        // with `Wide`), at priority 1.
+        Column {
+            name: "Subobject",
+            type_: "string",
+            format: "",
+            description: "If referring to a piece of an object instead of an entire object, this string should contain a valid JSON/Go field access statement, such as desiredState.manifest.containers[2].",
+            priority: 1,
+            cell: |o, _| json!(s(o, &["involvedObject", "fieldPath"])),
+        },
+        Column {
+            name: "Source",
+            type_: "string",
+            format: "",
+            description: "The component reporting this event. Should be a short machine understandable string.",
+            priority: 1,
+            cell: |o, _| json!(event_source_cell(o)),
+        },
         Column {
             name: "Message",
             type_: "string",
             format: "",
             description: "Message",
             priority: 0,
-            cell: |o, _| json!(s(o, &["message"])),
+            cell: |o, _| json!(s(o, &["message"]).trim()),
+        },
+        Column {
+            name: "First Seen",
+            type_: "string",
+            format: "",
+            description: "The time at which the event was first recorded. (Time of server receipt is in TypeMeta.)",
+            priority: 1,
+            cell: event_first_seen,
+        },
+        Column {
+            name: "Count",
+            type_: "string",
+            format: "",
+            description: "The number of times this event has occurred.",
+            priority: 1,
+            cell: |o, _| json!(event_count(o)),
+        },
+        Column {
+            name: "Name",
+            type_: "string",
+            format: "name",
+            description: crate::registry::table::NAME.description,
+            priority: 1,
+            cell: |o, _| json!(s(o, &["metadata", "name"])),
         },
     ],
     field: |o, p| event_field("involvedObject", o, p),
@@ -1195,18 +1287,9 @@ pub static SERVICE_ACCOUNTS: ResourceDef = ResourceDef {
     storage: "core/serviceaccounts",
     name_rule: NameRule::Subdomain,
     typed: typed::<ServiceAccount>,
-    columns: &[
-        NAME,
-        Column {
-            name: "Secrets",
-            type_: "integer",
-            format: "",
-            description: "Secrets",
-            priority: 0,
-            cell: |o, _| json!(o["secrets"].as_array().map_or(0, Vec::len)),
-        },
-        AGE,
-    ],
+    // 1.35's `printServiceAccount`: Name and Age (the Secrets count went with the
+    // auto-generated token secrets).
+    columns: &[NAME, AGE],
     field: no_fields,
     field_paths: &[],
     prepare_update: clean_secret_references,
@@ -1712,11 +1795,43 @@ pub static ENDPOINT_SLICES: ResourceDef = ResourceDef {
                 &["FQDN", "IPv4", "IPv6"],
             )),
         }
+        errors.extend(endpoint_slice_address_errors(o));
         errors
     },
     to_storage: identity,
     from_storage: identity,
 };
+
+/// `validateEndpoints`: each address of an IPv4 or IPv6 slice is an IP of that family
+/// (`pkg/apis/discovery/validation/validation.go`, `IsValidIPv4Address`/`IsValidIPv6Address`).
+fn endpoint_slice_address_errors(o: &Value) -> Vec<FieldError> {
+    let family = o["addressType"].as_str().unwrap_or("");
+    let mut errors = Vec::new();
+    for (i, endpoint) in o["endpoints"].as_array().into_iter().flatten().enumerate() {
+        for (j, address) in endpoint["addresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let text = address.as_str().unwrap_or("");
+            let field = format!("endpoints[{i}].addresses[{j}]");
+            let message = match (family, text.parse::<std::net::IpAddr>()) {
+                ("IPv4", Ok(std::net::IpAddr::V4(_))) | ("IPv6", Ok(std::net::IpAddr::V6(_))) => {
+                    continue;
+                }
+                ("IPv4", Ok(_)) => "must be a valid IPv4 address",
+                ("IPv6", Ok(_)) => "must be a valid IPv6 address",
+                ("IPv4" | "IPv6", Err(_)) => {
+                    "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)"
+                }
+                _ => continue,
+            };
+            errors.push(FieldError::invalid(field, address, message));
+        }
+    }
+    errors
+}
 
 /// authentication.k8s.io/v1 tokenreviews: create only, never stored (`api::tokens`).
 pub static TOKEN_REVIEWS: ResourceDef = ResourceDef {

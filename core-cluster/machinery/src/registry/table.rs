@@ -96,11 +96,28 @@ pub fn human_duration(seconds: i64) -> String {
 }
 
 /// The object as `PartialObjectMetadata`.
+///
+/// kube-apiserver takes the metadata of its internal object, before conversion to the
+/// version served: a DaemonSet's `deprecated.daemonset.template.generation` annotation,
+/// which only the apps/v1 conversion writes (from `spec.templateGeneration`), is not there.
 pub fn partial_metadata(obj: &Value) -> Value {
+    let mut metadata = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
+    if obj["kind"] == "DaemonSet"
+        && let Some(annotations) = metadata["annotations"].as_object_mut()
+    {
+        annotations.remove("deprecated.daemonset.template.generation");
+    }
+    if metadata["annotations"]
+        .as_object()
+        .is_some_and(|a| a.is_empty())
+        && let Some(m) = metadata.as_object_mut()
+    {
+        m.remove("annotations");
+    }
     json!({
         "kind": "PartialObjectMetadata",
         "apiVersion": "meta.k8s.io/v1",
-        "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
+        "metadata": metadata,
     })
 }
 
@@ -170,11 +187,12 @@ fn finish_table(
         "metadata": metadata,
         "rows": rows,
     });
-    if include_columns {
-        t["columnDefinitions"] = Value::Array(columns);
+    // Go's nil slice: a watch's Tables after the first carry `columnDefinitions: null`.
+    t["columnDefinitions"] = if include_columns {
+        Value::Array(columns)
     } else {
-        t["columnDefinitions"] = json!([]);
-    }
+        Value::Null
+    };
     t
 }
 

@@ -287,7 +287,14 @@ fn validate_selector_and_template(
     let policy = spec["template"]["spec"]["restartPolicy"]
         .as_str()
         .unwrap_or("");
-    if !restart_policies.contains(&policy) {
+    let job = !restart_policies.contains(&"Always");
+    if job && matches!(policy, "Always" | "") {
+        // `ValidateJobSpec`: the pod default (Always) or none is a missing choice.
+        errors.push(FieldError::required(
+            "spec.template.spec.restartPolicy",
+            "valid values: \"OnFailure\", \"Never\"",
+        ));
+    } else if !restart_policies.contains(&policy) {
         errors.push(FieldError::not_supported(
             "spec.template.spec.restartPolicy",
             &json!(policy),
@@ -417,16 +424,23 @@ pub static DEPLOYMENTS: ResourceDef = ResourceDef {
                 ))
             },
         },
-        int_column(
-            "Up-to-date",
-            "Total number of non-terminated pods targeted by this deployment that have the desired template spec.",
-            |o, _| json!(count(o, &["status", "updatedReplicas"])),
-        ),
-        int_column(
-            "Available",
-            "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment.",
-            |o, _| json!(count(o, &["status", "availableReplicas"])),
-        ),
+        // `printDeployment` writes these counts as integers under columns typed "string".
+        Column {
+            type_: "string",
+            ..int_column(
+                "Up-to-date",
+                "Total number of non-terminated pods targeted by this deployment that have the desired template spec.",
+                |o, _| json!(count(o, &["status", "updatedReplicas"])),
+            )
+        },
+        Column {
+            type_: "string",
+            ..int_column(
+                "Available",
+                "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment.",
+                |o, _| json!(count(o, &["status", "availableReplicas"])),
+            )
+        },
         AGE,
         CONTAINERS,
         IMAGES,
