@@ -129,6 +129,12 @@ impl RequestScope {
     }
 
     fn render(&self, obj: &Value, code: StatusCode) -> Result<Response, ApiError> {
+        if self.repr == Representation::Table {
+            let rv = str_at(obj, &["metadata", "resourceVersion"]).unwrap_or("");
+            let mut t = table::table(self.def(), std::slice::from_ref(obj), rv, None, true);
+            include_objects(&mut t, std::slice::from_ref(obj), &self.query)?;
+            return Ok(json_response(code, &t, negotiate::TABLE_CONTENT_TYPE));
+        }
         Ok(render_one(self.def(), obj, self.repr, code))
     }
 }
@@ -259,6 +265,8 @@ async fn handle_inner(
     target: Target,
     request: Request<Body>,
 ) -> (String, Response) {
+    let deprecated = target.def.group.is_empty() && target.def.plural == "endpoints";
+    let unknown_subresource = target.subresource.is_some();
     let request = match super::tokens::route(state, &target, request).await {
         Ok(answered) => return answered,
         Err(request) => request,
@@ -272,7 +280,23 @@ async fn handle_inner(
         Err(e) => return (method.to_string(), e.into_response()),
     };
     let label = verb.error_label(&method);
-    let answered = dispatch(&scope, &method, verb).await;
+    let answered = dispatch(&scope, verb).await;
+    if deprecated {
+        // kube-apiserver's deprecation warning on every request its route handler takes
+        // (v1 Endpoints since 1.33); go-restful refuses the others (no route for the method
+        // or subresource, a media type the route does not consume) before it.
+        let code = match &answered {
+            Ok(response) => response.status().as_u16(),
+            Err(e) => e.code,
+        };
+        let refused_by_router = matches!(code, 405 | 415) || (code == 404 && unknown_subresource);
+        if !refused_by_router {
+            warn(
+                "v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice"
+                    .into(),
+            );
+        }
+    }
     match answered {
         Ok(response) => (verb.label(&method), response),
         Err(e) => (label, e.into_response()),
@@ -280,7 +304,7 @@ async fn handle_inner(
 }
 
 /// The handler of a request's verb and subresource.
-async fn dispatch(scope: &RequestScope, method: &Method, verb: Verb) -> Result<Response, ApiError> {
+async fn dispatch(scope: &RequestScope, verb: Verb) -> Result<Response, ApiError> {
     let def = scope.def();
     let named = scope.target.name.is_some();
     match (verb, scope.subresource()) {
@@ -300,14 +324,11 @@ async fn dispatch(scope: &RequestScope, method: &Method, verb: Verb) -> Result<R
         }
         (Verb::Delete, None) => delete(scope).await,
         (Verb::DeleteCollection, None) if !def.deletecollection() => {
-            Err(ApiError::method_not_allowed("deletecollection", def.plural))
+            Err(ApiError::method_not_routed())
         }
         (Verb::DeleteCollection, None) => delete_collection(scope).await,
         (Verb::Get | Verb::Update | Verb::Patch, Some("scale")) => scale(scope, verb).await,
-        _ => Err(ApiError::method_not_allowed(
-            &verb.error_label(method),
-            def.plural,
-        )),
+        _ => Err(ApiError::method_not_routed()),
     }
 }
 
@@ -335,7 +356,8 @@ async fn watch(scope: &RequestScope) -> Result<Response, ApiError> {
 
 /// Upstream's `ValidateCreateOptions`, `ValidateUpdateOptions` and `ValidatePatchOptions`
 /// (`kind` names which), checked before the body is read: `fieldManager` (required by an
-/// apply, at most 128 bytes), `force` (apply only) and `dryRun` (`All` or nothing).
+/// apply, at most 128 bytes), `force` (apply only), `dryRun` (`All` or nothing) and
+/// `fieldValidation`.
 fn check_write_options(kind: &str, query: &Query, apply: Option<bool>) -> Result<(), ApiError> {
     let mut errors = Vec::new();
     let manager = query.get("fieldManager").map_or("", String::as_str);
@@ -361,10 +383,21 @@ fn check_write_options(kind: &str, query: &Query, apply: Option<bool>) -> Result
         });
     }
     if let Some(dry_run) = query.get("dryRun").filter(|d| *d != "All") {
+        // The options' `dryRun` is a list, and its error shows the list.
         errors.push(FieldError::not_supported(
             "dryRun",
-            &json!(dry_run),
+            &json!([dry_run]),
             &["All"],
+        ));
+    }
+    if let Some(mode) = query
+        .get("fieldValidation")
+        .filter(|m| !matches!(m.as_str(), "" | "Ignore" | "Strict" | "Warn"))
+    {
+        errors.push(FieldError::not_supported(
+            "fieldValidation",
+            &json!(mode),
+            &["", "Ignore", "Strict", "Warn"],
         ));
     }
     if errors.is_empty() {
@@ -392,9 +425,20 @@ async fn update(scope: &RequestScope) -> Result<Response, ApiError> {
     let key = scope.key();
     let mut obj = scope.json_body()?;
     check_body(key.def, &mut obj, &ctx.query, Some(&scope.body))?;
+    // A kind that creates on update answers 201 when the PUT created the object.
+    let creates = scope.subresource().is_none()
+        && storage::update::creates_on_update(key.def)
+        && get_object(&*scope.state.store, key.def, key.namespace, key.name)
+            .await
+            .is_err_and(|e| e.code == 404);
     let obj = storage::update::update_object(scope.storage(), &ctx, key, scope.subresource(), obj)
         .await?;
-    scope.render(&obj, StatusCode::OK)
+    let code = if creates {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    scope.render(&obj, code)
 }
 
 /// PATCH of an object or its status.
@@ -552,6 +596,42 @@ pub(crate) fn metric_resource(target: &Target) -> String {
     }
 }
 
+/// A Table's rows' `object` as `includeObject` asks (upstream's `TableOptions`): the
+/// object's metadata (`Metadata`, the default, as the table was built), the whole object
+/// (`Object`) or nothing (`None`).
+fn include_objects(table: &mut Value, objects: &[Value], query: &Query) -> Result<(), ApiError> {
+    let include = query.get("includeObject").map_or("", String::as_str);
+    let Some(rows) = table["rows"].as_array_mut() else {
+        return Ok(());
+    };
+    match include {
+        "" | "Metadata" => {}
+        "Object" => {
+            for (row, object) in rows.iter_mut().zip(objects) {
+                row["object"] = object.clone();
+            }
+        }
+        "None" => {
+            for row in rows.iter_mut().filter_map(Value::as_object_mut) {
+                row.remove("object");
+            }
+        }
+        other => {
+            return Err(ApiError::invalid(
+                "TableOptions",
+                "meta.k8s.io",
+                "",
+                vec![FieldError::not_supported(
+                    "includeObject",
+                    &json!(other),
+                    &["Metadata", "None", "Object"],
+                )],
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// One object in the negotiated representation.
 fn render_one(def: &ResourceDef, obj: &Value, repr: Representation, code: StatusCode) -> Response {
     match repr {
@@ -599,11 +679,11 @@ async fn list(scope: &RequestScope) -> Result<Response, ApiError> {
         list_objects(&*scope.state.store, def, scope.namespace(), &opts).await?;
     let rv = revision.to_string();
     Ok(match repr {
-        Representation::Table => json_response(
-            StatusCode::OK,
-            &table::table(def, &items, &rv, cont.as_deref(), true),
-            negotiate::TABLE_CONTENT_TYPE,
-        ),
+        Representation::Table => {
+            let mut t = table::table(def, &items, &rv, cont.as_deref(), true);
+            include_objects(&mut t, &items, &scope.query)?;
+            json_response(StatusCode::OK, &t, negotiate::TABLE_CONTENT_TYPE)
+        }
         Representation::PartialMetadata => {
             let mut metadata = json!({"resourceVersion": rv});
             if let Some(c) = &cont {
@@ -828,6 +908,23 @@ async fn patch_object(scope: &RequestScope) -> Result<(StatusCode, Value), ApiEr
         let current = match get_object(&*state.store, def, ns, name).await {
             Ok(found) => Some(found),
             Err(e) if e.code == 404 && is_apply && sub.is_none() => None,
+            Err(e) if e.code == 404 && sub.is_none() && storage::update::creates_on_update(def) => {
+                // A kind that creates on update creates on a patch too: the patch applied
+                // to an empty object (upstream's patcher answers 200 for it).
+                let empty = json!({"apiVersion": def.api_version(), "kind": def.kind,
+                    "metadata": {"name": name}});
+                let (doc, schema) = (patch_doc.clone(), merge.clone());
+                let mut obj = off_the_io_threads(move || {
+                    patch::patch_object(&empty, patch_type, &doc, &schema)
+                })
+                .await?
+                .map_err(|e| patch_error(def, name, e))?;
+                check_request_namespace(def, ns, &mut obj)?;
+                check_url_name(&obj, name)?;
+                authorize_create(scope).await?;
+                let created = create_object(state, &scope.write_context(), def, ns, obj).await?;
+                return Ok((StatusCode::OK, created));
+            }
             Err(e) => return Err(e),
         };
         let Some((kv, current)) = current else {

@@ -24,7 +24,7 @@ use crate::{
 /// and the selector as a string.
 pub(crate) fn to_scale(obj: &Value) -> Value {
     let m = &obj["metadata"];
-    json!({
+    go_omissions(json!({
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",
         "metadata": {
@@ -36,7 +36,23 @@ pub(crate) fn to_scale(obj: &Value) -> Value {
             "replicas": obj["status"]["replicas"].as_i64().unwrap_or(0),
             "selector": selector_string(&obj["spec"]["selector"]),
         },
-    })
+    }))
+}
+
+/// What Go leaves out of an `autoscaling/v1` Scale: `spec.replicas` and
+/// `status.selector` are `omitempty` (0 and "" are not written).
+fn go_omissions(mut scale: Value) -> Value {
+    if scale["spec"]["replicas"] == 0
+        && let Some(spec) = scale["spec"].as_object_mut()
+    {
+        spec.remove("replicas");
+    }
+    if scale["status"]["selector"] == ""
+        && let Some(status) = scale["status"].as_object_mut()
+    {
+        status.remove("selector");
+    }
+    scale
 }
 
 /// The `Scale` of an object of `def`: [`to_scale`], or a custom resource's at its paths.
@@ -56,7 +72,7 @@ fn scale_of(def: &ResourceDef, obj: &Value) -> Value {
             .and_then(|p| at(p).as_str().map(str::to_owned))
             .unwrap_or_default()
     );
-    scale
+    go_omissions(scale)
 }
 
 /// Sets `replicas` at the spec path of `def`'s scale (`.spec.replicas` for built-ins).

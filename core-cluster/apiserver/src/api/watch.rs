@@ -423,17 +423,6 @@ pub(crate) async fn watch(
             )],
         ));
     }
-    if send_initial && !bookmarks {
-        return Err(ApiError::invalid(
-            "ListOptions",
-            "meta.k8s.io",
-            "",
-            vec![super::status::FieldError::forbidden(
-                "allowWatchBookmarks",
-                "sendInitialEvents requires setting allowWatchBookmarks to true",
-            )],
-        ));
-    }
     let timeout = match query.get("timeoutSeconds") {
         Some(t) => Duration::from_secs(
             t.parse()
@@ -977,7 +966,9 @@ impl WatchTask {
                 _ = &mut deadline => return,
             }
         }
-        if send_initial {
+        // The cacher marks the end of the initial events only for a client that takes
+        // bookmarks (`setInitialEventsEndBookmarkIfRequested`).
+        if send_initial && bookmarks {
             let marker = value_frame(
                 format,
                 "BOOKMARK",

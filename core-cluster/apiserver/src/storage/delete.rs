@@ -77,7 +77,11 @@ impl DeleteOptions {
                 "DeleteOptions",
                 "meta.k8s.io",
                 "",
-                vec![FieldError::not_supported("dryRun", &other, &["All"])],
+                vec![FieldError::not_supported(
+                    "dryRun",
+                    &json!([other]),
+                    &["All"],
+                )],
             ));
         }
         if let (Some(_), Some(policy)) = (orphan, &o.propagation_policy) {
@@ -106,7 +110,7 @@ impl DeleteOptions {
                 vec![FieldError::not_supported(
                     "propagationPolicy",
                     &json!(p),
-                    &["Background", "Foreground", "Orphan"],
+                    &["Foreground", "Background", "Orphan", "nil"],
                 )],
             ));
         }
@@ -125,6 +129,33 @@ pub(crate) fn default_propagation_policy(def: &ResourceDef) -> Option<&'static s
     (def.group == "batch" && def.version == "v1" && def.plural == "jobs").then_some("Orphan")
 }
 
+/// Kinds whose storage answers a deletion with the deleted object rather than a `Status`
+/// (upstream's `ReturnDeletedObject: true`: pods, services, service accounts, namespaces, pod
+/// templates, and the storage and quota kinds).
+fn returns_deleted_object(def: &ResourceDef) -> bool {
+    match def.group {
+        "" => matches!(
+            def.plural,
+            "pods"
+                | "services"
+                | "serviceaccounts"
+                | "namespaces"
+                | "podtemplates"
+                | "persistentvolumes"
+                | "persistentvolumeclaims"
+                | "resourcequotas"
+        ),
+        "storage.k8s.io" | "resource.k8s.io" => true,
+        _ => false,
+    }
+}
+
+/// Kinds the garbage collector does not serve (`rest.Unsupported`): an Event is deleted at
+/// once whatever propagation policy the deletion names (`pkg/registry/core/event/strategy.go`).
+fn garbage_collection_unsupported(def: &ResourceDef) -> bool {
+    def.plural == "events" && matches!(def.group, "" | "events.k8s.io")
+}
+
 /// The warning upstream's Job storage gives a deletion that names no propagation policy
 /// (`pkg/registry/batch/job/storage/storage.go deleteOptionWarnings`), before it looks the
 /// Job up.
@@ -139,6 +170,10 @@ pub(crate) fn orphaning_warning(
 /// A delete's precondition that does not hold: upstream's `rest.BeforeDelete` names the
 /// object by its kind (`DaemonSet.apps "a"`, `Pod "p"`), not by its resource.
 fn precondition_failed(def: &ResourceDef, name: &str, why: &str) -> ApiError {
+    if def.group.is_empty() && def.plural == "namespaces" {
+        // The namespace storage's own Delete checks its preconditions, naming the resource.
+        return ApiError::conflict(&qualified(def, name), why);
+    }
     let kind = if def.group.is_empty() {
         def.kind.to_owned()
     } else {
@@ -219,7 +254,7 @@ pub(crate) async fn delete_object(
                     .collect()
             })
             .unwrap_or_default();
-        if !already_deleting {
+        if !already_deleting && !garbage_collection_unsupported(def) {
             let policy = options
                 .propagation_policy
                 .as_deref()
@@ -268,10 +303,28 @@ pub(crate) async fn delete_object(
                 .as_array()
                 .is_some_and(|f| !f.is_empty());
         let immediate = finalizers.is_empty() && grace == 0 && !namespace_pending;
+        // A pod's deletion is graceful even when immediate (`rest.BeforeDelete` with the pod
+        // strategy's grace of 0): the object it answers is marked deleted now, its generation
+        // counted.
+        let graceful_answer = |mut pod: Value| {
+            if !already_deleting {
+                let m = meta_mut(&mut pod);
+                m.insert(
+                    "deletionTimestamp".into(),
+                    json!(crate::registry::meta::now_rfc3339()),
+                );
+                m.insert("deletionGracePeriodSeconds".into(), json!(0));
+                bump_generation(m);
+            }
+            pod
+        };
+        let is_pod = def.group.is_empty() && def.plural == "pods";
         if immediate && options.dry_run {
             // What the deletion would answer (upstream's dry run goes through the same path
             // and stops before the store).
-            return Ok(if def.plural == "pods" {
+            return Ok(if is_pod {
+                graceful_answer(current)
+            } else if returns_deleted_object(def) {
                 current
             } else {
                 success_status(&q, meta["uid"].as_str())
@@ -285,7 +338,9 @@ pub(crate) async fn delete_object(
                     meta_mut(&mut deleted)
                         .insert("resourceVersion".into(), json!(revision.to_string()));
                     // Pods return the deleted object; everything else a Status.
-                    return Ok(if def.plural == "pods" {
+                    return Ok(if is_pod {
+                        graceful_answer(deleted)
+                    } else if returns_deleted_object(def) {
                         deleted
                     } else {
                         success_status(&q, meta["uid"].as_str())
@@ -311,7 +366,10 @@ pub(crate) async fn delete_object(
                 .is_some_and(|g| g <= grace);
         if !keep_earlier {
             m.insert("deletionTimestamp".into(), json!(deletion_at));
-            m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+            // The namespace storage's Delete sets the timestamp alone.
+            if def.plural != "namespaces" || !def.group.is_empty() {
+                m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+            }
         }
         if !already_deleting {
             bump_generation(m);
@@ -383,10 +441,8 @@ pub(crate) async fn delete_collection(
     let opts = ListOptions::parse(def, query)?;
     let listed = list_objects(&*state.store, def, ns, &opts).await?;
     for item in &listed.0 {
-        let name = str_at(&item, &["metadata", "name"])
-            .unwrap_or("")
-            .to_owned();
-        let item_ns = str_at(&item, &["metadata", "namespace"]).map(str::to_owned);
+        let name = str_at(item, &["metadata", "name"]).unwrap_or("").to_owned();
+        let item_ns = str_at(item, &["metadata", "namespace"]).map(str::to_owned);
         let opts = DeleteOptions {
             grace_period_seconds: options.grace_period_seconds,
             propagation_policy: options.propagation_policy.clone(),

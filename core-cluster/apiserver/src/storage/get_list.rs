@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use super::{Query, Storage, decode_kv, parse_rv, qualified, status::ApiError};
 use crate::{
+    registry::FieldError,
     registry::{
         ResourceDef,
         selectors::{FieldSelector, LabelSelector},
@@ -141,6 +142,9 @@ impl ListOptions {
             )
             .filter(|l| *l > 0),
         };
+        if !super::flag(query, "watch") {
+            validate_list_options(query)?;
+        }
         Ok(ListOptions {
             labels,
             fields,
@@ -159,6 +163,53 @@ impl ListOptions {
 
     pub(crate) fn matches(&self, def: &ResourceDef, obj: &Value) -> bool {
         self.labels.matches(obj) && self.fields.matches(|p| def.field_value(obj, p))
+    }
+}
+
+/// Upstream's `ValidateListOptions` for a list (a watch has its own rules):
+/// `resourceVersionMatch` needs a `resourceVersion` and no `continue`, `Exact` is not for
+/// `0`, and `sendInitialEvents` is for watches only.
+fn validate_list_options(query: &Query) -> Result<(), ApiError> {
+    let given = |key: &str| query.get(key).filter(|v| !v.is_empty());
+    let mut errors = Vec::new();
+    if let Some(rv_match) = given("resourceVersionMatch") {
+        if given("resourceVersion").is_none() {
+            errors.push(FieldError::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden unless resourceVersion is provided",
+            ));
+        }
+        if given("continue").is_some() {
+            errors.push(FieldError::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden when continue is provided",
+            ));
+        }
+        match rv_match.as_str() {
+            "Exact" if given("resourceVersion").map(String::as_str) == Some("0") => {
+                errors.push(FieldError::forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+                ));
+            }
+            "Exact" | "NotOlderThan" => {}
+            other => errors.push(FieldError::not_supported(
+                "resourceVersionMatch",
+                &serde_json::json!(other),
+                &["Exact", "NotOlderThan", ""],
+            )),
+        }
+    }
+    if query.contains_key("sendInitialEvents") {
+        errors.push(FieldError::forbidden(
+            "sendInitialEvents",
+            "sendInitialEvents is forbidden for list",
+        ));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid("ListOptions", "meta.k8s.io", "", errors))
     }
 }
 

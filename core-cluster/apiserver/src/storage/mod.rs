@@ -542,8 +542,15 @@ pub(crate) fn encode(state: &Storage, def: &ResourceDef, obj: &Value) -> Result<
     Ok(Bytes::from(bytes))
 }
 
+/// A 422 naming the object by its internal kind, as upstream's strategies do:
+/// events.k8s.io/v1 Events are core Events inside kube-apiserver (`Event "a" is invalid`).
 pub(crate) fn invalid(def: &ResourceDef, name: &str, errors: Vec<FieldError>) -> ApiError {
-    ApiError::invalid(def.kind, def.group, name, errors)
+    let group = if def.storage == "core/events" {
+        ""
+    } else {
+        def.group
+    };
+    ApiError::invalid(def.kind, group, name, errors)
 }
 
 pub(crate) fn parse_rv(rv: &str) -> Result<u64, ApiError> {

@@ -21,7 +21,7 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{
     MAX_WRITE_ATTEMPTS, ObjectKey, Storage, WriteContext,
@@ -193,8 +193,16 @@ pub(crate) fn spawn_namespace_cleanup(state: &Storage, namespace: String) {
             else {
                 return;
             };
+            // Only this server's own finalizer goes (`kubernetes`); others' stay theirs.
             let mut finalized = current.clone();
-            finalized["spec"]["finalizers"] = json!([]);
+            let kept: Vec<Value> = current["spec"]["finalizers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|f| f.as_str() != Some("kubernetes"))
+                .cloned()
+                .collect();
+            finalized["spec"]["finalizers"] = json!(kept);
             let key = ObjectKey::new(namespaces, None, &namespace);
             match commit_update(
                 &state,

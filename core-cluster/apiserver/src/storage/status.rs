@@ -166,7 +166,11 @@ impl ApiError {
             .iter()
             .map(|e| json!({"reason": e.reason, "message": e.message, "field": e.field}))
             .collect();
-        let mut details = json!({ "name": name, "kind": kind, "causes": causes });
+        let mut details = json!({ "kind": kind, "causes": causes });
+        // Go's `StatusDetails.Name` is `omitempty`: an options error names no object.
+        if !name.is_empty() {
+            details["name"] = json!(name);
+        }
         if !group.is_empty() {
             details["group"] = json!(group);
         }
@@ -197,13 +201,17 @@ impl ApiError {
         }
     }
 
-    /// 405 `<verb> is not supported on resources of kind "<resource>"`.
-    pub fn method_not_allowed(verb: &str, resource: &str) -> Self {
-        Self::new(
-            405,
-            "MethodNotAllowed",
-            format!("{verb} is not supported on resources of kind \"{resource}\""),
-        )
+    /// 405 for a method no route of the path takes: go-restful's answer through
+    /// kube-apiserver's `Status` (empty details).
+    pub fn method_not_routed() -> Self {
+        ApiError {
+            details: Some(json!({})),
+            ..Self::new(
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method on the requested resource",
+            )
+        }
     }
 
     /// 405 with its own message and the resource in the details: upstream's

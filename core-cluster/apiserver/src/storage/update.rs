@@ -21,6 +21,60 @@ use crate::{
 
 /// Replaces an object (PUT), or its status (`/status`), or a namespace's finalizers.
 /// The body was decoded and checked against its type by the caller.
+/// Whether a PUT of a missing object creates it: upstream's strategies of Leases, Endpoints
+/// and Events say `AllowCreateOnUpdate` (`pkg/registry/{coordination/lease,core/endpoint,
+/// core/event}/strategy.go`).
+pub(crate) fn creates_on_update(def: &crate::registry::ResourceDef) -> bool {
+    matches!(
+        (def.group, def.plural),
+        ("coordination.k8s.io", "leases") | ("", "endpoints") | ("" | "events.k8s.io", "events")
+    )
+}
+
+/// A body naming another uid is a precondition that fails (upstream's update handler makes
+/// the body's uid a precondition of the store's update), answered in the store's words.
+fn check_uid(
+    def: &crate::registry::ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+    new: &Value,
+    current: &Value,
+) -> Result<(), ApiError> {
+    match new["metadata"]["uid"].as_str().filter(|u| !u.is_empty()) {
+        Some(uid) if Some(uid) != current["metadata"]["uid"].as_str() => Err(ApiError::conflict(
+            &qualified(def, name),
+            &format!(
+                "StorageError: invalid object, Code: 4, Key: {}, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                upstream_key(def, ns, name),
+                current["metadata"]["uid"].as_str().unwrap_or("")
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The object's key in kube-apiserver's etcd, which its storage errors quote: the resource
+/// without its group (`/registry/deployments/ns/a`), Services under `services/specs`.
+fn upstream_key(def: &crate::registry::ResourceDef, ns: Option<&str>, name: &str) -> String {
+    let resource = match (def.group, def.plural) {
+        ("", "services") => "services/specs",
+        (_, plural) => plural,
+    };
+    match ns {
+        Some(ns) => format!("/registry/{resource}/{ns}/{name}"),
+        None => format!("/registry/{resource}/{name}"),
+    }
+}
+
+/// Whether a PUT may leave out `metadata.resourceVersion` (most kinds; not Leases and
+/// PodDisruptionBudgets, whose strategies say `AllowUnconditionalUpdate` false).
+fn allows_unconditional_update(def: &crate::registry::ResourceDef) -> bool {
+    !matches!(
+        (def.group, def.plural),
+        ("coordination.k8s.io", "leases") | ("policy", "poddisruptionbudgets")
+    )
+}
+
 pub(crate) async fn update_object(
     state: &Storage,
     ctx: &WriteContext,
@@ -51,6 +105,7 @@ pub(crate) async fn update_object(
         Some(rv) if !rv.is_empty() => Some(parse_rv(rv)?),
         _ => None,
     };
+
     // The first attempt starts from the store's recent copy, if it keeps one (etcd): as
     // upstream's GuaranteedUpdate from the watch cache's object, the write is compared on
     // the copy's revision, and whatever goes wrong from a copy that may be stale (a
@@ -60,10 +115,38 @@ pub(crate) async fn update_object(
         let (kv, current, is_current) = match suggested.take() {
             Some((kv, current)) => (kv, current, false),
             None => {
-                let (kv, current) = get_object(&*state.store, def, ns, name).await?;
+                let (kv, current) = match get_object(&*state.store, def, ns, name).await {
+                    Err(e) if e.code == 404 && sub.is_none() && creates_on_update(def) => {
+                        // The strategy's `AllowCreateOnUpdate`: a PUT of a missing object
+                        // creates it, whatever resourceVersion it names.
+                        let mut new = new;
+                        if let Some(meta) = new["metadata"].as_object_mut() {
+                            meta.remove("resourceVersion");
+                        }
+                        return super::create::create_object(state, ctx, def, ns, new).await;
+                    }
+                    other => other?,
+                };
                 (kv, current, true)
             }
         };
+        if precondition.is_none() && !allows_unconditional_update(def) {
+            // The strategy's `AllowUnconditionalUpdate` is false: an update names the version
+            // it read (`pkg/registry/{coordination/lease,policy/poddisruptionbudget}`).
+            return Err(ApiError::invalid(
+                def.plural,
+                def.group,
+                name,
+                vec![FieldError::invalid(
+                    "metadata.resourceVersion",
+                    &json!(0),
+                    "must be specified for an update",
+                )],
+            ));
+        }
+        // The body's uid is checked before its resourceVersion, as the store checks its
+        // preconditions before it compares versions.
+        check_uid(def, ns, name, &new, &current)?;
         if precondition.is_some_and(|rv| rv != kv.mod_revision) {
             if !is_current {
                 continue;
@@ -121,6 +204,13 @@ fn keep_approval_conditions(merged: &mut Value, current: &Value) {
     merged["status"]["conditions"] = Value::Array(all);
 }
 
+/// An object's annotations, none and `{}` alike (as `equality.Semantic` compares maps).
+fn annotations_of(obj: &Value) -> Option<&serde_json::Map<String, Value>> {
+    obj["metadata"]["annotations"]
+        .as_object()
+        .filter(|m| !m.is_empty())
+}
+
 fn differs(a: &Value, b: &Value, key: &str) -> bool {
     a.get(key).unwrap_or(&Value::Null) != b.get(key).unwrap_or(&Value::Null)
 }
@@ -176,6 +266,17 @@ pub(crate) async fn commit_update(
                         }
                     }
                 }
+                if def.group == "apps" && def.plural == "deployments" {
+                    // `deploymentStatusStrategy.PrepareForUpdate`: labels stay as they were.
+                    match current["metadata"].get("labels") {
+                        Some(labels) => metadata["labels"] = labels.clone(),
+                        None => {
+                            if let Some(m) = metadata.as_object_mut() {
+                                m.remove("labels");
+                            }
+                        }
+                    }
+                }
                 merged["metadata"] = metadata;
             }
             new = merged;
@@ -223,6 +324,7 @@ pub(crate) async fn commit_update(
             }
         }
     }
+    check_uid(def, ns, name, &new, current)?;
     // System metadata is immutable.
     let old_meta = current["metadata"].clone();
     let meta = meta_mut(&mut new);
@@ -254,6 +356,11 @@ pub(crate) async fn commit_update(
         crate::crd::schema::spec_changed(current, &new)
     } else {
         differs(&new, current, "spec")
+            // `deploymentStrategy.PrepareForUpdate`: annotations count too, as they are
+            // copied to the Deployment's ReplicaSets.
+            || (def.group == "apps"
+                && def.plural == "deployments"
+                && annotations_of(&new) != annotations_of(current))
     };
     // A pod's ephemeral containers are its spec too: upstream's
     // `podEphemeralContainersStrategy.PrepareForUpdate` bumps the generation as a pod
@@ -331,6 +438,9 @@ pub(crate) async fn commit_update(
     }
     if ctx.dry_run() {
         rollback(state, &allocation).await;
+        // The object as it would be stored, at the revision it was read (upstream's dry
+        // run stops short of the store's write, which alone moves the resourceVersion).
+        meta_mut(&mut new).insert("resourceVersion".into(), json!(kv.mod_revision.to_string()));
         return Ok(new);
     }
     let finalizers_empty = new["metadata"]["finalizers"]
