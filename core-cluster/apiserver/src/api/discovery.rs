@@ -88,6 +88,13 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
         if !def.categories.is_empty() {
             r["categories"] = json!(def.categories);
         }
+        // Only what is stored has a storage version: not the reviews (create only), and
+        // not apiextensions' definitions, whose server writes none.
+        let stored = !crate::registry::resources::CREATE_ONLY.contains(&def.storage)
+            && def.group != "apiextensions.k8s.io";
+        if stored {
+            r["storageVersionHash"] = json!(storage_version_hash(def));
+        }
         resources.push(r);
         let subs = def
             .status
@@ -103,7 +110,8 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
                 "kind": kind,
                 "verbs": subresource_verbs(sub),
             });
-            if !g.is_empty() || !v.is_empty() {
+            // Named only when it differs from the resource's group-version.
+            if (!g.is_empty() || !v.is_empty()) && (g, v) != (group, version) {
                 r["group"] = json!(g);
                 r["version"] = json!(v);
             }
@@ -180,7 +188,27 @@ pub fn group(registry: &Registry, name: &str) -> Option<Value> {
         })
 }
 
+/// Upstream's `discovery.StorageVersionHash`: the first 8 bytes of the SHA-256 of the
+/// storage version's `group/version/kind`, in base64 (clients compare it to notice a
+/// storage migration). events.k8s.io Events are stored as core v1 Events.
+fn storage_version_hash(def: &ResourceDef) -> String {
+    use base64::Engine;
+    let (group, version, kind) = if def.storage == "core/events" {
+        ("", "v1", "Event")
+    } else {
+        (def.group, def.version, def.kind)
+    };
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{group}/{version}/{kind}").as_bytes(),
+    );
+    base64::engine::general_purpose::STANDARD.encode(&digest.as_ref()[..8])
+}
+
 fn aggregated_version(registry: &Registry, group: &str, version: &str) -> Value {
+    // A response kind of the resource's own group-version names neither (`"group": "",
+    // "version": ""`), as kube-apiserver's aggregated discovery writes it.
+    let own = |g: &str, v: &str| (g, v) == (group, version) || v.is_empty();
     let resources: Vec<Value> = registry
         .all()
         .iter()
@@ -195,14 +223,18 @@ fn aggregated_version(registry: &Registry, group: &str, version: &str) -> Value 
                     let (g, v, kind) = subresource_kind(def, sub);
                     json!({
                         "subresource": sub,
-                        "responseKind": {"group": g, "version": if v.is_empty() { version } else { v }, "kind": kind},
+                        "responseKind": if own(g, v) {
+                            json!({"group": "", "version": "", "kind": kind})
+                        } else {
+                            json!({"group": g, "version": v, "kind": kind})
+                        },
                         "verbs": subresource_verbs(sub),
                     })
                 })
                 .collect();
             let mut r = json!({
                 "resource": def.plural,
-                "responseKind": {"group": group, "version": version, "kind": def.kind},
+                "responseKind": {"group": "", "version": "", "kind": def.kind},
                 "scope": if def.namespaced { "Namespaced" } else { "Cluster" },
                 "singularResource": def.singular,
                 "verbs": verbs(def),

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use super::{
     ServerState, Target, json_response,
     negotiate::{self, Representation},
-    status::{ApiError, FieldError, success_status},
+    status::{ApiError, FieldError},
 };
 use crate::{
     auth::UserInfo,
@@ -277,7 +277,13 @@ async fn handle_inner(
     let scope = match scope_of(state, target, request).await {
         Ok(scope) => scope,
         Err(e) if e.code == 406 => return (verb.error_label(&method), e.into_response()),
-        Err(e) => return (method.to_string(), e.into_response()),
+        Err(e) => {
+            // A create's route takes any body and refuses the media type itself.
+            if deprecated && e.code == 415 && method != Method::PATCH {
+                warn_deprecated_endpoints();
+            }
+            return (method.to_string(), e.into_response());
+        }
     };
     let label = verb.error_label(&method);
     let answered = dispatch(&scope, verb).await;
@@ -289,12 +295,12 @@ async fn handle_inner(
             Ok(response) => response.status().as_u16(),
             Err(e) => e.code,
         };
-        let refused_by_router = matches!(code, 405 | 415) || (code == 404 && unknown_subresource);
+        // A PATCH route consumes only the patch types; a create reads its body itself.
+        let refused_by_router = code == 405
+            || (code == 415 && method == Method::PATCH)
+            || (code == 404 && unknown_subresource);
         if !refused_by_router {
-            warn(
-                "v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice"
-                    .into(),
-            );
+            warn_deprecated_endpoints();
         }
     }
     match answered {
@@ -481,10 +487,16 @@ async fn delete_collection(scope: &RequestScope) -> Result<Response, ApiError> {
     Ok(json_response(StatusCode::OK, &body, "application/json"))
 }
 
+/// The answer of a binding or an eviction: upstream's `metav1.Status{Status: Success, Code:
+/// 201}`, which names no object.
+fn created_status() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+}
+
 /// POST of a pod's `binding`.
 async fn bind(scope: &RequestScope) -> Result<Response, ApiError> {
     bind_pod(scope.storage(), scope.key(), scope.json_body()?).await?;
-    let status = success_status(&qualified(scope.def(), scope.name()), None);
+    let status = created_status();
     Ok(json_response(
         StatusCode::CREATED,
         &status,
@@ -500,7 +512,7 @@ async fn evict(scope: &RequestScope) -> Result<Response, ApiError> {
     let options = DeleteOptions::from_value(options, &Query::new())?;
     let ctx = scope.write_context();
     storage::eviction::evict_pod(scope.storage(), &ctx, scope.key(), options).await?;
-    let status = success_status(&qualified(scope.def(), scope.name()), None);
+    let status = created_status();
     Ok(json_response(
         StatusCode::CREATED,
         &status,
@@ -575,6 +587,18 @@ pub(crate) async fn handle(
         }
     }
     (verb, response)
+}
+
+/// kube-apiserver's deprecation warning of v1 Endpoints (since 1.33), added by the route's
+/// wrapper before the handler runs: the first of the response's warnings.
+fn warn_deprecated_endpoints() {
+    let _ = WARNINGS.try_with(|w| {
+        w.borrow_mut().insert(
+            0,
+            "v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice"
+                .to_owned(),
+        );
+    });
 }
 
 /// Records a warning for the response, if a request is being served.

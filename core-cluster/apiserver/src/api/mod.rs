@@ -1069,17 +1069,15 @@ fn group_has_namespaces(registry: &Registry, group: &str, version: &str, plural:
         .is_some_and(|d| d.namespaced)
 }
 
-/// A path nothing serves. Inside a served group version (`/api/v1/...`,
-/// `/apis/apps/v1/...`) kube-apiserver answers a `Status` (its API installer's not-found
-/// handler); anywhere else its mux answers go's plain `404 page not found`.
+/// A path nothing serves. Inside a served group (`/api/v1/...`, `/apis/apps/v9`)
+/// kube-apiserver answers a `Status` (its API installer's not-found handler); anywhere else
+/// its mux answers go's plain `404 page not found`.
 fn not_found(registry: &Registry, path: &str) -> Response {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let in_group_version = match segments.as_slice() {
         ["api", "v1", ..] => true,
-        ["apis", group, version, ..] => registry
-            .group_versions()
-            .iter()
-            .any(|(g, v)| g == group && v == version),
+        // Under a served group, any version: the group's own handler answers.
+        ["apis", group, _, ..] => registry.group_versions().iter().any(|(g, _)| g == group),
         _ => false,
     };
     if in_group_version {

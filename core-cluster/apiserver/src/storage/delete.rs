@@ -183,6 +183,12 @@ fn precondition_failed(def: &ResourceDef, name: &str, why: &str) -> ApiError {
     error.message = format!("Operation cannot be fulfilled on {kind} \"{name}\": {why}");
     if let Some(details) = error.details.as_mut() {
         details["kind"] = json!(def.kind);
+        // events.k8s.io Events are core Events inside kube-apiserver.
+        if def.storage == "core/events"
+            && let Some(d) = details.as_object_mut()
+        {
+            d.remove("group");
+        }
     }
     error
 }

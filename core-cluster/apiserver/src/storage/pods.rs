@@ -46,8 +46,9 @@ pub(crate) async fn bind_pod(
             .as_str()
             .filter(|n| !n.is_empty())
         {
+            // The binding storage's conflict names the subresource (`pods/binding`).
             return Err(ApiError::conflict(
-                &qualified(def, name),
+                &crate::storage::status::Qualified::new(def.group, "pods/binding", name),
                 &format!("pod {name} is already assigned to node \"{existing}\""),
             ));
         }

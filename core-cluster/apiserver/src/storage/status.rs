@@ -94,11 +94,17 @@ impl ApiError {
 
     /// 404 for a path that names no resource.
     pub fn no_route(path: &str) -> Self {
-        Self::new(
-            404,
-            "NotFound",
-            format!("the server could not find the requested resource ({path})"),
-        )
+        // kube-apiserver's `errors.NewGenericServerResponse(404, ...)` names nothing: the
+        // path goes to the log only.
+        tracing::debug!(%path, "no route");
+        ApiError {
+            details: Some(json!({})),
+            ..Self::new(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            )
+        }
     }
 
     /// 409 `<resource> "<name>" already exists`.

@@ -21,13 +21,15 @@ use crate::{
 
 /// Replaces an object (PUT), or its status (`/status`), or a namespace's finalizers.
 /// The body was decoded and checked against its type by the caller.
-/// Whether a PUT of a missing object creates it: upstream's strategies of Leases, Endpoints
-/// and Events say `AllowCreateOnUpdate` (`pkg/registry/{coordination/lease,core/endpoint,
-/// core/event}/strategy.go`).
+/// Whether a PUT of a missing object creates it: upstream's strategies of Leases, Endpoints,
+/// Services and Events say `AllowCreateOnUpdate` (`pkg/registry/{coordination/lease,
+/// core/endpoint,core/service,core/event}/strategy.go`).
 pub(crate) fn creates_on_update(def: &crate::registry::ResourceDef) -> bool {
     matches!(
         (def.group, def.plural),
-        ("coordination.k8s.io", "leases") | ("", "endpoints") | ("" | "events.k8s.io", "events")
+        ("coordination.k8s.io", "leases")
+            | ("", "endpoints" | "services")
+            | ("" | "events.k8s.io", "events")
     )
 }
 
@@ -58,6 +60,8 @@ fn check_uid(
 fn upstream_key(def: &crate::registry::ResourceDef, ns: Option<&str>, name: &str) -> String {
     let resource = match (def.group, def.plural) {
         ("", "services") => "services/specs",
+        ("", "endpoints") => "services/endpoints",
+        ("", "nodes") => "minions",
         (_, plural) => plural,
     };
     match ns {

@@ -1512,7 +1512,7 @@ pub static CONFIG_MAPS: ResourceDef = ResourceDef {
         NAME,
         Column {
             name: "Data",
-            type_: "integer",
+            type_: "string",
             format: "",
             description: "Number of entries",
             priority: 0,
@@ -1557,7 +1557,7 @@ pub static SECRETS: ResourceDef = ResourceDef {
         },
         Column {
             name: "Data",
-            type_: "integer",
+            type_: "string",
             format: "",
             description: "Number of entries",
             priority: 0,
