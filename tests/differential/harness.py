@@ -1227,8 +1227,10 @@ class Comparison:
                     if "frame" in a:
                         ja, jb = pb_body(a["frame"], nu, True), pb_body(b["frame"], nc, True)
                     else:
-                        ja = nu.norm(normalise_table(a))
-                        jb = nc.norm(normalise_table(b))
+                        # A watch event's object is the Table (its ages normalised in place).
+                        normalise_table(a.get("object"))
+                        normalise_table(b.get("object"))
+                        ja, jb = nu.norm(a), nc.norm(b)
                     diff(ja, jb, f"events[{i}]", d)
                     order_diffs(ja, jb, f"events[{i}]", entry["order"])
             self.add(entry)
@@ -1400,6 +1402,20 @@ def load_explained():
     return rows
 
 
+def unlinked_rows(rows):
+    """Rows whose reason quotes a line of the README's table that is not there: every
+    difference kept must say why where users read it."""
+    readme_path = os.path.join(HERE, "..", "..", "README.md")
+    with open(readme_path) as f:
+        readme = f.read()
+    bad = []
+    for r in rows:
+        m = re.search(r'README: "([^"]+)"', r["reason"])
+        if not m or m.group(1) not in readme:
+            bad.append(r)
+    return bad
+
+
 def classify(rows, case, path):
     for r in rows:
         if fnmatch.fnmatchcase(case, r["case"]) and fnmatch.fnmatchcase(path, r["path"]):
@@ -1457,6 +1473,9 @@ def main():
     elapsed = time.time() - started
 
     rows = load_explained()
+    for r in unlinked_rows(rows):
+        failed.append((f"EXPLAINED.md row {r['case']} {r['path']}",
+                       "its reason quotes no line of the README's table of differences"))
     summary = {"requests": 0, "identical": 0, "content": 0, "order_only": 0, "not_served": 0,
                "explained": 0, "todo": 0, "unexplained": 0, "missing_on_core": 0}
     diffs = []
@@ -1518,7 +1537,9 @@ def main():
                        "steps": [{k: v for k, v in e.items() if k != "diffs"} | {
                            "diffs": len(e["diffs"])} for e in cmp.results]}, f, indent=1,
                       default=str)
-    return 1 if (unexplained or todo or failed) else 0
+    # Known differences (`unexplained: TODO` rows, each with its reason in the README's table)
+    # are reported, not failed on: a run fails on a difference no row names, or an error.
+    return 1 if (unexplained or failed) else 0
 
 
 if __name__ == "__main__":
