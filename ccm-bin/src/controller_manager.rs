@@ -128,12 +128,7 @@ pub(crate) async fn run(args: ControllerManagerArgs) -> anyhow::Result<()> {
         version.git_version,
         names.join(", ")
     );
-    crate::signals::terminated().await;
-    shutdown.cancel();
     // Each group releases its Lease once its controllers have stopped.
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
+    crate::signals::stop_on_termination(&shutdown, &mut tasks).await;
     Ok(())
 }

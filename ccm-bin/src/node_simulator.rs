@@ -49,11 +49,7 @@ pub(crate) async fn run(args: NodeSimulatorArgs) -> anyhow::Result<()> {
     let count =
         crate::simulation::spawn(client, fleet, InProcess::default(), &mut tasks, &shutdown);
     eprintln!("node-simulator: {count} simulated nodes across {zones}");
-    crate::signals::terminated().await;
-    shutdown.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
+    // Each group releases its Lease once its controllers have stopped.
+    crate::signals::stop_on_termination(&shutdown, &mut tasks).await;
     Ok(())
 }

@@ -22,3 +22,18 @@ pub(crate) async fn terminated() {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
+
+/// Runs until SIGTERM or Ctrl-C, then cancels `shutdown` and gives `tasks` up to 10 seconds
+/// to stop (controllers release their Leases as they go): the end of the subcommands that
+/// attach to a cluster.
+pub(crate) async fn stop_on_termination(
+    shutdown: &tokio_util::sync::CancellationToken,
+    tasks: &mut tokio::task::JoinSet<()>,
+) {
+    terminated().await;
+    shutdown.cancel();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+}

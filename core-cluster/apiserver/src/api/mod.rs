@@ -795,6 +795,28 @@ async fn authorize_as(
 }
 
 /// An answer in JSON, or in protobuf when the client asked for it first (see [`protobuf`]).
+/// A response whose whole body is in memory already (its length known), taken apart to be
+/// written again in another form; a stream (a watch, a proxied body) comes back untouched in
+/// `Err`, as does a failure to read, answered 500.
+async fn buffered(
+    response: Response,
+) -> Result<(axum::http::response::Parts, axum::body::Bytes), Response> {
+    use axum::body::HttpBody;
+    let Some(len) = response
+        .body()
+        .size_hint()
+        .exact()
+        .and_then(|n| usize::try_from(n).ok())
+    else {
+        return Err(response);
+    };
+    let (parts, body) = response.into_parts();
+    match axum::body::to_bytes(body, len).await {
+        Ok(bytes) => Ok((parts, bytes)),
+        Err(_) => Err(ApiError::internal("reading the response failed").into_response()),
+    }
+}
+
 fn json_response(code: StatusCode, value: &Value, content_type: &'static str) -> Response {
     if content_type == "application/json"
         && let Some(response) = protobuf::encode_answer(code, value)

@@ -180,15 +180,7 @@ fn allowed(subtype: &str, params: &[(String, String)], tables: bool) -> Option<R
 /// produce wins. `Some(json_fallback)` when protobuf wins, where `json_fallback` says
 /// whether the client also takes plain JSON (for an answer without a protobuf form).
 pub fn prefers_protobuf(headers: &HeaderMap) -> Option<bool> {
-    let mut ranges = media_ranges(headers);
-    let quality = |params: &[(String, String)]| {
-        param(params, "q")
-            .and_then(|q| q.parse::<f32>().ok())
-            .unwrap_or(1.0)
-    };
-    ranges.retain(|(_, params)| quality(params) > 0.0);
-    // A stable sort keeps the client's order among equal qualities.
-    ranges.sort_by(|(_, a), (_, b)| quality(b).total_cmp(&quality(a)));
+    let ranges = ranges_by_quality(headers);
     let json_fallback = ranges.iter().any(|(media, params)| {
         matches!(media.as_str(), "application/json" | "*/*" | "application/*")
             && param(params, "as").is_none()
@@ -205,11 +197,9 @@ pub fn prefers_protobuf(headers: &HeaderMap) -> Option<bool> {
     None
 }
 
-/// Whether YAML (`application/yaml`, with or without `as=`) is the client's first choice
-/// among what the server serves, negotiated as [`prefers_protobuf`] does: kubectl's
-/// `-o yaml` reads JSON, but curl and other clients ask for YAML and get it from
-/// kube-apiserver.
-pub fn prefers_yaml(headers: &HeaderMap) -> bool {
+/// The Accept header's media ranges the client takes at all (`q` above 0), best first; a
+/// stable sort keeps the client's order among equal qualities.
+fn ranges_by_quality(headers: &HeaderMap) -> Vec<(String, Vec<(String, String)>)> {
     let mut ranges = media_ranges(headers);
     let quality = |params: &[(String, String)]| {
         param(params, "q")
@@ -218,7 +208,15 @@ pub fn prefers_yaml(headers: &HeaderMap) -> bool {
     };
     ranges.retain(|(_, params)| quality(params) > 0.0);
     ranges.sort_by(|(_, a), (_, b)| quality(b).total_cmp(&quality(a)));
-    for (media, _) in &ranges {
+    ranges
+}
+
+/// Whether YAML (`application/yaml`, with or without `as=`) is the client's first choice
+/// among what the server serves, negotiated as [`prefers_protobuf`] does: kubectl's
+/// `-o yaml` reads JSON, but curl and other clients ask for YAML and get it from
+/// kube-apiserver.
+pub fn prefers_yaml(headers: &HeaderMap) -> bool {
+    for (media, _) in &ranges_by_quality(headers) {
         match media.as_str() {
             "application/yaml" => return true,
             "application/json"

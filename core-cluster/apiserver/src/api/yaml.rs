@@ -9,15 +9,15 @@
 use std::sync::Arc;
 
 use axum::{
-    body::{Body, HttpBody},
+    body::Body,
     extract::{Request, State},
     http::{HeaderValue, header},
     middleware::Next,
-    response::{IntoResponse, Response},
+    response::Response,
 };
 use serde_json::Value;
 
-use crate::api::{ServerState, negotiate, status::ApiError};
+use crate::api::{ServerState, negotiate};
 
 /// The YAML middleware (see the [module](self) docs).
 pub(crate) async fn codec(
@@ -53,17 +53,9 @@ async fn to_yaml(response: Response) -> Response {
     else {
         return response;
     };
-    let Some(len) = response
-        .body()
-        .size_hint()
-        .exact()
-        .and_then(|n| usize::try_from(n).ok())
-    else {
-        return response;
-    };
-    let (mut parts, body) = response.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, len).await else {
-        return ApiError::internal("reading the response failed").into_response();
+    let (mut parts, bytes) = match super::buffered(response).await {
+        Ok(whole) => whole,
+        Err(response) => return response,
     };
     let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
         return Response::from_parts(parts, Body::from(bytes));
@@ -81,7 +73,7 @@ async fn to_yaml(response: Response) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::StatusCode;
+    use axum::{http::StatusCode, response::IntoResponse};
 
     #[tokio::test]
     async fn json_answers_become_yaml_with_the_content_type_of_yaml() {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use axum::{
-    body::{Body, Bytes, HttpBody},
+    body::{Body, Bytes},
     extract::{Request, State},
     http::{HeaderMap, HeaderValue, Method, StatusCode, header},
     middleware::Next,
@@ -160,17 +160,9 @@ async fn encode_response(wanted: Wanted, response: Response) -> Response {
     if !is_json || response.extensions().get::<Streamed>().is_some() {
         return response;
     }
-    let Some(len) = response
-        .body()
-        .size_hint()
-        .exact()
-        .and_then(|n| usize::try_from(n).ok())
-    else {
-        return response;
-    };
-    let (mut parts, body) = response.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, len).await else {
-        return ApiError::internal("reading the response failed").into_response();
+    let (mut parts, bytes) = match crate::api::buffered(response).await {
+        Ok(whole) => whole,
+        Err(response) => return response,
     };
     let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     if value.get("kind").is_none() {
