@@ -277,11 +277,19 @@ async fn deleting_a_definition_deletes_its_objects_first() {
         }
     })
     .await;
-    let err = api.list(&Default::default()).await.unwrap_err();
-    assert!(
-        matches!(err, kube::Error::Api(ref s) if s.code == 404),
-        "{err}"
-    );
+    // The definition's removal reaches the serving registry through its watch, a moment
+    // after the store (kube-apiserver's CRD handler follows its informer alike).
+    eventually(30, "the resource is no longer served", || {
+        let api = api.clone();
+        async move {
+            matches!(
+                api.list(&Default::default()).await,
+                Err(kube::Error::Api(ref s)) if s.code == 404
+            )
+            .then_some(())
+        }
+    })
+    .await;
     // Defined again, it starts empty: the objects were deleted, not hidden.
     create_established(&client, widget_crd()).await;
     assert!(
