@@ -88,11 +88,8 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
         if !def.categories.is_empty() {
             r["categories"] = json!(def.categories);
         }
-        // Only what is stored has a storage version: not the reviews (create only), and
-        // not apiextensions' definitions, whose server writes none.
-        let stored = !crate::registry::resources::CREATE_ONLY.contains(&def.storage)
-            && def.group != "apiextensions.k8s.io";
-        if stored {
+        // Only what is stored has a storage version: not the reviews (create only).
+        if !crate::registry::resources::CREATE_ONLY.contains(&def.storage) {
             r["storageVersionHash"] = json!(storage_version_hash(def));
         }
         resources.push(r);
@@ -190,13 +187,18 @@ pub fn group(registry: &Registry, name: &str) -> Option<Value> {
 
 /// Upstream's `discovery.StorageVersionHash`: the first 8 bytes of the SHA-256 of the
 /// storage version's `group/version/kind`, in base64 (clients compare it to notice a
-/// storage migration). events.k8s.io Events are stored as core v1 Events.
+/// storage migration). events.k8s.io Events are stored as core v1 Events, and
+/// CustomResourceDefinitions still as apiextensions.k8s.io/v1beta1 ones.
 fn storage_version_hash(def: &ResourceDef) -> String {
     use base64::Engine;
-    let (group, version, kind) = if def.storage == "core/events" {
-        ("", "v1", "Event")
-    } else {
-        (def.group, def.version, def.kind)
+    let (group, version, kind) = match (def.storage, def.group, def.kind) {
+        ("core/events", _, _) => ("", "v1", "Event"),
+        (_, "apiextensions.k8s.io", "CustomResourceDefinition") => (
+            "apiextensions.k8s.io",
+            "v1beta1",
+            "CustomResourceDefinition",
+        ),
+        _ => (def.group, def.version, def.kind),
     };
     let digest = ring::digest::digest(
         &ring::digest::SHA256,
@@ -280,6 +282,18 @@ pub fn aggregated(registry: &Registry, core: bool) -> Value {
 
 #[cfg(test)]
 mod tests {
+
+    // `discovery.StorageVersionHash` of the storage version: kube-apiserver 1.35's values.
+    #[test]
+    fn storage_version_hashes_are_kube_apiservers() {
+        use crate::registry::resources::{CONFIG_MAPS, EVENTS};
+        assert_eq!(storage_version_hash(&CONFIG_MAPS), "qFsyl6wFWjQ=");
+        assert_eq!(storage_version_hash(&EVENTS), "r2yiGXH7wu8=");
+        assert_eq!(
+            storage_version_hash(&crate::crd::CUSTOM_RESOURCE_DEFINITIONS),
+            "jfWCUB31mvA="
+        );
+    }
     use super::*;
 
     #[test]
