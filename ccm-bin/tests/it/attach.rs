@@ -281,8 +281,8 @@ fn controller_manager_node_simulator_and_ccm_attach_by_kubeconfig() {
         logs()
     );
 
-    for lease in ["kube-controller-manager", "kube-scheduler"] {
-        let holder = jsonpath(&[
+    let holder_of = |lease: &str| {
+        jsonpath(&[
             "get",
             "lease",
             "-n",
@@ -290,8 +290,10 @@ fn controller_manager_node_simulator_and_ccm_attach_by_kubeconfig() {
             lease,
             "-o",
             "jsonpath={.spec.holderIdentity}",
-        ]);
-        assert!(!holder.is_empty(), "{lease} is held");
+        ])
+    };
+    for lease in ["kube-controller-manager", "kube-scheduler"] {
+        assert!(!holder_of(lease).is_empty(), "{lease} is held");
     }
 
     // SIGTERM stops the controller-manager cleanly, and it hands both Leases back
@@ -307,15 +309,7 @@ fn controller_manager_node_simulator_and_ccm_attach_by_kubeconfig() {
     });
     assert!(stopped && status.is_some_and(|s| s.success()), "{status:?}");
     for lease in ["kube-controller-manager", "kube-scheduler"] {
-        let holder = jsonpath(&[
-            "get",
-            "lease",
-            "-n",
-            "kube-system",
-            lease,
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ]);
+        let holder = holder_of(lease);
         assert!(holder.is_empty(), "{lease} released, held by {holder:?}");
     }
 }
