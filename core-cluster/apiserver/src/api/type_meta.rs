@@ -66,9 +66,11 @@ pub(crate) fn default_from_path(
 /// - a pair it does not know: the scheme has no such type ("… cannot be handled as a Node:
 ///   no kind \"Node\" is registered for version \"apps/v1\" …").
 fn mismatch(data_version: &str, data_kind: &str, api_version: &str, kind: &str) -> String {
-    let known = ALL
-        .iter()
-        .any(|d| d.kind == data_kind && d.api_version() == data_version);
+    // `metav1.Status` is registered in the core group's v1 too (`AddToGroupVersion`).
+    let known = (data_kind == "Status" && data_version == "v1")
+        || ALL
+            .iter()
+            .any(|d| d.kind == data_kind && d.api_version() == data_version);
     let version = data_version.rsplit('/').next().unwrap_or(data_version);
     let cause = match (known, data_kind == kind) {
         (true, true) => {
@@ -78,7 +80,11 @@ fn mismatch(data_version: &str, data_kind: &str, api_version: &str, kind: &str) 
         }
         (true, false) => {
             let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
-            let package = group.split('.').next().filter(|p| !p.is_empty());
+            // events.k8s.io Events are core Events inside kube-apiserver.
+            let package = group
+                .split('.')
+                .next()
+                .filter(|p| !(p.is_empty() || (kind == "Event" && *p == "events")));
             format!(
                 "converting ({version}.{data_kind}) to ({}.{kind}): unknown conversion",
                 package.unwrap_or("core")
@@ -94,6 +100,20 @@ fn mismatch(data_version: &str, data_kind: &str, api_version: &str, kind: &str) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // A `Status` sent where an object is due: the scheme knows v1 Status and has no
+    // conversion to the endpoint's internal type (core for both Event APIs).
+    #[test]
+    fn a_status_body_is_a_failed_conversion() {
+        assert_eq!(
+            mismatch("v1", "Status", "v1", "Node"),
+            "Status in version \"v1\" cannot be handled as a Node: converting (v1.Status) to (core.Node): unknown conversion"
+        );
+        assert_eq!(
+            mismatch("v1", "Status", "events.k8s.io/v1", "Event"),
+            "Status in version \"v1\" cannot be handled as a Event: converting (v1.Status) to (core.Event): unknown conversion"
+        );
+    }
 
     fn decode(mut body: Value, api_version: &str, kind: &str) -> Result<Value, String> {
         default_from_path(&mut body, api_version, kind)
