@@ -330,11 +330,11 @@ async fn dispatch(scope: &RequestScope, verb: Verb) -> Result<Response, ApiError
         }
         (Verb::Delete, None) => delete(scope).await,
         (Verb::DeleteCollection, None) if !def.deletecollection() => {
-            Err(ApiError::method_not_routed())
+            Err(ApiError::method_not_served())
         }
         (Verb::DeleteCollection, None) => delete_collection(scope).await,
         (Verb::Get | Verb::Update | Verb::Patch, Some("scale")) => scale(scope, verb).await,
-        _ => Err(ApiError::method_not_routed()),
+        _ => Err(ApiError::method_not_served()),
     }
 }
 

@@ -207,19 +207,6 @@ impl ApiError {
         }
     }
 
-    /// 405 for a method no route of the path takes: go-restful's answer through
-    /// kube-apiserver's `Status` (empty details).
-    pub fn method_not_routed() -> Self {
-        ApiError {
-            details: Some(json!({})),
-            ..Self::new(
-                405,
-                "MethodNotAllowed",
-                "the server does not allow this method on the requested resource",
-            )
-        }
-    }
-
     /// 405 with its own message and the resource in the details: upstream's
     /// `errors.NewMethodNotSupported` with the message replaced, as
     /// `customresource_handler.go serveResource` answers a create while the definition is
